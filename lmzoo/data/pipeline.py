@@ -1,0 +1,155 @@
+"""From documents to batches: token streams, windows, train and validation batches.
+
+Each split becomes one int32 token stream (every document followed by EOS,
+so the model learns where documents end). The stream is cut into
+non-overlapping windows of ``seq_len + 1`` tokens taken every ``seq_len``
+tokens, so every token is a prediction target exactly once; a final partial
+window is dropped. A window gives ``inputs = w[:-1]`` and ``targets = w[1:]``.
+
+Multi-host data parallelism: batch sizes are always *global*. Every process
+builds the same global batch and keeps the contiguous block of rows
+``[shard_index * b, (shard_index + 1) * b)`` with ``b = batch_size //
+shard_count``, so the global batch (and training) does not depend on the
+number of processes, and the blocks line up with a batch axis sharded over
+processes in order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import grain
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+
+# A batch is one numpy gather, so a couple of threads and a short queue keep
+# up with the accelerator; grain's defaults (16 threads, 500 batches queued)
+# would hold gigabytes for large batches.
+_READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=8)
+
+# Documents are encoded this many at a time: large enough for the Hugging Face
+# tokenizer's parallel batch encoding, small enough to bound its temporaries.
+_ENCODE_CHUNK = 1024
+
+
+def token_stream(documents: Sequence[bytes], tokenizer: Any) -> np.ndarray:
+    """Concatenate the tokenised documents, each followed by EOS, into int32 ids."""
+    eos = np.array([tokenizer.eos_id], dtype=np.int32)
+    pieces = []
+    for start in range(0, len(documents), _ENCODE_CHUNK):
+        for ids in tokenizer.encode_batch(documents[start : start + _ENCODE_CHUNK]):
+            pieces.append(ids)
+            pieces.append(eos)
+    if not pieces:
+        return np.zeros((0,), dtype=np.int32)
+    return np.concatenate(pieces).astype(np.int32, copy=False)
+
+
+class TokenWindows:
+    """A token stream seen as ``len(self)`` windows of ``seq_len + 1`` tokens.
+
+    Grain shuffles and batches window *indices*; calling this object on a
+    batch of indices gathers all its windows in one numpy indexing operation,
+    which is far cheaper than assembling a batch window by window.
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int):
+        if seq_len < 1:
+            raise ValueError(f"data.seq_len must be positive, got {seq_len}")
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self._offsets = np.arange(seq_len + 1)
+
+    def __len__(self) -> int:
+        return max(0, (len(self.tokens) - 1) // self.seq_len)
+
+    def __call__(self, window_indices: np.ndarray) -> Batch:
+        starts = np.asarray(window_indices, dtype=np.int64) * self.seq_len
+        windows = self.tokens[starts[:, None] + self._offsets]
+        return {
+            "inputs": np.ascontiguousarray(windows[:, :-1]),
+            "targets": np.ascontiguousarray(windows[:, 1:]),
+        }
+
+
+def _rows_per_process(batch_size: int, shard_count: int) -> int:
+    if batch_size % shard_count:
+        raise ValueError(f"batch size {batch_size} is not divisible by the number of data shards {shard_count}")
+    return batch_size // shard_count
+
+
+class _ProcessRows:
+    """Keeps this process's contiguous block of a global batch of window indices."""
+
+    def __init__(self, shard_index: int, rows: int):
+        self.start = shard_index * rows
+        self.stop = self.start + rows
+
+    def __call__(self, window_indices: np.ndarray) -> np.ndarray:
+        return window_indices[self.start : self.stop]
+
+
+def train_iterator(
+    tokens: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    shard_index: int = 0,
+    shard_count: int = 1,
+) -> grain.DatasetIterator:
+    """Endless shuffled batches of ``int32[batch_size // shard_count, seq_len]``.
+
+    Every epoch is a fresh permutation of the windows (derived from ``seed``);
+    a batch may straddle two epochs. The iterator's ``get_state()`` /
+    ``set_state()`` resume exactly.
+    """
+    windows = TokenWindows(tokens, seq_len)
+    if len(windows) < batch_size:
+        raise ValueError(
+            f"the training split has {len(windows)} windows of data.seq_len={seq_len}, "
+            f"fewer than train.batch_size={batch_size}"
+        )
+    rows = _rows_per_process(batch_size, shard_count)
+    dataset = (
+        grain.MapDataset.range(len(windows))
+        .shuffle(seed=seed)
+        .repeat()
+        .batch(batch_size, drop_remainder=True)
+        .map(_ProcessRows(shard_index, rows))
+        .map(windows)
+    )
+    return iter(dataset.to_iter_dataset(_READ_OPTIONS))
+
+
+def validation_batches(
+    tokens: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    n_batches: Optional[int] = None,
+    shard_index: int = 0,
+    shard_count: int = 1,
+) -> list[Batch]:
+    """The first ``n_batches`` (None: all) full batches of windows, in order.
+
+    No shuffling, so every evaluation sees the same tokens. Windows that do
+    not fill a last batch are left out to keep one batch shape.
+    """
+    windows = TokenWindows(tokens, seq_len)
+    if len(windows) == 0:
+        raise ValueError(
+            f"the validation split has {len(tokens)} tokens, shorter than one window of seq_len={seq_len} (+1)"
+        )
+    if len(windows) < batch_size:
+        raise ValueError(
+            f"the validation split has {len(windows)} windows of seq_len={seq_len}, fewer than the batch size {batch_size}"
+        )
+    rows = _rows_per_process(batch_size, shard_count)
+    dataset = (
+        grain.MapDataset.range(len(windows))
+        .batch(batch_size, drop_remainder=True)
+        .map(_ProcessRows(shard_index, rows))
+        .map(windows)
+    )
+    count = len(dataset) if n_batches is None else min(n_batches, len(dataset))
+    return [dataset[index] for index in range(count)]

@@ -1,0 +1,130 @@
+"""Tokenizers behind one small interface.
+
+The data pipeline needs only: ``encode`` / ``encode_batch`` (text -> int32
+ids, no special tokens added), ``decode`` (ids -> text, special tokens
+skipped), ``bos_id``, ``eos_id``, ``pad_id``, ``vocab_size`` and ``name``
+(recorded in the data fingerprint).
+
+Two implementations:
+
+* ``ByteTokenizer``: the 256 byte values plus three special ids. Needs no
+  files, so any corpus works out of the box and bits-per-byte is exact.
+* ``HFTokenizer``: a local Hugging Face ``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Iterable, Sequence, Union
+
+import numpy as np
+import tokenizers as hf_tokenizers
+
+Text = Union[str, bytes]
+
+# Token spellings looked up (in this order) to find the special ids of a
+# Hugging Face tokenizer; they cover the common GPT-2, Llama, T5 and BERT-style
+# vocabularies.
+BOS_CANDIDATES = ("<bos>", "<s>", "[BOS]", "<|begin_of_text|>", "<|startoftext|>")
+EOS_CANDIDATES = ("<eos>", "</s>", "[EOS]", "<|endoftext|>", "<|end_of_text|>")
+PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>", "<|padding|>")
+
+
+def _as_str(text: Text) -> str:
+    if isinstance(text, bytes):
+        return text.decode("utf-8", errors="replace")
+    return text
+
+
+def _as_bytes(text: Text) -> bytes:
+    if isinstance(text, str):
+        return text.encode("utf-8")
+    return bytes(text)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are the tokens (ids 0..255); 256..258 are BOS, EOS, PAD."""
+
+    name = "byte"
+    bos_id = 256
+    eos_id = 257
+    pad_id = 258
+    vocab_size = 259
+
+    def encode(self, text: Text) -> np.ndarray:
+        return np.frombuffer(_as_bytes(text), dtype=np.uint8).astype(np.int32)
+
+    def encode_batch(self, texts: Iterable[Text]) -> list[np.ndarray]:
+        return [self.encode(text) for text in texts]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        ids = np.asarray(ids).ravel()
+        byte_ids = ids[(ids >= 0) & (ids < 256)].astype(np.uint8)
+        return byte_ids.tobytes().decode("utf-8", errors="replace")
+
+
+def _first_known_token(tokenizer: hf_tokenizers.Tokenizer, candidates: Sequence[str]) -> int | None:
+    for token in candidates:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is not None:
+            return token_id
+    return None
+
+
+def _file_sha256(path: str) -> str:
+    with open(path, "rb") as file:
+        return hashlib.sha256(file.read()).hexdigest()
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizer.json`` behind the ``ByteTokenizer`` interface.
+
+    Special ids come from the first token of ``*_CANDIDATES`` that the
+    vocabulary contains. EOS is required because it separates documents in
+    the token stream; a missing BOS or PAD falls back to the EOS id.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._tokenizer = hf_tokenizers.Tokenizer.from_file(path)
+        eos_id = _first_known_token(self._tokenizer, EOS_CANDIDATES)
+        if eos_id is None:
+            raise ValueError(f"tokenizer {path} has no end-of-sequence token; looked for {list(EOS_CANDIDATES)}")
+        bos_id = _first_known_token(self._tokenizer, BOS_CANDIDATES)
+        pad_id = _first_known_token(self._tokenizer, PAD_CANDIDATES)
+        self.eos_id = eos_id
+        self.bos_id = eos_id if bos_id is None else bos_id
+        self.pad_id = eos_id if pad_id is None else pad_id
+        self.vocab_size = self._tokenizer.get_vocab_size()
+        # The content hash makes the name identify the vocabulary, not the
+        # machine-specific path it was loaded from.
+        self.name = f"hf:{os.path.basename(path)}@{_file_sha256(path)[:12]}"
+
+    def encode(self, text: Text) -> np.ndarray:
+        encoding = self._tokenizer.encode(_as_str(text), add_special_tokens=False)
+        return np.asarray(encoding.ids, dtype=np.int32)
+
+    def encode_batch(self, texts: Iterable[Text]) -> list[np.ndarray]:
+        # The Rust side encodes the batch in parallel; offsets are not needed.
+        encodings = self._tokenizer.encode_batch_fast([_as_str(t) for t in texts], add_special_tokens=False)
+        return [np.asarray(encoding.ids, dtype=np.int32) for encoding in encodings]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        # The special ids may be ordinary vocabulary entries that
+        # skip_special_tokens would keep, so they are dropped explicitly too.
+        specials = {self.bos_id, self.eos_id, self.pad_id}
+        kept = [int(i) for i in np.asarray(ids).ravel() if int(i) not in specials]
+        return self._tokenizer.decode(kept, skip_special_tokens=True)
+
+
+Tokenizer = Union[ByteTokenizer, HFTokenizer]
+
+
+def build_tokenizer(spec: str) -> Tokenizer:
+    """``"byte"`` gives a ``ByteTokenizer``; anything else is a tokenizer.json path."""
+    if spec == "byte":
+        return ByteTokenizer()
+    if not os.path.isfile(spec):
+        raise FileNotFoundError(f"tokenizer file not found: {spec!r} (data.tokenizer is 'byte' or a path to a tokenizer.json)")
+    return HFTokenizer(spec)

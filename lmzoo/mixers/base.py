@@ -1,0 +1,59 @@
+"""What every sequence mixer is: the protocol the model, decoder and probes rely on.
+
+A mixer maps ``x [B, T, d_model] -> y [B, T, d_model]`` causally and also offers
+- ``init_state(batch_size, max_len)`` / ``step(x_t [B, d_model], state) -> (y_t, state)``:
+  token-by-token decoding; stepping through a sequence equals ``__call__`` on it;
+- ``attention_matrix(x) -> [B, H, T, T]``: the causal weights the mixer effectively applies;
+- ``state_size(max_len)``: floats of decoding state carried per sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lmzoo.positions import Positions
+
+
+@dataclass(frozen=True)
+class MixerContext:
+    """What a mixer may know about the model around it."""
+
+    d_model: int
+    n_heads: int
+    layer: int
+    n_layers: int
+    dtype: jnp.dtype
+    pos: Positions
+    init_std: float = 0.02
+
+
+def dense(ctx: MixerContext, d_in: int, d_out: int, *, rngs: nnx.Rngs, residual: bool = False, bias: bool = False):
+    """A projection in the model's compute dtype; residual outputs start smaller with depth (GPT-2)."""
+    std = ctx.init_std / math.sqrt(2 * ctx.n_layers) if residual else ctx.init_std
+    return nnx.Linear(
+        d_in, d_out, use_bias=bias, dtype=ctx.dtype, kernel_init=nnx.initializers.normal(std), rngs=rngs
+    )
+
+
+class Mixer(nnx.Module):
+    """Base class documenting the protocol; subclasses implement every method."""
+
+    def __call__(self, x: jax.Array, *, positions: jax.Array | None = None) -> jax.Array:
+        raise NotImplementedError
+
+    def init_state(self, batch_size: int, max_len: int):
+        raise NotImplementedError
+
+    def step(self, x_t: jax.Array, state):
+        raise NotImplementedError
+
+    def attention_matrix(self, x: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def state_size(self, max_len: int) -> int:
+        raise NotImplementedError

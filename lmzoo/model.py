@@ -1,0 +1,118 @@
+"""The decoder: embed -> blocks (RMSNorm, mixer, residual; RMSNorm, SwiGLU, residual) -> norm -> head.
+
+The model never names a variant: each block's mixer comes from the registry via ``build_mixer``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lmzoo.config import Config
+from lmzoo.mixers import MixerContext, build_mixer
+from lmzoo.mixers.base import dense
+from lmzoo.positions import Positions
+
+
+def ff_size(d_model: int) -> int:
+    """SwiGLU width ~8/3 d_model (same parameters as a 4x GELU MLP), rounded up to 64."""
+    return -(-int(8 * d_model / 3) // 64) * 64
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm computed in float32 whatever the activations' dtype, returned in that dtype."""
+
+    def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs):
+        self.norm = nnx.RMSNorm(dim, epsilon=eps, dtype=jnp.float32, rngs=rngs)
+
+    def __call__(self, x):
+        return self.norm(x.astype(jnp.float32)).astype(x.dtype)
+
+
+class SwiGLU(nnx.Module):
+    def __init__(self, ctx: MixerContext, d_ff: int, *, rngs: nnx.Rngs):
+        self.up = dense(ctx, ctx.d_model, 2 * d_ff, rngs=rngs)
+        self.down = dense(ctx, d_ff, ctx.d_model, rngs=rngs, residual=True)
+
+    def __call__(self, x):
+        gate, value = jnp.split(self.up(x), 2, axis=-1)
+        return self.down(jax.nn.silu(gate) * value)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: Config, ctx: MixerContext, *, rngs: nnx.Rngs):
+        eps = cfg.model.norm_eps
+        self.mixer_norm = RMSNorm(ctx.d_model, eps=eps, rngs=rngs)
+        self.mixer = build_mixer(cfg.attn, ctx, rngs=rngs)
+        self.mlp_norm = RMSNorm(ctx.d_model, eps=eps, rngs=rngs)
+        self.mlp = SwiGLU(ctx, cfg.model.d_ff or ff_size(ctx.d_model), rngs=rngs)
+
+    def __call__(self, x, positions=None):
+        x = x + self.mixer(self.mixer_norm(x), positions=positions)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def step(self, x_t, state):
+        y_t, state = self.mixer.step(self.mixer_norm(x_t), state)
+        x_t = x_t + y_t
+        return x_t + self.mlp(self.mlp_norm(x_t)), state
+
+
+class LM(nnx.Module):
+    """Decoder-only language model over token ids [B, T] -> float32 logits [B, T, vocab]."""
+
+    def __init__(self, cfg: Config, vocab_size: int, *, rngs: nnx.Rngs):
+        m = cfg.model
+        self.dtype = jnp.dtype(m.dtype)
+        self.embed = nnx.Embed(
+            vocab_size, m.d_model, dtype=self.dtype, embedding_init=nnx.initializers.normal(m.init_std), rngs=rngs
+        )
+        pos = Positions(cfg.pos.kind, cfg.pos.base)
+        self.blocks = nnx.List(
+            [
+                Block(cfg, MixerContext(m.d_model, m.n_heads, i, m.n_layers, self.dtype, pos, m.init_std), rngs=rngs)
+                for i in range(m.n_layers)
+            ]
+        )
+        self.norm = RMSNorm(m.d_model, eps=m.norm_eps, rngs=rngs)
+        self.head = None if m.tie_embeddings else nnx.Linear(
+            m.d_model, vocab_size, use_bias=False, dtype=self.dtype,
+            kernel_init=nnx.initializers.normal(m.init_std), rngs=rngs,
+        )
+
+    def logits(self, h):
+        h = self.norm(h)
+        out = self.embed.attend(h) if self.head is None else self.head(h)
+        return out.astype(jnp.float32)
+
+    def __call__(self, tokens, positions=None):
+        h = self.embed(tokens)  # (B, T, d_model)
+        for block in self.blocks:
+            h = block(h, positions)
+        return self.logits(h)
+
+    def attention_matrices(self, tokens) -> list[jax.Array]:
+        """Each layer's effective causal weights [B, H, T, T] on this input, bottom layer first."""
+        h, weights = self.embed(tokens), []
+        for block in self.blocks:
+            weights.append(block.mixer.attention_matrix(block.mixer_norm(h)))
+            h = block(h)
+        return weights
+
+    def init_state(self, batch_size: int, max_len: int) -> list:
+        return [block.mixer.init_state(batch_size, max_len) for block in self.blocks]
+
+    def step(self, token, state):
+        """One decoding step: token [B] -> logits [B, vocab] and the next state."""
+        h, new_state = self.embed(token), []
+        for block, s in zip(self.blocks, state):
+            h, s = block.step(h, s)
+            new_state.append(s)
+        return self.logits(h), new_state
+
+    def state_size(self, max_len: int) -> int:
+        return sum(block.mixer.state_size(max_len) for block in self.blocks)
+
+
+def count_params(model: nnx.Module) -> int:
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

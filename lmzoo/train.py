@@ -1,0 +1,254 @@
+"""``python -m lmzoo.train +attn=<variant> [key=value ...]``: train one model, resumably.
+
+The run directory holds the resolved ``config.yaml``, Orbax checkpoints, TensorBoard events and
+``metrics.jsonl``. Running the same command on an existing run directory resumes from its latest
+checkpoint; SIGTERM or Ctrl-C saves a checkpoint before exiting.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+
+import hydra
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+
+from lmzoo.checkpoint import Checkpointer
+from lmzoo.cli import check_argv, fail
+from lmzoo.config import CONFIG_DIR, Config, ConfigError, register_schemas, validate
+from lmzoo.data import build_data
+from lmzoo.logger import MetricsLogger, read_metrics
+from lmzoo.model import LM, count_params
+from lmzoo.optim import learning_rate_schedule, make_optimizer
+
+log = logging.getLogger("lmzoo.train")
+logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax reports every file it writes at INFO
+
+# Sections that define what a run is; resuming with any of them changed would be a different run.
+IDENTITY_SECTIONS = ("model", "attn", "pos", "data", "seed")
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def next_token_loss(model: LM, batch) -> jax.Array:
+    logits = model(batch["inputs"])  # (B, T, V) float32
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+
+
+def loss_and_extra(params, extra, graphdef, batch):
+    model = nnx.merge(graphdef, params, extra)
+    loss = next_token_loss(model, batch)
+    return loss, nnx.state(model, nnx.Not(nnx.Param))  # non-parameter state the forward updated
+
+
+def train_step(graphdef, tx, state, batch):
+    grad_fn = jax.value_and_grad(loss_and_extra, has_aux=True)
+    (loss, extra), grads = grad_fn(state["params"], state["extra"], graphdef, batch)
+    updates, opt = tx.update(grads, state["opt"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    new_state = {"params": params, "extra": extra, "opt": opt, "step": state["step"] + 1}
+    return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+
+def eval_step(graphdef, state, batch):
+    return next_token_loss(nnx.merge(graphdef, state["params"], state["extra"]), batch)
+
+
+# ----------------------------------------------------------------------------- plumbing
+
+
+class StopRequest:
+    """SIGTERM / first Ctrl-C ask the loop to checkpoint and stop; a second Ctrl-C aborts."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self):
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    """Create the run directory, refusing to resume a run whose defining config differs."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    current = OmegaConf.structured(cfg)
+    saved_path = run_dir / "config.yaml"
+    if saved_path.exists() and (run_dir / "checkpoints").exists():
+        saved = OmegaConf.load(saved_path)
+        for key in IDENTITY_SECTIONS:
+            if OmegaConf.select(saved, key) != OmegaConf.select(current, key):
+                raise ConfigError(
+                    f"run_dir {str(run_dir)!r} holds a run with a different '{key}' config; "
+                    "pick another run_dir to start a new run"
+                )
+    OmegaConf.save(current, saved_path)
+    return run_dir
+
+
+def write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def truncate_metrics(run_dir: Path, after_step: int) -> None:
+    """Drop rows logged after the checkpoint we resume from: those steps will be redone."""
+    rows = [r for r in read_metrics(run_dir) if r["step"] <= after_step]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    return out
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+def train(cfg: Config) -> dict:
+    """Train (or resume) the run described by ``cfg``; returns the last validation metrics."""
+    run_dir = prepare_run_dir(cfg)
+    n_devices = jax.device_count()
+    if cfg.train.batch_size % n_devices:
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not divisible by the {n_devices} devices")
+    mesh = jax.make_mesh((n_devices,), ("data",), axis_types=(AxisType.Auto,))  # GSPMD propagates the rest
+    replicated, batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+
+    try:
+        data = build_data(cfg.data, seed=cfg.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
+    except (ValueError, FileNotFoundError) as e:  # bad data settings surface as config errors
+        raise ConfigError(str(e).splitlines()[0]) from e
+    write_json(run_dir / "data_fingerprint.json", data.fingerprint)
+    model = LM(cfg, data.tokenizer.vocab_size, rngs=nnx.Rngs(cfg.seed))
+    n_params = count_params(model)
+    write_json(run_dir / "run_info.json", {
+        "variant": cfg.attn.name, "params": n_params, "state_size_per_layer": model.blocks[0].mixer.state_size(cfg.data.seq_len),
+        "state_size": model.state_size(cfg.data.seq_len), "devices": n_devices, "platform": jax.default_backend(),
+    })
+
+    graphdef, params, extra = nnx.split(model, nnx.Param, ...)
+    tx = make_optimizer(cfg.optim, cfg.train.steps)
+    state = {"params": params, "extra": extra, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    state = jax.device_put(state, replicated)
+    train_iter = data.train_iterator(cfg.train.batch_size)
+    checkpointer = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
+    if (latest := checkpointer.latest_step()) is not None:
+        state, data_state = checkpointer.restore(latest, state)
+        train_iter.set_state(data_state)
+        truncate_metrics(run_dir, latest)
+        log.info("resumed %s from step %d", run_dir, latest)
+
+    step_fn = jax.jit(partial(train_step, graphdef, tx), donate_argnums=0)
+    eval_fn = jax.jit(partial(eval_step, graphdef))
+    to_device = partial(jax.make_array_from_process_local_data, batch_sharding)
+    val_batches = [jax.tree.map(to_device, b) for b in data.val_batches(cfg.train.batch_size, cfg.train.eval_batches)]
+    bits_per_byte = 1.0 / (math.log(2) * data.bytes_per_token)
+    schedule = learning_rate_schedule(cfg.optim, cfg.train.steps)
+
+    logger = MetricsLogger(run_dir)
+    logger.log_config(OmegaConf.to_yaml(OmegaConf.structured(cfg)), {**flatten(asdict(cfg)), "params": n_params}, ["loss", "bpb"])
+
+    def validate_now(step: int) -> dict:
+        loss = float(np.mean([eval_fn(state, b) for b in val_batches]))
+        return {"val_loss": loss, "val_bpb": loss * bits_per_byte, "val_ppl": math.exp(min(loss, 50.0))}
+
+    step = int(state["step"])
+    last_val: dict = {}
+    tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
+    window_losses, window_start = [], time.perf_counter()
+    bar = tqdm(total=cfg.train.steps, initial=step, desc=cfg.attn.name, disable=not cfg.train.progress, dynamic_ncols=True)
+    with StopRequest() as stop:
+        while step < cfg.train.steps and not stop.requested:
+            batch = jax.tree.map(to_device, next(train_iter))
+            state, metrics = step_fn(state, batch)
+            step += 1
+            window_losses.append(metrics["loss"])
+            bar.update(1)
+            row = {}
+            if step % cfg.train.log_every == 0 or step == cfg.train.steps:
+                loss = float(np.mean(jax.device_get(window_losses)))  # waits for the steps to finish
+                elapsed = time.perf_counter() - window_start
+                row = {
+                    "loss": loss, "bpb": loss * bits_per_byte, "ppl": math.exp(min(loss, 50.0)),
+                    "lr": float(schedule(step - 1)), "grad_norm": float(metrics["grad_norm"]),
+                    "tokens_per_s": tokens_per_step * len(window_losses) / elapsed,
+                    "step_time_s": elapsed / len(window_losses),
+                }
+                window_losses, window_start = [], time.perf_counter()
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+            if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
+                last_val = validate_now(step)
+                row.update(last_val)
+                bar.write(f"step {step}: val_loss {last_val['val_loss']:.4f}  val_bpb {last_val['val_bpb']:.4f}")
+            if row:
+                row.setdefault("loss", float(metrics["loss"]))
+                logger.log(step, row)
+            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or stop.requested:
+                checkpointer.save(step, state, train_iter.get_state())
+        if stop.requested:
+            checkpointer.save(step, state, train_iter.get_state())
+            bar.write(f"interrupted: saved a checkpoint at step {step} in {run_dir}; run the same command to resume")
+    bar.close()
+    logger.close()
+    checkpointer.close()
+    return {"step": step, "interrupted": stop.requested, **last_val}
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
+def _hydra_main(raw) -> None:
+    try:
+        cfg = validate(raw)
+        train(cfg)
+    except ConfigError as e:
+        fail(str(e))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    register_schemas()
+    check_argv(argv)
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    run_dirs = [a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")]
+    if run_dirs and not multirun:  # keep Hydra's own files in the run directory too
+        argv.append(f"hydra.run.dir={run_dirs[-1]}")
+    sys.argv = [sys.argv[0], *argv]
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Shared helpers: tiny configs that compile and run in seconds on a CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmzoo.cli import compose_and_validate
+from lmzoo.config import variant_names
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = variant_names()
+
+TINY = [
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=4",
+    "data.seq_len=32",
+    "train.batch_size=8",
+    "train.eval_batches=2",
+    "train.progress=false",
+]
+
+
+def tiny_config(variant: str = "softmax", *overrides: str, run_dir: str | os.PathLike = "."):
+    """A validated Config for ``variant`` at test size."""
+    return compose_and_validate([f"+attn={variant}", *TINY, f"run_dir={run_dir}", *overrides])
+
+
+def run_lmzoo(*args: str, env: dict | None = None, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+    """``python -m lmzoo.train <args>`` in a fresh interpreter (its exit code and output are the test)."""
+    full_env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture
+def tiny():
+    return tiny_config

@@ -1,0 +1,149 @@
+"""End to end: training runs, logs, checkpoints, resumes bit for bit, and data-parallelises."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from lmzoo.checkpoint import Checkpointer
+from lmzoo.logger import read_metrics
+from lmzoo.train import train
+
+from conftest import REPO, TINY, run_lmzoo, tiny_config
+
+RESUME_ARGS = ["train.steps=12", "train.checkpoint_every=2", "train.eval_every=6", "train.log_every=1"]
+
+
+def final_params(run_dir: Path):
+    """Parameters of the newest checkpoint, as numpy leaves."""
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    step = ckpt.latest_step()
+    restored = ckpt.manager.restore(step)
+    ckpt.close()
+    return step, [np.asarray(x) for x in jax.tree.leaves(restored["train"]["params"])]
+
+
+def test_short_run_learns_and_writes_its_run_directory(tmp_path):
+    cfg = tiny_config("softmax", "train.steps=40", "train.eval_every=20", "train.log_every=5", run_dir=tmp_path)
+    summary = train(cfg)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == list(range(5, 41, 5))
+    assert all("loss" in r for r in rows)
+    val = [r for r in rows if "val_loss" in r]
+    assert [r["step"] for r in val] == [20, 40]
+    assert val[-1]["val_loss"] < val[0]["val_loss"] < np.log(259)  # learning, and past uniform guessing
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    assert summary["val_bpb"] == pytest.approx(val[-1]["val_bpb"])
+    for key in ("bpb", "ppl", "lr", "grad_norm", "tokens_per_s", "step_time_s"):
+        assert np.isfinite(rows[-1][key]), key
+    assert (tmp_path / "config.yaml").exists()
+    assert json.loads((tmp_path / "data_fingerprint.json").read_text())["files"] > 100
+    assert json.loads((tmp_path / "run_info.json").read_text())["params"] > 0
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert final_params(tmp_path)[0] == 40
+
+
+def test_checkpoint_round_trip(tmp_path):
+    tree = {"a": jax.numpy.arange(6.0).reshape(2, 3), "b": {"c": jax.numpy.ones((), jax.numpy.int32)}}
+    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt.save(5, tree, {"next_index": 17})
+    restored, data_state = ckpt.restore(5, jax.tree.map(jax.numpy.zeros_like, tree))
+    assert data_state == {"next_index": 17}
+    jax.tree.map(np.testing.assert_array_equal, restored, tree)
+    ckpt.close()
+
+
+def test_resuming_a_finished_run_with_different_model_is_refused(tmp_path):
+    train(tiny_config("softmax", "train.steps=2", run_dir=tmp_path))
+    proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", *TINY, "train.steps=4", "model.d_model=64", f"run_dir={tmp_path}")
+    assert proc.returncode == 2
+    assert "different 'model' config" in proc.stderr
+
+
+def start_training(run_dir: Path) -> subprocess.Popen:
+    args = ["-m", "lmzoo.train", "+attn=softmax", *TINY, *RESUME_ARGS, f"run_dir={run_dir}"]
+    return subprocess.Popen(
+        [sys.executable, *args], cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, step: int, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not (run_dir / "checkpoints" / str(step)).exists():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_resume_after_kill_reproduces_uninterrupted_parameters(tmp_path, sig):
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    train(tiny_config("softmax", *RESUME_ARGS, run_dir=whole))
+
+    proc = start_training(broken)
+    wait_for_checkpoint(broken, proc, 4)
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=120)
+    interrupted_at, _ = final_params(broken)
+    assert interrupted_at < 12, "the run finished before it was interrupted"
+    if sig == signal.SIGTERM:  # a clean stop: checkpoint at the current step, exit 0
+        assert proc.returncode == 0, output
+        assert "interrupted: saved a checkpoint" in output
+        assert max(r["step"] for r in read_metrics(broken)) == interrupted_at
+
+    summary = train(tiny_config("softmax", *RESUME_ARGS, run_dir=broken))
+    assert summary["step"] == 12
+    assert [r["step"] for r in read_metrics(broken)] == list(range(1, 13))  # no step lost or doubled
+    step_a, params_a = final_params(whole)
+    step_b, params_b = final_params(broken)
+    assert step_a == step_b == 12
+    for a, b in zip(params_a, params_b):
+        np.testing.assert_array_equal(a, b)
+
+
+DP_SNIPPET = """
+import json, sys
+import jax
+from conftest import tiny_config
+from lmzoo.train import train
+from lmzoo.logger import read_metrics
+cfg = tiny_config("softmax", "train.steps=3", "train.log_every=1", "train.eval_every=3", run_dir=sys.argv[1])
+train(cfg)
+print(json.dumps({"devices": jax.device_count(), "losses": [r["loss"] for r in read_metrics(sys.argv[1])]}))
+"""
+
+
+@pytest.mark.slow
+def test_data_parallel_on_four_devices_matches_one_device(tmp_path):
+    def losses(devices: int):
+        env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "PYTHONPATH": str(REPO / "tests")}
+        proc = run_lmzoo("-c", DP_SNIPPET, str(tmp_path / f"d{devices}"), env=env, check=True)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    one, four = losses(1), losses(4)
+    assert (one["devices"], four["devices"]) == (1, 4)
+    np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_multirun_sweeps_three_variants(tmp_path):
+    proc = run_lmzoo(
+        "-m", "lmzoo.train", "-m", "+attn=softmax,gqa,mqa", *TINY, "train.steps=2", "train.eval_every=2",
+        f"hydra.sweep.dir={tmp_path}", check=True,
+    )
+    run_dirs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    assert [p.name for p in run_dirs] == ["0-softmax", "1-gqa", "2-mqa"]
+    for run_dir in run_dirs:
+        assert read_metrics(run_dir)[-1]["step"] == 2
+        assert (run_dir / "checkpoints" / "2").exists()
