@@ -17,7 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
 from lmzoo import registry
-from lmzoo.data import DataConfig
+from lmzoo.data import SOURCES as DATA_SOURCES, DataConfig
 
 
 class ConfigError(ValueError):
@@ -34,12 +34,34 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype; parameters are always float32
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    mlp: bool = True  # false: blocks are the mixer alone (e.g. GAU models, whose mixer has its own gating)
 
 
 @dataclass
 class PosConfig:
-    kind: str = "rope"  # rope | none
-    base: float = 10000.0
+    """Position method (see lmzoo/positions.py); any of it can be overridden when evaluating a checkpoint."""
+
+    kind: str = "rope"  # rope | pi | ntk | yarn | rerope | leaky_rerope | alibi | none
+    base: float = 10000.0  # RoPE base
+    factor: float = 1.0  # pi / ntk / yarn: context extension factor s (1: plain RoPE)
+    original_len: Optional[int] = None  # yarn: the trained length its ramp refers to; None: data.seq_len
+    window: Optional[int] = None  # rerope / leaky_rerope: relative distances kept exact; None: data.seq_len
+    leak: float = 16.0  # leaky_rerope: beyond the window, distances grow this many times slower
+    yarn_alpha: float = 1.0  # yarn: frequencies turning fewer times than this over original_len are interpolated
+    yarn_beta: float = 32.0  # yarn: ... more times than this are kept
+
+    def check(self) -> None:
+        one_of("pos.kind", self.kind, POSITIONS)
+        positive("pos.base", self.base)
+        if self.factor < 1:
+            raise ConfigError(f"pos.factor={self.factor} must be at least 1 (1: no extension)")
+        for key in ("original_len", "window"):
+            if getattr(self, key) is not None:
+                positive(f"pos.{key}", getattr(self, key))
+        if self.leak <= 1:
+            raise ConfigError(f"pos.leak={self.leak} must be greater than 1")
+        if not 0 <= self.yarn_alpha < self.yarn_beta:
+            raise ConfigError(f"pos.yarn_alpha={self.yarn_alpha} and pos.yarn_beta={self.yarn_beta} need 0 <= alpha < beta")
 
 
 @dataclass
@@ -57,13 +79,35 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     steps: int = 600
-    batch_size: int = 32
+    batch_size: int = 16
     eval_every: int = 100
     eval_batches: int = 8
     checkpoint_every: int = 200
     keep_checkpoints: int = 3
     log_every: int = 10
     progress: bool = True
+    probe_batch: int = 2  # sequences whose attention sparsity/entropy is logged at each validation; 0: off
+    distributed: bool = False  # multi-host: jax.distributed.initialize() (reads SLURM/cloud settings)
+
+
+@dataclass
+class EvalConfig:
+    lengths: list[int] = field(default_factory=list)  # empty: 1x, 2x, 4x, 8x the training length
+    batch_size: int = 8
+    batches: int = 4  # validation batches per length
+    step: Optional[int] = None  # checkpoint step; None: the latest
+    position_buckets: int = 16  # per-position loss is averaged over this many equal spans
+    probe_batch: int = 1  # sequences whose attention sparsity/entropy is measured at each length; 0: off
+    probe_max_len: int = 4096  # longer lengths skip the probes ([B, H, T, T] matrices grow as T^2)
+    tag: Optional[str] = None  # results go to <run_dir>/eval/<tag>; None: named after the overrides
+    progress: bool = True
+
+    def check(self) -> None:
+        for key in ("batch_size", "batches", "position_buckets", "probe_max_len"):
+            positive(f"eval.{key}", getattr(self, key))
+        positive("eval.probe_batch", self.probe_batch, allow_zero=True)
+        for length in self.lengths:
+            positive("eval.lengths[]", length)
 
 
 @dataclass
@@ -75,6 +119,10 @@ class MixerConfig:
 
     def check(self, model: ModelConfig) -> None:
         """Raise ConfigError for settings that cannot work with ``model``."""
+
+    def for_layer(self, layer: int, n_layers: int) -> "MixerConfig":
+        """The config of the mixer in ``layer`` (0 = bottom); per-layer patterns override this."""
+        return self
 
 
 @dataclass
@@ -90,8 +138,7 @@ class Config:
 
 
 DTYPES = ("float32", "bfloat16")
-POSITIONS = ("rope", "none")
-DATA_SOURCES = ("stdlib", "text_files", "hf")
+POSITIONS = ("rope", "pi", "ntk", "yarn", "rerope", "leaky_rerope", "alibi", "none")
 
 
 def one_of(key: str, value: Any, choices: tuple | list) -> None:
@@ -110,9 +157,9 @@ def validate(raw: DictConfig | dict) -> Config:
     attn_raw = raw.pop("attn", None)
     if attn_raw is None:
         raise ConfigError(f"no attention variant given: add +attn=<name> (available: {', '.join(variant_names())})")
-    cfg = _to_dataclass(Config, OmegaConf.create(raw), prefix="")
+    cfg = to_dataclass(Config, OmegaConf.create(raw), prefix="")
     _, mixer_schema = _mixer_schema(attn_raw)
-    cfg.attn = _to_dataclass(mixer_schema, OmegaConf.create(attn_raw), prefix="attn.")
+    cfg.attn = to_dataclass(mixer_schema, OmegaConf.create(attn_raw), prefix="attn.")
     check(cfg)
     return cfg
 
@@ -127,7 +174,8 @@ def _mixer_schema(attn_raw: dict) -> tuple[type, type]:
         raise ConfigError(f"attn.mixer={mixer!r} is not a registered mixer (registered: {', '.join(registry.names())})") from None
 
 
-def _to_dataclass(schema: type, raw: DictConfig, *, prefix: str) -> Any:
+def to_dataclass(schema: type, raw: DictConfig, *, prefix: str = "") -> Any:
+    """``raw`` merged over ``schema``'s defaults, as a ``schema`` instance; ConfigError if it does not fit."""
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), raw))
     except oc_errors.OmegaConfBaseException as e:
@@ -156,10 +204,10 @@ def check(cfg: Config) -> None:
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
     one_of("model.dtype", m.dtype, DTYPES)
-    one_of("pos.kind", cfg.pos.kind, POSITIONS)
-    positive("pos.base", cfg.pos.base)
+    cfg.pos.check()
     for key in ("steps", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every"):
         positive(f"train.{key}", getattr(t, key))
+    positive("train.probe_batch", t.probe_batch, allow_zero=True)
     positive("optim.lr", o.lr)
     positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
     positive("optim.weight_decay", o.weight_decay, allow_zero=True)
@@ -175,6 +223,10 @@ def check_data(d: DataConfig) -> None:
         raise ConfigError(f"data.val_fraction={d.val_fraction} must lie strictly between 0 and 1")
     if d.tokenizer != "byte" and not os.path.isfile(d.tokenizer):
         raise ConfigError(f"data.tokenizer={d.tokenizer!r}: no such file (use 'byte' or a tokenizer.json path)")
+    for key in ("task_vocab", "num_pairs", "num_marked"):
+        positive(f"data.{key}", getattr(d, key))
+    if d.num_queries is not None:
+        positive("data.num_queries", d.num_queries)
     if d.source == "text_files":
         _check_globs("data.paths", d.paths, required=True)
     if d.source == "hf":

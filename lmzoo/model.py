@@ -1,6 +1,8 @@
 """The decoder: embed -> blocks (RMSNorm, mixer, residual; RMSNorm, SwiGLU, residual) -> norm -> head.
 
-The model never names a variant: each block's mixer comes from the registry via ``build_mixer``.
+The model never names a variant: each block's mixer comes from the registry via ``build_mixer``,
+configured by ``cfg.attn.for_layer(layer, n_layers)`` (per-layer patterns such as hybrids).
+``model.mlp=false`` drops the SwiGLU half of every block (mixers with their own gating, e.g. GAU).
 """
 
 from __future__ import annotations
@@ -44,18 +46,19 @@ class Block(nnx.Module):
     def __init__(self, cfg: Config, ctx: MixerContext, *, rngs: nnx.Rngs):
         eps = cfg.model.norm_eps
         self.mixer_norm = RMSNorm(ctx.d_model, eps=eps, rngs=rngs)
-        self.mixer = build_mixer(cfg.attn, ctx, rngs=rngs)
-        self.mlp_norm = RMSNorm(ctx.d_model, eps=eps, rngs=rngs)
-        self.mlp = SwiGLU(ctx, cfg.model.d_ff or ff_size(ctx.d_model), rngs=rngs)
+        self.mixer = build_mixer(cfg.attn.for_layer(ctx.layer, ctx.n_layers), ctx, rngs=rngs)
+        self.mlp_norm = RMSNorm(ctx.d_model, eps=eps, rngs=rngs) if cfg.model.mlp else None
+        self.mlp = SwiGLU(ctx, cfg.model.d_ff or ff_size(ctx.d_model), rngs=rngs) if cfg.model.mlp else None
+
+    def feed_forward(self, x):
+        return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
 
     def __call__(self, x, positions=None):
-        x = x + self.mixer(self.mixer_norm(x), positions=positions)
-        return x + self.mlp(self.mlp_norm(x))
+        return self.feed_forward(x + self.mixer(self.mixer_norm(x), positions=positions))
 
     def step(self, x_t, state):
         y_t, state = self.mixer.step(self.mixer_norm(x_t), state)
-        x_t = x_t + y_t
-        return x_t + self.mlp(self.mlp_norm(x_t)), state
+        return self.feed_forward(x_t + y_t), state
 
 
 class LM(nnx.Module):
@@ -67,13 +70,10 @@ class LM(nnx.Module):
         self.embed = nnx.Embed(
             vocab_size, m.d_model, dtype=self.dtype, embedding_init=nnx.initializers.normal(m.init_std), rngs=rngs
         )
-        pos = Positions(cfg.pos.kind, cfg.pos.base)
-        self.blocks = nnx.List(
-            [
-                Block(cfg, MixerContext(m.d_model, m.n_heads, i, m.n_layers, self.dtype, pos, m.init_std), rngs=rngs)
-                for i in range(m.n_layers)
-            ]
-        )
+        train_len = cfg.data.seq_len  # evaluation at other lengths keeps the training config's seq_len
+        pos = Positions.from_config(cfg.pos, train_len=train_len)
+        context = lambda i: MixerContext(m.d_model, m.n_heads, i, m.n_layers, self.dtype, pos, m.init_std, train_len)
+        self.blocks = nnx.List([Block(cfg, context(i), rngs=rngs) for i in range(m.n_layers)])
         self.norm = RMSNorm(m.d_model, eps=m.norm_eps, rngs=rngs)
         self.head = None if m.tie_embeddings else nnx.Linear(
             m.d_model, vocab_size, use_bias=False, dtype=self.dtype,

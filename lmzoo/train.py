@@ -33,11 +33,14 @@ from lmzoo.cli import check_argv, fail
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, register_schemas, validate
 from lmzoo.data import build_data
 from lmzoo.logger import MetricsLogger, read_metrics
+from lmzoo.metrics.probes import attention_stats, summary as probe_summary
+from lmzoo.mixers.base import AuxLoss
 from lmzoo.model import LM, count_params
 from lmzoo.optim import learning_rate_schedule, make_optimizer
 
 log = logging.getLogger("lmzoo.train")
 logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax reports every file it writes at INFO
+logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" on every start
 
 # Sections that define what a run is; resuming with any of them changed would be a different run.
 IDENTITY_SECTIONS = ("model", "attn", "pos", "data", "seed")
@@ -46,28 +49,69 @@ IDENTITY_SECTIONS = ("model", "attn", "pos", "data", "seed")
 # ----------------------------------------------------------------------------- steps
 
 
-def next_token_loss(model: LM, batch) -> jax.Array:
-    logits = model(batch["inputs"])  # (B, T, V) float32
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+def scored_mean(values: jax.Array, batch) -> jax.Array:
+    """Mean over the scored positions: all of them, or those a synthetic task weights."""
+    weights = batch.get("weights")
+    if weights is None:
+        return values.mean()
+    return (values * weights).sum() / jnp.maximum(weights.sum(), 1.0)
+
+
+def next_token_loss(model: LM, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Next-token cross-entropy, its accuracy, and the auxiliary losses mixers sowed in the forward."""
+    logits, sown = nnx.capture(model, AuxLoss)(batch["inputs"])  # (B, T, V) float32
+    loss = scored_mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]), batch)
+    accuracy = scored_mean((logits.argmax(-1) == batch["targets"]).astype(jnp.float32), batch)
+    return loss, {"accuracy": accuracy, **sum_by_name(sown)}
+
+
+def sum_by_name(sown) -> dict[str, jax.Array]:
+    """Sown AuxLoss values summed over layers by name: {"aux/<name>": scalar}."""
+    totals: dict[str, jax.Array] = {}
+    for path, value in nnx.to_flat_state(sown):
+        for v in jax.tree.leaves(value):  # sow keeps a tuple of the values sown
+            totals[f"aux/{path[-1]}"] = totals.get(f"aux/{path[-1]}", 0.0) + jnp.mean(v)
+    return totals
 
 
 def loss_and_extra(params, extra, graphdef, batch):
-    model = nnx.merge(graphdef, params, extra)
-    loss = next_token_loss(model, batch)
-    return loss, nnx.state(model, nnx.Not(nnx.Param))  # non-parameter state the forward updated
+    model = nnx.merge(graphdef, params, extra, copy=True)  # fresh Variables: in-place writes stay traceable
+    loss, metrics = next_token_loss(model, batch)
+    objective = loss + sum(v for k, v in metrics.items() if k.startswith("aux/"))
+    metrics = {"loss": loss, **metrics}
+    return objective, (metrics, nnx.state(model, nnx.Not(nnx.Param)))  # non-parameter state the forward updated
 
 
 def train_step(graphdef, tx, state, batch):
     grad_fn = jax.value_and_grad(loss_and_extra, has_aux=True)
-    (loss, extra), grads = grad_fn(state["params"], state["extra"], graphdef, batch)
+    (_, (metrics, extra)), grads = grad_fn(state["params"], state["extra"], graphdef, batch)
     updates, opt = tx.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     new_state = {"params": params, "extra": extra, "opt": opt, "step": state["step"] + 1}
-    return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+    return new_state, {**metrics, "grad_norm": optax.tree.norm(grads)}
 
 
 def eval_step(graphdef, state, batch):
-    return next_token_loss(nnx.merge(graphdef, state["params"], state["extra"]), batch)
+    loss, metrics = next_token_loss(nnx.merge(graphdef, state["params"], state["extra"]), batch)
+    return {"loss": loss, "accuracy": metrics["accuracy"]}
+
+
+def probe_metrics(model: LM, tokens) -> dict:
+    """Attention sparsity and entropy: overall means, and per layer (mean over heads) for TensorBoard."""
+    stats = attention_stats(model, tokens)
+    metrics = {f"val_{k}": v for k, v in probe_summary(stats).items()}
+    for name in ("sparsity", "entropy"):
+        for layer, heads in enumerate(stats[name]):
+            metrics[f"probe/{name}/layer{layer}"] = float(np.nanmean(heads))
+    return metrics
+
+
+def init_train_state(cfg: Config, model: LM):
+    """(graphdef, state, optimizer): the state pytree is what checkpoints hold."""
+    graphdef, params, extra = nnx.split(model, nnx.Param, ...)
+    tx = make_optimizer(cfg.optim, cfg.train.steps)
+    state = {"params": params, "extra": extra, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    return graphdef, state, tx
 
 
 # ----------------------------------------------------------------------------- plumbing
@@ -137,8 +181,19 @@ def flatten(d: dict, prefix: str = "") -> dict:
 # ----------------------------------------------------------------------------- loop
 
 
+def open_data(cfg: Config):
+    """(data, training iterator, fixed validation batches); bad data settings become ConfigErrors."""
+    try:
+        data = build_data(cfg.data, seed=cfg.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
+        return data, data.train_iterator(cfg.train.batch_size), data.val_batches(cfg.train.batch_size, cfg.train.eval_batches)
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from e
+
+
 def train(cfg: Config) -> dict:
     """Train (or resume) the run described by ``cfg``; returns the last validation metrics."""
+    if cfg.train.distributed:
+        jax.distributed.initialize()
     run_dir = prepare_run_dir(cfg)
     n_devices = jax.device_count()
     if cfg.train.batch_size % n_devices:
@@ -146,23 +201,18 @@ def train(cfg: Config) -> dict:
     mesh = jax.make_mesh((n_devices,), ("data",), axis_types=(AxisType.Auto,))  # GSPMD propagates the rest
     replicated, batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
 
-    try:
-        data = build_data(cfg.data, seed=cfg.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
-    except (ValueError, FileNotFoundError) as e:  # bad data settings surface as config errors
-        raise ConfigError(str(e).splitlines()[0]) from e
+    data, train_iter, host_val_batches = open_data(cfg)
     write_json(run_dir / "data_fingerprint.json", data.fingerprint)
     model = LM(cfg, data.tokenizer.vocab_size, rngs=nnx.Rngs(cfg.seed))
     n_params = count_params(model)
     write_json(run_dir / "run_info.json", {
-        "variant": cfg.attn.name, "params": n_params, "state_size_per_layer": model.blocks[0].mixer.state_size(cfg.data.seq_len),
-        "state_size": model.state_size(cfg.data.seq_len), "devices": n_devices, "platform": jax.default_backend(),
+        "variant": cfg.attn.name, "params": n_params, "state_size": model.state_size(cfg.data.seq_len),
+        "state_size_per_layer": [b.mixer.state_size(cfg.data.seq_len) for b in model.blocks],
+        "devices": n_devices, "platform": jax.default_backend(),
     })
 
-    graphdef, params, extra = nnx.split(model, nnx.Param, ...)
-    tx = make_optimizer(cfg.optim, cfg.train.steps)
-    state = {"params": params, "extra": extra, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    graphdef, state, tx = init_train_state(cfg, model)
     state = jax.device_put(state, replicated)
-    train_iter = data.train_iterator(cfg.train.batch_size)
     checkpointer = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
     if (latest := checkpointer.latest_step()) is not None:
         state, data_state = checkpointer.restore(latest, state)
@@ -173,16 +223,23 @@ def train(cfg: Config) -> dict:
     step_fn = jax.jit(partial(train_step, graphdef, tx), donate_argnums=0)
     eval_fn = jax.jit(partial(eval_step, graphdef))
     to_device = partial(jax.make_array_from_process_local_data, batch_sharding)
-    val_batches = [jax.tree.map(to_device, b) for b in data.val_batches(cfg.train.batch_size, cfg.train.eval_batches)]
+    val_batches = [jax.tree.map(to_device, b) for b in host_val_batches]
     bits_per_byte = 1.0 / (math.log(2) * data.bytes_per_token)
     schedule = learning_rate_schedule(cfg.optim, cfg.train.steps)
 
-    logger = MetricsLogger(run_dir)
+    logger = MetricsLogger(run_dir, enabled=jax.process_index() == 0)
     logger.log_config(OmegaConf.to_yaml(OmegaConf.structured(cfg)), {**flatten(asdict(cfg)), "params": n_params}, ["loss", "bpb"])
 
-    def validate_now(step: int) -> dict:
-        loss = float(np.mean([eval_fn(state, b) for b in val_batches]))
-        return {"val_loss": loss, "val_bpb": loss * bits_per_byte, "val_ppl": math.exp(min(loss, 50.0))}
+    probe_tokens = host_val_batches[0]["inputs"][: cfg.train.probe_batch]
+
+    def validate_now() -> dict:
+        per_batch = jax.device_get([eval_fn(state, b) for b in val_batches])
+        loss = float(np.mean([m["loss"] for m in per_batch]))
+        metrics = {"val_loss": loss, "val_bpb": loss * bits_per_byte, "val_ppl": math.exp(min(loss, 50.0)),
+                   "val_accuracy": float(np.mean([m["accuracy"] for m in per_batch]))}
+        if len(probe_tokens):
+            metrics.update(probe_metrics(nnx.merge(graphdef, state["params"], state["extra"]), probe_tokens))
+        return metrics
 
     step = int(state["step"])
     last_val: dict = {}
@@ -205,11 +262,13 @@ def train(cfg: Config) -> dict:
                     "lr": float(schedule(step - 1)), "grad_norm": float(metrics["grad_norm"]),
                     "tokens_per_s": tokens_per_step * len(window_losses) / elapsed,
                     "step_time_s": elapsed / len(window_losses),
+                    "accuracy": float(metrics["accuracy"]),
+                    **{k: float(v) for k, v in metrics.items() if k.startswith("aux/")},
                 }
                 window_losses, window_start = [], time.perf_counter()
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
             if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
-                last_val = validate_now(step)
+                last_val = validate_now()
                 row.update(last_val)
                 bar.write(f"step {step}: val_loss {last_val['val_loss']:.4f}  val_bpb {last_val['val_bpb']:.4f}")
             if row:

@@ -147,3 +147,36 @@ def test_multirun_sweeps_three_variants(tmp_path):
     for run_dir in run_dirs:
         assert read_metrics(run_dir)[-1]["step"] == 2
         assert (run_dir / "checkpoints" / "2").exists()
+
+
+def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
+    """A mixer that sows an AuxLoss has it added to the objective and reported by name."""
+    from dataclasses import dataclass
+
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from lmzoo import registry
+    from lmzoo.config import MixerConfig
+    from lmzoo.mixers.base import AuxLoss
+    from lmzoo.mixers.softmax import SoftmaxAttention, SoftmaxConfig
+    from lmzoo.model import LM
+    from lmzoo.train import init_train_state, loss_and_extra
+
+    @dataclass
+    class PenaltyConfig(SoftmaxConfig):
+        pass
+
+    class Penalised(SoftmaxAttention):
+        def __call__(self, x, *, positions=None):
+            self.sow(AuxLoss, "penalty", jnp.float32(0.25))
+            return super().__call__(x, positions=positions)
+
+    monkeypatch.setitem(registry._MIXERS, "penalised", (Penalised, PenaltyConfig))
+    cfg = tiny_config("softmax")
+    cfg.attn = PenaltyConfig(name="penalised", mixer="penalised")
+    graphdef, state, _ = init_train_state(cfg, LM(cfg, 259, rngs=nnx.Rngs(0)))
+    batch = {"inputs": jnp.ones((2, 8), jnp.int32), "targets": jnp.ones((2, 8), jnp.int32)}
+    objective, (metrics, _) = loss_and_extra(state["params"], state["extra"], graphdef, batch)
+    assert float(metrics["aux/penalty"]) == pytest.approx(0.5)  # two layers
+    assert float(objective) == pytest.approx(float(metrics["loss"]) + 0.5)

@@ -17,8 +17,11 @@ import numpy as np
 
 from lmzoo.data import pipeline
 from lmzoo.data.pipeline import Batch, token_stream
-from lmzoo.data.sources import SOURCES, Documents, load_documents
+from lmzoo.data.sources import SOURCES as CORPORA, Documents, load_documents
+from lmzoo.data.synthetic import TASKS, TaskData
 from lmzoo.data.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, build_tokenizer
+
+SOURCES = (*CORPORA, *TASKS)
 
 __all__ = [
     "SOURCES",
@@ -41,7 +44,7 @@ class DataConfig:
     configs accept it; ``Any`` fields take a string or a list of strings.
     """
 
-    source: str = "stdlib"  # stdlib | text_files | hf
+    source: str = "stdlib"  # stdlib | text_files | hf | mqar | induction | selective_copy
     seq_len: int = 256
     tokenizer: str = "byte"  # "byte" or a path to a tokenizer.json
     val_fraction: float = 0.05
@@ -52,6 +55,11 @@ class DataConfig:
     hf_data_files: Any = None  # a file, a list, or {split: files}
     hf_train_split: str = "train"
     hf_val_split: Optional[str] = None  # None: hash-split the train split
+    # synthetic tasks (source = mqar | induction | selective_copy)
+    task_vocab: int = 64  # task symbols (mqar: half keys, half values)
+    num_pairs: int = 8  # mqar: key-value pairs in the context
+    num_queries: Optional[int] = None  # mqar: keys asked; None = num_pairs
+    num_marked: int = 8  # selective_copy: symbols to copy
 
 
 # eq=False: comparing or hashing the token arrays is never wanted.
@@ -96,9 +104,11 @@ def _check_shard(shard_index: int, shard_count: int) -> None:
         raise ValueError(f"need 0 <= shard_index < shard_count, got shard_index={shard_index}, shard_count={shard_count}")
 
 
-def build_data(cfg: Any, *, seed: int, shard_index: int = 0, shard_count: int = 1) -> Data:
+def build_data(cfg: Any, *, seed: int, shard_index: int = 0, shard_count: int = 1) -> Data | TaskData:
     """Load, split and tokenise ``cfg``'s corpus (see ``DataConfig`` for the fields)."""
     _check_shard(shard_index, shard_count)
+    if cfg.source in TASKS:
+        return TaskData(cfg, seed, shard_index, shard_count)
     documents = load_documents(cfg)
     tokenizer = build_tokenizer(cfg.tokenizer)
     train_tokens = token_stream(documents.train, tokenizer)

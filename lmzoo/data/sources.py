@@ -286,7 +286,10 @@ def hf_documents(
     Without ``val_split`` the train split is divided by the hash of each row's
     index.
     """
-    import datasets  # Imported here: it is slow to import and only this source needs it.
+    try:
+        import datasets  # Imported here: it is slow to import, optional, and only this source needs it.
+    except ImportError:
+        raise ValueError("data.source=hf needs the Hugging Face datasets package: pip install -e '.[hf]'") from None
 
     if not name:
         raise ValueError("data.hf_name is required for data.source='hf'")

@@ -19,7 +19,6 @@ import os
 from typing import Iterable, Sequence, Union
 
 import numpy as np
-import tokenizers as hf_tokenizers
 
 Text = Union[str, bytes]
 
@@ -64,7 +63,7 @@ class ByteTokenizer:
         return byte_ids.tobytes().decode("utf-8", errors="replace")
 
 
-def _first_known_token(tokenizer: hf_tokenizers.Tokenizer, candidates: Sequence[str]) -> int | None:
+def _first_known_token(tokenizer: "hf_tokenizers.Tokenizer", candidates: Sequence[str]) -> int | None:
     for token in candidates:
         token_id = tokenizer.token_to_id(token)
         if token_id is not None:
@@ -87,6 +86,10 @@ class HFTokenizer:
 
     def __init__(self, path: str):
         self.path = path
+        try:
+            import tokenizers as hf_tokenizers  # an optional extra: only users with their own vocabulary need it
+        except ImportError:
+            raise ValueError(f"data.tokenizer={path!r} needs the Hugging Face tokenizers package: pip install -e '.[hf]'") from None
         self._tokenizer = hf_tokenizers.Tokenizer.from_file(path)
         eos_id = _first_known_token(self._tokenizer, EOS_CANDIDATES)
         if eos_id is None:

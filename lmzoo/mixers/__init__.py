@@ -1,9 +1,18 @@
-"""Sequence mixers, one module per family; importing this package registers them all."""
+"""Sequence mixers, one module per family; importing this package registers them all.
 
-from lmzoo.mixers import softmax  # noqa: F401
+Every module in this package is imported here, so a new mixer module registers itself just by
+existing: nothing else needs editing.
+"""
+
+import importlib
+import pkgutil
+
 from lmzoo.mixers.base import Mixer, MixerContext
 
 __all__ = ["Mixer", "MixerContext", "build_mixer"]
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def build_mixer(cfg, ctx: MixerContext, *, rngs) -> Mixer:

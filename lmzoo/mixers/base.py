@@ -19,6 +19,23 @@ from flax import nnx
 from lmzoo.positions import Positions
 
 
+class AuxLoss(nnx.Variable):
+    """A loss term a mixer adds to the training objective, e.g. a VQ commitment loss.
+
+    Record one in ``__call__`` with ``self.sow(AuxLoss, "<name>", value)``; the trainer adds every
+    sown value to the next-token loss and logs it under ``aux/<name>``.
+    """
+
+
+def in_training_objective(module: nnx.Module) -> bool:
+    """True while ``module`` runs inside the training objective, i.e. under ``nnx.capture(model, AuxLoss)``.
+
+    Only then does a mixer record auxiliary losses or update training-time statistics (VQ's EMA
+    codebook): a plain forward stays a pure function of its input, as decoding and probes expect.
+    """
+    return any(type(v) is AuxLoss for v in getattr(module, "__captures__", ()))
+
+
 @dataclass(frozen=True)
 class MixerContext:
     """What a mixer may know about the model around it."""
@@ -30,6 +47,7 @@ class MixerContext:
     dtype: jnp.dtype
     pos: Positions
     init_std: float = 0.02
+    train_len: int = 256  # data.seq_len the model trains at (log-n scaling's default base); kept when evaluating longer
 
 
 def dense(ctx: MixerContext, d_in: int, d_out: int, *, rngs: nnx.Rngs, residual: bool = False, bias: bool = False):

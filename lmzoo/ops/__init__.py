@@ -2,8 +2,21 @@
 
 Axis legend used across ``lmzoo.ops``: B batch, T query time, S key time, H query heads,
 K key/value heads, D head dim. Per-head tensors are laid out ``[B, T, H, D]``.
+Linear-attention family: Dk / Dv key / value head dims (state ``[B, H, Dk, Dv]``), N chunks of C steps.
+VQ attention: S codewords per head (codebook ``[H, S, D]``), blocks of L queries.
+State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head size (``ssd``, state
+``[B, H, P, N]``), N state size, G groups sharing the B/C projections.
 """
 
-from lmzoo.ops.attention import attention_weights, causal_mask, softmax_attention
+from lmzoo.ops.attention import attention_weights, causal_mask, logn_scale, softmax_attention
+from lmzoo.ops.gated import gla, gla_weights
+from lmzoo.ops.linear import linear_attention, linear_attention_weights
+from lmzoo.ops.lti import causal_conv1d, diagonal_ssm, diagonal_ssm_kernel, fft_conv
+from lmzoo.ops.selective_scan import selective_attention, selective_scan
+from lmzoo.ops.ssd import ssd, ssd_attention
+from lmzoo.ops.vq import vq_attention, vq_cache_step
 
-__all__ = ["attention_weights", "causal_mask", "softmax_attention"]
+__all__ = ["attention_weights", "causal_mask", "logn_scale", "softmax_attention", "vq_attention", "vq_cache_step"]
+__all__ += ["gla", "gla_weights", "linear_attention", "linear_attention_weights"]
+__all__ += ["causal_conv1d", "diagonal_ssm", "diagonal_ssm_kernel", "fft_conv"]
+__all__ += ["selective_attention", "selective_scan", "ssd", "ssd_attention"]

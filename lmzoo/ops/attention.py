@@ -59,3 +59,14 @@ def softmax_attention(q, k, v, *, scale=None, causal=True, window=None, bias=Non
     return jax.nn.dot_product_attention(
         q, k, v, bias=bias, scale=scale, is_causal=causal, local_window_size=local, implementation=method
     )
+
+
+def logn_scale(n_keys: jax.Array, base: float, *, clamp: bool = False) -> jax.Array:
+    """Entropy-invariant logit factor ``log(n) / log(base)`` for a query that sees ``n_keys`` keys.
+
+    Multiplying a query's logits by it keeps the attention entropy from growing with the number of
+    keys; ``base`` is usually the training length, where the factor is 1. ``clamp``: ``max(1, .)``,
+    which leaves every query inside the training length unchanged (for switching it on after training).
+    """
+    factor = jnp.log(jnp.asarray(n_keys, jnp.float32)) / jnp.log(jnp.float32(base))
+    return jnp.maximum(factor, 1.0) if clamp else factor

@@ -1,0 +1,163 @@
+"""Synthetic recall tasks, generated on the fly and deterministically from the seed.
+
+Each example is a token sequence of ``seq_len + 1`` ids; ``inputs``/``targets`` are its two
+shifted views and ``weights`` marks the target positions that are scored (the answers), so loss
+and accuracy count only what the task asks. Example ``i`` of a split is a pure function of
+``(seed, split, i)``: batches are reproducible and resumable by index alone.
+
+- ``mqar`` (multi-query associative recall): ``num_pairs`` key-value pairs, then ``num_queries``
+  keys drawn from them, each followed by its value (scored). Keys and values use disjoint halves
+  of the ``task_vocab`` symbols; unused positions at the start are PAD.
+- ``induction``: a random sequence followed by a copy of itself; every token of the copy after
+  the first is scored (a model can predict it only by finding the earlier occurrence).
+- ``selective_copy``: ``num_marked`` symbols scattered at random positions among NOISE tokens,
+  then SEP, then the symbols again in order (scored).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import grain
+import numpy as np
+
+TASKS = ("mqar", "induction", "selective_copy")
+TRAIN, VALIDATION = 0, 1
+
+
+@dataclass(frozen=True)
+class TaskTokenizer:
+    """Symbols 0 .. task_vocab - 1, then PAD, SEP, NOISE (EOS/BOS alias PAD: tasks have no documents)."""
+
+    task_vocab: int
+    name: str = "task"
+
+    @property
+    def pad_id(self) -> int:
+        return self.task_vocab
+
+    @property
+    def sep_id(self) -> int:
+        return self.task_vocab + 1
+
+    @property
+    def noise_id(self) -> int:
+        return self.task_vocab + 2
+
+    @property
+    def eos_id(self) -> int:
+        return self.pad_id
+
+    @property
+    def bos_id(self) -> int:
+        return self.pad_id
+
+    @property
+    def vocab_size(self) -> int:
+        return self.task_vocab + 3
+
+
+def mqar(rng: np.random.Generator, length: int, cfg, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
+    half = cfg.task_vocab // 2
+    n_pairs = cfg.num_pairs
+    n_queries = cfg.num_queries or n_pairs
+    need = 2 * (n_pairs + n_queries)
+    if need > length:
+        raise ValueError(f"mqar needs {need} tokens for data.num_pairs={n_pairs} and {n_queries} queries; data.seq_len + 1 = {length}")
+    keys = rng.choice(half, size=n_pairs, replace=False)
+    values = rng.integers(half, 2 * half, size=n_pairs)
+    asked = rng.choice(n_pairs, size=n_queries, replace=n_queries > n_pairs)
+    body = np.concatenate([np.stack([keys, values], 1).ravel(), np.stack([keys[asked], values[asked]], 1).ravel()])
+    seq = np.concatenate([np.full(length - need, tok.pad_id), body])
+    scored = np.zeros(length, bool)
+    scored[length - 2 * n_queries + 1 :: 2] = True  # the values that answer the queries
+    return seq, scored
+
+
+def induction(rng: np.random.Generator, length: int, cfg, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
+    half = length // 2
+    prefix = rng.integers(0, cfg.task_vocab, size=half)
+    seq = np.concatenate([np.full(length - 2 * half, tok.pad_id), prefix, prefix])
+    scored = np.zeros(length, bool)
+    scored[length - half + 1 :] = True  # each repeated token after the first is predictable
+    return seq, scored
+
+
+def selective_copy(rng: np.random.Generator, length: int, cfg, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
+    n = cfg.num_marked
+    context = length - n - 1
+    if context < n:
+        raise ValueError(f"selective_copy needs data.seq_len + 1 >= {2 * n + 1} for data.num_marked={n}")
+    symbols = rng.integers(0, cfg.task_vocab, size=n)
+    noise = np.full(context, tok.noise_id)
+    noise[np.sort(rng.choice(context, size=n, replace=False))] = symbols
+    seq = np.concatenate([noise, [tok.sep_id], symbols])
+    scored = np.zeros(length, bool)
+    scored[length - n :] = True
+    return seq, scored
+
+
+GENERATORS: dict[str, Callable] = {"mqar": mqar, "induction": induction, "selective_copy": selective_copy}
+
+
+@dataclass(frozen=True)
+class TaskExamples:
+    """Example ``index`` of one split as a dict of int32 inputs/targets and float32 weights."""
+
+    cfg: Any
+    seed: int
+    split: int
+    length: int  # tokens per window, i.e. seq_len + 1
+    tokenizer: TaskTokenizer = field(repr=False)
+
+    def __call__(self, index: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng([self.seed, self.split, int(index)])
+        seq, scored = GENERATORS[self.cfg.source](rng, self.length, self.cfg, self.tokenizer)
+        return {
+            "inputs": seq[:-1].astype(np.int32),
+            "targets": seq[1:].astype(np.int32),
+            "weights": scored[1:].astype(np.float32),
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class TaskData:
+    """The ``Data`` interface for synthetic tasks (bits per byte reads as bits per token here)."""
+
+    cfg: Any
+    seed: int
+    shard_index: int = 0
+    shard_count: int = 1
+    tokenizer: TaskTokenizer = field(init=False)
+    bytes_per_token: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "tokenizer", TaskTokenizer(self.cfg.task_vocab))
+
+    @property
+    def fingerprint(self) -> dict:
+        c = self.cfg
+        return {"source": c.source, "task_vocab": c.task_vocab, "num_pairs": c.num_pairs, "num_queries": c.num_queries,
+                "num_marked": c.num_marked, "seq_len": c.seq_len, "seed": self.seed, "vocab_size": self.tokenizer.vocab_size}
+
+    def _batches(self, split: int, batch_size: int, seq_len: Optional[int]) -> grain.MapDataset:
+        if batch_size % self.shard_count:
+            raise ValueError(f"batch size {batch_size} is not divisible by the {self.shard_count} data shards")
+        rows = batch_size // self.shard_count
+        examples = TaskExamples(self.cfg, self.seed, split, (seq_len or self.cfg.seq_len) + 1, self.tokenizer)
+        examples(0)  # a task that does not fit the length fails here, in one line, not inside a data thread
+        mine = slice(self.shard_index * rows, (self.shard_index + 1) * rows)  # this process's rows of each global batch
+
+        def make_batch(indices: np.ndarray) -> dict[str, np.ndarray]:
+            rows_ = [examples(i) for i in indices[mine]]
+            return {k: np.stack([r[k] for r in rows_]) for k in rows_[0]}
+
+        return grain.MapDataset.range(2**62).batch(batch_size).map(make_batch)
+
+    def train_iterator(self, batch_size: int) -> grain.DatasetIterator:
+        return iter(self._batches(TRAIN, batch_size, None).to_iter_dataset())
+
+    def val_batches(self, batch_size: int, n_batches: Optional[int] = None, seq_len: Optional[int] = None) -> list[dict]:
+        batches = self._batches(VALIDATION, batch_size, seq_len)
+        return [batches[i] for i in range(n_batches or 16)]

@@ -1,0 +1,42 @@
+"""Probes: every layer's effective attention matrix reduced to per-head sparsity and entropy.
+
+Row statistics are averaged over the batch and over query positions (each causal row i over its
+i + 1 visible keys); ``position_buckets`` also reports them per span of query positions, since
+how focused attention is depends on how much context a query has.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from lmzoo.metrics.sparsity import attention_entropy, l1_l2_sparsity
+
+
+@nnx.jit(static_argnames="position_buckets")
+def _row_stats(model, tokens, position_buckets: int):
+    t = tokens.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    spans = np.array_split(np.arange(t), min(position_buckets, t))
+    stats = {"sparsity": [], "entropy": [], "sparsity_by_position": [], "entropy_by_position": []}
+    for weights in model.attention_matrices(tokens):  # (B, H, T, T) per layer
+        for name, fn in (("sparsity", l1_l2_sparsity), ("entropy", attention_entropy)):
+            rows = fn(weights, causal)  # (B, H, T)
+            stats[name].append(jnp.nanmean(rows, axis=(0, 2)))  # (H,)
+            stats[f"{name}_by_position"].append(jnp.stack([jnp.nanmean(rows[..., s]) for s in spans]))
+    return {k: jnp.stack(v) for k, v in stats.items()}, [int(s[-1]) + 1 for s in spans]
+
+
+def attention_stats(model, tokens, *, position_buckets: int = 8) -> dict:
+    """{"sparsity", "entropy": [layer][head], "*_by_position": [layer][bucket], "positions": [bucket end]}."""
+    stats, ends = _row_stats(model, jnp.asarray(tokens), position_buckets)
+    out = {k: np.asarray(jax.device_get(v)).tolist() for k, v in stats.items()}
+    out["positions"] = ends
+    return out
+
+
+def summary(stats: dict) -> dict:
+    """Means over layers and heads, for one-number logging."""
+    return {"sparsity": float(np.nanmean(stats["sparsity"])), "entropy": float(np.nanmean(stats["entropy"]))}

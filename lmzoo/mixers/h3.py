@@ -1,0 +1,135 @@
+"""H3 (Fu et al., 2022): two linear time-invariant SSMs arranged to mimic q/k/v attention.
+
+    k' = shift_SSM(k)                    a short causal filter: k'_t mixes k_t .. k_{t-S+1}
+    kv_t = k'_t v_t^T                    per head, [P, P]
+    s = diag_SSM(kv) + D kv              one S4D SSM per head, shared by the head's P x P entries
+    y_t = q_t^T s_t                      then out_proj over the concatenated heads
+
+The diagonal SSM has N/2 complex modes per head, initialised as S4D-Lin (``A_n = -1/2 + iπn``,
+B = 1, C complex normal, Δ log-uniform in [dt_min, dt_max]) and discretised with zero-order hold;
+each conjugate pair is counted once, hence ``c = 2 C``.
+
+The layer is exactly a causal linear attention: ``y_i = Σ_j (K_{i-j} + D δ_ij) (q_i · k'_j) v_j``
+with K the SSM's impulse response (closed form, Vandermonde), and ``attention_matrix`` gives
+those weights per head. Three forms compute it (``method``):
+- "quadratic": that attention matrix times v, O(T^2) like softmax attention but exactly causal
+  in floating point (future tokens meet exact zeros): the default at training lengths;
+- "fft": the long convolution of k'v^T with K by FFT, O(T log T) but P^2 channels per head; its
+  outputs carry ~1e-7 of rounding from every position, future ones included;
+- "scan": the recurrence, which decoding always uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lmzoo.config import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.mixers.base import Mixer, MixerContext, dense
+from lmzoo.mixers.mamba import CausalConv, check_dt_range
+from lmzoo.ops.lti import causal_toeplitz, diagonal_ssm, diagonal_ssm_kernel
+from lmzoo.registry import register
+
+METHODS = ("quadratic", "fft", "scan")
+
+
+@dataclass
+class H3Config(MixerConfig):
+    d_state: int = 16  # N: state size of the diagonal SSM per kv entry (N/2 complex-conjugate pairs)
+    shift_size: int = 4  # taps of the shift SSM on k (its state holds shift_size - 1 past keys)
+    dt_min: float = 0.001  # Δ of each head's SSM is initialised log-uniformly in [dt_min, dt_max]
+    dt_max: float = 0.1
+    method: str = "quadratic"  # quadratic | fft | scan (see the module docstring)
+
+    def check(self, model: ModelConfig) -> None:
+        one_of("attn.method", self.method, METHODS)
+        positive("attn.d_state", self.d_state)
+        positive("attn.shift_size", self.shift_size)
+        if self.d_state % 2:
+            raise ConfigError(f"attn.d_state={self.d_state} must be even (modes come in complex-conjugate pairs)")
+        check_dt_range(self.dt_min, self.dt_max)
+
+
+@register("h3", config=H3Config)
+class H3(Mixer):
+    def __init__(self, cfg: H3Config, ctx: MixerContext, *, rngs: nnx.Rngs):
+        self.n_heads, self.head_dim, self.method = ctx.n_heads, ctx.d_model // ctx.n_heads, cfg.method
+        self.modes, self.dtype = cfg.d_state // 2, ctx.dtype
+        d, h, m = ctx.d_model, ctx.n_heads, self.modes
+        self.q_proj = dense(ctx, d, d, rngs=rngs)
+        self.k_proj = dense(ctx, d, d, rngs=rngs)
+        self.v_proj = dense(ctx, d, d, rngs=rngs)
+        self.shift = CausalConv(d, cfg.shift_size, bias=False, rngs=rngs)
+        # S4D-Lin. A and Δ are vectors so that the optimiser leaves them out of weight decay, as S4 does.
+        log_dt = jax.random.uniform(rngs.params(), (h,), jnp.float32, math.log(cfg.dt_min), math.log(cfg.dt_max))
+        self.log_dt = nnx.Param(log_dt)  # (H,)
+        self.log_neg_a_real = nnx.Param(jnp.full((h * m,), math.log(0.5), jnp.float32))  # Re A = -1/2
+        self.a_imag = nnx.Param(jnp.tile(math.pi * jnp.arange(m, dtype=jnp.float32), h))  # Im A = πn
+        self.C = nnx.Param(jax.random.normal(rngs.params(), (h, m, 2), jnp.float32) * math.sqrt(0.5))  # (re, im)
+        self.D = nnx.Param(jnp.ones((h,), jnp.float32))
+        self.out_proj = dense(ctx, d, d, rngs=rngs, residual=True)
+
+    def ssm_params(self):
+        """Discretised (log_a, b, c), each [H, N/2] complex64."""
+        h, m = self.n_heads, self.modes
+        a = -jnp.exp(self.log_neg_a_real[...]) + 1j * self.a_imag[...]
+        a = a.reshape(h, m)
+        dt = jnp.exp(self.log_dt[...])[:, None]
+        b = (jnp.exp(dt * a) - 1) / a  # zero-order hold with B = 1
+        c = 2 * (self.C[..., 0] + 1j * self.C[..., 1])
+        return dt * a, b, c
+
+    def project(self, x, shift_state=None):
+        """q, shifted k, v as [B,T,H,P], and the shift SSM's window."""
+        batch, length, _ = x.shape
+        k, shift_state = self.shift(self.k_proj(x), shift_state)
+        heads = (batch, length, self.n_heads, self.head_dim)
+        return self.q_proj(x).reshape(heads), k.reshape(heads), self.v_proj(x).reshape(heads), shift_state
+
+    def recurrent(self, q, k, v, ssm_state, method):
+        """y [B,T,H,P] through the SSM on k'v^T ("fft" or "scan"), and its final state."""
+        kv = k[..., :, None] * v[..., None, :]  # (B, T, H, P, P)
+        per_head = tuple(p[:, None, None, :] for p in self.ssm_params())  # (H, 1, 1, N/2): shared by P x P entries
+        s, ssm_state = diagonal_ssm(kv, *per_head, initial_state=ssm_state, method=method)
+        s = s + self.D[...].astype(kv.dtype)[:, None, None] * kv
+        return jnp.einsum("bthp,bthpq->bthq", q, s), ssm_state
+
+    def __call__(self, x, *, positions=None):  # the shift SSM gives order: positions are unused
+        batch, length, _ = x.shape
+        q, k, v, _ = self.project(x)
+        if self.method == "quadratic":
+            y = jnp.einsum("bhij,bjhp->bihp", self.weights(q, k).astype(v.dtype), v)
+        else:
+            y, _ = self.recurrent(q, k, v, None, self.method)
+        return self.out_proj(y.reshape(batch, length, -1))
+
+    def init_state(self, batch_size, max_len):
+        p = self.head_dim
+        return {
+            "shift": self.shift.init_state(batch_size, self.dtype),
+            "ssm": jnp.zeros((batch_size, self.n_heads, p, p, self.modes), jnp.complex64),
+        }
+
+    def step(self, x_t, state):
+        q, k, v, shift = self.project(x_t[:, None], state["shift"])
+        y, ssm = self.recurrent(q, k, v, state["ssm"], "scan")
+        return self.out_proj(y.reshape(x_t.shape[0], -1)), {"shift": shift, "ssm": ssm}
+
+    def weights(self, q, k):
+        """(K_{i-j} + D δ_ij) (q_i · k'_j): [B,H,T,T] float32."""
+        length = q.shape[1]
+        kernel = diagonal_ssm_kernel(*self.ssm_params(), length)  # (T, H): the SSM's impulse response
+        toeplitz = causal_toeplitz(kernel) + jnp.eye(length) * self.D[...][:, None, None]  # (H, T, T)
+        return jnp.einsum("bihp,bjhp->bhij", q, k, preferred_element_type=jnp.float32) * toeplitz
+
+    def attention_matrix(self, x):
+        q, k, _, _ = self.project(x)
+        return self.weights(q, k)
+
+    def state_size(self, max_len):
+        complex_entries = self.n_heads * self.head_dim**2 * self.modes
+        return (self.shift.width - 1) * self.n_heads * self.head_dim + 2 * complex_entries

@@ -1,0 +1,79 @@
+"""Per-layer patterns of mixers: a model whose layers use different variants, set up in YAML alone.
+
+A ``hybrid`` attn config names sub-configs (each a complete mixer config, validated against its own
+mixer's schema) and says which layer uses which:
+
+    layers: {window: {mixer: softmax, window: 64}, full: {mixer: softmax, nope: true, logn: true}}
+    pattern: [window]     # cycled from the bottom layer up
+    top: [full]           # the top len(top) layers, replacing the pattern there
+
+``HybridConfig.for_layer`` resolves a layer to its sub-config; the model asks every attn config
+``for_layer`` before building, so the decoder never knows a hybrid exists. Evaluation overrides
+reach a sub-config by its name, e.g. ``attn.layers.full.logn_clamp=true``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from lmzoo import registry
+from lmzoo.config import ConfigError, MixerConfig, ModelConfig, to_dataclass
+from lmzoo.mixers.base import MixerContext
+
+
+@dataclass
+class HybridConfig(MixerConfig):
+    layers: dict[str, Any] = field(default_factory=dict)  # name -> a mixer config ({mixer: ..., knobs})
+    pattern: list[str] = field(default_factory=list)  # names from `layers`, cycled from the bottom layer up
+    top: list[str] = field(default_factory=list)  # names for the top layers, replacing the pattern there
+
+    def layer_names(self, n_layers: int) -> list[str]:
+        """The sub-config name of every layer, bottom first."""
+        below = n_layers - len(self.top)
+        return [self.pattern[i % len(self.pattern)] for i in range(below)] + list(self.top)
+
+    def for_layer(self, layer: int, n_layers: int) -> MixerConfig:
+        return self.sub_config(self.layer_names(n_layers)[layer])
+
+    def sub_config(self, name: str) -> MixerConfig:
+        """The typed config of ``layers[name]``; ConfigError (one line, keys under attn.layers.<name>.)."""
+        prefix = f"attn.layers.{name}."
+        raw = dict(self.layers[name])
+        raw.setdefault("name", f"{self.name}.{name}")
+        mixer = raw.get("mixer")
+        if mixer is None:
+            raise ConfigError(f"{prefix}mixer is missing: each sub-config names its registered mixer")
+        if mixer == "hybrid":
+            raise ConfigError(f"{prefix}mixer='hybrid': hybrids do not nest")
+        if mixer not in registry.names():
+            raise ConfigError(f"{prefix}mixer={mixer!r} is not a registered mixer (registered: {', '.join(registry.names())})")
+        return to_dataclass(registry.lookup(mixer)[1], OmegaConf.create(raw), prefix=prefix)
+
+    def check(self, model: ModelConfig) -> None:
+        if not self.layers:
+            raise ConfigError("attn.layers is empty: name at least one sub-config ({name: {mixer: ..., ...}})")
+        if not self.pattern:
+            raise ConfigError(f"attn.pattern is empty: list the sub-configs to cycle through (defined: {', '.join(self.layers)})")
+        for key, names in (("pattern", self.pattern), ("top", self.top)):
+            for name in names:
+                if name not in self.layers:
+                    raise ConfigError(f"attn.{key}: {name!r} is not in attn.layers (defined: {', '.join(self.layers)})")
+        if len(self.top) > model.n_layers:
+            raise ConfigError(f"attn.top names {len(self.top)} layers but model.n_layers={model.n_layers}")
+        for name in self.layers:
+            sub = self.sub_config(name)
+            try:
+                sub.check(model)
+            except ConfigError as e:  # the sub-config's own check names attn.<key>: point below attn.layers
+                raise ConfigError(str(e).replace("attn.", f"attn.layers.{name}.")) from None
+
+
+@registry.register("hybrid", config=HybridConfig)
+def build_layer(cfg: HybridConfig, ctx: MixerContext, *, rngs):
+    """Not a mixer itself: building one builds the sub-mixer this layer's pattern entry names."""
+    from lmzoo.mixers import build_mixer
+
+    return build_mixer(cfg.for_layer(ctx.layer, ctx.n_layers), ctx, rngs=rngs)

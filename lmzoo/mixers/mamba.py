@@ -1,0 +1,147 @@
+"""Mamba (Gu & Dao, 2023): a selective SSM whose step size Δ and matrices B, C depend on the input.
+
+    x -> in_proj -> (u, z);  u -> causal depthwise conv -> silu -> x_proj -> (Δ_low, B, C)
+    Δ = softplus(dt_proj(Δ_low) + dt_bias);  y = selective_scan(u, Δ, A, B, C) + D u;  out_proj(y * silu(z))
+
+The initialisations follow the paper: A = -(1..N) per channel (S4D-real) kept as ``A_log``,
+Δ sampled log-uniformly in [dt_min, dt_max] and stored as ``dt_bias = softplus^-1(Δ)``, D = 1.
+Decoding carries the conv window (d_conv - 1 inputs) and the SSM state ``[E, N]`` per sequence.
+``attention_matrix`` is the "hidden attention" of the selective scan (``ops.selective_attention``):
+the d_inner channels are split into ``model.n_heads`` contiguous groups, averaged per group.
+
+The conv block and the Δ initialisation are shared with Mamba-2 (``lmzoo.mixers.mamba2``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lmzoo.config import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.mixers.base import Mixer, MixerContext, dense
+from lmzoo.ops.lti import causal_conv1d
+from lmzoo.ops.selective_scan import METHODS, effective_delta, selective_attention, selective_scan
+from lmzoo.registry import register
+
+
+@dataclass
+class MambaConfig(MixerConfig):
+    d_state: int = 16  # N: state entries per channel
+    d_conv: int = 4  # width of the causal depthwise convolution
+    expand: int = 2  # d_inner = expand * d_model
+    dt_rank: Optional[int] = None  # rank of the Δ projection; None: ceil(d_model / 16)
+    dt_min: float = 0.001  # Δ is initialised log-uniformly in [dt_min, dt_max]
+    dt_max: float = 0.1
+    method: str = "scan"  # scan | assoc | chunk (see lmzoo.ops.selective_scan); scan is the fastest on CPU
+    chunk_size: int = 16  # tokens per chunk for method=chunk
+
+    def check(self, model: ModelConfig) -> None:
+        one_of("attn.method", self.method, METHODS)
+        for key in ("d_state", "d_conv", "expand", "chunk_size"):
+            positive(f"attn.{key}", getattr(self, key))
+        if self.dt_rank is not None:
+            positive("attn.dt_rank", self.dt_rank)
+        check_dt_range(self.dt_min, self.dt_max)
+        d_inner = self.expand * model.d_model
+        if d_inner % model.n_heads:
+            raise ConfigError(f"d_inner = attn.expand * model.d_model = {d_inner} does not split into model.n_heads={model.n_heads} groups")
+
+
+def check_dt_range(dt_min: float, dt_max: float) -> None:
+    positive("attn.dt_min", dt_min)
+    if dt_max < dt_min:
+        raise ConfigError(f"attn.dt_max={dt_max} must be at least attn.dt_min={dt_min}")
+
+
+def dt_bias_init(key, size: int, dt_min: float, dt_max: float, floor: float = 1e-4) -> jax.Array:
+    """softplus^-1 of Δ drawn log-uniformly in [dt_min, dt_max], so that softplus(bias) starts at Δ."""
+    log_dt = jax.random.uniform(key, (size,), jnp.float32, math.log(dt_min), math.log(dt_max))
+    dt = jnp.maximum(jnp.exp(log_dt), floor)
+    return dt + jnp.log(-jnp.expm1(-dt))  # inverse of softplus
+
+
+def symmetric_uniform(bound: float):
+    return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+class CausalConv(nnx.Module):
+    """Depthwise causal conv over [B, T, C] (PyTorch Conv1d's default init); carries its window when decoding."""
+
+    def __init__(self, channels: int, width: int, *, bias: bool, rngs: nnx.Rngs):
+        init = symmetric_uniform(1 / math.sqrt(width))
+        self.width = width
+        self.weight = nnx.Param(init(rngs.params(), (width, channels)))
+        self.bias = nnx.Param(init(rngs.params(), (channels,))) if bias else None
+
+    def __call__(self, x, state=None):
+        """(y [B,T,C], the last width-1 inputs [B,width-1,C])."""
+        bias = None if self.bias is None else self.bias[...]
+        return causal_conv1d(x, self.weight[...], bias, initial_state=state)
+
+    def init_state(self, batch_size: int, dtype) -> jax.Array:
+        return jnp.zeros((batch_size, self.width - 1, self.weight.shape[1]), dtype)
+
+
+@register("mamba", config=MambaConfig)
+class Mamba(Mixer):
+    def __init__(self, cfg: MambaConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
+        self.n_heads, self.method, self.chunk_size = ctx.n_heads, cfg.method, cfg.chunk_size
+        self.d_inner, self.d_state = cfg.expand * ctx.d_model, cfg.d_state
+        self.dt_rank = cfg.dt_rank or math.ceil(ctx.d_model / 16)
+        self.dtype = ctx.dtype
+        e, n, r = self.d_inner, self.d_state, self.dt_rank
+        self.in_proj = dense(ctx, ctx.d_model, 2 * e, rngs=rngs)
+        self.conv = CausalConv(e, cfg.d_conv, bias=True, rngs=rngs)
+        self.x_proj = dense(ctx, e, r + 2 * n, rngs=rngs)
+        self.dt_proj = nnx.Linear(r, e, use_bias=False, dtype=ctx.dtype, kernel_init=symmetric_uniform(r**-0.5), rngs=rngs)
+        self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), e, cfg.dt_min, cfg.dt_max))
+        # A = -exp(A_log) = -(1, 2, ..., N) for every channel (S4D-real). Stored flat: the optimiser
+        # decays matrices only, and Mamba keeps A (like D and dt_bias) out of weight decay.
+        self.A_log = nnx.Param(jnp.log(jnp.tile(jnp.arange(1, n + 1, dtype=jnp.float32), e)))  # (E * N,)
+        self.D = nnx.Param(jnp.ones((e,), jnp.float32))
+        self.out_proj = dense(ctx, e, ctx.d_model, rngs=rngs, residual=True)
+
+    def A(self) -> jax.Array:
+        return -jnp.exp(self.A_log[...].reshape(self.d_inner, self.d_state))  # (E, N)
+
+    def ssm_inputs(self, x, conv_state=None):
+        """The scan's inputs for x [B,T,d_model]: u, raw Δ [B,T,E], B, C [B,T,N], gate z [B,T,E], conv window."""
+        u, z = jnp.split(self.in_proj(x), 2, axis=-1)  # (B, T, E) each
+        u, conv_state = self.conv(u, conv_state)
+        u = jax.nn.silu(u)
+        dt_low, b, c = jnp.split(self.x_proj(u), [self.dt_rank, self.dt_rank + self.d_state], axis=-1)
+        return u, self.dt_proj(dt_low), b, c, z, conv_state
+
+    def scan(self, u, delta, b, c, z, *, initial_state=None, method=None):
+        return selective_scan(
+            u, delta, self.A(), b, c, D=self.D[...], z=z, delta_bias=self.dt_bias[...], delta_softplus=True,
+            initial_state=initial_state, method=method or self.method, chunk_size=self.chunk_size,
+        )
+
+    def __call__(self, x, *, positions=None):  # SSMs carry order in their state: positions are unused
+        y, _ = self.scan(*self.ssm_inputs(x)[:5])
+        return self.out_proj(y)
+
+    def init_state(self, batch_size, max_len):
+        return {
+            "conv": self.conv.init_state(batch_size, self.dtype),
+            "ssm": jnp.zeros((batch_size, self.d_inner, self.d_state), jnp.float32),
+        }
+
+    def step(self, x_t, state):
+        u, delta, b, c, z, conv = self.ssm_inputs(x_t[:, None], state["conv"])
+        y, ssm = self.scan(u, delta, b, c, z, initial_state=state["ssm"], method="scan")
+        return self.out_proj(y[:, 0]), {"conv": conv, "ssm": ssm}
+
+    def attention_matrix(self, x):
+        _, delta, b, c, _, _ = self.ssm_inputs(x)
+        delta = effective_delta(delta, self.dt_bias[...], True)
+        return selective_attention(delta, self.A(), b, c, heads=self.n_heads)
+
+    def state_size(self, max_len):
+        return (self.conv.width - 1) * self.d_inner + self.d_inner * self.d_state

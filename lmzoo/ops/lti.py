@@ -1,0 +1,114 @@
+"""Linear time-invariant SSMs: fixed (A, B, C) make the layer a causal convolution.
+
+A diagonal SSM ``h_t = a h_t-1 + b u_t, y_t = Re(c · h_t)`` (``a = exp(log_a)``, one mode per
+entry of the last axis) has the impulse response ``K_k = Re Σ_n c_n b_n a_n^k``: a Vandermonde
+product computed in closed form for all lags at once. ``diagonal_ssm`` applies it
+- "fft":  as a long convolution with an FFT (O(T log T)); the initial and final states come
+  from the same Vandermonde powers, so the op still returns the state;
+- "scan": as the recurrence itself (the reference, and the form used for decoding).
+
+A short FIR filter is the other LTI layer here: ``causal_conv1d`` is the depthwise causal
+convolution of Mamba's blocks, and also H3's shift SSM (a state that holds the last K-1 inputs).
+
+Axes: B batch, T time, then any channel axes ``...``; N modes. Parameters broadcast against
+the channel axes (e.g. one SSM per head ``[H, 1, 1, N]`` for inputs ``[B, T, H, P, P]``).
+Parameters may be complex (S4D modes); inputs and outputs are real, computed in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+METHODS = ("fft", "scan")
+
+
+def causal_conv1d(x, weight, bias=None, *, initial_state=None):
+    """Depthwise causal convolution: x ``[B,T,C]``, weight ``[K,C]``, bias ``[C]``.
+
+    ``y_t = Σ_k weight[k] x_{t-K+1+k} (+ bias)``; ``initial_state`` holds the K-1 inputs before
+    ``x`` (zeros if None). Returns ``(y [B,T,C], final_state [B,K-1,C])``: the last K-1 inputs,
+    so that feeding a sequence in pieces equals feeding it whole. Computed in ``x``'s dtype.
+    """
+    width, length = weight.shape[0], x.shape[1]
+    if initial_state is None:
+        initial_state = jnp.zeros((x.shape[0], width - 1, x.shape[2]), x.dtype)
+    window = jnp.concatenate([initial_state.astype(x.dtype), x], axis=1)  # (B, K-1+T, C)
+    weight = weight.astype(x.dtype)
+    y = sum(weight[k] * window[:, k : k + length] for k in range(width))
+    if bias is not None:
+        y = y + bias.astype(x.dtype)
+    return y, window[:, window.shape[1] - (width - 1) :]
+
+
+def vandermonde(log_a, length: int) -> jax.Array:
+    """``a^k = exp(k log_a)`` for every lag k < length: ``[length, ..., N]``."""
+    lags = jnp.arange(length, dtype=jnp.float32).reshape(-1, *([1] * log_a.ndim))
+    return jnp.exp(lags * log_a)
+
+
+def diagonal_ssm_kernel(log_a, b, c, length: int, *, powers=None) -> jax.Array:
+    """The impulse response ``K [length, ...]`` (real float32), ``K_k = Re Σ_n c_n b_n a_n^k``."""
+    powers = vandermonde(log_a, length) if powers is None else powers
+    return jnp.real(jnp.sum(c * b * powers, axis=-1)).astype(jnp.float32)
+
+
+def causal_toeplitz(kernel) -> jax.Array:
+    """The convolution as a matrix: kernel ``[T, ...]`` -> ``[..., T, T]``, ``M[i, j] = kernel[i - j]`` for j ≤ i, else 0."""
+    length = kernel.shape[0]
+    lag = jnp.arange(length)[:, None] - jnp.arange(length)[None, :]
+    matrix = jnp.where((lag >= 0).reshape(length, length, *([1] * (kernel.ndim - 1))), kernel[jnp.maximum(lag, 0)], 0)
+    return jnp.moveaxis(matrix, (0, 1), (-2, -1))
+
+
+def fft_conv(u, kernel) -> jax.Array:
+    """Causal convolution ``y_t = Σ_{k≤t} kernel_k u_{t-k}``: u ``[B,T,...]``, kernel ``[T,...]`` (broadcasting).
+
+    Both are zero-padded to a power of two ≥ 2T so that the FFT's circular convolution does not
+    wrap around. Float32.
+    """
+    length = u.shape[1]
+    n = 1 << (2 * length - 1).bit_length()
+    spectrum = jnp.fft.rfft(u.astype(jnp.float32), n=n, axis=1) * jnp.fft.rfft(kernel.astype(jnp.float32), n=n, axis=0)
+    return jnp.fft.irfft(spectrum, n=n, axis=1)[:, :length]
+
+
+def diagonal_ssm(u, log_a, b, c, *, initial_state=None, method="fft"):
+    """u ``[B,T,...]`` real; log_a, b, c ``[..., N]`` (real or complex, broadcasting against u's channels).
+
+    ``h_t = exp(log_a) h_t-1 + b u_t``, ``y_t = Re Σ_n c_n h_t[n]``. Returns ``(y [B,T,...] in u's
+    dtype, final_state [B,...,N])``, the state complex when the parameters are.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} is not one of {METHODS}")
+    state_dtype = jnp.result_type(log_a, b, c, jnp.float32)
+    h0 = None if initial_state is None else initial_state.astype(state_dtype)
+    form = _scan if method == "scan" else _fft
+    y, h = form(u.astype(jnp.float32), log_a, b, c, h0)
+    return y.astype(u.dtype), h.astype(state_dtype)
+
+
+def _scan(u, log_a, b, c, h0):
+    decay = jnp.exp(log_a)
+    if h0 is None:
+        state_shape = (u.shape[0], *jnp.broadcast_shapes(u.shape[2:], log_a.shape[:-1]), log_a.shape[-1])
+        h0 = jnp.zeros(state_shape, jnp.result_type(log_a, b, c, jnp.float32))
+
+    def step(h, u_t):
+        h = decay * h + b * u_t[..., None]
+        return h, jnp.real(jnp.sum(c * h, axis=-1))
+
+    h, y = lax.scan(step, h0, u.swapaxes(0, 1))
+    return y.swapaxes(0, 1), h
+
+
+def _fft(u, log_a, b, c, h0):
+    powers = vandermonde(log_a, u.shape[1])  # (T, ..., N), shared by the output and both states
+    y = fft_conv(u, diagonal_ssm_kernel(log_a, b, c, u.shape[1], powers=powers))  # (B, T, ...)
+    h = b * jnp.sum(powers * jnp.flip(u, axis=1)[..., None], axis=1)  # h_T = Σ_k a^k b u_{T-1-k}
+    if h0 is not None:  # the initial state reaches step t decayed t + 1 times
+        decayed = jnp.exp(log_a) * powers * h0[:, None]  # (B, T, ..., N)
+        y = y + jnp.real(jnp.sum(c * decayed, axis=-1))
+        h = h + decayed[:, -1]
+    return y, h

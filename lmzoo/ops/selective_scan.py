@@ -1,0 +1,185 @@
+"""Mamba-1's selective scan in three agreeing forms, and its "hidden attention" matrix.
+
+    h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t u_t        y_t = C_t h_t + D u_t        y_t <- y_t * silu(z_t)
+
+per channel d (``h_t[d]`` has N entries), with ``Δ = softplus(delta + delta_bias)`` when asked.
+``method`` picks the form of the recurrence; all give the same numbers:
+- "scan":  ``lax.scan`` over time, one token per step (the reference). It discretises inside the
+  step, so no [B, T, D, N] tensor is built in the forward pass: the fastest form on a CPU;
+- "assoc": ``lax.associative_scan`` over (decay, input) pairs: O(log T) depth, O(T D N) memory;
+- "chunk": within a chunk of ``chunk_size`` tokens every state is a masked sum over earlier
+  tokens weighted by exp(cum_t - cum_s) (cumulative log-decays, exponentiated only after the
+  causal mask), and the state is carried recurrently from chunk to chunk. Each chunk is
+  rematerialised in the backward pass, so memory stays O(T D N + L^2 D N) for chunk length L.
+
+Axes: B batch, T time, D channels (Mamba's d_inner), N state size, G groups sharing B and C
+(channel d reads group d // (D / G)). Everything is computed in float32; ``y`` is returned in
+``u``'s dtype and the state ``[B, D, N]`` in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+METHODS = ("scan", "assoc", "chunk")
+
+
+def grouped(x: jax.Array, channels: int) -> jax.Array:
+    """B or C, shared ``[B,T,N]`` or grouped ``[B,T,G,N]``, as ``[B,T,G,N]`` float32."""
+    x = x.astype(jnp.float32)
+    x = x[:, :, None, :] if x.ndim == 3 else x
+    if channels % x.shape[2]:
+        raise ValueError(f"B/C have {x.shape[2]} groups, which does not divide the {channels} channels")
+    return x
+
+
+def per_channel(x: jax.Array, channels: int) -> jax.Array:
+    """Grouped ``[..., G, N]`` -> ``[..., D, N]``: channel d reads group d // (D / G)."""
+    groups = x.shape[-2]
+    if groups == 1:
+        return jnp.broadcast_to(x, (*x.shape[:-2], channels, x.shape[-1]))
+    return jnp.repeat(x, channels // groups, axis=-2)
+
+
+def effective_delta(delta, delta_bias=None, delta_softplus=False) -> jax.Array:
+    """Δ in float32: ``delta + delta_bias``, through softplus when ``delta_softplus``."""
+    delta = delta.astype(jnp.float32)
+    if delta_bias is not None:
+        delta = delta + delta_bias.astype(jnp.float32)
+    return jax.nn.softplus(delta) if delta_softplus else delta
+
+
+def selective_scan(
+    u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_softplus=False,
+    initial_state=None, method="chunk", chunk_size=64,
+):
+    """u, delta, z ``[B,T,D]``; A ``[D,N]``; B, C ``[B,T,N]`` or ``[B,T,G,N]``; D, delta_bias ``[D]``.
+
+    Returns ``(y [B,T,D], final_state [B,D,N] float32)``; ``initial_state`` is ``[B,D,N]``.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} is not one of {METHODS}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be positive")
+    batch, _, channels = u.shape
+    u32, A = u.astype(jnp.float32), A.astype(jnp.float32)
+    delta = effective_delta(delta, delta_bias, delta_softplus)
+    B, C = grouped(B, channels), grouped(C, channels)
+    h0 = jnp.zeros((batch, channels, A.shape[-1]), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
+    if method == "scan":
+        y, h = _scan(u32, delta, A, B, C, h0)
+    else:  # the parallel forms work on the discretised sequence
+        log_a = delta[..., None] * A  # (B, T, D, N) log of the per-step decay
+        bu = (delta * u32)[..., None] * per_channel(B, channels)  # (B, T, D, N)
+        form = _assoc if method == "assoc" else _chunked
+        y, h = form(log_a, bu, per_channel(C, channels), h0, chunk_size)  # (B, T, D), (B, D, N)
+    if D is not None:
+        y = y + D.astype(jnp.float32) * u32
+    if z is not None:
+        y = y * jax.nn.silu(z.astype(jnp.float32))
+    return y.astype(u.dtype), h
+
+
+def _scan(u, delta, A, B, C, h0):
+    channels = u.shape[-1]
+
+    def step(h, inputs):
+        u_t, delta_t, b_t, c_t = inputs  # (B, D), (B, D), (B, G, N), (B, G, N)
+        h = jnp.exp(delta_t[..., None] * A) * h + (delta_t * u_t)[..., None] * per_channel(b_t, channels)
+        return h, jnp.sum(per_channel(c_t, channels) * h, axis=-1)
+
+    h, y = lax.scan(step, h0, tuple(a.swapaxes(0, 1) for a in (u, delta, B, C)))
+    return y.swapaxes(0, 1), h
+
+
+def _assoc(log_a, bu, c, h0, chunk_size):
+    def combine(earlier, later):  # compose h -> a h + b: first `earlier`, then `later`
+        a1, b1 = earlier
+        a2, b2 = later
+        return a1 * a2, a2 * b1 + b2
+
+    bu = bu.at[:, 0].add(jnp.exp(log_a[:, 0]) * h0)  # the initial state enters with the first step
+    _, h = lax.associative_scan(combine, (jnp.exp(log_a), bu), axis=1)  # (B, T, D, N)
+    return jnp.sum(c * h, axis=-1), h[:, -1]
+
+
+def _chunked(log_a, bu, c, h0, chunk_size):
+    batch, length, channels, n = log_a.shape
+    pad = -length % chunk_size  # padded steps decay by exp(0) = 1 and add nothing: the state passes through
+    chunks = length // chunk_size + (pad > 0)
+
+    def to_chunks(x):  # (B, T, D, N) -> (chunks, B, D, N, L): time last, so pairwise decays are L x L matrices
+        x = jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        return x.reshape(batch, chunks, chunk_size, channels, n).transpose(1, 0, 3, 4, 2)
+
+    body = jax.checkpoint(_within_chunk)  # keep only chunk boundaries for the backward pass
+    h, y = lax.scan(body, h0, (to_chunks(log_a), to_chunks(bu), to_chunks(c)))  # y: (chunks, B, D, L)
+    y = y.transpose(1, 0, 3, 2).reshape(batch, chunks * chunk_size, channels)
+    return y[:, :length], h
+
+
+def _within_chunk(h, chunk):
+    log_a, bu, c = chunk  # (B, D, N, L)
+    size = log_a.shape[-1]
+    cum = jnp.cumsum(log_a, axis=-1)  # log decay from the chunk's start through step t
+    causal = jnp.tril(jnp.ones((size, size), bool))
+    pair = jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf)  # (B, D, N, L_t, L_s)
+    states = jnp.einsum("bdnts,bdns->bdnt", jnp.exp(pair), bu) + jnp.exp(cum) * h[..., None]
+    return states[..., -1], jnp.sum(c * states, axis=2)  # (B, D, N), (B, D, L)
+
+
+def selective_attention(delta, A, B, C, *, heads=None, block_size=64) -> jax.Array:
+    """Mamba's "hidden attention": the causal weights with ``y_i[d] = Σ_j α_ij[d] u_j[d]``.
+
+    ``α_ij[d] = Σ_n C_i[n] exp(Σ_{j<m≤i} Δ_m[d] A[d,n]) Δ_j[d] B_j[n]`` for j ≤ i, zero above;
+    ``y`` is the scan's output before the D skip and the gate. ``delta`` is Δ itself (after any
+    bias and softplus). Returns ``[B,D,T,T]``; with ``heads=H`` the channels are split into H
+    contiguous groups of D / H and averaged within each group: ``[B,H,T,T]``.
+
+    Computed one channel of every head at a time (memory O(B H T^2)) in blocks of ``block_size``:
+    diagonal blocks pairwise, off-diagonal blocks as matmuls over the state entries with the
+    decay split at block boundaries (every factor ≤ 1), so only O(T N) exponentials per channel.
+    """
+    batch, length, channels = delta.shape
+    heads = heads or channels
+    if channels % heads:
+        raise ValueError(f"heads={heads} does not divide the {channels} channels")
+    per_head, n = channels // heads, A.shape[-1]
+    pad = -length % block_size  # padded steps have Δ = 0: no decay, no input
+    delta = jnp.pad(delta.astype(jnp.float32), ((0, 0), (0, pad), (0, 0)))
+    padded = length + pad
+    B, C = (jnp.pad(grouped(x, channels), ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (B, C))
+    cum = jnp.cumsum(delta[..., None] * A.astype(jnp.float32), axis=1)  # (B, T, D, N)
+    b_in = delta[..., None] * per_channel(B, channels)  # Δ_j B_j
+
+    def by_channel_in_group(x):  # (B, T, D, N) -> (D/H, B, H, T, N)
+        return x.reshape(batch, padded, heads, per_head, n).transpose(3, 0, 2, 1, 4)
+
+    def add_channel(total, inputs):
+        return total + _channel_attention(*inputs, block_size), None
+
+    total = jnp.zeros((batch, heads, padded, padded), jnp.float32)
+    inputs = tuple(map(by_channel_in_group, (cum, b_in, per_channel(C, channels))))
+    total, _ = lax.scan(add_channel, total, inputs)
+    return total[..., :length, :length] / per_head
+
+
+def _channel_attention(cum, b_in, c, block):
+    """α [B,H,T,T] of one channel per head from cum, Δ B and C, each [B,H,T,N]."""
+    batch, heads, length, n = cum.shape
+    blocks = length // block
+    cum, b_in, c = (x.reshape(batch, heads, blocks, block, n) for x in (cum, b_in, c))
+    last = cum[..., -1, :]  # (B, H, blocks, N): cumulative log decay at each block's last step
+    before = jnp.concatenate([jnp.zeros_like(last[:, :, :1]), last[:, :, :-1]], axis=2)  # ... just before each block
+    q = c * jnp.exp(cum - before[..., None, :])  # decay from the block's start to i
+    k = b_in * jnp.exp(last[..., None, :] - cum)  # decay from j to its block's end
+    earlier = jnp.tril(jnp.ones((blocks, blocks), bool), -1)[..., None]
+    gap = jnp.exp(jnp.where(earlier, before[:, :, :, None] - last[:, :, None, :], -jnp.inf))  # (B, H, I, J, N), J < I
+    off_diagonal = jnp.einsum("bhIin,bhIJn,bhJjn->bhIiJj", q, gap, k)
+    causal = jnp.tril(jnp.ones((block, block), bool))[..., None]
+    pair = jnp.where(causal, cum[..., :, None, :] - cum[..., None, :, :], -jnp.inf)  # (B, H, blocks, L_i, L_j, N)
+    diagonal = jnp.einsum("bhIin,bhIijn,bhIjn->bhIij", c, jnp.exp(pair), b_in)
+    alpha = off_diagonal + jnp.einsum("bhIij,IJ->bhIiJj", diagonal, jnp.eye(blocks))
+    return alpha.reshape(batch, heads, length, length)

@@ -1,0 +1,104 @@
+"""Causal softmax attention over vector-quantised keys (Transformer-VQ), quadratic and linear-time.
+
+Every key is one of S codewords, so the keys of all earlier blocks collapse into a cache of, per
+codeword, how many keys chose it and the sum of their values: a query's weight on codeword s is
+``count_s * exp(q . c_s)``. Per block of L queries this costs ``L^2`` (exact scores inside the block)
+plus ``L * S`` (scores against codewords): linear in the length.
+
+Inputs: q [B,T,H,D]; ``k_hat`` [B,T,H,D], the quantised keys (``codebook[codes]`` in value, with
+straight-through gradients to the unquantised keys); ``codes`` [B,T,H] int; ``codebook`` [H,S,D];
+v [B,T,H,Dv]. Keys in a query's own block enter as ``k_hat``; keys of earlier blocks enter through
+the codebook, as they do through the compressed cache -- so both methods compute the same function,
+gradients included, and in value both are softmax attention over the quantised keys.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+METHODS = ("quadratic", "blockwise")
+
+
+def vq_attention(q, k_hat, codes, codebook, v, *, scale=None, block_size: int, method: str = "blockwise"):
+    """Causal attention over quantised keys -> [B,T,H,Dv] in v's dtype; see the module docstring."""
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} is not one of {METHODS}")
+    if block_size < 1:
+        raise ValueError(f"block_size={block_size} must be positive")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    form = _quadratic if method == "quadratic" else _blockwise
+    return form(q, k_hat, codes, codebook, v, scale, block_size).astype(v.dtype)
+
+
+def gather_codewords(codebook: jax.Array, codes: jax.Array) -> jax.Array:
+    """codebook [H,S,D], codes [B,T,H] -> codewords [B,T,H,D]."""
+    return jnp.take_along_axis(codebook[None, None], codes[..., None, None], axis=3)[..., 0, :]
+
+
+def _quadratic(q, k_hat, codes, codebook, v, scale, block_size):
+    """The readable reference: a [T, T] score matrix, codewords outside the query's own block."""
+    t = q.shape[1]
+    block = jnp.arange(t) // block_size
+    same_block = block[:, None] == block[None, :]  # (T, T)
+    own = jnp.einsum("bthd,bshd->bhts", q, k_hat, preferred_element_type=jnp.float32)
+    coded = jnp.einsum("bthd,bshd->bhts", q, gather_codewords(codebook, codes), preferred_element_type=jnp.float32)
+    scores = jnp.where(same_block, own, coded) * scale
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    probs = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
+    return jnp.einsum("bhts,bshd->bthd", probs, v.astype(jnp.float32))
+
+
+def _blockwise(q, k_hat, codes, codebook, v, scale, block_size):
+    """Linear time: exact scores inside each block, the per-codeword cache of earlier blocks."""
+    b, t, h, _ = q.shape
+    n_codes, size = codebook.shape[1], block_size
+    n = -(-t // size)
+    pad = n * size - t  # padded keys come after every real query, so the causal mask hides them
+    blocks = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape(b, n, size, *x.shape[2:])
+    qb, kb, vb = blocks(q), blocks(k_hat), blocks(v.astype(jnp.float32))  # (B, N, L, H, D)
+    real = blocks(jnp.ones((b, t, h), jnp.float32))  # (B, N, L, H): 0 on padding
+    onehot = jax.nn.one_hot(blocks(codes), n_codes, dtype=jnp.float32) * real[..., None]  # (B, N, L, H, S)
+
+    # the cache each block reads: counts and value sums per codeword over all earlier blocks
+    exclusive = lambda x: jnp.cumsum(x, axis=1) - x  # integer-valued counts: exact
+    counts = exclusive(onehot.sum(2))  # (B, N, H, S)
+    block_sums = jnp.einsum("bnlhs,bnlhd->bnhsd", onehot, vb)
+    sums = jnp.concatenate([jnp.zeros_like(block_sums[:, :1]), jnp.cumsum(block_sums, axis=1)[:, :-1]], axis=1)
+
+    own = jnp.einsum("bnlhd,bnmhd->bnhlm", qb, kb, preferred_element_type=jnp.float32) * scale  # (B, N, H, L, L)
+    own = jnp.where(jnp.tril(jnp.ones((size, size), bool)), own, -jnp.inf)
+    coded = jnp.einsum("bnlhd,hsd->bnhls", qb, codebook, preferred_element_type=jnp.float32) * scale  # (B, N, H, L, S)
+    coded = jnp.where(counts[:, :, :, None, :] > 0, coded, -jnp.inf)  # codewords no earlier key chose
+
+    top = jax.lax.stop_gradient(jnp.maximum(own.max(-1), coded.max(-1)))[..., None]  # (B, N, H, L, 1)
+    p_own, p_coded = jnp.exp(own - top), jnp.exp(coded - top)
+    numerator = jnp.einsum("bnhlm,bnmhd->bnlhd", p_own, vb) + jnp.einsum("bnhls,bnhsd->bnlhd", p_coded, sums)
+    denominator = p_own.sum(-1) + jnp.einsum("bnhls,bnhs->bnhl", p_coded, counts)  # (B, N, H, L)
+    out = numerator / jnp.moveaxis(denominator, 2, 3)[..., None]  # (B, N, L, H, Dv)
+    return out.reshape(b, n * size, h, -1)[:, :t]
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def init_vq_cache(batch: int, heads: int, n_codes: int, d_v: int) -> dict:
+    """The compressive cache: per codeword, the count of keys that chose it and the sum of their values."""
+    return {
+        "counts": jnp.zeros((batch, heads, n_codes), jnp.float32),
+        "sums": jnp.zeros((batch, heads, n_codes, d_v), jnp.float32),
+    }
+
+
+def vq_cache_step(cache: dict, q, codes, codebook, v, *, scale=None):
+    """Add one token (codes [B,H], values v [B,H,Dv]) to the cache, then attend with q [B,H,D]
+    over every key so far -> ([B,H,Dv] in v's dtype, cache). Equals the last row of ``vq_attention``."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    onehot = jax.nn.one_hot(codes, codebook.shape[1], dtype=jnp.float32)  # (B, H, S)
+    counts = cache["counts"] + onehot
+    sums = cache["sums"] + onehot[..., None] * v.astype(jnp.float32)[:, :, None, :]
+    scores = jnp.einsum("bhd,hsd->bhs", q, codebook, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(counts > 0, scores, -jnp.inf)
+    p = jnp.exp(scores - scores.max(-1, keepdims=True))
+    out = jnp.einsum("bhs,bhsd->bhd", p, sums) / jnp.einsum("bhs,bhs->bh", p, counts)[..., None]
+    return out.astype(v.dtype), {"counts": counts, "sums": sums}

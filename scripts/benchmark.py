@@ -1,0 +1,306 @@
+"""Time every op form: forward and forward+backward milliseconds and compiled memory, next to softmax.
+
+    python scripts/benchmark.py                                   # all cases, T = 512 .. 4096
+    python scripts/benchmark.py --ops softmax --lengths 1024,2048 --batch 2 --heads 8 --dim 64
+    python scripts/benchmark.py --dtype bfloat16 --json figures.json
+
+Every row is measured in the same process on the same device, shapes and dtype, and shows its
+ratio to ``softmax/xla`` at the same length (the baseline). Memory is what XLA's compiled program
+reserves (temporaries + outputs), which is comparable across CPU and GPU.
+
+A case is a function ``(shape, dtype, key) -> (fn, args)``: ``fn(*args)`` returns the output (or
+a tuple whose first element is the output); registered under "<op>/<form>" with ``@case``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from lmzoo import ops
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    length: int
+    heads: int
+    dim: int
+
+
+CASES: dict[str, Callable] = {}
+BASELINE = "softmax/xla"
+
+
+def case(name: str):
+    def wrap(builder):
+        CASES[name] = builder
+        return builder
+
+    return wrap
+
+
+def qkv(shape: Shape, dtype, key):
+    ks = jax.random.split(key, 3)
+    dims = (shape.batch, shape.length, shape.heads, shape.dim)
+    return tuple(jax.random.normal(k, dims, dtype) for k in ks)
+
+
+# ----------------------------------------------------------------------------- cases
+
+
+@case("softmax/xla")
+def _softmax_xla(shape, dtype, key):
+    return (lambda q, k, v: ops.softmax_attention(q, k, v, method="xla")), qkv(shape, dtype, key)
+
+
+@case("softmax/reference")
+def _softmax_reference(shape, dtype, key):
+    return (lambda q, k, v: ops.softmax_attention(q, k, v, method="reference")), qkv(shape, dtype, key)
+
+
+# (further families register their cases below this line)
+
+
+@case("softmax/window256")
+def _softmax_window(shape, dtype, key):
+    return (lambda q, k, v: ops.softmax_attention(q, k, v, window=256, method="xla")), qkv(shape, dtype, key)
+
+
+def vq_args(shape: Shape, dtype, key, n_codes: int = 128):
+    """(q, quantised keys, codes, codebook, v) with random codes over a random codebook."""
+    from lmzoo.ops.vq import gather_codewords
+
+    q, _, v = qkv(shape, dtype, key)
+    codebook = jax.random.normal(jax.random.fold_in(key, 1), (shape.heads, n_codes, shape.dim), dtype)
+    codes = jax.random.randint(jax.random.fold_in(key, 2), (shape.batch, shape.length, shape.heads), 0, n_codes)
+    return q, gather_codewords(codebook, codes), codes, codebook, v
+
+
+@case("vq/quadratic")
+def _vq_quadratic(shape, dtype, key):
+    return (lambda q, k, z, c, v: ops.vq_attention(q, k, z, c, v, block_size=128, method="quadratic")), vq_args(shape, dtype, key)
+
+
+@case("vq/blockwise")
+def _vq_blockwise(shape, dtype, key):
+    return (lambda q, k, z, c, v: ops.vq_attention(q, k, z, c, v, block_size=128, method="blockwise")), vq_args(shape, dtype, key)
+
+
+# State-space family. The generic shape maps to: channels D = heads * dim (Mamba's d_inner) for
+# selective_scan and the LTI SSM; heads H and head size P = dim for ssd; state size N = SSM_STATE
+# (shared B/C, i.e. one group); the LTI SSM has SSM_STATE / 2 complex modes per channel.
+SSM_STATE = 16
+
+
+def selective_scan_args(shape: Shape, dtype, key):
+    """(u, delta, A, B, C, z, D, delta_bias) with Mamba-like magnitudes."""
+    ks = jax.random.split(key, 6)
+    channels = shape.heads * shape.dim
+    seq = (shape.batch, shape.length, channels)
+    u, delta, z = (jax.random.normal(k, seq, dtype) for k in ks[:3])
+    A = -jnp.tile(jnp.arange(1, SSM_STATE + 1, dtype=jnp.float32), (channels, 1))  # S4D-real
+    B, C = (jax.random.normal(k, (shape.batch, shape.length, SSM_STATE), dtype) for k in ks[3:5])
+    return u, delta, A, B, C, z, jnp.ones((channels,)), jnp.full((channels,), -4.0)
+
+
+def selective_scan_case(method: str, chunk_size: int = 64):
+    def build(shape, dtype, key):
+        def fn(u, delta, A, B, C, z, D, delta_bias):
+            return ops.selective_scan(
+                u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=True, method=method, chunk_size=chunk_size
+            )
+
+        return fn, selective_scan_args(shape, dtype, key)
+
+    return build
+
+
+case("selective_scan/scan")(selective_scan_case("scan"))
+case("selective_scan/assoc")(selective_scan_case("assoc"))
+case("selective_scan/chunk64")(selective_scan_case("chunk", 64))
+case("selective_scan/chunk16")(selective_scan_case("chunk", 16))
+
+
+def ssd_args(shape: Shape, dtype, key):
+    """(x, dt, A, B, C, D): heads of size dim, one group of B/C."""
+    ks = jax.random.split(key, 4)
+    x = jax.random.normal(ks[0], (shape.batch, shape.length, shape.heads, shape.dim), dtype)
+    dt = jax.nn.softplus(jax.random.normal(ks[1], (shape.batch, shape.length, shape.heads)) - 4.0).astype(dtype)
+    B, C = (jax.random.normal(k, (shape.batch, shape.length, 1, SSM_STATE), dtype) for k in ks[2:])
+    return x, dt, -jnp.linspace(1.0, 16.0, shape.heads), B, C, jnp.ones((shape.heads,))
+
+
+def ssd_case(method: str):
+    def build(shape, dtype, key):
+        return (lambda x, dt, A, B, C, D: ops.ssd(x, dt, A, B, C, D=D, method=method)), ssd_args(shape, dtype, key)
+
+    return build
+
+
+case("ssd/scan")(ssd_case("scan"))
+case("ssd/chunk64")(ssd_case("chunk"))
+
+
+def lti_args(shape: Shape, dtype, key):
+    """(u, log_dt, log(-Re A), Im A, Re C, Im C): an S4D-Lin SSM per channel, as real arrays."""
+    channels, modes = shape.heads * shape.dim, SSM_STATE // 2
+    u = jax.random.normal(key, (shape.batch, shape.length, channels), dtype)
+    log_dt = jnp.linspace(jnp.log(1e-3), jnp.log(1e-1), channels)[:, None]
+    a_imag = jnp.tile(jnp.pi * jnp.arange(modes, dtype=jnp.float32), (channels, 1))
+    c = jax.random.normal(jax.random.fold_in(key, 1), (2, channels, modes))
+    return u, log_dt, jnp.full((channels, modes), jnp.log(0.5)), a_imag, c[0], c[1]
+
+
+def lti_case(method: str):
+    def build(shape, dtype, key):
+        def fn(u, log_dt, log_neg_a_real, a_imag, c_real, c_imag):  # y only: a long convolution discards the state
+            dt, a = jnp.exp(log_dt), -jnp.exp(log_neg_a_real) + 1j * a_imag
+            return ops.diagonal_ssm(u, dt * a, (jnp.exp(dt * a) - 1) / a, 2 * (c_real + 1j * c_imag), method=method)[0]
+
+        return fn, lti_args(shape, dtype, key)
+
+    return build
+
+
+case("lti/fft")(lti_case("fft"))
+case("lti/scan")(lti_case("scan"))
+
+
+# Linear-attention family (lmzoo.ops.linear / lmzoo.ops.gated): every form of the causal sum, of
+# GLA with per-dimension gates and of simple GLA / RetNet with one gate per head.
+LINEAR_FORMS = ("parallel", "scan", "assoc", "chunk")
+
+
+def gated_args(shape: Shape, dtype, key, *, per_dimension: bool):
+    """(q, k, v, log_g) with GLA-like gates: logsigmoid(normal) / 16, float32."""
+    q, k, v = qkv(shape, dtype, key)
+    gate_shape = (shape.batch, shape.length, shape.heads) + ((shape.dim,) if per_dimension else ())
+    log_g = jax.nn.log_sigmoid(jax.random.normal(jax.random.fold_in(key, 7), gate_shape)) / 16
+    return q, k, v, log_g
+
+
+def linear_attention_case(method: str):
+    def build(shape, dtype, key):
+        return (lambda q, k, v: ops.linear_attention(q, k, v, method=method)), qkv(shape, dtype, key)
+
+    return build
+
+
+def gla_case(method: str, *, per_dimension: bool):
+    def build(shape, dtype, key):
+        fn = lambda q, k, v, log_g: ops.gla(q, k, v, log_g, method=method)  # noqa: E731
+        return fn, gated_args(shape, dtype, key, per_dimension=per_dimension)
+
+    return build
+
+
+for _form in LINEAR_FORMS:
+    _label = f"{_form}64" if _form == "chunk" else _form  # chunk_size is the ops' default, 64
+    case(f"linear_attention/{_label}")(linear_attention_case(_form))
+    case(f"gla/{_label}")(gla_case(_form, per_dimension=True))
+    case(f"simple_gla/{_label}")(gla_case(_form, per_dimension=False))
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def first_output(fn):
+    def wrapped(*args):
+        out = fn(*args)
+        return out[0] if isinstance(out, tuple) else out
+
+    return wrapped
+
+
+def forward_backward(fn, args):
+    """A function computing the output and the gradients of <output, random cotangent> w.r.t. float args."""
+    out_shape = jax.eval_shape(first_output(fn), *args)
+    cotangent = jax.random.normal(jax.random.key(1), out_shape.shape, out_shape.dtype)
+    float_args = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
+
+    def loss(*a):
+        return jnp.sum((first_output(fn)(*a) * cotangent).astype(jnp.float32))
+
+    return jax.grad(loss, argnums=float_args)
+
+
+def milliseconds(compiled, args, repeats: int) -> float:
+    jax.block_until_ready(compiled(*args))  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def compiled_megabytes(compiled) -> float:
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return float("nan")
+    return (stats.temp_size_in_bytes + stats.output_size_in_bytes) / 2**20
+
+
+def measure(name: str, shape: Shape, dtype, repeats: int) -> dict:
+    fn, args = CASES[name](shape, dtype, jax.random.key(0))
+    row = {"op": name, "T": shape.length}
+    for label, f in (("fwd", fn), ("fwd_bwd", forward_backward(fn, args))):
+        compiled = jax.jit(f).lower(*args).compile()
+        row[f"{label}_ms"] = milliseconds(compiled, args, repeats)
+        row[f"{label}_mb"] = compiled_megabytes(compiled)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", default="", help="comma-separated prefixes of case names (default: all)")
+    parser.add_argument("--lengths", default="512,1024,2048,4096")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    args = parser.parse_args()
+
+    prefixes = [p for p in args.ops.split(",") if p]
+    names = [n for n in CASES if not prefixes or any(n.startswith(p) for p in prefixes)]
+    if BASELINE not in names:
+        names.insert(0, BASELINE)
+    dtype = jnp.dtype(args.dtype)
+    device = jax.devices()[0]
+    print(f"device: {device.device_kind} ({jax.default_backend()}, {jax.device_count()} device(s)), "
+          f"jax {jax.__version__}, {platform.processor() or platform.machine()}")
+    print(f"shapes: B={args.batch} H={args.heads} D={args.dim} dtype={args.dtype}; ratios are to {BASELINE} at the same T\n")
+    header = f"{'op':<28}{'T':>7}{'fwd ms':>10}{'x base':>8}{'fwd+bwd ms':>12}{'x base':>8}{'fwd+bwd MB':>12}"
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for length in (int(t) for t in args.lengths.split(",")):
+        shape = Shape(args.batch, length, args.heads, args.dim)
+        base = measure(BASELINE, shape, dtype, args.repeats)
+        for name in names:
+            row = base if name == BASELINE else measure(name, shape, dtype, args.repeats)
+            row["fwd_ratio"] = row["fwd_ms"] / base["fwd_ms"]
+            row["fwd_bwd_ratio"] = row["fwd_bwd_ms"] / base["fwd_bwd_ms"]
+            rows.append(row)
+            print(f"{name:<28}{length:>7}{row['fwd_ms']:>10.2f}{row['fwd_ratio']:>8.2f}"
+                  f"{row['fwd_bwd_ms']:>12.2f}{row['fwd_bwd_ratio']:>8.2f}{row['fwd_bwd_mb']:>12.1f}", flush=True)
+    if args.json:
+        meta = {"device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
+                "batch": args.batch, "heads": args.heads, "dim": args.dim, "dtype": args.dtype}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Plot training curves (train loss in bits per byte, validation bpb) of one or more runs.
+
+    python scripts/plot_metrics.py runs/softmax-... runs/gla-... --out curves.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from lmzoo.logger import read_metrics
+
+
+def label_of(run_dir: Path) -> str:
+    info = run_dir / "run_info.json"
+    return json.loads(info.read_text())["variant"] if info.exists() else run_dir.name
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with metrics.jsonl)")
+    parser.add_argument("--out", type=Path, default=Path("curves.png"))
+    args = parser.parse_args()
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run_dir in args.runs:
+        rows = read_metrics(run_dir)
+        if not rows:
+            raise SystemExit(f"plot_metrics: error: {run_dir} has no metrics.jsonl rows")
+        label = label_of(run_dir)
+        train = [r for r in rows if "bpb" in r]
+        val = [r for r in rows if "val_bpb" in r]
+        line, = ax.plot([r["step"] for r in train], [r["bpb"] for r in train], alpha=0.5, label=f"{label} train")
+        ax.plot([r["step"] for r in val], [r["val_bpb"] for r in val], marker="o", color=line.get_color(), label=f"{label} val")
+    ax.set(xlabel="step", ylabel="bits per byte", ylim=(None, 5.0))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""State-space mixers beyond the generic protocol tests: every form of the parallel forward agrees,
+the attention matrices reproduce the layers' outputs, state sizes count the decoding state.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from lmzoo.config import ConfigError, ModelConfig
+from lmzoo.mixers import MixerContext, build_mixer
+from lmzoo.mixers.h3 import H3Config
+from lmzoo.mixers.mamba import MambaConfig
+from lmzoo.mixers.mamba2 import Mamba2Config
+from lmzoo.ops import selective_attention, selective_scan, ssd, ssd_attention
+from lmzoo.ops.selective_scan import effective_delta
+from lmzoo.positions import Positions
+
+from conftest import tiny_config
+
+LENGTH = 40  # several chunks of 16, the last one partial
+
+
+def mixer_of(variant, *overrides):
+    """The first layer's mixer of the tiny test model (same seed, same parameters whatever the method)."""
+    cfg = tiny_config(variant, *overrides)
+    m = cfg.model
+    ctx = MixerContext(m.d_model, m.n_heads, 0, m.n_layers, jnp.dtype(m.dtype), Positions(cfg.pos.kind), m.init_std)
+    return build_mixer(cfg.attn, ctx, rngs=nnx.Rngs(0))
+
+
+@nnx.jit
+def forward(mixer, x):
+    return mixer(x)
+
+
+def inputs(length=LENGTH, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal((2, length, 32)), jnp.float32)
+
+
+@pytest.mark.parametrize(
+    "variant, overrides",
+    [
+        ("mamba", ("attn.method=chunk", "attn.chunk_size=16")),
+        ("mamba", ("attn.method=assoc",)),
+        ("mamba2", ("attn.method=chunk", "attn.chunk_size=16")),
+        ("h3", ("attn.method=quadratic",)),
+        ("h3", ("attn.method=fft",)),
+    ],
+)
+def test_every_form_gives_the_recurrent_forward(variant, overrides):
+    x = inputs()
+    recurrent = mixer_of(variant, "attn.method=scan")
+    np.testing.assert_allclose(forward(mixer_of(variant, *overrides), x), forward(recurrent, x), rtol=1e-5, atol=1e-6)
+
+
+@nnx.jit
+def mamba_hidden_attention(mixer, x):
+    """(α applied to u, the scan's y before D and gate, attention_matrix, α averaged per head)."""
+    u, delta, b, c, _, _ = mixer.ssm_inputs(x)
+    y, _ = selective_scan(u, delta, mixer.A(), b, c, delta_bias=mixer.dt_bias[...], delta_softplus=True, method="scan")
+    delta = effective_delta(delta, mixer.dt_bias[...], True)
+    per_channel = selective_attention(delta, mixer.A(), b, c)  # (B, E, T, T)
+    batch, _, length, _ = per_channel.shape
+    groups = per_channel.reshape(batch, mixer.n_heads, -1, length, length).mean(axis=2)  # contiguous channel groups
+    return jnp.einsum("bdij,bjd->bid", per_channel, u), y, mixer.attention_matrix(x), groups
+
+
+def test_mamba_hidden_attention_reproduces_the_scan():
+    mixed, y, weights, groups = mamba_hidden_attention(mixer_of("mamba"), inputs(17))
+    np.testing.assert_allclose(mixed, y, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(weights, groups, rtol=1e-5, atol=1e-7)
+
+
+@nnx.jit
+def mamba2_attention(mixer, x):
+    """(weights applied to x, SSD's y before D, attention_matrix, weights averaged per model head)."""
+    xs, dt, b, c, _, _ = mixer.ssm_inputs(x)
+    y, _ = ssd(xs, dt, mixer.A(), b, c, method="scan")
+    weights = ssd_attention(dt, mixer.A(), b, c)  # (B, H_ssm, T, T)
+    batch, _, length, _ = weights.shape
+    heads = weights.reshape(batch, mixer.n_heads, -1, length, length).mean(axis=2)
+    return jnp.einsum("bhij,bjhp->bihp", weights, xs), y, mixer.attention_matrix(x), heads
+
+
+@pytest.mark.parametrize("overrides", [(), ("attn.head_dim=8", "attn.n_groups=2")])
+def test_mamba2_attention_reproduces_ssd(overrides):
+    mixed, y, weights, heads = mamba2_attention(mixer_of("mamba2", *overrides), inputs(17))
+    np.testing.assert_allclose(mixed, y, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(weights, heads, rtol=1e-6, atol=1e-7)
+
+
+@nnx.jit
+def h3_attention(mixer, x):
+    """(out_proj of attention_matrix applied to v, the layer's output)."""
+    _, _, v, _ = mixer.project(x)
+    mixed = jnp.einsum("bhij,bjhp->bihp", mixer.attention_matrix(x), v)
+    return mixer.out_proj(mixed.reshape(*x.shape[:2], -1)), mixer(x)
+
+
+def test_h3_attention_reproduces_the_layer():
+    by_weights, y = h3_attention(mixer_of("h3", "attn.method=fft"), inputs(17))
+    np.testing.assert_allclose(by_weights, y, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["h3", "mamba", "mamba2"])
+def test_state_size_counts_the_decoding_state(variant):
+    mixer = mixer_of(variant)
+    floats = sum(a.size * (2 if jnp.iscomplexobj(a) else 1) for a in jax.tree.leaves(mixer.init_state(1, 64)))
+    assert mixer.state_size(64) == floats == mixer.state_size(4096)  # O(1) in the sequence length
+
+
+def test_mamba_initialisation():
+    mixer = mixer_of("mamba")
+    dt = jax.nn.softplus(mixer.dt_bias[...])
+    assert float(dt.min()) >= 0.001 * 0.999 and float(dt.max()) <= 0.1 * 1.001
+    np.testing.assert_allclose(mixer.A()[3], -np.arange(1, 17), rtol=1e-6)  # S4D-real
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (MambaConfig(name="m", mixer="mamba", method="parallel"), "attn.method='parallel'"),
+        (MambaConfig(name="m", mixer="mamba", dt_min=0.1, dt_max=0.01), "attn.dt_max"),
+        (Mamba2Config(name="m", mixer="mamba2", n_groups=3), "attn.n_groups=3"),
+        (Mamba2Config(name="m", mixer="mamba2", head_dim=48), "attn.head_dim=48"),
+        (H3Config(name="h", mixer="h3", d_state=15), "attn.d_state=15"),
+        (H3Config(name="h", mixer="h3", method="chunk"), "quadratic, fft, scan"),
+    ],
+)
+def test_bad_settings_are_config_errors(config, message):
+    with pytest.raises(ConfigError, match=message):
+        config.check(ModelConfig())

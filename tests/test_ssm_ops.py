@@ -1,0 +1,417 @@
+"""State-space ops: every fast form against its reference on outputs, gradients and final states.
+
+Each reference (``method="scan"``) is first pinned to a plain float64 loop written from the
+definition; the fast forms ("assoc", "chunk", "fft") are then compared with the reference at
+lengths 1, 63 and 257 through ``jax.vjp`` with random cotangents for both the output and the
+final state. Float32 tolerance: norm-relative error ``||a - b|| / ||b|| <= 1e-5`` (absolute where
+the reference is exactly zero, e.g. dL/dA at T = 1 from a zero state).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lmzoo import ops
+from lmzoo.ops import diagonal_ssm
+from lmzoo.ops.lti import causal_toeplitz, diagonal_ssm_kernel
+from lmzoo.ops.selective_scan import effective_delta
+
+# Compiled once per shape: called eagerly, every primitive inside would be compiled on its own.
+selective_scan = jax.jit(ops.selective_scan, static_argnames=("delta_softplus", "method", "chunk_size"))
+selective_attention = jax.jit(ops.selective_attention, static_argnames=("heads", "block_size"))
+ssd = jax.jit(ops.ssd, static_argnames=("method", "chunk_size"))
+ssd_attention = jax.jit(ops.ssd_attention)
+causal_conv1d = jax.jit(ops.causal_conv1d)
+
+F32_TOL = 1e-5
+BF16_TOL = 2e-2  # norm-relative, bf16 inputs (8-bit mantissa, ~4e-3 per element) against the fp32 reference
+
+
+def rel_err(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    scale = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / (scale if scale > 0 else 1.0))
+
+
+# Inputs come from NumPy: eager jax.random calls would compile a program for every new shape.
+def normal(rng, shape, scale=1.0, shift=0.0):
+    return jnp.asarray(shift + scale * rng.standard_normal(shape), jnp.float32)
+
+
+def uniform(rng, shape, low, high):
+    return jnp.asarray(rng.uniform(low, high, shape), jnp.float32)
+
+
+def values_and_grads(fn, args, seed=7):
+    """fn(*args) -> (y, state), and the gradients of <y, gy> + <state, gs> for random gy, gs."""
+    rng = np.random.default_rng(seed)
+    cotangent = tuple(jnp.asarray(rng.standard_normal(o.shape), o.dtype) for o in jax.eval_shape(fn, *args))
+
+    def run(*a):
+        out, pullback = jax.vjp(fn, *a)
+        return out, pullback(cotangent)
+
+    return jax.jit(run)(*args)
+
+
+def assert_forms_agree(fast, reference, args, names, expected=None):
+    """``expected``: the reference's (values, grads) when already computed."""
+    (y, h), grads = values_and_grads(fast, args)
+    (y_ref, h_ref), grads_ref = expected or values_and_grads(reference, args)
+    assert rel_err(y, y_ref) <= F32_TOL, "output"
+    assert rel_err(h, h_ref) <= F32_TOL, "final state"
+    for name, g, g_ref in zip(names, grads, grads_ref):
+        assert rel_err(g, g_ref) <= F32_TOL, f"gradient w.r.t. {name}: {rel_err(g, g_ref):.2e}"
+
+
+# ----------------------------------------------------------------------------- selective scan (Mamba-1)
+
+BATCH, CHANNELS, STATE = 2, 16, 8
+
+
+def selective_inputs(length, *, groups=None, softplus=True, extras=True, seed=0):
+    """Named float inputs; ``extras`` adds D, z, delta_bias and an initial state."""
+    rng = np.random.default_rng(seed)
+    bc_shape = (BATCH, length, STATE) if groups is None else (BATCH, length, groups, STATE)
+    if softplus:
+        delta = normal(rng, (BATCH, length, CHANNELS), 0.5, -1.0)  # softplus -> Δ around 0.3
+    else:
+        delta = uniform(rng, (BATCH, length, CHANNELS), 0.02, 0.4)
+    inputs = {
+        "u": normal(rng, (BATCH, length, CHANNELS)),
+        "delta": delta,
+        "A": -jnp.asarray(np.exp(0.5 * rng.standard_normal((CHANNELS, STATE))), jnp.float32),
+        "B": normal(rng, bc_shape),
+        "C": normal(rng, bc_shape),
+    }
+    if extras:
+        inputs |= {
+            "D": normal(rng, (CHANNELS,)),
+            "z": normal(rng, (BATCH, length, CHANNELS)),
+            "delta_bias": normal(rng, (CHANNELS,), 0.1),
+            "initial_state": normal(rng, (BATCH, CHANNELS, STATE)),
+        }
+    return inputs
+
+
+def selective_fn(names, *, softplus, method, chunk_size=16):
+    def fn(*arrays):
+        kw = dict(zip(names, arrays))
+        u, delta, A, B, C = (kw.pop(n) for n in ("u", "delta", "A", "B", "C"))
+        return selective_scan(u, delta, A, B, C, delta_softplus=softplus, method=method, chunk_size=chunk_size, **kw)
+
+    return fn
+
+
+def naive_selective_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, softplus=False, initial_state=None):
+    """The definition as a float64 loop over time."""
+    u, delta, A, B, C = (np.asarray(a, np.float64) for a in (u, delta, A, B, C))
+    batch, length, channels = u.shape
+    if B.ndim == 3:
+        B, C = B[:, :, None], C[:, :, None]
+    group = np.arange(channels) // (channels // B.shape[2])  # the group each channel reads
+    delta = delta + (0 if delta_bias is None else np.asarray(delta_bias, np.float64))
+    delta = np.log1p(np.exp(delta)) if softplus else delta
+    h = np.zeros((batch, channels, A.shape[1])) if initial_state is None else np.asarray(initial_state, np.float64)
+    y = np.zeros(u.shape)
+    for t in range(length):
+        dt = delta[:, t, :, None]  # (B, D, 1)
+        h = np.exp(dt * A) * h + dt * B[:, t, group] * u[:, t, :, None]
+        y[:, t] = np.sum(C[:, t, group] * h, axis=-1)
+    if D is not None:
+        y = y + np.asarray(D, np.float64) * u
+    if z is not None:
+        z = np.asarray(z, np.float64)
+        y = y * z / (1 + np.exp(-z))
+    return y, h
+
+
+@pytest.mark.parametrize("groups", [None, 4])
+def test_selective_scan_reference_matches_definition(groups):
+    inputs = selective_inputs(11, groups=groups)
+    y, h = selective_scan(**inputs, delta_softplus=True, method="scan")
+    y_ref, h_ref = naive_selective_scan(**inputs, softplus=True)
+    assert rel_err(y, y_ref) <= F32_TOL and rel_err(h, h_ref) <= F32_TOL
+
+
+# (length, groups, softplus, extras, chunk_size): every option is on in some case and off in another
+# (extras = D, z, delta_bias and an initial state), rather than the full product, to keep the file fast.
+SELECTIVE_CASES = [(1, 4, True, True, 16), (63, None, True, True, 16), (257, 2, False, False, 64)]
+
+
+@functools.lru_cache
+def selective_reference(length, groups, softplus, extras):
+    inputs = selective_inputs(length, groups=groups, softplus=softplus, extras=extras)
+    return inputs, values_and_grads(selective_fn(list(inputs), softplus=softplus, method="scan"), list(inputs.values()))
+
+
+@pytest.mark.parametrize("method", ["assoc", "chunk"])
+@pytest.mark.parametrize("length, groups, softplus, extras, chunk_size", SELECTIVE_CASES)
+def test_selective_scan_forms_match_reference(method, length, groups, softplus, extras, chunk_size):
+    inputs, expected = selective_reference(length, groups, softplus, extras)
+    names = list(inputs)
+    fast = selective_fn(names, softplus=softplus, method=method, chunk_size=chunk_size)
+    assert_forms_agree(fast, None, list(inputs.values()), names, expected)
+
+
+@pytest.mark.parametrize("method", ["scan", "assoc", "chunk"])
+def test_selective_scan_chained_halves_equal_one_pass(method):
+    inputs = selective_inputs(63, groups=2)
+    h0 = inputs.pop("initial_state")
+    whole_y, whole_h = selective_scan(**inputs, initial_state=h0, delta_softplus=True, method=method, chunk_size=16)
+    first = {k: v[:, :30] if v.ndim >= 3 else v for k, v in inputs.items() if k != "A"}
+    second = {k: v[:, 30:] if v.ndim >= 3 else v for k, v in inputs.items() if k != "A"}
+    y1, h1 = selective_scan(**first, A=inputs["A"], initial_state=h0, delta_softplus=True, method=method, chunk_size=16)
+    y2, h2 = selective_scan(**second, A=inputs["A"], initial_state=h1, delta_softplus=True, method=method, chunk_size=16)
+    assert rel_err(jnp.concatenate([y1, y2], axis=1), whole_y) <= F32_TOL
+    assert rel_err(h2, whole_h) <= F32_TOL
+
+
+@pytest.mark.parametrize("method", ["assoc", "chunk"])
+def test_selective_scan_bfloat16_inputs_close_to_float32(method):
+    inputs = selective_inputs(63, groups=4)
+    y_ref, h_ref = selective_scan(**inputs, delta_softplus=True, method="scan")
+    low = {k: v.astype(jnp.bfloat16) for k, v in inputs.items()}
+    y, h = selective_scan(**low, delta_softplus=True, method=method, chunk_size=16)
+    assert y.dtype == jnp.bfloat16 and h.dtype == jnp.float32  # the state accumulates in float32
+    assert rel_err(y.astype(jnp.float32), y_ref) <= BF16_TOL
+    assert rel_err(h, h_ref) <= BF16_TOL
+
+
+@pytest.mark.parametrize("groups, block_size", [(None, 64), (4, 8)])  # one block; three blocks, padded
+def test_hidden_attention_reproduces_the_scan(groups, block_size):
+    inputs = selective_inputs(23, groups=groups, extras=False)
+    bias = normal(np.random.default_rng(3), (CHANNELS,), 0.1)
+    y, _ = selective_scan(**inputs, delta_bias=bias, delta_softplus=True, method="scan")
+    delta = effective_delta(inputs["delta"], bias, True)
+    alpha = selective_attention(delta, inputs["A"], inputs["B"], inputs["C"], block_size=block_size)  # (B, D, T, T)
+    assert np.all(np.asarray(alpha)[..., np.triu(np.ones((23, 23), bool), 1)] == 0)
+    mixed = jnp.einsum("bdij,bjd->bid", alpha, inputs["u"])
+    assert rel_err(mixed, y) <= F32_TOL
+    heads = selective_attention(delta, inputs["A"], inputs["B"], inputs["C"], heads=4, block_size=block_size)  # 4 channels each
+    np.testing.assert_allclose(heads, alpha.reshape(BATCH, 4, 4, 23, 23).mean(axis=2), rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- SSD (Mamba-2)
+
+HEADS, HEAD_DIM = 4, 4
+
+
+def ssd_inputs(length, *, groups=1, extras=True, seed=0):
+    rng = np.random.default_rng(seed)
+    inputs = {
+        "x": normal(rng, (BATCH, length, HEADS, HEAD_DIM)),
+        "dt": jnp.asarray(np.logaddexp(0, 0.5 * rng.standard_normal((BATCH, length, HEADS)) - 1), jnp.float32),
+        "A": -uniform(rng, (HEADS,), 0.5, 4.0),
+        "B": normal(rng, (BATCH, length, groups, STATE)),
+        "C": normal(rng, (BATCH, length, groups, STATE)),
+    }
+    if extras:
+        inputs |= {"D": normal(rng, (HEADS,)), "initial_state": normal(rng, (BATCH, HEADS, HEAD_DIM, STATE))}
+    return inputs
+
+
+def ssd_fn(names, *, method, chunk_size=16):
+    def fn(*arrays):
+        kw = dict(zip(names, arrays))
+        x, dt, A, B, C = (kw.pop(n) for n in ("x", "dt", "A", "B", "C"))
+        return ssd(x, dt, A, B, C, method=method, chunk_size=chunk_size, **kw)
+
+    return fn
+
+
+def naive_ssd(x, dt, A, B, C, *, D=None, initial_state=None):
+    x, dt, A, B, C = (np.asarray(a, np.float64) for a in (x, dt, A, B, C))
+    batch, length, heads, p = x.shape
+    group = np.arange(heads) // (heads // B.shape[2])
+    h = np.zeros((batch, heads, p, B.shape[-1])) if initial_state is None else np.asarray(initial_state, np.float64)
+    y = np.zeros(x.shape)
+    for t in range(length):
+        decay = np.exp(dt[:, t] * A)[:, :, None, None]
+        h = decay * h + (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, group][:, :, None, :]
+        y[:, t] = np.einsum("bhpn,bhn->bhp", h, C[:, t, group])
+    if D is not None:
+        y = y + np.asarray(D, np.float64)[:, None] * x
+    return y, h
+
+
+def test_ssd_reference_matches_definition():
+    inputs = ssd_inputs(11, groups=2)
+    y, h = ssd(**inputs, method="scan")
+    y_ref, h_ref = naive_ssd(**inputs)
+    assert rel_err(y, y_ref) <= F32_TOL and rel_err(h, h_ref) <= F32_TOL
+
+
+@pytest.mark.parametrize(
+    "length, groups, extras, chunk_size",
+    [(1, 2, True, 16), (63, 1, True, 16), (257, 4, False, 64)],
+)
+def test_ssd_chunked_matches_reference(length, groups, extras, chunk_size):
+    inputs = ssd_inputs(length, groups=groups, extras=extras)
+    names = list(inputs)
+    fast, reference = ssd_fn(names, method="chunk", chunk_size=chunk_size), ssd_fn(names, method="scan")
+    assert_forms_agree(fast, reference, list(inputs.values()), names)
+
+
+@pytest.mark.parametrize("method", ["scan", "chunk"])
+def test_ssd_chained_halves_equal_one_pass(method):
+    inputs = ssd_inputs(63, groups=2)
+    h0, D, A = inputs.pop("initial_state"), inputs.pop("D"), inputs.pop("A")
+    whole_y, whole_h = ssd(**inputs, A=A, D=D, initial_state=h0, method=method, chunk_size=16)
+    first = {k: v[:, :37] for k, v in inputs.items()}
+    second = {k: v[:, 37:] for k, v in inputs.items()}
+    y1, h1 = ssd(**first, A=A, D=D, initial_state=h0, method=method, chunk_size=16)
+    y2, h2 = ssd(**second, A=A, D=D, initial_state=h1, method=method, chunk_size=16)
+    assert rel_err(jnp.concatenate([y1, y2], axis=1), whole_y) <= F32_TOL
+    assert rel_err(h2, whole_h) <= F32_TOL
+
+
+def test_ssd_bfloat16_inputs_close_to_float32():
+    inputs = ssd_inputs(63, groups=2)
+    y_ref, h_ref = ssd(**inputs, method="scan")
+    y, h = ssd(**{k: v.astype(jnp.bfloat16) for k, v in inputs.items()}, method="chunk", chunk_size=16)
+    assert y.dtype == jnp.bfloat16 and h.dtype == jnp.float32
+    assert rel_err(y.astype(jnp.float32), y_ref) <= BF16_TOL and rel_err(h, h_ref) <= BF16_TOL
+
+
+def test_ssd_attention_reproduces_the_scan():
+    inputs = ssd_inputs(19, groups=2, extras=False)
+    y, _ = ssd(**inputs, method="scan")
+    alpha = ssd_attention(inputs["dt"], inputs["A"], inputs["B"], inputs["C"])  # (B, H, T, T)
+    assert np.all(np.asarray(alpha)[..., np.triu(np.ones((19, 19), bool), 1)] == 0)
+    assert rel_err(jnp.einsum("bhij,bjhp->bihp", alpha, inputs["x"]), y) <= F32_TOL
+
+
+# ----------------------------------------------------------------------------- LTI: Vandermonde kernel, FFT, short conv
+
+LTI_CHANNELS, MODES = 6, 4
+
+
+def lti_inputs(length, *, seed=0):
+    """Real arrays that define an S4D-Lin-like complex diagonal SSM (so gradients are real)."""
+    rng = np.random.default_rng(seed)
+    shape = (LTI_CHANNELS, MODES)
+    return {
+        "u": normal(rng, (BATCH, length, LTI_CHANNELS)),
+        "log_dt": uniform(rng, (LTI_CHANNELS, 1), math.log(0.01), math.log(0.2)),
+        "a_real": normal(rng, shape, 0.3, -0.7),  # Re A = -exp(a_real)
+        "a_imag": normal(rng, shape, 0.1) + math.pi * np.arange(MODES, dtype=np.float32),
+        "c_real": normal(rng, shape),
+        "c_imag": normal(rng, shape),
+        "h0_real": normal(rng, (BATCH, LTI_CHANNELS, MODES)),
+        "h0_imag": normal(rng, (BATCH, LTI_CHANNELS, MODES)),
+    }
+
+
+def lti_params(log_dt, a_real, a_imag, c_real, c_imag):
+    dt, a = jnp.exp(log_dt), -jnp.exp(a_real) + 1j * a_imag
+    return dt * a, (jnp.exp(dt * a) - 1) / a, c_real + 1j * c_imag  # zero-order hold, B = 1
+
+
+def lti_fn(method):
+    def fn(u, log_dt, a_real, a_imag, c_real, c_imag, h0_real, h0_imag):
+        log_a, b, c = lti_params(log_dt, a_real, a_imag, c_real, c_imag)
+        y, h = diagonal_ssm(u, log_a, b, c, initial_state=h0_real + 1j * h0_imag, method=method)
+        return y, jnp.stack([h.real, h.imag])
+
+    return jax.jit(fn)
+
+
+def test_diagonal_ssm_scan_matches_definition():
+    inputs = lti_inputs(9)
+    y, h = lti_fn("scan")(*inputs.values())
+    log_a, b, c = (np.asarray(p, np.complex128) for p in lti_params(*list(inputs.values())[1:6]))
+    state = np.asarray(inputs["h0_real"], np.complex128) + 1j * np.asarray(inputs["h0_imag"])
+    u, outputs = np.asarray(inputs["u"], np.float64), []
+    for t in range(u.shape[1]):
+        state = np.exp(log_a) * state + b * u[:, t, :, None]
+        outputs.append(np.real(np.sum(c * state, axis=-1)))
+    assert rel_err(y, np.stack(outputs, axis=1)) <= F32_TOL
+    assert rel_err(h, np.stack([state.real, state.imag])) <= F32_TOL
+
+
+@pytest.mark.parametrize("length", [1, 63, 257])
+def test_fft_convolution_matches_scan(length):
+    """Against the scan run in float64: over 257 steps of complex products the float32 scan drifts
+    by up to ~5e-6 itself (the FFT by less), so the two float32 forms can differ by 1e-5 between them."""
+    inputs = lti_inputs(length)
+    with jax.enable_x64(True):
+        expected = values_and_grads(lti_fn("scan"), [v.astype(jnp.float64) for v in inputs.values()])
+    assert_forms_agree(lti_fn("fft"), None, list(inputs.values()), list(inputs), expected)
+    assert_forms_agree(lti_fn("scan"), None, list(inputs.values()), list(inputs), expected)
+
+
+def test_real_diagonal_ssm_fft_matches_scan():
+    rng = np.random.default_rng(4)
+    u = normal(rng, (BATCH, 63, 3, 5))  # two channel axes; one SSM per first-axis entry
+    log_a = -uniform(rng, (3, 1, 8), 0.01, 0.5)
+    b, c = normal(rng, (3, 1, 8)), normal(rng, (3, 1, 8))
+    y, h = diagonal_ssm(u, log_a, b, c, method="fft")
+    y_ref, h_ref = diagonal_ssm(u, log_a, b, c, method="scan")
+    assert h.dtype == jnp.float32 and h.shape == (BATCH, 3, 5, 8)
+    assert rel_err(y, y_ref) <= F32_TOL and rel_err(h, h_ref) <= F32_TOL
+
+
+@pytest.mark.parametrize("method", ["scan", "fft"])
+def test_diagonal_ssm_chained_halves_equal_one_pass(method):
+    fn = lti_fn(method)
+    inputs = lti_inputs(63)
+    params = [inputs[k] for k in ("log_dt", "a_real", "a_imag", "c_real", "c_imag")]
+    u, h0 = inputs["u"], (inputs["h0_real"], inputs["h0_imag"])
+    whole_y, whole_h = fn(u, *params, *h0)
+    y1, h1 = fn(u[:, :20], *params, *h0)
+    y2, h2 = fn(u[:, 20:], *params, h1[0], h1[1])
+    assert rel_err(jnp.concatenate([y1, y2], axis=1), whole_y) <= F32_TOL
+    assert rel_err(h2, whole_h) <= F32_TOL
+
+
+def test_diagonal_ssm_bfloat16_input_close_to_float32():
+    inputs = lti_inputs(63)
+    y_ref, _ = lti_fn("scan")(*inputs.values())
+    u16 = inputs["u"].astype(jnp.bfloat16)
+    y, _ = lti_fn("fft")(u16, *list(inputs.values())[1:])
+    assert y.dtype == jnp.bfloat16 and rel_err(y.astype(jnp.float32), y_ref) <= BF16_TOL
+
+
+def test_toeplitz_matrix_is_the_convolution():
+    @jax.jit
+    def both(u, *params):
+        kernel = diagonal_ssm_kernel(*lti_params(*params), u.shape[1])  # (T, D)
+        return jnp.einsum("dij,bjd->bid", causal_toeplitz(kernel), u), ops.fft_conv(u, kernel)
+
+    by_matrix, by_fft = both(normal(np.random.default_rng(5), (BATCH, 40, LTI_CHANNELS)), *list(lti_inputs(1).values())[1:6])
+    assert rel_err(by_matrix, by_fft) <= F32_TOL
+
+
+def test_causal_conv1d_matches_definition_and_chains():
+    rng = np.random.default_rng(6)
+    x, weight, bias = normal(rng, (BATCH, 17, 5)), normal(rng, (4, 5)), normal(rng, (5,))
+    y, state = causal_conv1d(x, weight, bias)
+    padded = np.concatenate([np.zeros((BATCH, 3, 5)), np.asarray(x)], axis=1)
+    expected = sum(np.asarray(weight)[i] * padded[:, i : i + 17] for i in range(4)) + np.asarray(bias)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(state, x[:, -3:])
+    y1, s1 = causal_conv1d(x[:, :6], weight, bias)
+    y2, s2 = causal_conv1d(x[:, 6:], weight, bias, initial_state=s1)
+    np.testing.assert_allclose(jnp.concatenate([y1, y2], axis=1), y, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(s2, state)
+
+
+# ----------------------------------------------------------------------------- argument errors
+
+
+def test_unknown_methods_name_the_valid_ones():
+    s = selective_inputs(4, extras=False)
+    with pytest.raises(ValueError, match="'scan', 'assoc', 'chunk'"):
+        selective_scan(**s, method="parallel")
+    d = ssd_inputs(4, extras=False)
+    with pytest.raises(ValueError, match="'scan', 'chunk'"):
+        ssd(**d, method="assoc")
+    with pytest.raises(ValueError, match="'fft', 'scan'"):
+        diagonal_ssm(s["u"], -jnp.ones((CHANNELS, 2)), jnp.ones((CHANNELS, 2)), jnp.ones((CHANNELS, 2)), method="chunk")
