@@ -91,46 +91,36 @@ def table(runs: list[Run]) -> str:
 
 
 def plot(runs: list[Run], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from lmzoo.plots import new_axes, save_axes
 
     evaluated = [r for r in runs if r.results]
     if not evaluated:
         return []
+    train_len = evaluated[0].results["train_seq_len"]
     written = []
 
-    def save(fig, ax, name: str, **labels):
-        ax.set(**labels)
-        ax.axvline(evaluated[0].results["train_seq_len"], color="grey", linestyle=":", label="training length")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=120)
-        plt.close(fig)
-        written.append(out / name)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = new_axes((6, 4))
     for run in evaluated:
         lengths = sorted(int(n) for n in run.results["lengths"])
         ax.plot(lengths, [run.results["lengths"][str(n)]["bpb"] for n in lengths], marker="o", label=run.name)
-    save(fig, ax, "bpb_vs_length.png", xscale="log", xlabel="evaluation length (tokens)", ylabel="validation bits per byte")
+    written.append(save_axes(fig, ax, out / "bpb_vs_length.png", train_len=train_len, xscale="log",
+                             xlabel="evaluation length (tokens)", ylabel="validation bits per byte"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = new_axes((6, 4))
     for run in evaluated:
         longest = max(run.results["per_position"], key=int)
         curve = run.results["per_position"][longest]
         ax.plot(curve["positions"], curve["loss"], label=f"{run.name} (L={longest})")
-    save(fig, ax, "per_position.png", xscale="log", xlabel="position", ylabel="loss (nats/token)")
+    written.append(save_axes(fig, ax, out / "per_position.png", train_len=train_len, xscale="log",
+                             xlabel="position", ylabel="loss (nats/token)"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = new_axes((6, 4))
     for run in evaluated:
         probed = sorted((int(n), _mean(r["sparsity"])) for n, r in run.results["lengths"].items() if "sparsity" in r)
         if probed:
             ax.plot(*zip(*probed), marker="o", label=run.name)
-    save(fig, ax, "sparsity_vs_length.png", xscale="log", xlabel="evaluation length (tokens)",
-         ylabel="mean attention sparsity S (1 = uniform)")
+    written.append(save_axes(fig, ax, out / "sparsity_vs_length.png", train_len=train_len, xscale="log",
+                             xlabel="evaluation length (tokens)", ylabel="mean attention sparsity S (1 = uniform)"))
     return written
 
 

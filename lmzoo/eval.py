@@ -172,44 +172,28 @@ def plt_image(path: Path) -> np.ndarray:
 
 
 def plot_results(results: dict, out_dir: Path) -> None:
-    import matplotlib
+    from lmzoo.plots import new_axes, save_axes
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    lengths = [int(n) for n in results["lengths"]]
-    title = f"{results['variant']} (trained at {results['train_seq_len']}) — {results['tag']}"
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(lengths, [r["bpb"] for r in results["lengths"].values()], marker="o")
-    ax.axvline(results["train_seq_len"], color="grey", linestyle=":", label="training length")
-    ax.set(xscale="log", xlabel="evaluation length (tokens)", ylabel="validation bits per byte", title=title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "loss_vs_length.png", dpi=120)
-    plt.close(fig)
+    train_len = results["train_seq_len"]
+    title = f"{results['variant']} (trained at {train_len}) — {results['tag']}"
+    fig, ax = new_axes()
+    ax.plot([int(n) for n in results["lengths"]], [r["bpb"] for r in results["lengths"].values()], marker="o")
+    save_axes(fig, ax, out_dir / "loss_vs_length.png", train_len=train_len, xscale="log",
+              xlabel="evaluation length (tokens)", ylabel="validation bits per byte", title=title)
 
     probed = {int(n): r["sparsity"] for n, r in results["lengths"].items() if "sparsity" in r}
     if probed:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        n_layers = len(next(iter(probed.values())))
-        for layer in range(n_layers):
+        fig, ax = new_axes()
+        for layer in range(len(next(iter(probed.values())))):
             ax.plot(list(probed), [float(np.nanmean(s[layer])) for s in probed.values()], marker="o", label=f"layer {layer}")
-        ax.axvline(results["train_seq_len"], color="grey", linestyle=":")
-        ax.set(xscale="log", xlabel="evaluation length (tokens)", ylabel="mean row sparsity S (1 = uniform)", title=title)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out_dir / "sparsity_vs_length.png", dpi=120)
-        plt.close(fig)
+        save_axes(fig, ax, out_dir / "sparsity_vs_length.png", train_len=train_len, xscale="log",
+                  xlabel="evaluation length (tokens)", ylabel="mean row sparsity S (1 = uniform)", title=title)
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = new_axes()
     for length, curve in results["per_position"].items():
         ax.plot(curve["positions"], curve["loss"], label=f"L={length}")
-    ax.axvline(results["train_seq_len"], color="grey", linestyle=":")
-    ax.set(xscale="log", xlabel="position", ylabel="loss (nats/token)", title=title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "per_position.png", dpi=120)
-    plt.close(fig)
+    save_axes(fig, ax, out_dir / "per_position.png", train_len=train_len, xscale="log",
+              xlabel="position", ylabel="loss (nats/token)", title=title)
 
 
 def main(argv: list[str] | None = None) -> dict:
