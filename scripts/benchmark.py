@@ -1,15 +1,21 @@
-"""Time every op form: forward and forward+backward milliseconds and compiled memory, next to softmax.
+"""Time every op form: forward and forward+backward milliseconds, throughput and memory, next to softmax.
 
     python scripts/benchmark.py                                   # all cases, T = 512 .. 4096
     python scripts/benchmark.py --ops softmax --lengths 1024,2048 --batch 2 --heads 8 --dim 64
     python scripts/benchmark.py --dtype bfloat16 --json figures.json
+    python scripts/benchmark.py --gpu                             # the accelerator shapes, bf16
 
 Every row is measured in the same process on the same device, shapes and dtype, and shows its
-ratio to ``softmax/xla`` at the same length (the baseline). Memory is what XLA's compiled program
-reserves (temporaries + outputs), which is comparable across CPU and GPU.
+ratio to ``softmax/xla`` at the same shape (the baseline). Memory is what XLA's compiled program
+reserves (temporaries + outputs), which is comparable across CPU and GPU; on a GPU the run also
+prints the device's peak allocation. Chunked and attention forms report achieved TFLOP/s (their
+matmul FLOPs, below), scans achieved GB/s (bytes they must read and write) next to the device's
+copy bandwidth measured in the same run. ``--gpu`` runs the shapes (B, T, H, D) = (4, 2048, 16,
+128) and (1, 8192, 16, 128) in bfloat16 for the linear family, softmax and the selective scan.
 
 A case is a function ``(shape, dtype, key) -> (fn, args)``: ``fn(*args)`` returns the output (or
-a tuple whose first element is the output); registered under "<op>/<form>" with ``@case``.
+a tuple whose first element is the output); registered under "<op>/<form>" with ``@case``, with
+optional FLOP or byte counts. A case that cannot run here raises ``Unavailable`` and is skipped.
 """
 
 from __future__ import annotations
@@ -37,15 +43,41 @@ class Shape:
 
 
 CASES: dict[str, Callable] = {}
+FLOPS: dict[str, Callable] = {}  # name -> shape -> forward FLOPs (matmul work of the algorithm)
+BYTES: dict[str, Callable] = {}  # name -> (shape, itemsize) -> (forward bytes, forward+backward bytes)
 BASELINE = "softmax/xla"
+BACKWARD_FLOPS = 2.0  # a backward pass does about twice the forward's matmul work
 
 
-def case(name: str):
+class Unavailable(Exception):
+    """The case cannot run on this machine (no cuDNN, no GPU ...)."""
+
+
+def case(name: str, *, flops: Callable | None = None, bytes_moved: Callable | None = None):
     def wrap(builder):
         CASES[name] = builder
+        if flops:
+            FLOPS[name] = flops
+        if bytes_moved:
+            BYTES[name] = bytes_moved
         return builder
 
     return wrap
+
+
+def attention_flops(shape: Shape) -> float:
+    """Causal softmax attention: QK^T and PV over the lower triangle."""
+    return 2 * 2 * shape.batch * shape.heads * shape.length**2 * shape.dim / 2
+
+
+def chunked_flops(chunk: int):
+    """The chunk algorithm's matmuls: state updates and readouts (2 T Dk Dv each) and the causal
+    half of the in-chunk scores and values (T C D each)."""
+    def flops(shape: Shape) -> float:
+        per_head = 4 * shape.length * shape.dim**2 + 2 * shape.length * chunk * shape.dim
+        return shape.batch * shape.heads * per_head
+
+    return flops
 
 
 def qkv(shape: Shape, dtype, key):
@@ -57,7 +89,7 @@ def qkv(shape: Shape, dtype, key):
 # ----------------------------------------------------------------------------- cases
 
 
-@case("softmax/xla")
+@case("softmax/xla", flops=attention_flops)
 def _softmax_xla(shape, dtype, key):
     return (lambda q, k, v: ops.softmax_attention(q, k, v, method="xla")), qkv(shape, dtype, key)
 
@@ -65,6 +97,14 @@ def _softmax_xla(shape, dtype, key):
 @case("softmax/reference")
 def _softmax_reference(shape, dtype, key):
     return (lambda q, k, v: ops.softmax_attention(q, k, v, method="reference")), qkv(shape, dtype, key)
+
+
+@case("softmax/cudnn", flops=attention_flops)
+def _softmax_cudnn(shape, dtype, key):
+    """``jax.nn.dot_product_attention`` on cuDNN's fused kernel (GPU, half precision only)."""
+    if jax.default_backend() != "gpu" or dtype == jnp.float32:
+        raise Unavailable("cuDNN attention needs a GPU and bf16/fp16")
+    return (lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")), qkv(shape, dtype, key)
 
 
 # (further families register their cases below this line)
@@ -124,10 +164,18 @@ def selective_scan_case(method: str, chunk_size: int = 64):
     return build
 
 
-case("selective_scan/scan")(selective_scan_case("scan"))
-case("selective_scan/assoc")(selective_scan_case("assoc"))
-case("selective_scan/chunk64")(selective_scan_case("chunk", 64))
-case("selective_scan/chunk16")(selective_scan_case("chunk", 16))
+def selective_scan_bytes(shape: Shape, itemsize: int) -> tuple[float, float]:
+    """What any selective scan must move: u, delta, z in and y out (B T D each), B and C in (B T N);
+    backward also reads dy and those inputs and writes their cotangents."""
+    sequence = shape.batch * shape.length * shape.heads * shape.dim * itemsize
+    state_inputs = 2 * shape.batch * shape.length * SSM_STATE * itemsize
+    forward = 4 * sequence + state_inputs
+    return forward, forward + 7 * sequence + 2 * state_inputs
+
+
+for _method, _chunk in (("scan", 64), ("assoc", 64), ("chunk", 64), ("chunk", 16), ("pallas", 16)):
+    _label = f"chunk{_chunk}" if _method == "chunk" else _method
+    case(f"selective_scan/{_label}", bytes_moved=selective_scan_bytes)(selective_scan_case(_method, _chunk))
 
 
 def ssd_args(shape: Shape, dtype, key):
@@ -177,7 +225,7 @@ case("lti/scan")(lti_case("scan"))
 
 # Linear-attention family (lmzoo.ops.linear / lmzoo.ops.gated): every form of the causal sum, of
 # GLA with per-dimension gates and of simple GLA / RetNet with one gate per head.
-LINEAR_FORMS = ("parallel", "scan", "assoc", "chunk")
+LINEAR_FORMS = ("parallel", "scan", "assoc", "chunk", "pallas")
 
 
 def gated_args(shape: Shape, dtype, key, *, per_dimension: bool):
@@ -204,10 +252,12 @@ def gla_case(method: str, *, per_dimension: bool):
 
 
 for _form in LINEAR_FORMS:
+    _chunked = _form in ("chunk", "pallas")
     _label = f"{_form}64" if _form == "chunk" else _form  # chunk_size is the ops' default, 64
-    case(f"linear_attention/{_label}")(linear_attention_case(_form))
-    case(f"gla/{_label}")(gla_case(_form, per_dimension=True))
-    case(f"simple_gla/{_label}")(gla_case(_form, per_dimension=False))
+    _flops = chunked_flops(64) if _chunked else None
+    case(f"linear_attention/{_label}", flops=_flops)(linear_attention_case(_form))
+    case(f"gla/{_label}", flops=_flops)(gla_case(_form, per_dimension=True))
+    case(f"simple_gla/{_label}", flops=_flops)(gla_case(_form, per_dimension=False))
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -252,12 +302,43 @@ def compiled_megabytes(compiled) -> float:
 
 def measure(name: str, shape: Shape, dtype, repeats: int) -> dict:
     fn, args = CASES[name](shape, dtype, jax.random.key(0))
-    row = {"op": name, "T": shape.length}
+    row = {"op": name, "B": shape.batch, "T": shape.length, "H": shape.heads, "D": shape.dim}
     for label, f in (("fwd", fn), ("fwd_bwd", forward_backward(fn, args))):
         compiled = jax.jit(f).lower(*args).compile()
         row[f"{label}_ms"] = milliseconds(compiled, args, repeats)
         row[f"{label}_mb"] = compiled_megabytes(compiled)
+    if name in FLOPS:
+        forward = FLOPS[name](shape)
+        row["fwd_tflops"] = forward / row["fwd_ms"] / 1e9
+        row["fwd_bwd_tflops"] = forward * (1 + BACKWARD_FLOPS) / row["fwd_bwd_ms"] / 1e9
+    if name in BYTES:
+        forward, both = BYTES[name](shape, jnp.dtype(dtype).itemsize)
+        row["fwd_gbps"], row["fwd_bwd_gbps"] = forward / row["fwd_ms"] / 1e6, both / row["fwd_bwd_ms"] / 1e6
     return row
+
+
+def copy_bandwidth(megabytes: int = 1024, repeats: int = 5) -> float:
+    """GB/s of an elementwise pass that reads and writes ``megabytes`` (the device's copy speed)."""
+    x = jnp.zeros((megabytes * 2**20 // 4,), jnp.float32)
+    compiled = jax.jit(lambda a: a + 1.0).lower(x).compile()
+    return 2 * x.nbytes / milliseconds(compiled, (x,), repeats) / 1e6
+
+
+def rate(row: dict, label: str) -> str:
+    if f"{label}_tflops" in row:
+        return f"{row[f'{label}_tflops']:.3g} TF/s"
+    if f"{label}_gbps" in row:
+        return f"{row[f'{label}_gbps']:.3g} GB/s"
+    return ""
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    """"4x2048x16x128,1x8192x16x128" -> Shapes (B x T x H x D)."""
+    return [Shape(*map(int, item.split("x"))) for item in text.split(",") if item]
+
+
+GPU_SHAPES = "4x2048x16x128,1x8192x16x128"
+GPU_OPS = "softmax/xla,softmax/cudnn,gla/chunk64,gla/pallas,simple_gla/chunk64,simple_gla/pallas,linear_attention/pallas,selective_scan/scan,selective_scan/pallas"
 
 
 def main() -> None:
@@ -269,8 +350,12 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--shapes", default="", help="BxTxHxD list, e.g. 4x2048x16x128 (overrides the four above)")
+    parser.add_argument("--gpu", action="store_true", help=f"--shapes {GPU_SHAPES} --dtype bfloat16 and the GPU op list")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
+    if args.gpu:
+        args.shapes, args.dtype, args.ops = GPU_SHAPES, "bfloat16", args.ops or GPU_OPS
 
     prefixes = [p for p in args.ops.split(",") if p]
     names = [n for n in CASES if not prefixes or any(n.startswith(p) for p in prefixes)]
@@ -278,26 +363,36 @@ def main() -> None:
         names.insert(0, BASELINE)
     dtype = jnp.dtype(args.dtype)
     device = jax.devices()[0]
+    shapes = parse_shapes(args.shapes) or [Shape(args.batch, int(t), args.heads, args.dim) for t in args.lengths.split(",")]
+    bandwidth = copy_bandwidth(256 if jax.default_backend() == "cpu" else 2048)
     print(f"device: {device.device_kind} ({jax.default_backend()}, {jax.device_count()} device(s)), "
-          f"jax {jax.__version__}, {platform.processor() or platform.machine()}")
-    print(f"shapes: B={args.batch} H={args.heads} D={args.dim} dtype={args.dtype}; ratios are to {BASELINE} at the same T\n")
-    header = f"{'op':<28}{'T':>7}{'fwd ms':>10}{'x base':>8}{'fwd+bwd ms':>12}{'x base':>8}{'fwd+bwd MB':>12}"
+          f"jax {jax.__version__}, {platform.processor() or platform.machine()}; copy bandwidth {bandwidth:.0f} GB/s")
+    print(f"dtype={args.dtype}; ratios are to {BASELINE} at the same shape\n")
+    header = (f"{'op':<28}{'B x T x H x D':>18}{'fwd ms':>10}{'x base':>8}{'fwd':>11}"
+              f"{'fwd+bwd ms':>12}{'x base':>8}{'fwd+bwd':>11}{'fwd+bwd MB':>12}")
     print(header)
     print("-" * len(header))
     rows = []
-    for length in (int(t) for t in args.lengths.split(",")):
-        shape = Shape(args.batch, length, args.heads, args.dim)
+    for shape in shapes:
         base = measure(BASELINE, shape, dtype, args.repeats)
         for name in names:
-            row = base if name == BASELINE else measure(name, shape, dtype, args.repeats)
+            try:
+                row = base if name == BASELINE else measure(name, shape, dtype, args.repeats)
+            except Unavailable as why:
+                print(f"{name:<28}  skipped: {why}")
+                continue
             row["fwd_ratio"] = row["fwd_ms"] / base["fwd_ms"]
             row["fwd_bwd_ratio"] = row["fwd_bwd_ms"] / base["fwd_bwd_ms"]
             rows.append(row)
-            print(f"{name:<28}{length:>7}{row['fwd_ms']:>10.2f}{row['fwd_ratio']:>8.2f}"
-                  f"{row['fwd_bwd_ms']:>12.2f}{row['fwd_bwd_ratio']:>8.2f}{row['fwd_bwd_mb']:>12.1f}", flush=True)
+            dims = f"{shape.batch}x{shape.length}x{shape.heads}x{shape.dim}"
+            print(f"{name:<28}{dims:>18}{row['fwd_ms']:>10.2f}{row['fwd_ratio']:>8.2f}{rate(row, 'fwd'):>11}"
+                  f"{row['fwd_bwd_ms']:>12.2f}{row['fwd_bwd_ratio']:>8.2f}{rate(row, 'fwd_bwd'):>11}"
+                  f"{row['fwd_bwd_mb']:>12.1f}", flush=True)
+    if jax.default_backend() == "gpu" and (stats := device.memory_stats()):
+        print(f"\npeak device memory in this run: {stats.get('peak_bytes_in_use', 0) / 2**30:.2f} GiB")
     if args.json:
         meta = {"device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
-                "batch": args.batch, "heads": args.heads, "dim": args.dim, "dtype": args.dtype}
+                "dtype": args.dtype, "copy_gbps": bandwidth}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=2)
 

@@ -15,6 +15,17 @@ from lmzoo.config import variant_names
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = variant_names()
 
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` / ``tpu`` run only where JAX's default backend is that device."""
+    from lmzoo.ops.pallas.common import current_platform
+
+    here = current_platform()
+    for item in items:
+        for device in ("gpu", "tpu"):
+            if item.get_closest_marker(device) and here != device:
+                item.add_marker(pytest.mark.skip(reason=f"needs a {device.upper()}; JAX runs on {here}"))
+
 TINY = [
     "model.d_model=32",
     "model.n_layers=2",

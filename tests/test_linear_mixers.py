@@ -81,13 +81,13 @@ def test_other_feature_maps_step_equals_forward(config):
 
 def mixing_by_method(mixer, x):
     heads = mixer.heads(x, default_positions(*x.shape[:2]))
-    return {method: mixer.mix(*heads, method=method)[0] for method in ("parallel", "scan", "assoc", "chunk")}
+    return {method: mixer.mix(*heads, method=method)[0] for method in ("parallel", "scan", "assoc", "chunk", "pallas")}
 
 
 @pytest.mark.parametrize("variant", ["linear", "retnet", "gla"])
 def test_every_method_gives_the_same_output(variant):
     mixed = compiled(mixing_by_method, first_mixer(variant))(inputs(21, seed=4))
-    for method in ("scan", "assoc", "chunk"):
+    for method in ("scan", "assoc", "chunk", "pallas"):
         np.testing.assert_allclose(mixed[method], mixed["parallel"], rtol=1e-5, atol=1e-6, err_msg=method)
 
 
@@ -141,7 +141,7 @@ def test_gla_gates_follow_the_temperature():
     "overrides, expected",
     [
         (("linear", "attn.method=fused"), ["attn.method='fused'", "parallel, scan, assoc, chunk"]),
-        (("retnet", "attn.method=pallas"), ["attn.method='pallas'", "chunk"]),
+        (("retnet", "attn.method=triton"), ["attn.method='triton'", "chunk, pallas"]),
         (("gla", "attn.chunk_size=0"), ["attn.chunk_size=0"]),
         (("linear", "attn.feature_map=softplus"), ["attn.feature_map='softplus'", "elu+1, relu, identity, favor+"]),
         (("linear", "attn.feature_map=identity"), ["attn.normalize=true", "identity"]),

@@ -32,7 +32,7 @@ class GLAConfig(MixerConfig):
     key_ratio: float = 0.5  # query/key width as a fraction of d_model (the paper: 0.5)
     gate_rank: int = 16  # rank of the gate projection W_1 W_2
     gate_temperature: float = 16.0  # tau in log_g = logsigmoid(x W_1 W_2 + b) / tau
-    method: str = "chunk"  # parallel | scan | assoc | chunk (see lmzoo.ops.gated)
+    method: str = "chunk"  # parallel | scan | assoc | chunk | pallas (see lmzoo.ops.gated)
     chunk_size: int = 64  # tokens per chunk for method=chunk
 
     def check(self, model: ModelConfig) -> None:

@@ -41,7 +41,7 @@ class LinearConfig(MixerConfig):
     feature_map: str = "elu+1"  # elu+1 | relu | identity | favor+
     normalize: bool = True  # divide by phi(q_t) . sum_{s<=t} phi(k_s) (the paper's form)
     n_features: Optional[int] = None  # favor+: random features per head; None: the head dim
-    method: str = "chunk"  # parallel | scan | assoc | chunk (see lmzoo.ops.linear)
+    method: str = "chunk"  # parallel | scan | assoc | chunk | pallas (see lmzoo.ops.linear)
     chunk_size: int = 64  # tokens per chunk for method=chunk
 
     def check(self, model: ModelConfig) -> None:

@@ -37,8 +37,8 @@ class MambaConfig(MixerConfig):
     dt_rank: Optional[int] = None  # rank of the Δ projection; None: ceil(d_model / 16)
     dt_min: float = 0.001  # Δ is initialised log-uniformly in [dt_min, dt_max]
     dt_max: float = 0.1
-    method: str = "scan"  # scan | assoc | chunk (see lmzoo.ops.selective_scan); scan is the fastest on CPU
-    chunk_size: int = 16  # tokens per chunk for method=chunk
+    method: str = "scan"  # scan | assoc | chunk | pallas (see lmzoo.ops.selective_scan); scan is the fastest on CPU
+    chunk_size: int = 16  # tokens per chunk for method=chunk and method=pallas
 
     def check(self, model: ModelConfig) -> None:
         one_of("attn.method", self.method, METHODS)

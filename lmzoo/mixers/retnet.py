@@ -31,7 +31,7 @@ from lmzoo.registry import register
 
 @dataclass
 class RetNetConfig(MixerConfig):
-    method: str = "chunk"  # parallel | scan | assoc | chunk (see lmzoo.ops.gated)
+    method: str = "chunk"  # parallel | scan | assoc | chunk | pallas (see lmzoo.ops.gated)
     chunk_size: int = 64  # tokens per chunk for method=chunk
 
     def check(self, model: ModelConfig) -> None:

@@ -14,7 +14,10 @@ Key j reaches query i >= j with weight ``scale * sum_d q_id k_jd exp(L_ijd)``, w
 - ``"assoc"``:    ``lax.associative_scan`` on (log decay, update) pairs with the operator
   ``(a1, U1) . (a2, U2) = (a1 + a2, exp(a2) U1 + U2)``;
 - ``"chunk"``:    within a chunk, matmuls on gates taken relative to a reference step (see
-  ``_within_chunks``); across chunks a ``lax.scan`` carries S.
+  ``_within_chunks``); across chunks a ``lax.scan`` carries S;
+- ``"pallas"``:   the chunk form as Pallas kernels with a custom VJP (``lmzoo.ops.pallas.gla``):
+  compiled on a GPU or TPU, interpret mode on a CPU. q, k, v enter the kernels in their own
+  dtype (bfloat16 matmuls on the tensor cores), gates and states in float32.
 
 Log decays are always summed over exactly the steps between the two ends, from a nearby reference
 point, never as the difference of two long running sums: such a difference loses precision as the
@@ -32,6 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.ops.linear import causal, check_method, from_chunks, to_chunks
+from lmzoo.ops.pallas.gla import gla_pallas
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
@@ -46,8 +50,13 @@ def gla(q, k, v, log_g, *, scale=None, initial_state=None, method="chunk", chunk
     batch, _, heads, d_key = k.shape
     if initial_state is None:
         initial_state = jnp.zeros((batch, heads, d_key, v.shape[-1]), jnp.float32)
-    q32, k32, v32, g32 = (a.astype(jnp.float32) for a in (q, k, v, log_g))
-    out, state = _FORMS[method](q32 * scale, k32, v32, g32, initial_state.astype(jnp.float32), chunk_size)
+    s0, g32 = initial_state.astype(jnp.float32), log_g.astype(jnp.float32)
+    if method == "pallas":
+        q_scaled = (q.astype(jnp.float32) * scale).astype(q.dtype)
+        out, state = gla_pallas(q_scaled, k, v, g32, s0, chunk_size=chunk_size)
+    else:
+        q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
+        out, state = _FORMS[method](q32 * scale, k32, v32, g32, s0, chunk_size)
     return out.astype(v.dtype), state
 
 

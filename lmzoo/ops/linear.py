@@ -8,6 +8,8 @@ sum. ``o_t`` includes token t. The computation form is chosen explicitly with ``
 - ``"assoc"``:    ``lax.associative_scan`` of the updates ``k_t^T v_t`` (materialises all T states);
 - ``"chunk"``:    chunks of ``chunk_size`` tokens: masked matmuls inside a chunk, the state summed
   across chunks. Any length works: the last chunk is padded with zero keys, which add nothing.
+- ``"pallas"``:   the chunk form as Pallas kernels (``lmzoo.ops.pallas.gla`` with no decay):
+  compiled on a GPU or TPU, interpret mode on a CPU.
 
 State: ``S [B, H, Dk, Dv]`` float32. With ``normalize=True`` (Katharopoulos et al., 2020) the output
 is ``scale q_t S_t / (scale q_t . z_t + eps)`` with ``z_t = sum_{s<=t} k_s`` the running key sum, and
@@ -25,7 +27,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-METHODS = ("parallel", "scan", "assoc", "chunk")
+from lmzoo.ops.pallas.gla import gla_pallas
+
+METHODS = ("parallel", "scan", "assoc", "chunk", "pallas")
 
 
 def check_method(method: str, chunk_size: int) -> None:
@@ -135,4 +139,9 @@ def _chunk(q, k, v, s0, chunk_size):
     return from_chunks(out, length), ends[-1]
 
 
-_FORMS = {"parallel": _parallel, "scan": _scan, "assoc": _assoc, "chunk": _chunk}
+def _pallas(q, k, v, s0, chunk_size):
+    no_decay = jnp.zeros((*k.shape[:3], 1), jnp.float32)
+    return gla_pallas(q, k, v, no_decay, s0, chunk_size=chunk_size)
+
+
+_FORMS = {"parallel": _parallel, "scan": _scan, "assoc": _assoc, "chunk": _chunk, "pallas": _pallas}

@@ -1,4 +1,4 @@
-"""Mamba-1's selective scan in three agreeing forms, and its "hidden attention" matrix.
+"""Mamba-1's selective scan in four agreeing forms, and its "hidden attention" matrix.
 
     h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t u_t        y_t = C_t h_t + D u_t        y_t <- y_t * silu(z_t)
 
@@ -10,7 +10,12 @@ per channel d (``h_t[d]`` has N entries), with ``Δ = softplus(delta + delta_bia
 - "chunk": within a chunk of ``chunk_size`` tokens every state is a masked sum over earlier
   tokens weighted by exp(cum_t - cum_s) (cumulative log-decays, exponentiated only after the
   causal mask), and the state is carried recurrently from chunk to chunk. Each chunk is
-  rematerialised in the backward pass, so memory stays O(T D N + L^2 D N) for chunk length L.
+  rematerialised in the backward pass, so memory stays O(T D N + L^2 D N) for chunk length L;
+- "pallas": a Pallas kernel (``lmzoo.ops.pallas.selective_scan``) that runs the recurrence in
+  on-chip memory, one program per sequence and block of channels, with a kernel for the backward
+  pass that recomputes each chunk's states from the state saved at its start. Triton on a GPU,
+  Mosaic on a TPU, interpret mode (slow, for checking) on a CPU. Δ's bias and softplus, D and the
+  gate stay in XLA around it.
 
 Axes: B batch, T time, D channels (Mamba's d_inner), N state size, G groups sharing B and C
 (channel d reads group d // (D / G)). Everything is computed in float32; ``y`` is returned in
@@ -23,7 +28,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-METHODS = ("scan", "assoc", "chunk")
+from lmzoo.ops.pallas.selective_scan import selective_scan_pallas
+
+METHODS = ("scan", "assoc", "chunk", "pallas")
 
 
 def grouped(x: jax.Array, channels: int) -> jax.Array:
@@ -70,6 +77,8 @@ def selective_scan(
     h0 = jnp.zeros((batch, channels, A.shape[-1]), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
     if method == "scan":
         y, h = _scan(u32, delta, A, B, C, h0)
+    elif method == "pallas":
+        y, h = selective_scan_pallas(u32, delta, A, B, C, h0, chunk_size=chunk_size)
     else:  # the parallel forms work on the discretised sequence
         log_a = delta[..., None] * A  # (B, T, D, N) log of the per-step decay
         bu = (delta * u32)[..., None] * per_channel(B, channels)  # (B, T, D, N)

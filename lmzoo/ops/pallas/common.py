@@ -1,0 +1,94 @@
+"""What the Pallas kernels share: where they run, how they are launched, how inputs are padded.
+
+One kernel source serves every platform. ``platform`` is where the call will run: ``"gpu"``
+lowers through Triton, ``"tpu"`` through Mosaic, and ``"cpu"`` runs the same kernel in Pallas
+interpret mode (slow but exact, so machines without an accelerator can check the kernels). The
+backend-specific pieces are only the compiler parameters chosen here:
+
+- GPU (Triton): every block dimension a kernel loads must be a power of two and matmul operands
+  at least 16 wide, hence ``pad_to_power_of_two``; ``num_warps`` / ``num_stages`` tune the launch.
+- TPU (Mosaic): the grid runs in order on one core; grid axes are marked parallel so megacore
+  chips may split them. Blocks keep the full last two dimensions of every array, which Mosaic
+  accepts for any size.
+
+Kernels never carry values across grid steps (Triton runs programs concurrently); recurrences
+run as ``lax.fori_loop`` inside one program.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+
+
+def current_platform() -> str:
+    """The default backend as one of PLATFORMS (ROCm and CUDA are both "gpu")."""
+    backend = jax.default_backend()
+    return "gpu" if backend in ("cuda", "rocm", "gpu") else backend
+
+
+def resolve_platform(platform: str | None) -> str:
+    platform = platform or current_platform()
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform={platform!r} is not one of {PLATFORMS}")
+    return platform
+
+
+def compiler_params(platform: str, grid_rank: int, *, num_warps: int = 4, num_stages: int = 2):
+    if platform == "gpu":
+        from jax.experimental.pallas import triton as pltriton
+
+        return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    if platform == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
+
+        return pltpu.CompilerParams(dimension_semantics=("parallel",) * grid_rank)
+    return None
+
+
+def launch(kernel, *, platform: str, grid, in_specs, out_specs, out_shape, name: str, **tuning):
+    """``pl.pallas_call`` with the platform's compiler parameters (interpret mode on CPU)."""
+    return pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        interpret=platform == "cpu",
+        compiler_params=compiler_params(platform, len(grid), **tuning),
+        name=name,
+    )
+
+
+def pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
+    """Zero-pad ``axis`` of x up to ``size``."""
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
+def pad_to_power_of_two(x: jax.Array, axis: int = -1, minimum: int = 16) -> jax.Array:
+    """Zero-pad ``axis`` to the next power of two (at least ``minimum``): Triton's block rule."""
+    return pad_axis(x, axis, max(minimum, pl.next_power_of_2(x.shape[axis])))
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+_EXPORT_TARGETS = {"gpu": "cuda", "tpu": "tpu"}
+
+
+def lower_for(platform: str, fn, *args):
+    """Lower ``fn(*args)`` (arrays or ShapeDtypeStructs) for an accelerator this machine may lack.
+
+    Export runs the Pallas -> Triton / Mosaic lowering without the device, so a kernel that would
+    not lower for the GPU or TPU fails here, on any machine. (The final compilation of that IR
+    happens on the device.) Returns the exported module's text.
+    """
+    triton_call = jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+    exported = jax.export.export(jax.jit(fn), platforms=[_EXPORT_TARGETS[platform]], disabled_checks=[triton_call])
+    return exported(*args).mlir_module()

@@ -1,0 +1,87 @@
+"""Time flash-linear-attention's Triton ``chunk_gla`` / ``chunk_simple_gla`` (PyTorch) at the shapes
+``scripts/benchmark.py --gpu`` uses, so the Pallas kernels can be compared on the same device.
+
+    pip install torch flash-linear-attention          # a separate environment is fine
+    python scripts/benchmark_fla.py                    # rows in benchmark.py's format
+    python scripts/benchmark_fla.py --shapes 4x2048x16x128 --json fla.json
+
+Inputs mirror benchmark.py's cases: normal q, k, v in bfloat16, gates logsigmoid(normal) / 16 in
+float32, layout [B, T, H, D], no initial state; forward returns the output, forward+backward
+takes the gradient of <o, random cotangent> w.r.t. q, k, v and g. Timing: CUDA events around
+``repeats`` calls after a warm-up (which also runs Triton's autotuning), median reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+GPU_SHAPES = "4x2048x16x128,1x8192x16x128"
+CHUNK = 64
+
+
+def chunked_tflops(b, t, h, d, ms, passes):
+    """The same FLOP model as benchmark.py's chunked forms (forward work times ``passes``)."""
+    return b * h * (4 * t * d * d + 2 * t * CHUNK * d) * passes / ms / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=GPU_SHAPES, help="BxTxHxD list")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    args = parser.parse_args()
+
+    import fla
+    import torch
+    from fla.ops.gla import chunk_gla
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    def timed(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(args.repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    device = torch.device("cuda")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, fla {getattr(fla, '__version__', '?')}")
+    print(f"{'op':<28}{'B x T x H x D':>18}{'fwd ms':>10}{'fwd':>11}{'fwd+bwd ms':>12}{'fwd+bwd':>11}{'peak GiB':>10}")
+    rows = []
+    for text in args.shapes.split(","):
+        b, t, h, d = map(int, text.split("x"))
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(b, t, h, d, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        for name, op, gate_shape in (("fla/chunk_gla", chunk_gla, (b, t, h, d)), ("fla/chunk_simple_gla", chunk_simple_gla, (b, t, h))):
+            g = (torch.nn.functional.logsigmoid(torch.randn(gate_shape, device=device)) / 16).requires_grad_()
+            cotangent = torch.randn(b, t, h, d, device=device, dtype=torch.bfloat16)
+            forward = lambda: op(q=q, k=k, v=v, g=g, scale=d**-0.5, output_final_state=False)[0]  # noqa: E731
+
+            def both():
+                torch.autograd.grad((forward() * cotangent).sum(), (q, k, v, g))
+
+            with torch.no_grad():
+                fwd_ms = timed(forward)
+            torch.cuda.reset_peak_memory_stats()
+            fwd_bwd_ms = timed(both)
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            row = {"op": name, "B": b, "T": t, "H": h, "D": d, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
+                   "fwd_tflops": chunked_tflops(b, t, h, d, fwd_ms, 1), "fwd_bwd_tflops": chunked_tflops(b, t, h, d, fwd_bwd_ms, 3),
+                   "peak_gib": peak}
+            rows.append(row)
+            print(f"{name:<28}{text:>18}{fwd_ms:>10.2f}{row['fwd_tflops']:>7.1f} TF/s{fwd_bwd_ms:>12.2f}"
+                  f"{row['fwd_bwd_tflops']:>7.1f} TF/s{peak:>10.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__}, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""End-to-end training throughput: tokens/s and model FLOPs utilisation of whole train steps.
+
+    python scripts/throughput.py                                     # small model; softmax, gla, mamba
+    python scripts/throughput.py --variants gla --lengths 2048,8192 --overrides attn.method=pallas
+    python scripts/throughput.py --model tiny --lengths 128 --batch-tokens 4096   # a CPU smoke run
+
+Each variant is built from the same configs as ``lmzoo.train`` (``+attn=<variant> model=<model>
+data.seq_len=<T>`` plus ``--overrides``) and runs the trainer's own jitted ``train_step`` (AdamW
+update included) on random tokens; the batch holds ``--batch-tokens`` tokens at every length.
+
+MFU = model FLOPs per second / the device's peak dense bf16 FLOP/s (``--peak-tflops``, or a table
+of known devices). Model FLOPs per token are 6 x parameters for the matmuls, plus for softmax
+attention 6 x layers x T x d_model for the causal scores and values (forward + backward); the
+recurrent mixers' state work is not counted, so their MFU understates the hardware's work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from functools import partial
+
+import jax
+from flax import nnx
+
+from lmzoo.cli import compose_and_validate
+from lmzoo.model import LM, count_params
+from lmzoo.train import init_train_state, train_step
+
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v5": 197.0, "TPU v4": 275.0}  # dense bf16
+VOCAB = 259  # the byte-level tokenizer
+
+
+def peak_tflops(kind: str, given: float | None) -> float | None:
+    if given:
+        return given
+    return next((value for name, value in PEAK_TFLOPS.items() if name in kind), None)
+
+
+def model_flops_per_token(cfg, params: int, length: int) -> float:
+    attention = 6 * cfg.model.n_layers * length * cfg.model.d_model if cfg.attn.mixer == "softmax" else 0
+    return 6 * params + attention
+
+
+def measure(variant: str, model: str, length: int, batch_tokens: int, steps: int, overrides: list[str]) -> dict:
+    cfg = compose_and_validate([f"+attn={variant}", f"model={model}", f"data.seq_len={length}", "train.progress=false", *overrides])
+    lm = LM(cfg, VOCAB, rngs=nnx.Rngs(0))
+    params = count_params(lm)
+    graphdef, state, tx = init_train_state(cfg, lm)
+    batch_size = max(1, batch_tokens // length)
+    tokens = jax.random.randint(jax.random.key(0), (batch_size, length + 1), 0, VOCAB)
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+    step = jax.jit(partial(train_step, graphdef, tx), donate_argnums=0)
+    state, metrics = step(state, batch)  # compile and warm up
+    jax.block_until_ready(metrics)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    tokens_per_s = batch_size * length / seconds
+    return {"variant": variant, "T": length, "batch": batch_size, "params": params, "step_ms": 1e3 * seconds,
+            "tokens_per_s": tokens_per_s, "model_tflops": tokens_per_s * model_flops_per_token(cfg, params, length) / 1e12}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default="softmax,gla,mamba")
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--lengths", default="2048,8192")
+    parser.add_argument("--batch-tokens", type=int, default=16384, help="tokens per step at every length")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--overrides", default="", help="comma-separated config overrides for every variant")
+    parser.add_argument("--peak-tflops", type=float, help="the device's peak dense bf16 TFLOP/s (for MFU)")
+    args = parser.parse_args()
+
+    device = jax.devices()[0]
+    peak = peak_tflops(device.device_kind, args.peak_tflops)
+    overrides = [o for o in args.overrides.split(",") if o]
+    print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}; model={args.model}, "
+          f"{args.batch_tokens} tokens per step, overrides {overrides or 'none'}; peak {peak or '?'} TFLOP/s")
+    print(f"{'variant':<12}{'T':>7}{'batch':>7}{'params':>12}{'step ms':>10}{'tokens/s':>12}{'TFLOP/s':>9}{'MFU':>7}")
+    for variant in args.variants.split(","):
+        for length in map(int, args.lengths.split(",")):
+            row = measure(variant, args.model, length, args.batch_tokens, args.steps, overrides)
+            mfu = f"{100 * row['model_tflops'] / peak:.1f}%" if peak else "?"
+            print(f"{variant:<12}{length:>7}{row['batch']:>7}{row['params']:>12,}{row['step_ms']:>10.1f}"
+                  f"{row['tokens_per_s']:>12,.0f}{row['model_tflops']:>9.2f}{mfu:>7}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
