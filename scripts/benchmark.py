@@ -196,6 +196,7 @@ def ssd_case(method: str):
 
 case("ssd/scan")(ssd_case("scan"))
 case("ssd/chunk64")(ssd_case("chunk"))
+case("ssd/pallas")(ssd_case("pallas"))
 
 
 def lti_args(shape: Shape, dtype, key):

@@ -83,22 +83,23 @@ def test_chunk_must_split_into_sub_blocks():
 # ----------------------------------------------------------------------------- lowering and devices
 
 
-def shapes(dtype):
-    b, t, h, dk, dv = 2, 100, 2, 64, 128
+def shapes(dtype, gate_width=48):
+    b, t, h, dk, dv = 2, 100, 2, 48, 80  # head dims padded to 64 and 128 for Triton
     struct = jax.ShapeDtypeStruct
     return (struct((b, t, h, dk), dtype), struct((b, t, h, dk), dtype), struct((b, t, h, dv), dtype),
-            struct((b, t, h, dk), jnp.float32), struct((b, h, dk, dv), jnp.float32))
+            struct((b, t, h, gate_width), jnp.float32), struct((b, h, dk, dv), jnp.float32))
 
 
+@pytest.mark.parametrize("gate_width", [48, 1], ids=["per_dimension", "per_head"])
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
-def test_kernels_lower_for_accelerators(platform):
+def test_kernels_lower_for_accelerators(platform, gate_width):
     """Forward and backward lower to Triton / Mosaic here, without the device."""
     forward = lambda *a: gla_pallas(*a, chunk_size=64, platform=platform)
     loss = lambda *a: sum(jnp.sum(x) for x in forward(*a))
     backward = jax.grad(loss, argnums=(0, 1, 2, 3, 4))
     target = {"gpu": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}[platform]
     for fn, kernels in ((forward, ("gla_states", "gla_outputs")), (backward, ("gla_state_grads", "gla_input_grads"))):
-        text = lower_for(platform, fn, *shapes(jnp.bfloat16))
+        text = lower_for(platform, fn, *shapes(jnp.bfloat16, gate_width))
         assert target in text and all(f'name = "{kernel}"' in text for kernel in kernels)
 
 
@@ -120,7 +121,7 @@ def losses(tmp_path, variant, method):
     return np.array([row[key] for row in rows for key in ("loss", "val_loss") if key in row])
 
 
-@pytest.mark.parametrize("variant, reference_method", [("gla", "chunk"), ("mamba", "scan")])
+@pytest.mark.parametrize("variant, reference_method", [("gla", "chunk"), ("mamba", "scan"), ("mamba2", "chunk")])
 def test_trains_with_the_reference_loss_curve(tmp_path, variant, reference_method):
     """Four optimiser steps and a validation: the kernels' gradients drive the same training."""
     kernels, reference_losses = losses(tmp_path, variant, "pallas"), losses(tmp_path, variant, reference_method)

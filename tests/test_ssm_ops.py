@@ -252,14 +252,15 @@ def test_ssd_reference_matches_definition():
     "length, groups, extras, chunk_size",
     [(1, 2, True, 16), (63, 1, True, 16), (257, 4, False, 64)],
 )
-def test_ssd_chunked_matches_reference(length, groups, extras, chunk_size):
+@pytest.mark.parametrize("method", ["chunk", "pallas"])
+def test_ssd_chunked_matches_reference(method, length, groups, extras, chunk_size):
     inputs = ssd_inputs(length, groups=groups, extras=extras)
     names = list(inputs)
-    fast, reference = ssd_fn(names, method="chunk", chunk_size=chunk_size), ssd_fn(names, method="scan")
+    fast, reference = ssd_fn(names, method=method, chunk_size=chunk_size), ssd_fn(names, method="scan")
     assert_forms_agree(fast, reference, list(inputs.values()), names)
 
 
-@pytest.mark.parametrize("method", ["scan", "chunk"])
+@pytest.mark.parametrize("method", ["scan", "chunk", "pallas"])
 def test_ssd_chained_halves_equal_one_pass(method):
     inputs = ssd_inputs(63, groups=2)
     h0, D, A = inputs.pop("initial_state"), inputs.pop("D"), inputs.pop("A")

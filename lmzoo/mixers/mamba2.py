@@ -36,8 +36,8 @@ class Mamba2Config(MixerConfig):
     n_groups: int = 1  # groups of heads sharing B and C
     dt_min: float = 0.001  # dt is initialised log-uniformly in [dt_min, dt_max]
     dt_max: float = 0.1
-    method: str = "chunk"  # scan | chunk (see lmzoo.ops.ssd)
-    chunk_size: int = 64  # tokens per chunk for method=chunk
+    method: str = "chunk"  # scan | chunk | pallas (see lmzoo.ops.ssd)
+    chunk_size: int = 64  # tokens per chunk for method=chunk|pallas
 
     def check(self, model: ModelConfig) -> None:
         one_of("attn.method", self.method, METHODS)

@@ -7,7 +7,9 @@ Because the decay is one number per head and step, the output is an attention-li
 - "scan":  ``lax.scan`` over time (the reference);
 - "chunk": within chunks of ``chunk_size`` tokens that product is computed as matmuls with the
   decay matrix built in log space; each chunk also summarises its effect on the state at its
-  end, and those states are passed recurrently across chunks and read back by every position.
+  end, and those states are passed recurrently across chunks and read back by every position;
+- "pallas": SSD is simple GLA with q = C, k = B, v = dt x and the log gate dt A (its state the
+  transpose of h), so this runs ``lmzoo.ops.pallas.gla``'s one-gate-per-head kernels.
 
 Axes: B batch, T time, H heads, P head size, G groups sharing B and C (head h reads group
 h // (H / G)), N state size. Computed in float32; ``y`` comes back in ``x``'s dtype and the
@@ -20,7 +22,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-METHODS = ("scan", "chunk")
+from lmzoo.ops.pallas.gla import gla_pallas
+
+METHODS = ("scan", "chunk", "pallas")
 
 
 def per_head(x: jax.Array, heads: int) -> jax.Array:
@@ -45,7 +49,7 @@ def ssd(x, dt, A, B, C, *, D=None, initial_state=None, chunk_size=64, method="ch
     log_a = dt * A.astype(jnp.float32)  # (B, T, H)
     b, c = per_head(B, heads), per_head(C, heads)
     h0 = jnp.zeros((batch, heads, p, b.shape[-1]), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
-    form = _scan if method == "scan" else _chunked
+    form = {"scan": _scan, "chunk": _chunked, "pallas": _pallas}[method]
     y, h = form(dt[..., None] * x32, log_a, b, c, h0, chunk_size)
     if D is not None:
         y = y + D.astype(jnp.float32)[:, None] * x32
@@ -60,6 +64,11 @@ def _scan(x, log_a, b, c, h0, chunk_size):
 
     h, y = lax.scan(step, h0, tuple(a.swapaxes(0, 1) for a in (x, log_a, b, c)))
     return y.swapaxes(0, 1), h
+
+
+def _pallas(x, log_a, b, c, h0, chunk_size):
+    y, state = gla_pallas(c, b, x, log_a[..., None], h0.swapaxes(-1, -2), chunk_size=chunk_size)
+    return y, state.swapaxes(-1, -2)
 
 
 def _chunked(x, log_a, b, c, h0, chunk_size):

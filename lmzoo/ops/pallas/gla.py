@@ -1,7 +1,7 @@
 """Chunked gated linear attention as Pallas kernels, forward and backward (``gla(method="pallas")``).
 
-Computes ``S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t``, ``o_t = q_t S_t`` for per-dimension log
-gates ``g`` (a per-head gate is broadcast by the caller; plain linear attention has g = 0). Heads
+Computes ``S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t``, ``o_t = q_t S_t`` for log gates ``g`` per key
+dimension or one per head (simple GLA, RetNet; plain linear attention has g = 0). Heads
 are laid out ``[BH, T, D]``; T is padded to whole chunks of C steps and D to a power of two (zero
 queries, keys, values and gates change nothing).
 
@@ -23,7 +23,9 @@ Inside a chunk the causal sum runs over sub-blocks of c steps. For sub-blocks I 
 from key j to query i is split at the start of I: ``q_i exp(b_i - r) . k_j exp(r - b_j)`` with r
 the cumulative gate just before I, both factors <= 1, so that part is a matmul that cannot
 overflow however strongly the gates decay. On the diagonal sub-blocks the decay is taken per pair
-(one key row at a time, exponents masked to <= 0 before exp). Exponents are never positive.
+(one key row at a time, exponents masked to <= 0 before exp). Exponents are never positive. With
+one gate per head the decay between two steps is one number, so the whole chunk is matmuls with a
+[C, C] decay matrix (``_outputs_scalar_kernel``, ``_input_grads_scalar_kernel``).
 
 Matmul operands keep the input dtype (bfloat16 runs the tensor cores); products, states and gates
 accumulate in float32, and float32 inputs multiply at full precision.
@@ -59,7 +61,8 @@ def gla_pallas(q, k, v, log_g, s0, *, chunk_size=64, sub_size=None, block=None, 
     d_value = v.shape[-1]
     padded = round_up(length, chunk_size)
     dk, dv = (max(16, pl.next_power_of_2(d)) for d in (d_key, d_value))
-    log_g = jnp.broadcast_to(log_g.astype(jnp.float32), k.shape)
+    log_g = log_g.astype(jnp.float32)
+    gate_width = dk if log_g.shape[-1] > 1 else 1  # one gate per head stays one column
 
     def head_major(x, width):  # [B, T, H, D] -> [BH, T', D']
         x = x.transpose(0, 2, 1, 3).reshape(batch * heads, length, -1)
@@ -67,7 +70,7 @@ def gla_pallas(q, k, v, log_g, s0, *, chunk_size=64, sub_size=None, block=None, 
 
     s0 = pad_axis(pad_axis(s0.reshape(batch * heads, d_key, d_value), 1, dk), 2, dv)
     config = _Config(chunk_size, sub_size, _block(block, platform, dk), _block(block, platform, dv), platform)
-    o, final = _gla(config, head_major(q, dk), head_major(k, dk), head_major(v, dv), head_major(log_g, dk), s0)
+    o, final = _gla(config, head_major(q, dk), head_major(k, dk), head_major(v, dv), head_major(log_g, gate_width), s0)
     o = o[:, :length, :d_value].reshape(batch, heads, length, d_value).transpose(0, 2, 1, 3)
     return o, final[:, :d_key, :d_value].reshape(batch, heads, d_key, d_value)
 
@@ -116,7 +119,10 @@ def _gla_bwd(config, residuals, cotangents):
     dq, dk, dv = _input_grads(config, q, k, v, b, do, states, d_states)
     # dg_t = sum_{s >= t} (q_s dq_s - k_s dk_s) + the final state's own dependence on every gate
     through_qk = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk
-    dg = lax.cumsum(through_qk, axis=1, reverse=True) + jnp.sum(d_final * final, axis=-1)[:, None, :]
+    through_final = jnp.sum(d_final * final, axis=-1)[:, None, :]  # [BH, 1, Dk]
+    if b.shape[-1] == 1:  # one gate per head: it multiplies every key dimension
+        through_qk, through_final = (x.sum(axis=-1, keepdims=True) for x in (through_qk, through_final))
+    dg = lax.cumsum(through_qk, axis=1, reverse=True) + through_final
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, d_s0
 
 
@@ -142,7 +148,7 @@ def _states(config, k, v, b, s0):
         functools.partial(_states_kernel, config.chunk, chunks),
         platform=config.platform,
         grid=(heads, dk // bk, dv // bv),
-        in_specs=[along_t(bk, 0), along_t(bv, 1), along_t(bk, 0), state_block],
+        in_specs=[along_t(bk, 0), along_t(bv, 1), _gates_along_t(b, bk), state_block],
         out_specs=[pl.BlockSpec((None, chunks, bk, bv), lambda h, i, j: (h, 0, i, j)), state_block],
         out_shape=[jax.ShapeDtypeStruct((heads, chunks, dk, dv), jnp.float32), jax.ShapeDtypeStruct(s0.shape, jnp.float32)],
         name="gla_states",
@@ -159,11 +165,19 @@ def _state_grads(config, q, b, do, d_final):
         functools.partial(_state_grads_kernel, config.chunk, chunks),
         platform=config.platform,
         grid=(heads, dk // bk, dv // bv),
-        in_specs=[along_t(bk, 0), along_t(bv, 1), along_t(bk, 0), state_block],
+        in_specs=[along_t(bk, 0), along_t(bv, 1), _gates_along_t(b, bk), state_block],
         out_specs=[pl.BlockSpec((None, chunks, bk, bv), lambda h, i, j: (h, 0, i, j)), state_block],
         out_shape=[jax.ShapeDtypeStruct((heads, chunks, dk, dv), jnp.float32), jax.ShapeDtypeStruct(d_final.shape, jnp.float32)],
         name="gla_state_grads",
     )(q, do, b, d_final)
+
+
+def _gates_along_t(b, block_k):
+    """The whole sequence of a head's gates: the state block's key columns, or the one column."""
+    width = b.shape[-1]
+    if width == 1:
+        return pl.BlockSpec((None, b.shape[1], 1), lambda h, i, j: (h, 0, 0))
+    return pl.BlockSpec((None, b.shape[1], block_k), lambda h, i, j: (h, 0, i))
 
 
 def _chunk_spec(chunk, width):
@@ -175,10 +189,10 @@ def _outputs(config, q, k, v, b, states):
     dv, chunks = v.shape[-1], length // config.chunk
     c = config.chunk
     return launch(
-        functools.partial(_outputs_kernel, c, config.sub),
+        functools.partial(_outputs_scalar_kernel if b.shape[-1] == 1 else _outputs_kernel, c, config.sub),
         platform=config.platform,
         grid=(heads, chunks),
-        in_specs=[_chunk_spec(c, dk), _chunk_spec(c, dk), _chunk_spec(c, dv), _chunk_spec(c, dk), _state_spec(dk, dv)],
+        in_specs=[_chunk_spec(c, dk), _chunk_spec(c, dk), _chunk_spec(c, dv), _chunk_spec(c, b.shape[-1]), _state_spec(dk, dv)],
         out_specs=_chunk_spec(c, dv),
         out_shape=jax.ShapeDtypeStruct((heads, length, dv), jnp.float32),
         name="gla_outputs",
@@ -191,10 +205,10 @@ def _input_grads(config, q, k, v, b, do, states, d_states):
     c = config.chunk
     key_spec, value_spec = _chunk_spec(c, dk), _chunk_spec(c, dv)
     return launch(
-        functools.partial(_input_grads_kernel, c, config.sub),
+        functools.partial(_input_grads_scalar_kernel if b.shape[-1] == 1 else _input_grads_kernel, c, config.sub),
         platform=config.platform,
         grid=(heads, chunks),
-        in_specs=[key_spec, key_spec, value_spec, key_spec, value_spec, _state_spec(dk, dv), _state_spec(dk, dv)],
+        in_specs=[key_spec, key_spec, value_spec, _chunk_spec(c, b.shape[-1]), value_spec, _state_spec(dk, dv), _state_spec(dk, dv)],
         out_specs=[key_spec, key_spec, value_spec],
         out_shape=[jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (q, k, v)],
         name="gla_input_grads",
@@ -319,3 +333,32 @@ def _input_grads_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, do_ref, s_ref, d
             dv[i] += late.one_hot(j) * jnp.sum(a_col * do, axis=0, keepdims=True)
     for block, gq, gk, gv in zip(blocks, dq, dk, dv):
         dq_ref[block.rows, :], dk_ref[block.rows, :], dv_ref[block.rows, :] = gq, gk, gv
+
+
+# One gate per head (simple GLA, RetNet, plain linear attention): the decay between query i and
+# key j is one number, so the whole chunk is matmuls with a [C, C] decay matrix, no sub-blocks.
+
+
+def _decay_matrix(b):
+    """exp(b_i - b_j) for j <= i, else 0: b is the chunk's (C, 1) cumulative gate."""
+    size = b.shape[0]
+    later = lax.broadcasted_iota(jnp.int32, (size, size), 0) >= lax.broadcasted_iota(jnp.int32, (size, size), 1)
+    return jnp.exp(jnp.where(later, b - b.T, -jnp.inf))
+
+
+def _outputs_scalar_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, s_ref, o_ref):
+    dtype = q_ref.dtype
+    q, b = q_ref[...].astype(jnp.float32), b_ref[...]
+    scores = _dot(q, k_ref[...], dtype, _A_BT) * _decay_matrix(b)
+    o_ref[...] = _dot(q * jnp.exp(b), s_ref[...], dtype) + _dot(scores, v_ref[...], dtype)
+
+
+def _input_grads_scalar_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, do_ref, s_ref, ds_ref, dq_ref, dk_ref, dv_ref):
+    """The per-dimension kernel's formulas with A = (q k^T) * decay and D = (do v^T) * decay."""
+    dtype = q_ref.dtype
+    q, k, v, do, b = (ref[...].astype(jnp.float32) for ref in (q_ref, k_ref, v_ref, do_ref, b_ref))
+    decay, to_end = _decay_matrix(b), jnp.exp(b_ref[pl.ds(chunk - 1, 1), :] - b)
+    scores, d_scores = _dot(q, k, dtype, _A_BT) * decay, _dot(do, v, dtype, _A_BT) * decay
+    dq_ref[...] = _dot(d_scores, k, dtype) + _dot(do, s_ref[...], dtype, _A_BT) * jnp.exp(b)
+    dk_ref[...] = _dot(d_scores, q, dtype, _AT_B) + _dot(v, ds_ref[...], dtype, _A_BT) * to_end
+    dv_ref[...] = _dot(scores, do, dtype, _AT_B) + _dot(k * to_end, ds_ref[...], dtype)
