@@ -76,6 +76,7 @@ def sum_by_name(sown) -> dict[str, jax.Array]:
 
 def loss_and_extra(params, extra, graphdef, batch):
     model = nnx.merge(graphdef, params, extra, copy=True)  # fresh Variables: in-place writes stay traceable
+    model = nnx.view(model, training=True)  # mixers' training-time behaviour on (see Mixer.training)
     loss, metrics = next_token_loss(model, batch)
     objective = loss + sum(v for k, v in metrics.items() if k.startswith("aux/"))
     metrics = {"loss": loss, **metrics}

@@ -27,15 +27,6 @@ class AuxLoss(nnx.Variable):
     """
 
 
-def in_training_objective(module: nnx.Module) -> bool:
-    """True while ``module`` runs inside the training objective, i.e. under ``nnx.capture(model, AuxLoss)``.
-
-    Only then does a mixer record auxiliary losses or update training-time statistics (VQ's EMA
-    codebook): a plain forward stays a pure function of its input, as decoding and probes expect.
-    """
-    return any(type(v) is AuxLoss for v in getattr(module, "__captures__", ()))
-
-
 @dataclass(frozen=True)
 class MixerContext:
     """What a mixer may know about the model around it."""
@@ -59,7 +50,20 @@ def dense(ctx: MixerContext, d_in: int, d_out: int, *, rngs: nnx.Rngs, residual:
 
 
 class Mixer(nnx.Module):
-    """Base class documenting the protocol; subclasses implement every method."""
+    """Base class documenting the protocol; subclasses implement every method.
+
+    ``self.training`` is False except in the view of the model the training objective runs
+    (``nnx.view(model, training=True)``). Only then does a mixer record auxiliary losses or update
+    training-time statistics (VQ's EMA codebook): a plain forward stays a pure function of its
+    input, as decoding and probes expect.
+    """
+
+    training = False
+
+    def set_view(self, training: bool | None = None) -> None:
+        """``nnx.view`` hook: the training objective's view of the model sets ``training=True``."""
+        if training is not None:
+            self.training = training
 
     def __call__(self, x: jax.Array, *, positions: jax.Array | None = None) -> jax.Array:
         raise NotImplementedError

@@ -25,7 +25,7 @@ from flax import nnx
 from jax import lax
 
 from lmzoo.config import ConfigError, MixerConfig, ModelConfig, one_of, positive
-from lmzoo.mixers.base import AuxLoss, Mixer, MixerContext, dense, in_training_objective
+from lmzoo.mixers.base import AuxLoss, Mixer, MixerContext, dense
 from lmzoo.ops.vq import METHODS, gather_codewords, init_vq_cache, vq_attention, vq_cache_step
 from lmzoo.registry import register
 
@@ -96,7 +96,7 @@ class VQAttention(Mixer):
         codes = self.quantise(k, codebook)
         codewords = gather_codewords(codebook, codes).astype(k.dtype)
         k_hat = k + lax.stop_gradient(codewords - k)  # straight-through: value of the codeword, gradient of k
-        if in_training_objective(self):
+        if self.training:
             error = jnp.mean(jnp.square(k.astype(jnp.float32) - lax.stop_gradient(codewords.astype(jnp.float32))))
             self.sow(AuxLoss, "commitment", self.commitment_weight * error)
             self.update_codebook(lax.stop_gradient(k), codes)
