@@ -217,12 +217,18 @@ def test_weights_reproduce_the_outputs():
 # ----------------------------------------------------------------------------- numerics and errors
 
 
+def strong_gates(length: int):
+    """GLA inputs whose gates decay by ~7 nats a step, and a random cotangent for (o, S)."""
+    args = make_args("gla", length, with_state=True, seed=21)
+    args["log_g"] = -jnp.exp(random_like(args["log_g"], seed=22) + 1.5)
+    cotangent = random_like(jax.eval_shape(lambda a: run("gla", "scan", a), args), seed=8)
+    return args, cotangent
+
+
 def test_strong_gates_in_one_long_chunk_stay_exact():
     """~900 nats of decay across one chunk: factoring exp(L_i - L_j) as exp(L_i) exp(-L_j) would overflow."""
-    args = make_args("gla", 129, with_state=True, seed=21)
-    args["log_g"] = -jnp.exp(random_like(args["log_g"], seed=22) + 1.5)  # ~ -7 per step
+    args, cotangent = strong_gates(129)
     assert float(jnp.sum(args["log_g"], axis=1).max()) < -500
-    cotangent = random_like(jax.eval_shape(lambda a: run("gla", "scan", a), args), seed=8)
     one_chunk = outputs_and_grads("gla", "chunk", args, cotangent, chunk_size=129)
     assert_trees_close(one_chunk, outputs_and_grads("gla", "scan", args, cotangent))
 

@@ -22,10 +22,9 @@ from test_linear_ops import (
     in_two_halves,
     make_args,
     outputs_and_grads,
-    random_like,
     reference,
-    run,
     run_fast,
+    strong_gates,
 )
 
 from conftest import tiny_config
@@ -67,9 +66,7 @@ def test_bfloat16_inputs_close_to_float32_reference(case):
 
 def test_strong_gates_stay_exact():
     """~220 nats of decay inside one 32-step chunk: no exponent the kernels take is positive."""
-    args = make_args("gla", 45, with_state=True, seed=21)
-    args["log_g"] = -jnp.exp(random_like(args["log_g"], seed=22) + 1.5)  # ~ -7 per step
-    cotangent = random_like(jax.eval_shape(lambda a: run("gla", "scan", a), args), seed=8)
+    args, cotangent = strong_gates(45)
     kernels = outputs_and_grads("gla", "pallas", args, cotangent, chunk_size=32)
     assert_trees_close(kernels, outputs_and_grads("gla", "scan", args, cotangent))
 

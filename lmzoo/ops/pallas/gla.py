@@ -139,37 +139,40 @@ def _chunk_cumsum(g, chunk):
 
 
 def _states(config, k, v, b, s0):
-    heads, length, dk = k.shape
-    dv, chunks = v.shape[-1], length // config.chunk
-    bk, bv = config.block_k, config.block_v
-    along_t = lambda width, axis_block: pl.BlockSpec((None, length, width), lambda h, i, j: (h, 0, (i, j)[axis_block]))
-    state_block = pl.BlockSpec((None, bk, bv), lambda h, i, j: (h, i, j))
-    return launch(
-        functools.partial(_states_kernel, config.chunk, chunks),
-        platform=config.platform,
-        grid=(heads, dk // bk, dv // bv),
-        in_specs=[along_t(bk, 0), along_t(bv, 1), _gates_along_t(b, bk), state_block],
-        out_specs=[pl.BlockSpec((None, chunks, bk, bv), lambda h, i, j: (h, 0, i, j)), state_block],
-        out_shape=[jax.ShapeDtypeStruct((heads, chunks, dk, dv), jnp.float32), jax.ShapeDtypeStruct(s0.shape, jnp.float32)],
-        name="gla_states",
-    )(k, v, b, s0)
+    """The state before every chunk [BH, N, Dk, Dv] and after the last, from S_0."""
+    return _through_chunks(_states_kernel, "gla_states", config, k, v, b, s0)
 
 
 def _state_grads(config, q, b, do, d_final):
-    heads, length, dk = q.shape
-    dv, chunks = do.shape[-1], length // config.chunk
+    """The cotangent of the state after every chunk [BH, N, Dk, Dv] and of S_0, from that of S_T."""
+    return _through_chunks(_state_grads_kernel, "gla_state_grads", config, q, do, b, d_final)
+
+
+def _through_chunks(kernel, name, config, keys, values, b, start):
+    """Launch a kernel that walks each head's chunks in order, one program per (Dk, Dv) state block.
+
+    ``keys`` [BH, T, Dk] (k or q) and ``values`` [BH, T, Dv] (v or do) are read whole, restricted to
+    the block's columns; ``start`` [BH, Dk, Dv] is the carried block's first value. Writes the
+    carry at every chunk [BH, N, Dk, Dv] and its last value.
+    """
+    heads, length, dk = keys.shape
+    dv, chunks = values.shape[-1], length // config.chunk
     bk, bv = config.block_k, config.block_v
-    along_t = lambda width, axis_block: pl.BlockSpec((None, length, width), lambda h, i, j: (h, 0, (i, j)[axis_block]))
     state_block = pl.BlockSpec((None, bk, bv), lambda h, i, j: (h, i, j))
     return launch(
-        functools.partial(_state_grads_kernel, config.chunk, chunks),
+        functools.partial(kernel, config.chunk, chunks),
         platform=config.platform,
         grid=(heads, dk // bk, dv // bv),
-        in_specs=[along_t(bk, 0), along_t(bv, 1), _gates_along_t(b, bk), state_block],
+        in_specs=[
+            pl.BlockSpec((None, length, bk), lambda h, i, j: (h, 0, i)),
+            pl.BlockSpec((None, length, bv), lambda h, i, j: (h, 0, j)),
+            _gates_along_t(b, bk),
+            state_block,
+        ],
         out_specs=[pl.BlockSpec((None, chunks, bk, bv), lambda h, i, j: (h, 0, i, j)), state_block],
-        out_shape=[jax.ShapeDtypeStruct((heads, chunks, dk, dv), jnp.float32), jax.ShapeDtypeStruct(d_final.shape, jnp.float32)],
-        name="gla_state_grads",
-    )(q, do, b, d_final)
+        out_shape=[jax.ShapeDtypeStruct((heads, chunks, dk, dv), jnp.float32), jax.ShapeDtypeStruct(start.shape, jnp.float32)],
+        name=name,
+    )(keys, values, b, start)
 
 
 def _gates_along_t(b, block_k):
