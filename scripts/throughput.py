@@ -1,12 +1,13 @@
 """End-to-end training throughput: tokens/s and model FLOPs utilisation of whole train steps.
 
     python scripts/throughput.py                                     # small model; softmax, gla, mamba
-    python scripts/throughput.py --variants gla --lengths 2048,8192 --overrides attn.method=pallas
+    python scripts/throughput.py --variants softmax "gla attn.method=pallas" "mamba attn.method=pallas"
     python scripts/throughput.py --model tiny --lengths 128 --batch-tokens 4096   # a CPU smoke run
 
-Each variant is built from the same configs as ``lmzoo.train`` (``+attn=<variant> model=<model>
-data.seq_len=<T>`` plus ``--overrides``) and runs the trainer's own jitted ``train_step`` (AdamW
-update included) on random tokens; the batch holds ``--batch-tokens`` tokens at every length.
+Each entry of ``--variants`` is a variant name followed by config overrides for it. It is built
+from the same configs as ``lmzoo.train`` (``+attn=<variant> model=<model> data.seq_len=<T>`` plus
+its overrides) and runs the trainer's own jitted ``train_step`` (AdamW update included) on random
+tokens; the batch holds ``--batch-tokens`` tokens at every length.
 
 MFU = model FLOPs per second / the device's peak dense bf16 FLOP/s (``--peak-tflops``, or a table
 of known devices). Model FLOPs per token are 6 x parameters for the matmuls, plus for softmax
@@ -17,6 +18,7 @@ recurrent mixers' state work is not counted, so their MFU understates the hardwa
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from functools import partial
@@ -43,7 +45,7 @@ def model_flops_per_token(cfg, params: int, length: int) -> float:
     return 6 * params + attention
 
 
-def measure(variant: str, model: str, length: int, batch_tokens: int, steps: int, overrides: list[str]) -> dict:
+def measure(variant: str, overrides: list[str], model: str, length: int, batch_tokens: int, steps: int) -> dict:
     cfg = compose_and_validate([f"+attn={variant}", f"model={model}", f"data.seq_len={length}", "train.progress=false", *overrides])
     lm = LM(cfg, VOCAB, rngs=nnx.Rngs(0))
     params = count_params(lm)
@@ -62,33 +64,41 @@ def measure(variant: str, model: str, length: int, batch_tokens: int, steps: int
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
     tokens_per_s = batch_size * length / seconds
-    return {"variant": variant, "T": length, "batch": batch_size, "params": params, "step_ms": 1e3 * seconds,
+    return {"variant": " ".join([variant, *overrides]), "T": length, "batch": batch_size, "params": params, "step_ms": 1e3 * seconds,
             "tokens_per_s": tokens_per_s, "model_tflops": tokens_per_s * model_flops_per_token(cfg, params, length) / 1e12}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="softmax,gla,mamba")
+    parser.add_argument("--variants", nargs="+", default=["softmax", "gla", "mamba"], help='e.g. softmax "gla attn.method=pallas"')
     parser.add_argument("--model", default="small")
     parser.add_argument("--lengths", default="2048,8192")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="tokens per step at every length")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--overrides", default="", help="comma-separated config overrides for every variant")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak dense bf16 TFLOP/s (for MFU)")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
 
     device = jax.devices()[0]
     peak = peak_tflops(device.device_kind, args.peak_tflops)
-    overrides = [o for o in args.overrides.split(",") if o]
     print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}; model={args.model}, "
-          f"{args.batch_tokens} tokens per step, overrides {overrides or 'none'}; peak {peak or '?'} TFLOP/s")
-    print(f"{'variant':<12}{'T':>7}{'batch':>7}{'params':>12}{'step ms':>10}{'tokens/s':>12}{'TFLOP/s':>9}{'MFU':>7}")
-    for variant in args.variants.split(","):
+          f"{args.batch_tokens} tokens per step; peak {peak or '?'} TFLOP/s")
+    print(f"{'variant':<32}{'T':>7}{'batch':>7}{'params':>12}{'step ms':>10}{'tokens/s':>12}{'TFLOP/s':>9}{'MFU':>7}")
+    rows = []
+    for entry in args.variants:
+        variant, *overrides = entry.split()
         for length in map(int, args.lengths.split(",")):
-            row = measure(variant, args.model, length, args.batch_tokens, args.steps, overrides)
+            row = measure(variant, overrides, args.model, length, args.batch_tokens, args.steps)
+            rows.append(row)
             mfu = f"{100 * row['model_tflops'] / peak:.1f}%" if peak else "?"
-            print(f"{variant:<12}{length:>7}{row['batch']:>7}{row['params']:>12,}{row['step_ms']:>10.1f}"
+            print(f"{row['variant']:<32}{length:>7}{row['batch']:>7}{row['params']:>12,}{row['step_ms']:>10.1f}"
                   f"{row['tokens_per_s']:>12,.0f}{row['model_tflops']:>9.2f}{mfu:>7}", flush=True)
+
+    if args.json:
+        meta = {"device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
+                "model": args.model, "batch_tokens": args.batch_tokens, "peak_tflops": peak}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,34 @@
+"""The measuring scripts run end to end at toy sizes and write the figures they print."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def run_script(name: str, *args: str) -> str:
+    result = subprocess.run([sys.executable, f"scripts/{name}", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def test_benchmark_reports_rates_and_skips_what_cannot_run(tmp_path):
+    ops = "gla/pallas,simple_gla/chunk64,selective_scan/pallas,softmax/cudnn"
+    out = run_script("benchmark.py", "--ops", ops, "--shapes", "1x40x2x16", "--repeats", "1", "--json", str(tmp_path / "rows.json"))
+    assert "copy bandwidth" in out and "softmax/cudnn" in out and "skipped" in out
+    rows = {row["op"]: row for row in json.loads((tmp_path / "rows.json").read_text())["rows"]}
+    assert set(rows) == {"softmax/xla", "gla/pallas", "simple_gla/chunk64", "selective_scan/pallas"}
+    assert all(row["fwd_ms"] > 0 and row["fwd_bwd_ms"] > 0 for row in rows.values())
+    assert rows["gla/pallas"]["fwd_bwd_tflops"] > 0 and rows["selective_scan/pallas"]["fwd_bwd_gbps"] > 0
+
+
+def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
+    out = run_script("throughput.py", "--model", "tiny", "--lengths", "32", "--batch-tokens", "64", "--steps", "1",
+                     "--variants", "softmax", "gla attn.method=pallas attn.chunk_size=16", "--json", str(tmp_path / "rows.json"))
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert [row["variant"] for row in rows] == ["softmax", "gla attn.method=pallas attn.chunk_size=16"]
+    assert all(row["tokens_per_s"] > 0 and row["batch"] == 2 for row in rows)
+    assert "gla attn.method=pallas" in out
