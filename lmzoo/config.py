@@ -151,6 +151,18 @@ def positive(key: str, value: float, *, allow_zero: bool = False) -> None:
         raise ConfigError(f"{key}={value} must be {'non-negative' if allow_zero else 'positive'}")
 
 
+PALLAS_ROWS = 16  # the GLA-family kernels work in sub-blocks of 16 rows, the smallest GPU matmul
+
+
+def chunked_form(method: str, chunk_size: int, methods: tuple | list) -> None:
+    """attn.method among ``methods`` and an attn.chunk_size that form accepts."""
+    one_of("attn.method", method, methods)
+    positive("attn.chunk_size", chunk_size)
+    if method == "pallas" and chunk_size % PALLAS_ROWS:
+        raise ConfigError(f"attn.chunk_size={chunk_size}: attn.method=pallas needs a multiple of {PALLAS_ROWS} "
+                          "(its kernels' matmul blocks)")
+
+
 def validate(raw: DictConfig | dict) -> Config:
     """Typed, checked config from a composed one; raises ConfigError with one line."""
     raw = dict(OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else raw)

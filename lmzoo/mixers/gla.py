@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.config import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.config import ConfigError, MixerConfig, ModelConfig, chunked_form, positive
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.mixers.retnet import GatedHeadNorm
 from lmzoo.ops.gated import gla, gla_weights
@@ -36,8 +36,8 @@ class GLAConfig(MixerConfig):
     chunk_size: int = 64  # tokens per chunk for method=chunk
 
     def check(self, model: ModelConfig) -> None:
-        one_of("attn.method", self.method, METHODS)
-        for key in ("key_ratio", "gate_rank", "gate_temperature", "chunk_size"):
+        chunked_form(self.method, self.chunk_size, METHODS)
+        for key in ("key_ratio", "gate_rank", "gate_temperature"):
             positive(f"attn.{key}", getattr(self, key))
         width = self.key_ratio * model.d_model
         if width != int(width) or int(width) % model.n_heads:

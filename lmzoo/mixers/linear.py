@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.config import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.config import ConfigError, MixerConfig, ModelConfig, chunked_form, one_of, positive
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.ops.linear import METHODS, linear_attention, linear_attention_weights
 from lmzoo.registry import register
@@ -46,8 +46,7 @@ class LinearConfig(MixerConfig):
 
     def check(self, model: ModelConfig) -> None:
         one_of("attn.feature_map", self.feature_map, FEATURE_MAPS)
-        one_of("attn.method", self.method, METHODS)
-        positive("attn.chunk_size", self.chunk_size)
+        chunked_form(self.method, self.chunk_size, METHODS)
         if self.n_features is not None:
             positive("attn.n_features", self.n_features)
             if self.feature_map != "favor+":

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.config import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.config import ConfigError, MixerConfig, ModelConfig, chunked_form, positive
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.mixers.mamba import CausalConv, check_dt_range, dt_bias_init
 from lmzoo.ops.ssd import METHODS, ssd, ssd_attention
@@ -40,8 +40,8 @@ class Mamba2Config(MixerConfig):
     chunk_size: int = 64  # tokens per chunk for method=chunk|pallas
 
     def check(self, model: ModelConfig) -> None:
-        one_of("attn.method", self.method, METHODS)
-        for key in ("d_state", "d_conv", "expand", "n_groups", "chunk_size"):
+        chunked_form(self.method, self.chunk_size, METHODS)
+        for key in ("d_state", "d_conv", "expand", "n_groups"):
             positive(f"attn.{key}", getattr(self, key))
         check_dt_range(self.dt_min, self.dt_max)
         d_inner = self.expand * model.d_model

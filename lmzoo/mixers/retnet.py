@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.config import MixerConfig, ModelConfig, one_of, positive
+from lmzoo.config import MixerConfig, ModelConfig, chunked_form
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import METHODS
@@ -35,8 +35,7 @@ class RetNetConfig(MixerConfig):
     chunk_size: int = 64  # tokens per chunk for method=chunk
 
     def check(self, model: ModelConfig) -> None:
-        one_of("attn.method", self.method, METHODS)
-        positive("attn.chunk_size", self.chunk_size)
+        chunked_form(self.method, self.chunk_size, METHODS)
 
 
 def retention_log_decays(n_heads: int) -> jax.Array:
