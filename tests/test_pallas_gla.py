@@ -71,6 +71,20 @@ def test_strong_gates_stay_exact():
     assert_trees_close(kernels, outputs_and_grads("gla", "scan", args, cotangent))
 
 
+@pytest.mark.parametrize("case", ["gla", "gla_scalar"])
+def test_tpu_interpreter_matches_parallel(case):
+    """The kernels under Pallas' TPU interpreter (the TPU's grid order and memory spaces) on this CPU."""
+    args, cotangent, expected = reference(case, 37, True)
+
+    def kernels(a):  # what gla(method="pallas") does around them: scale q, give per-head gates a width
+        log_g = a["log_g"] if case == "gla" else a["log_g"][..., None]
+        q = a["q"] * a["q"].shape[-1] ** -0.5
+        return gla_pallas(q, a["k"], a["v"], log_g, a["state"], chunk_size=32, platform="tpu_interpret")
+
+    out, pullback = jax.vjp(kernels, args)
+    assert_trees_close((out, pullback(cotangent)[0]), expected)
+
+
 def test_chunk_must_split_into_sub_blocks():
     args = make_args("gla", 5, with_state=True)
     with pytest.raises(ValueError, match="multiple of sub_size"):

@@ -67,6 +67,14 @@ def test_several_channel_blocks_per_group():
     assert_forms_agree(fast, reference_recurrence, prepared, names)
 
 
+def test_tpu_interpreter_matches_scan():
+    """The kernels under Pallas' TPU interpreter (the TPU's grid order and memory spaces) on this CPU."""
+    args = inputs(29, 24, 5, groups=2)
+    prepared = (args["u"], jax.nn.softplus(args["delta"]), args["A"], args["B"], args["C"], args["initial_state"])
+    fast = lambda *a: selective_scan_pallas(*a, chunk_size=CHUNK, platform="tpu_interpret")
+    assert_forms_agree(fast, reference_recurrence, prepared, ["u", "delta", "A", "B", "C", "h0"])
+
+
 def test_bfloat16_inputs_close_to_float32_reference():
     args = inputs(37, 16, 8, groups=2)
     y_ref, h_ref = selective_scan(**args, delta_softplus=True, method="scan")

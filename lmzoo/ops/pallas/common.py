@@ -2,8 +2,10 @@
 
 One kernel source serves every platform. ``platform`` is where the call will run: ``"gpu"``
 lowers through Triton, ``"tpu"`` through Mosaic, and ``"cpu"`` runs the same kernel in Pallas
-interpret mode (slow but exact, so machines without an accelerator can check the kernels). The
-backend-specific pieces are only the compiler parameters chosen here:
+interpret mode (slow but exact, so machines without an accelerator can check the kernels).
+``"tpu_interpret"`` runs it on a CPU in Pallas' TPU interpreter, which follows the TPU's execution
+model (grid order, memory spaces, compiler parameters). The backend-specific pieces are only the
+compiler parameters chosen here:
 
 - GPU (Triton): every block dimension a kernel loads must be a power of two and matmul operands
   at least 16 wide, hence ``pad_to_power_of_two``; ``num_warps`` / ``num_stages`` tune the launch.
@@ -21,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-PLATFORMS = ("cpu", "gpu", "tpu")
+PLATFORMS = ("cpu", "gpu", "tpu", "tpu_interpret")
 
 
 def current_platform() -> str:
@@ -42,11 +44,20 @@ def compiler_params(platform: str, grid_rank: int, *, num_warps: int = 4, num_st
         from jax.experimental.pallas import triton as pltriton
 
         return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-    if platform == "tpu":
+    if platform in ("tpu", "tpu_interpret"):
         from jax.experimental.pallas import tpu as pltpu
 
         return pltpu.CompilerParams(dimension_semantics=("parallel",) * grid_rank)
     return None
+
+
+def interpret_mode(platform: str):
+    """pallas_call's ``interpret``: plain interpretation on a CPU, the TPU interpreter, or compiled."""
+    if platform == "tpu_interpret":
+        from jax.experimental.pallas import tpu as pltpu
+
+        return pltpu.InterpretParams()
+    return platform == "cpu"
 
 
 def launch(kernel, *, platform: str, grid, in_specs, out_specs, out_shape, name: str, **tuning):
@@ -57,7 +68,7 @@ def launch(kernel, *, platform: str, grid, in_specs, out_specs, out_shape, name:
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
-        interpret=platform == "cpu",
+        interpret=interpret_mode(platform),
         compiler_params=compiler_params(platform, len(grid), **tuning),
         name=name,
     )
