@@ -353,6 +353,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--shapes", default="", help="BxTxHxD list, e.g. 4x2048x16x128 (overrides the four above)")
     parser.add_argument("--gpu", action="store_true", help=f"--shapes {GPU_SHAPES} --dtype bfloat16 and the GPU op list")
+    parser.add_argument("--copy-mb", type=int, help="array size for the copy-bandwidth pass (default: 2048, 256 on CPU)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
     if args.gpu:
@@ -365,7 +366,7 @@ def main() -> None:
     dtype = jnp.dtype(args.dtype)
     device = jax.devices()[0]
     shapes = parse_shapes(args.shapes) or [Shape(args.batch, int(t), args.heads, args.dim) for t in args.lengths.split(",")]
-    bandwidth = copy_bandwidth(256 if jax.default_backend() == "cpu" else 2048)
+    bandwidth = copy_bandwidth(args.copy_mb or (256 if jax.default_backend() == "cpu" else 2048))
     print(f"device: {device.device_kind} ({jax.default_backend()}, {jax.device_count()} device(s)), "
           f"jax {jax.__version__}, {platform.processor() or platform.machine()}; copy bandwidth {bandwidth:.0f} GB/s")
     print(f"dtype={args.dtype}; ratios are to {BASELINE} at the same shape\n")

@@ -17,7 +17,7 @@ def run_script(name: str, *args: str) -> str:
 
 def test_benchmark_reports_rates_and_skips_what_cannot_run(tmp_path):
     ops = "gla/pallas,simple_gla/chunk64,selective_scan/pallas,softmax/cudnn"
-    out = run_script("benchmark.py", "--ops", ops, "--shapes", "1x40x2x16", "--repeats", "1", "--json", str(tmp_path / "rows.json"))
+    out = run_script("benchmark.py", "--ops", ops, "--shapes", "1x40x2x16", "--repeats", "1", "--copy-mb", "16", "--json", str(tmp_path / "rows.json"))
     assert "copy bandwidth" in out and "softmax/cudnn" in out and "skipped" in out
     rows = {row["op"]: row for row in json.loads((tmp_path / "rows.json").read_text())["rows"]}
     assert set(rows) == {"softmax/xla", "gla/pallas", "simple_gla/chunk64", "selective_scan/pallas"}
