@@ -34,6 +34,7 @@ accumulate in float32, and float32 inputs multiply at full precision.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -80,17 +81,14 @@ def _block(block, platform, width):
     return min(size, width)
 
 
-class _Config(tuple):
+class _Config(NamedTuple):
     """Static kernel options (hashable, for custom_vjp's nondiff argument)."""
 
-    def __new__(cls, chunk, sub, block_k, block_v, platform):
-        return super().__new__(cls, (chunk, sub, block_k, block_v, platform))
-
-    chunk = property(lambda self: self[0])
-    sub = property(lambda self: self[1])
-    block_k = property(lambda self: self[2])
-    block_v = property(lambda self: self[3])
-    platform = property(lambda self: self[4])
+    chunk: int
+    sub: int
+    block_k: int
+    block_v: int
+    platform: str
 
 
 # ----------------------------------------------------------------------------- custom_vjp
