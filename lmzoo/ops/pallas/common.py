@@ -8,7 +8,7 @@ model (grid order, memory spaces, compiler parameters). The backend-specific pie
 compiler parameters chosen here:
 
 - GPU (Triton): every block dimension a kernel loads must be a power of two and matmul operands
-  at least 16 wide, hence ``pad_to_power_of_two``; ``num_warps`` / ``num_stages`` tune the launch.
+  at least 16 wide, so the wrappers pad (``pad_axis``); ``num_warps`` / ``num_stages`` tune the launch.
 - TPU (Mosaic): the grid runs in order on one core; grid axes are marked parallel so megacore
   chips may split them. Blocks keep the full last two dimensions of every array, which Mosaic
   accepts for any size.
@@ -79,11 +79,6 @@ def pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
     pad = [(0, 0)] * x.ndim
     pad[axis] = (0, size - x.shape[axis])
     return jnp.pad(x, pad)
-
-
-def pad_to_power_of_two(x: jax.Array, axis: int = -1, minimum: int = 16) -> jax.Array:
-    """Zero-pad ``axis`` to the next power of two (at least ``minimum``): Triton's block rule."""
-    return pad_axis(x, axis, max(minimum, pl.next_power_of_2(x.shape[axis])))
 
 
 def round_up(n: int, multiple: int) -> int:

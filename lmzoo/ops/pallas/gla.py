@@ -270,7 +270,7 @@ class _SubBlock:
     def __init__(self, b_ref, index, size):
         self.rows = pl.ds(index * size, size)
         self.b = b_ref[self.rows, :]
-        self.r = b_ref[pl.ds(index * size - 1, 1), :] if index else jnp.zeros_like(b_ref[pl.ds(0, 1), :])
+        self.r = b_ref[pl.ds(index * size - 1, 1), :] if index else jnp.zeros((1, b_ref.shape[1]), jnp.float32)
         self.size = size
 
     def pair_decay(self, b_ref, j):
@@ -286,11 +286,11 @@ class _SubBlock:
 def _outputs_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, s_ref, o_ref):
     dtype = q_ref.dtype
     blocks = [_SubBlock(b_ref, i, sub) for i in range(chunk // sub)]
-    for late in blocks:
+    for i, late in enumerate(blocks):
         q = q_ref[late.rows, :].astype(jnp.float32)
         out = _dot(q * jnp.exp(late.b), s_ref[...], dtype)  # from the state before the chunk
         q_hat = q * jnp.exp(late.b - late.r)
-        for early in blocks[: blocks.index(late)]:
+        for early in blocks[:i]:
             k_hat = k_ref[early.rows, :].astype(jnp.float32) * jnp.exp(late.r - early.b)
             out += _dot(_dot(q_hat, k_hat, dtype, _A_BT), v_ref[early.rows, :], dtype)
         for j in range(sub):  # the diagonal sub-block, one key at a time
@@ -316,22 +316,25 @@ def _input_grads_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, do_ref, s_ref, d
         dv.append(_dot(f32(k_ref, block.rows) * to_end, ds_ref[...], dtype))
     for i, late in enumerate(blocks):
         q, do = f32(q_ref, late.rows), f32(do_ref, late.rows)
-        q_hat = q * jnp.exp(late.b - late.r)
+        from_r = jnp.exp(late.b - late.r)  # decay from just before sub-block I to each of its rows
+        q_hat = q * from_r
         for j, early in enumerate(blocks[:i]):
-            k_hat = f32(k_ref, early.rows) * jnp.exp(late.r - early.b)
+            to_r = jnp.exp(late.r - early.b)  # decay from each row of J to just before I
+            k_hat = f32(k_ref, early.rows) * to_r
             scores = _dot(q_hat, k_hat, dtype, _A_BT)  # A over (I, J)
             d_scores = _dot(do, f32(v_ref, early.rows), dtype, _A_BT)  # D over (I, J)
-            dq[i] += _dot(d_scores, k_hat, dtype) * jnp.exp(late.b - late.r)
-            dk[j] += _dot(d_scores, q_hat, dtype, _AT_B) * jnp.exp(late.r - early.b)
+            dq[i] += _dot(d_scores, k_hat, dtype) * from_r
+            dk[j] += _dot(d_scores, q_hat, dtype, _AT_B) * to_r
             dv[j] += _dot(scores, do, dtype, _AT_B)
         for j in range(sub):  # the diagonal sub-block, one key at a time
             decay, row = late.pair_decay(b_ref, j)
             k_j, v_j = f32(k_ref, row), f32(v_ref, row)
             d_col = jnp.sum(do * v_j, axis=1, keepdims=True)  # D_ij for the rows i
             a_col = jnp.sum(q * k_j * decay, axis=1, keepdims=True)  # A_ij
+            row_j = late.one_hot(j)  # places key j's (1, D) row in the sub-block
             dq[i] += d_col * k_j * decay
-            dk[i] += late.one_hot(j) * jnp.sum(d_col * q * decay, axis=0, keepdims=True)
-            dv[i] += late.one_hot(j) * jnp.sum(a_col * do, axis=0, keepdims=True)
+            dk[i] += row_j * jnp.sum(d_col * q * decay, axis=0, keepdims=True)
+            dv[i] += row_j * jnp.sum(a_col * do, axis=0, keepdims=True)
     for block, gq, gk, gv in zip(blocks, dq, dk, dv):
         dq_ref[block.rows, :], dk_ref[block.rows, :], dv_ref[block.rows, :] = gq, gk, gv
 
