@@ -7,34 +7,16 @@ schema here: each registered mixer brings its own dataclass (see ``lmzoo.registr
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf import errors as oc_errors
 
 from lmzoo import registry
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, explain, one_of, positive, to_dataclass  # noqa: F401 (re-exported)
 from lmzoo.data import SOURCES as DATA_SOURCES, DataConfig
-
-
-class ConfigError(ValueError):
-    """A bad configuration; its message is one line meant for the user's terminal."""
-
-
-@dataclass
-class ModelConfig:
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    d_ff: Optional[int] = None  # SwiGLU hidden size; default ~8/3 d_model rounded up to 64
-    tie_embeddings: bool = True
-    dtype: str = "float32"  # compute dtype; parameters are always float32
-    norm_eps: float = 1e-6
-    init_std: float = 0.02
-    mlp: bool = True  # false: blocks are the mixer alone (e.g. GAU models, whose mixer has its own gating)
 
 
 @dataclass
@@ -111,21 +93,6 @@ class EvalConfig:
 
 
 @dataclass
-class MixerConfig:
-    """Fields every ``configs/attn/*.yaml`` has; mixers subclass this with their own knobs."""
-
-    name: str = MISSING  # the variant's name in logs and comparisons (its YAML file name)
-    mixer: str = MISSING  # registry key of the module that implements it
-
-    def check(self, model: ModelConfig) -> None:
-        """Raise ConfigError for settings that cannot work with ``model``."""
-
-    def for_layer(self, layer: int, n_layers: int) -> "MixerConfig":
-        """The config of the mixer in ``layer`` (0 = bottom); per-layer patterns override this."""
-        return self
-
-
-@dataclass
 class Config:
     run_dir: str = MISSING
     seed: int = 0
@@ -141,28 +108,6 @@ DTYPES = ("float32", "bfloat16")
 POSITIONS = ("rope", "pi", "ntk", "yarn", "rerope", "leaky_rerope", "alibi", "none")
 
 
-def one_of(key: str, value: Any, choices: tuple | list) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}={value!r} is not valid (choose from: {', '.join(map(str, choices))})")
-
-
-def positive(key: str, value: float, *, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{key}={value} must be {'non-negative' if allow_zero else 'positive'}")
-
-
-PALLAS_ROWS = 16  # the GLA-family kernels work in sub-blocks of 16 rows, the smallest GPU matmul
-
-
-def chunked_form(method: str, chunk_size: int, methods: tuple | list) -> None:
-    """attn.method among ``methods`` and an attn.chunk_size that form accepts."""
-    one_of("attn.method", method, methods)
-    positive("attn.chunk_size", chunk_size)
-    if method == "pallas" and chunk_size % PALLAS_ROWS:
-        raise ConfigError(f"attn.chunk_size={chunk_size}: attn.method=pallas needs a multiple of {PALLAS_ROWS} "
-                          "(its kernels' matmul blocks)")
-
-
 def validate(raw: DictConfig | dict) -> Config:
     """Typed, checked config from a composed one; raises ConfigError with one line."""
     raw = dict(OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else raw)
@@ -170,40 +115,19 @@ def validate(raw: DictConfig | dict) -> Config:
     if attn_raw is None:
         raise ConfigError(f"no attention variant given: add +attn=<name> (available: {', '.join(variant_names())})")
     cfg = to_dataclass(Config, OmegaConf.create(raw), prefix="")
-    _, mixer_schema = _mixer_schema(attn_raw)
-    cfg.attn = to_dataclass(mixer_schema, OmegaConf.create(attn_raw), prefix="attn.")
+    cfg.attn = to_dataclass(mixer_spec(attn_raw.get("mixer")), OmegaConf.create(attn_raw), prefix="attn.")
     check(cfg)
     return cfg
 
 
-def _mixer_schema(attn_raw: dict) -> tuple[type, type]:
-    mixer = attn_raw.get("mixer")
+def mixer_spec(mixer: str | None, prefix: str = "attn.") -> type:
+    """The registered spec named by an attn config's ``mixer`` key; ConfigError if there is none."""
     if mixer is None:
-        raise ConfigError("attn.mixer is missing: every configs/attn/*.yaml names its registered mixer")
+        raise ConfigError(f"{prefix}mixer is missing: every configs/attn/*.yaml names its registered mixer")
     try:
         return registry.lookup(mixer)
     except KeyError:
-        raise ConfigError(f"attn.mixer={mixer!r} is not a registered mixer (registered: {', '.join(registry.names())})") from None
-
-
-def to_dataclass(schema: type, raw: DictConfig, *, prefix: str = "") -> Any:
-    """``raw`` merged over ``schema``'s defaults, as a ``schema`` instance; ConfigError if it does not fit."""
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), raw))
-    except oc_errors.OmegaConfBaseException as e:
-        raise ConfigError(explain(e, prefix=prefix)) from None
-
-
-def explain(error: oc_errors.OmegaConfBaseException, *, prefix: str = "") -> str:
-    """One line for an OmegaConf error: the key, and the valid keys when it is unknown."""
-    key = f"{prefix}{error.full_key}"
-    if isinstance(error, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)):
-        schema = error.object_type
-        valid = f" (valid keys here: {', '.join(f.name for f in dataclasses.fields(schema))})" if dataclasses.is_dataclass(schema) else ""
-        return f"unknown key '{key}'{valid}"
-    if isinstance(error, oc_errors.MissingMandatoryValue):
-        return f"'{key}' must be set"
-    return f"'{key}': {str(error.msg).splitlines()[0]}"
+        raise ConfigError(f"{prefix}mixer={mixer!r} is not a registered mixer (registered: {', '.join(registry.names())})") from None
 
 
 def check(cfg: Config) -> None:
@@ -275,4 +199,4 @@ def register_schemas() -> None:
     store = ConfigStore.instance()
     store.store(name="lmzoo_schema", node=Config)
     for name in registry.names():
-        store.store(group="schema/attn", name=name, node=registry.lookup(name)[1])
+        store.store(group="schema/attn", name=name, node=registry.lookup(name))

@@ -46,7 +46,7 @@ class Block(nnx.Module):
     def __init__(self, cfg: Config, ctx: MixerContext, *, rngs: nnx.Rngs):
         eps = cfg.model.norm_eps
         self.mixer_norm = RMSNorm(ctx.d_model, eps=eps, rngs=rngs)
-        self.mixer = build_mixer(cfg.attn.for_layer(ctx.layer, ctx.n_layers), ctx, rngs=rngs)
+        self.mixer = build_mixer(cfg.attn, ctx, rngs=rngs)
         self.mlp_norm = RMSNorm(ctx.d_model, eps=eps, rngs=rngs) if cfg.model.mlp else None
         self.mlp = SwiGLU(ctx, cfg.model.d_ff or ff_size(ctx.d_model), rngs=rngs) if cfg.model.mlp else None
 

@@ -1,44 +1,49 @@
-"""Name -> mixer lookup, so configs and checkpoints select variants without naming code.
+"""Name -> spec lookup, so configs and checkpoints select variants without naming code.
 
-A mixer module registers itself with ``@register("name", config=SomeConfig)``; the config class
-is the schema its ``configs/attn/*.yaml`` files are validated against. Nothing outside a mixer
-module ever names a variant.
+A mixer module registers its spec (a ``lmzoo.schema.MixerConfig`` subclass that knows how to
+``build`` its module) with ``@register("name")``; the spec is also the schema its
+``configs/attn/*.yaml`` files are validated against. Nothing outside a mixer module ever names a
+variant.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Callable
 
-_MIXERS: dict[str, tuple[type, type]] = {}
+
+class Registry:
+    """Specs of one kind of component, by name; ``package`` is imported (registering the built-in
+    ones) the first time the registry is read."""
+
+    def __init__(self, kind: str, package: str):
+        self.kind, self.package = kind, package
+        self._specs: dict[str, type] = {}
+
+    def register(self, name: str) -> Callable[[type], type]:
+        """Class decorator on a spec dataclass: make it selectable under ``name``."""
+
+        def wrap(spec: type) -> type:
+            if not dataclasses.is_dataclass(spec):
+                raise TypeError(f"the spec of {self.kind} {name!r} must be a dataclass")
+            if self._specs.get(name, spec) is not spec:
+                raise ValueError(f"{self.kind} {name!r} is already registered to {self._specs[name].__name__}")
+            self._specs[name] = spec
+            return spec
+
+        return wrap
+
+    def names(self) -> list[str]:
+        importlib.import_module(self.package)
+        return sorted(self._specs)
+
+    def lookup(self, name: str) -> type:
+        """The spec registered under ``name``; KeyError lists the valid names."""
+        if name not in self.names():
+            raise KeyError(f"unknown {self.kind} {name!r} (registered: {', '.join(self.names())})")
+        return self._specs[name]
 
 
-def register(name: str, *, config: type) -> Callable[[type], type]:
-    """Class decorator: make ``cls`` selectable as ``attn.mixer=<name>`` with schema ``config``."""
-    if not dataclasses.is_dataclass(config):
-        raise TypeError(f"config for mixer {name!r} must be a dataclass")
-
-    def wrap(cls: type) -> type:
-        if name in _MIXERS and _MIXERS[name][0] is not cls:
-            raise ValueError(f"mixer {name!r} is already registered to {_MIXERS[name][0].__name__}")
-        _MIXERS[name] = (cls, config)
-        return cls
-
-    return wrap
-
-
-def _load_builtin_mixers() -> None:
-    import lmzoo.mixers  # noqa: F401  (importing the package registers every built-in mixer)
-
-
-def names() -> list[str]:
-    _load_builtin_mixers()
-    return sorted(_MIXERS)
-
-
-def lookup(name: str) -> tuple[type, type]:
-    """(module class, config class) registered under ``name``; KeyError lists the valid names."""
-    _load_builtin_mixers()
-    if name not in _MIXERS:
-        raise KeyError(f"unknown mixer {name!r} (registered: {', '.join(names())})")
-    return _MIXERS[name]
+MIXERS = Registry("mixer", "lmzoo.mixers")
+register, names, lookup = MIXERS.register, MIXERS.names, MIXERS.lookup

@@ -63,13 +63,13 @@ def test_every_variant_config_validates_and_names_a_registered_mixer():
     for variant in variant_names():
         cfg = tiny_config(variant)
         assert cfg.attn.name == variant
-        module_cls, schema = registry.lookup(cfg.attn.mixer)
-        assert isinstance(cfg.attn, schema)
+        assert isinstance(cfg.attn, registry.lookup(cfg.attn.mixer))
 
 
 def test_registry_lookup():
-    module_cls, schema = registry.lookup("softmax")
-    assert module_cls.__name__ == "SoftmaxAttention"
+    spec = registry.lookup("softmax")
+    assert spec.__name__ == "SoftmaxConfig"
+    assert type(tiny_config("softmax").attn.build).__name__ == "method"
     with pytest.raises(KeyError, match="registered: .*softmax"):
         registry.lookup("no-such-mixer")
 
@@ -78,11 +78,11 @@ def test_registry_refuses_a_second_class_under_one_name():
     from dataclasses import dataclass
 
     @dataclass
-    class Cfg:
+    class Impostor:
         pass
 
     with pytest.raises(ValueError, match="already registered"):
-        registry.register("softmax", config=Cfg)(type("Impostor", (), {}))
+        registry.register("softmax")(Impostor)
 
 
 def test_overrides_reach_the_typed_config():

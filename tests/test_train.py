@@ -157,7 +157,6 @@ def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
     from flax import nnx
 
     from lmzoo import registry
-    from lmzoo.config import MixerConfig
     from lmzoo.mixers.base import AuxLoss
     from lmzoo.mixers.softmax import SoftmaxAttention, SoftmaxConfig
     from lmzoo.model import LM
@@ -165,14 +164,15 @@ def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
 
     @dataclass
     class PenaltyConfig(SoftmaxConfig):
-        pass
+        def build(self, ctx, *, rngs):
+            return Penalised(self, ctx, rngs=rngs)
 
     class Penalised(SoftmaxAttention):
         def __call__(self, x, *, positions=None):
             self.sow(AuxLoss, "penalty", jnp.float32(0.25))
             return super().__call__(x, positions=positions)
 
-    monkeypatch.setitem(registry._MIXERS, "penalised", (Penalised, PenaltyConfig))
+    monkeypatch.setitem(registry.MIXERS._specs, "penalised", PenaltyConfig)
     cfg = tiny_config("softmax")
     cfg.attn = PenaltyConfig(name="penalised", mixer="penalised")
     graphdef, state, _ = init_train_state(cfg, LM(cfg, 259, rngs=nnx.Rngs(0)))

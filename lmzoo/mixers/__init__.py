@@ -16,8 +16,5 @@ for _module in pkgutil.iter_modules(__path__):
 
 
 def build_mixer(cfg, ctx: MixerContext, *, rngs) -> Mixer:
-    """Instantiate the mixer registered under ``cfg.mixer``."""
-    from lmzoo import registry
-
-    mixer_cls, _ = registry.lookup(cfg.mixer)
-    return mixer_cls(cfg, ctx, rngs=rngs)
+    """The mixer of layer ``ctx.layer``, built by the spec its pattern gives that layer."""
+    return cfg.for_layer(ctx.layer, ctx.n_layers).build(ctx, rngs=rngs)

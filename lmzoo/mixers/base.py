@@ -16,7 +16,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lmzoo.ops.pallas import CHUNK_MULTIPLE
 from lmzoo.positions import Positions
+from lmzoo.schema import ConfigError, one_of, positive
 
 
 class AuxLoss(nnx.Variable):
@@ -39,6 +41,15 @@ class MixerContext:
     pos: Positions
     init_std: float = 0.02
     train_len: int = 256  # data.seq_len the model trains at (log-n scaling's default base); kept when evaluating longer
+
+
+def chunked_form(method: str, chunk_size: int, methods: tuple | list) -> None:
+    """attn.method among ``methods`` and an attn.chunk_size that form accepts."""
+    one_of("attn.method", method, methods)
+    positive("attn.chunk_size", chunk_size)
+    if method == "pallas" and chunk_size % CHUNK_MULTIPLE:
+        raise ConfigError(f"attn.chunk_size={chunk_size}: attn.method=pallas needs a multiple of {CHUNK_MULTIPLE} "
+                          "(its kernels' matmul blocks)")
 
 
 def dense(ctx: MixerContext, d_in: int, d_out: int, *, rngs: nnx.Rngs, residual: bool = False, bias: bool = False):

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.config import ModelConfig, one_of, positive
+from lmzoo.schema import ModelConfig, one_of, positive
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.mixers.softmax import AttentionConfig, Scoring, cache_append, init_cache
 from lmzoo.ops.attention import causal_mask
@@ -32,6 +32,7 @@ from lmzoo.registry import register
 WEIGHTS = ("relu2", "softmax")
 
 
+@register("gau")
 @dataclass
 class GAUConfig(AttentionConfig):
     expansion: float = 2.0  # e = expansion * d_model: width of the gate u and the values v
@@ -44,8 +45,10 @@ class GAUConfig(AttentionConfig):
         positive("attn.qk_dim", self.qk_dim)
         one_of("attn.weights", self.weights, WEIGHTS)
 
+    def build(self, ctx, *, rngs):
+        return GatedAttentionUnit(self, ctx, rngs=rngs)
 
-@register("gau", config=GAUConfig)
+
 class GatedAttentionUnit(Mixer):
     def __init__(self, cfg: GAUConfig, ctx: MixerContext, *, rngs):
         self.n_heads = ctx.n_heads  # head slots of attention_matrix; the unit itself has one head

@@ -19,14 +19,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.config import ConfigError, MixerConfig, ModelConfig, chunked_form, positive
-from lmzoo.mixers.base import Mixer, MixerContext, dense
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, positive
+from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
 from lmzoo.mixers.retnet import GatedHeadNorm
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import METHODS
 from lmzoo.registry import register
 
 
+@register("gla")
 @dataclass
 class GLAConfig(MixerConfig):
     key_ratio: float = 0.5  # query/key width as a fraction of d_model (the paper: 0.5)
@@ -46,8 +47,10 @@ class GLAConfig(MixerConfig):
                 f"which must be a whole multiple of model.n_heads={model.n_heads}"
             )
 
+    def build(self, ctx, *, rngs):
+        return GatedLinearAttention(self, ctx, rngs=rngs)
 
-@register("gla", config=GLAConfig)
+
 class GatedLinearAttention(Mixer):
     def __init__(self, cfg: GLAConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
         d = ctx.d_model

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.config import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.mixers.mamba import CausalConv, check_dt_range
 from lmzoo.ops.lti import causal_toeplitz, diagonal_ssm, diagonal_ssm_kernel
@@ -37,6 +37,7 @@ from lmzoo.registry import register
 METHODS = ("quadratic", "fft", "scan")
 
 
+@register("h3")
 @dataclass
 class H3Config(MixerConfig):
     d_state: int = 16  # N: state size of the diagonal SSM per kv entry (N/2 complex-conjugate pairs)
@@ -53,8 +54,10 @@ class H3Config(MixerConfig):
             raise ConfigError(f"attn.d_state={self.d_state} must be even (modes come in complex-conjugate pairs)")
         check_dt_range(self.dt_min, self.dt_max)
 
+    def build(self, ctx, *, rngs):
+        return H3(self, ctx, rngs=rngs)
 
-@register("h3", config=H3Config)
+
 class H3(Mixer):
     def __init__(self, cfg: H3Config, ctx: MixerContext, *, rngs: nnx.Rngs):
         self.n_heads, self.head_dim, self.method = ctx.n_heads, ctx.d_model // ctx.n_heads, cfg.method

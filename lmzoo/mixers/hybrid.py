@@ -20,10 +20,11 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from lmzoo import registry
-from lmzoo.config import ConfigError, MixerConfig, ModelConfig, to_dataclass
 from lmzoo.mixers.base import MixerContext
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, to_dataclass
 
 
+@registry.register("hybrid")
 @dataclass
 class HybridConfig(MixerConfig):
     layers: dict[str, Any] = field(default_factory=dict)  # name -> a mixer config ({mixer: ..., knobs})
@@ -46,11 +47,21 @@ class HybridConfig(MixerConfig):
         mixer = raw.get("mixer")
         if mixer is None:
             raise ConfigError(f"{prefix}mixer is missing: each sub-config names its registered mixer")
-        if mixer == "hybrid":
-            raise ConfigError(f"{prefix}mixer='hybrid': hybrids do not nest")
         if mixer not in registry.names():
             raise ConfigError(f"{prefix}mixer={mixer!r} is not a registered mixer (registered: {', '.join(registry.names())})")
-        return to_dataclass(registry.lookup(mixer)[1], OmegaConf.create(raw), prefix=prefix)
+        spec = registry.lookup(mixer)
+        if issubclass(spec, HybridConfig):
+            raise ConfigError(f"{prefix}mixer={mixer!r}: hybrids do not nest")
+        return to_dataclass(spec, OmegaConf.create(raw), prefix=prefix)
+
+    def build(self, ctx: MixerContext, *, rngs):
+        """Not a mixer itself: the sub-mixer this layer's pattern entry names."""
+        return self.for_layer(ctx.layer, ctx.n_layers).build(ctx, rngs=rngs)
+
+    def flops_per_token(self, model: ModelConfig, seq_len: int) -> float:
+        """The mean over layers: each layer counts its own sub-mixer's cost."""
+        layers = range(model.n_layers)
+        return sum(self.for_layer(i, model.n_layers).flops_per_token(model, seq_len) for i in layers) / model.n_layers
 
     def check(self, model: ModelConfig) -> None:
         if not self.layers:
@@ -70,10 +81,3 @@ class HybridConfig(MixerConfig):
             except ConfigError as e:  # the sub-config's own check names attn.<key>: point below attn.layers
                 raise ConfigError(str(e).replace("attn.", f"attn.layers.{name}.")) from None
 
-
-@registry.register("hybrid", config=HybridConfig)
-def build_layer(cfg: HybridConfig, ctx: MixerContext, *, rngs):
-    """Not a mixer itself: building one builds the sub-mixer this layer's pattern entry names."""
-    from lmzoo.mixers import build_mixer
-
-    return build_mixer(cfg.for_layer(ctx.layer, ctx.n_layers), ctx, rngs=rngs)

@@ -28,14 +28,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.config import ConfigError, MixerConfig, ModelConfig, chunked_form, one_of, positive
-from lmzoo.mixers.base import Mixer, MixerContext, dense
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
 from lmzoo.ops.linear import METHODS, linear_attention, linear_attention_weights
 from lmzoo.registry import register
 
 FEATURE_MAPS = ("elu+1", "relu", "identity", "favor+")
 
 
+@register("linear")
 @dataclass
 class LinearConfig(MixerConfig):
     feature_map: str = "elu+1"  # elu+1 | relu | identity | favor+
@@ -57,6 +58,9 @@ class LinearConfig(MixerConfig):
                 "the denominator zero or negative (use elu+1, relu or favor+, or attn.normalize=false)"
             )
 
+    def build(self, ctx, *, rngs):
+        return LinearAttention(self, ctx, rngs=rngs)
+
 
 class RandomFeatures(nnx.Variable):
     """A fixed random projection: part of the model's state (checkpointed) but not an nnx.Param."""
@@ -77,7 +81,6 @@ def orthogonal_gaussian(key: jax.Array, rows: int, dim: int) -> jax.Array:
     return directions * jnp.linalg.norm(jax.random.normal(norm_key, (rows, dim)), axis=-1, keepdims=True)
 
 
-@register("linear", config=LinearConfig)
 class LinearAttention(Mixer):
     def __init__(self, cfg: LinearConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
         d = ctx.d_model

@@ -22,13 +22,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.config import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.ops.lti import causal_conv1d
 from lmzoo.ops.selective_scan import METHODS, effective_delta, selective_attention, selective_scan
 from lmzoo.registry import register
 
 
+@register("mamba")
 @dataclass
 class MambaConfig(MixerConfig):
     d_state: int = 16  # N: state entries per channel
@@ -50,6 +51,9 @@ class MambaConfig(MixerConfig):
         d_inner = self.expand * model.d_model
         if d_inner % model.n_heads:
             raise ConfigError(f"d_inner = attn.expand * model.d_model = {d_inner} does not split into model.n_heads={model.n_heads} groups")
+
+    def build(self, ctx, *, rngs):
+        return Mamba(self, ctx, rngs=rngs)
 
 
 def check_dt_range(dt_min: float, dt_max: float) -> None:
@@ -87,7 +91,6 @@ class CausalConv(nnx.Module):
         return jnp.zeros((batch_size, self.width - 1, self.weight.shape[1]), dtype)
 
 
-@register("mamba", config=MambaConfig)
 class Mamba(Mixer):
     def __init__(self, cfg: MambaConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
         self.n_heads, self.method, self.chunk_size = ctx.n_heads, cfg.method, cfg.chunk_size

@@ -20,13 +20,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.config import ConfigError, MixerConfig, ModelConfig, chunked_form, positive
-from lmzoo.mixers.base import Mixer, MixerContext, dense
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, positive
+from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
 from lmzoo.mixers.mamba import CausalConv, check_dt_range, dt_bias_init
 from lmzoo.ops.ssd import METHODS, ssd, ssd_attention
 from lmzoo.registry import register
 
 
+@register("mamba2")
 @dataclass
 class Mamba2Config(MixerConfig):
     d_state: int = 32  # N: state entries per head row
@@ -55,8 +56,10 @@ class Mamba2Config(MixerConfig):
         if heads % self.n_groups:
             raise ConfigError(f"attn.n_groups={self.n_groups} does not divide the {heads} SSM heads")
 
+    def build(self, ctx, *, rngs):
+        return Mamba2(self, ctx, rngs=rngs)
 
-@register("mamba2", config=Mamba2Config)
+
 class Mamba2(Mixer):
     def __init__(self, cfg: Mamba2Config, ctx: MixerContext, *, rngs: nnx.Rngs):
         self.n_heads, self.method, self.chunk_size = ctx.n_heads, cfg.method, cfg.chunk_size

@@ -20,13 +20,14 @@ from typing import Optional
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.config import ConfigError, ModelConfig, positive
+from lmzoo.schema import ConfigError, ModelConfig, positive
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.mixers.softmax import AttentionConfig, Scoring, cache_append, init_cache
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
 
 
+@register("mla")
 @dataclass
 class MLAConfig(AttentionConfig):
     kv_rank: Optional[int] = None  # latent width d_c cached per token; None: 4 x head_dim (DeepSeek-V2's ratio)
@@ -42,13 +43,15 @@ class MLAConfig(AttentionConfig):
         if rope_dim % 2:
             raise ConfigError(f"attn.rope_dim={rope_dim} must be even (RoPE rotates pairs of dims)")
 
+    def build(self, ctx, *, rngs):
+        return MultiHeadLatentAttention(self, ctx, rngs=rngs)
+
 
 def ranks(cfg: MLAConfig, ctx: MixerContext) -> tuple[int, int, int]:
     head_dim = ctx.d_model // ctx.n_heads
     return head_dim, cfg.kv_rank or 4 * head_dim, cfg.rope_dim or head_dim // 2
 
 
-@register("mla", config=MLAConfig)
 class MultiHeadLatentAttention(Mixer):
     def __init__(self, cfg: MLAConfig, ctx: MixerContext, *, rngs):
         self.n_heads = ctx.n_heads

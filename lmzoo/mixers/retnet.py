@@ -21,14 +21,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.config import MixerConfig, ModelConfig, chunked_form
-from lmzoo.mixers.base import Mixer, MixerContext, dense
+from lmzoo.schema import MixerConfig, ModelConfig
+from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import METHODS
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
 
 
+@register("retnet")
 @dataclass
 class RetNetConfig(MixerConfig):
     method: str = "chunk"  # parallel | scan | assoc | chunk | pallas (see lmzoo.ops.gated)
@@ -36,6 +37,9 @@ class RetNetConfig(MixerConfig):
 
     def check(self, model: ModelConfig) -> None:
         chunked_form(self.method, self.chunk_size, METHODS)
+
+    def build(self, ctx, *, rngs):
+        return Retention(self, ctx, rngs=rngs)
 
 
 def retention_log_decays(n_heads: int) -> jax.Array:
@@ -56,7 +60,6 @@ class GatedHeadNorm(nnx.Module):
         return (normed * jax.nn.silu(self.gate(x).astype(jnp.float32))).astype(x.dtype)
 
 
-@register("retnet", config=RetNetConfig)
 class Retention(Mixer):
     def __init__(self, cfg: RetNetConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
         self.n_heads, self.head_dim = ctx.n_heads, ctx.d_model // ctx.n_heads

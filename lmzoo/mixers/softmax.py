@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.config import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.ops.attention import METHODS, causal_mask, logn_scale, repeat_kv, softmax_attention
 from lmzoo.positions import Positions, default_positions
@@ -182,6 +182,7 @@ def cache_append(cache: dict, **entries) -> dict:
 # ----------------------------------------------------------------------------- the mixer
 
 
+@register("softmax")
 @dataclass
 class SoftmaxConfig(AttentionConfig):
     n_kv_heads: Optional[int] = None  # None: one key/value head per query head (MHA)
@@ -194,8 +195,10 @@ class SoftmaxConfig(AttentionConfig):
         if model.n_heads % kv:
             raise ConfigError(f"model.n_heads={model.n_heads} is not divisible by attn.n_kv_heads={kv}")
 
+    def build(self, ctx, *, rngs):
+        return SoftmaxAttention(self, ctx, rngs=rngs)
 
-@register("softmax", config=SoftmaxConfig)
+
 class SoftmaxAttention(Mixer):
     def __init__(self, cfg: SoftmaxConfig, ctx: MixerContext, *, rngs):
         self.n_heads = ctx.n_heads

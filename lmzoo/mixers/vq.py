@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from lmzoo.config import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 from lmzoo.mixers.base import AuxLoss, Mixer, MixerContext, dense
 from lmzoo.ops.vq import METHODS, gather_codewords, init_vq_cache, vq_attention, vq_cache_step
 from lmzoo.registry import register
@@ -34,6 +34,7 @@ class CodebookEMA(nnx.Variable):
     """Running codebook statistics: updated by moving averages in training forwards, not by gradients."""
 
 
+@register("vq")
 @dataclass
 class VQConfig(MixerConfig):
     codebook_size: int = 128  # codewords per head (S)
@@ -50,6 +51,9 @@ class VQConfig(MixerConfig):
         if not 0 <= self.ema_decay < 1:
             raise ConfigError(f"attn.ema_decay={self.ema_decay} must lie in [0, 1)")
 
+    def build(self, ctx, *, rngs):
+        return VQAttention(self, ctx, rngs=rngs)
+
 
 def rms_normalise(x: jax.Array) -> jax.Array:
     """Parameter-free RMS normalisation of the last axis (in float32): entries of unit scale."""
@@ -57,7 +61,6 @@ def rms_normalise(x: jax.Array) -> jax.Array:
     return (x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
 
 
-@register("vq", config=VQConfig)
 class VQAttention(Mixer):
     def __init__(self, cfg: VQConfig, ctx: MixerContext, *, rngs):
         self.n_heads, self.head_dim = ctx.n_heads, ctx.d_model // ctx.n_heads

@@ -1,0 +1,91 @@
+"""The vocabulary of configuration: one-line errors, value checks, and the base of every spec.
+
+A leaf module: it imports nothing of lmzoo, so mixers, data sources and ``lmzoo.config`` can all
+build on it without import cycles. A *spec* is a config dataclass that is also the recipe for what
+it configures: ``MixerConfig`` is validated against a ``configs/attn/*.yaml`` file, checks itself
+against the model (``check``), builds its mixer (``build``) and reports its cost (``flops_per_token``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import errors as oc_errors
+
+
+class ConfigError(ValueError):
+    """A bad configuration; its message is one line meant for the user's terminal."""
+
+
+def one_of(key: str, value: Any, choices: tuple | list) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not valid (choose from: {', '.join(map(str, choices))})")
+
+
+def positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key}={value} must be {'non-negative' if allow_zero else 'positive'}")
+
+
+def to_dataclass(schema: type, raw: DictConfig | dict, *, prefix: str = "") -> Any:
+    """``raw`` merged over ``schema``'s defaults, as a ``schema`` instance; ConfigError if it does not fit."""
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), raw))
+    except oc_errors.OmegaConfBaseException as e:
+        raise ConfigError(explain(e, prefix=prefix)) from None
+
+
+def explain(error: oc_errors.OmegaConfBaseException, *, prefix: str = "") -> str:
+    """One line for an OmegaConf error: the key, and the valid keys when it is unknown."""
+    key = f"{prefix}{error.full_key}"
+    if isinstance(error, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)):
+        schema = error.object_type
+        valid = f" (valid keys here: {', '.join(f.name for f in dataclasses.fields(schema))})" if dataclasses.is_dataclass(schema) else ""
+        return f"unknown key '{key}'{valid}"
+    if isinstance(error, oc_errors.MissingMandatoryValue):
+        return f"'{key}' must be set"
+    return f"'{key}': {str(error.msg).splitlines()[0]}"
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: Optional[int] = None  # SwiGLU hidden size; default ~8/3 d_model rounded up to 64
+    tie_embeddings: bool = True
+    dtype: str = "float32"  # compute dtype; parameters are always float32
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+    mlp: bool = True  # false: blocks are the mixer alone (e.g. GAU models, whose mixer has its own gating)
+
+
+@dataclass
+class MixerConfig:
+    """The spec of a sequence mixer: fields every ``configs/attn/*.yaml`` has, and what a spec does.
+
+    A mixer module subclasses this with its own knobs, registers the subclass with
+    ``@lmzoo.registry.register("<name>")`` and implements ``build``.
+    """
+
+    name: str = MISSING  # the variant's name in logs and comparisons (its YAML file name)
+    mixer: str = MISSING  # registry key of the spec that builds it
+
+    def check(self, model: ModelConfig) -> None:
+        """Raise ConfigError for settings that cannot work with ``model``."""
+
+    def for_layer(self, layer: int, n_layers: int) -> "MixerConfig":
+        """The spec of the mixer in ``layer`` (0 = bottom); per-layer patterns override this."""
+        return self
+
+    def build(self, ctx, *, rngs):
+        """The mixer module for one layer (``ctx``: a ``MixerContext``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define build()")
+
+    def flops_per_token(self, model: ModelConfig, seq_len: int) -> float:
+        """Training FLOPs per token (forward and backward) of this layer's sequence mixing that the
+        ``6 * parameters`` rule does not count: the token-token interactions (0 where there are none)."""
+        return 0.0
