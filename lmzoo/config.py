@@ -1,13 +1,13 @@
 """Structured configs: the schema every Hydra config group is validated against.
 
 ``validate`` turns a composed (Hydra) config into typed dataclasses and raises ``ConfigError``
-with a single line naming the bad key and the valid choices. The ``attn`` group has no fixed
-schema here: each registered mixer brings its own dataclass (see ``lmzoo.registry``).
+with a single line naming the bad key and the valid choices. The ``attn`` and ``data`` groups have
+no fixed schema here: each registered mixer, data source and synthetic task brings its own spec
+dataclass (see ``lmzoo.registry``), picked by ``attn.mixer`` and ``data.source``.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -15,35 +15,11 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lmzoo import registry
-from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, explain, one_of, positive, to_dataclass  # noqa: F401 (re-exported)
-from lmzoo.data import SOURCES as DATA_SOURCES, DataConfig
-
-
-@dataclass
-class PosConfig:
-    """Position method (see lmzoo/positions.py); any of it can be overridden when evaluating a checkpoint."""
-
-    kind: str = "rope"  # rope | pi | ntk | yarn | rerope | leaky_rerope | alibi | none
-    base: float = 10000.0  # RoPE base
-    factor: float = 1.0  # pi / ntk / yarn: context extension factor s (1: plain RoPE)
-    original_len: Optional[int] = None  # yarn: the trained length its ramp refers to; None: data.seq_len
-    window: Optional[int] = None  # rerope / leaky_rerope: relative distances kept exact; None: data.seq_len
-    leak: float = 16.0  # leaky_rerope: beyond the window, distances grow this many times slower
-    yarn_alpha: float = 1.0  # yarn: frequencies turning fewer times than this over original_len are interpolated
-    yarn_beta: float = 32.0  # yarn: ... more times than this are kept
-
-    def check(self) -> None:
-        one_of("pos.kind", self.kind, POSITIONS)
-        positive("pos.base", self.base)
-        if self.factor < 1:
-            raise ConfigError(f"pos.factor={self.factor} must be at least 1 (1: no extension)")
-        for key in ("original_len", "window"):
-            if getattr(self, key) is not None:
-                positive(f"pos.{key}", getattr(self, key))
-        if self.leak <= 1:
-            raise ConfigError(f"pos.leak={self.leak} must be greater than 1")
-        if not 0 <= self.yarn_alpha < self.yarn_beta:
-            raise ConfigError(f"pos.yarn_alpha={self.yarn_alpha} and pos.yarn_beta={self.yarn_beta} need 0 <= alpha < beta")
+from lmzoo.data import drop_flat_leftovers
+from lmzoo.positions import PosConfig
+from lmzoo.schema import (  # noqa: F401 (re-exported)
+    ConfigError, DataConfig, MixerConfig, ModelConfig, explain, one_of, positive, to_dataclass,
+)
 
 
 @dataclass
@@ -98,24 +74,24 @@ class Config:
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
     pos: PosConfig = field(default_factory=PosConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    data: Any = None  # a registered data source's spec (a DataConfig subclass)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    attn: Any = None  # a registered mixer's config dataclass
+    attn: Any = None  # a registered mixer's spec (a MixerConfig subclass)
 
 
 DTYPES = ("float32", "bfloat16")
-POSITIONS = ("rope", "pi", "ntk", "yarn", "rerope", "leaky_rerope", "alibi", "none")
 
 
 def validate(raw: DictConfig | dict) -> Config:
     """Typed, checked config from a composed one; raises ConfigError with one line."""
     raw = dict(OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else raw)
-    attn_raw = raw.pop("attn", None)
+    attn_raw, data_raw = raw.pop("attn", None), raw.pop("data", None) or {}
     if attn_raw is None:
         raise ConfigError(f"no attention variant given: add +attn=<name> (available: {', '.join(variant_names())})")
     cfg = to_dataclass(Config, OmegaConf.create(raw), prefix="")
     cfg.attn = to_dataclass(mixer_spec(attn_raw.get("mixer")), OmegaConf.create(attn_raw), prefix="attn.")
+    cfg.data = to_dataclass(data_spec(data_raw.get("source")), OmegaConf.create(data_raw), prefix="data.")
     check(cfg)
     return cfg
 
@@ -124,10 +100,14 @@ def mixer_spec(mixer: str | None, prefix: str = "attn.") -> type:
     """The registered spec named by an attn config's ``mixer`` key; ConfigError if there is none."""
     if mixer is None:
         raise ConfigError(f"{prefix}mixer is missing: every configs/attn/*.yaml names its registered mixer")
-    try:
-        return registry.lookup(mixer)
-    except KeyError:
-        raise ConfigError(f"{prefix}mixer={mixer!r} is not a registered mixer (registered: {', '.join(registry.names())})") from None
+    return registry.MIXERS.choose(f"{prefix}mixer", mixer)
+
+
+def data_spec(source: str | None) -> type:
+    """The registered spec named by a data config's ``source`` key; ConfigError if there is none."""
+    if source is None:
+        raise ConfigError("data.source is missing: every configs/data/*.yaml names its registered source")
+    return registry.SOURCES.choose("data.source", source)
 
 
 def check(cfg: Config) -> None:
@@ -148,39 +128,8 @@ def check(cfg: Config) -> None:
     positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
     positive("optim.weight_decay", o.weight_decay, allow_zero=True)
     positive("optim.grad_clip", o.grad_clip)
-    check_data(cfg.data)
+    cfg.data.check()
     cfg.attn.check(m)
-
-
-def check_data(d: DataConfig) -> None:
-    positive("data.seq_len", d.seq_len)
-    one_of("data.source", d.source, DATA_SOURCES)
-    if not 0 < d.val_fraction < 1:
-        raise ConfigError(f"data.val_fraction={d.val_fraction} must lie strictly between 0 and 1")
-    if d.tokenizer != "byte" and not os.path.isfile(d.tokenizer):
-        raise ConfigError(f"data.tokenizer={d.tokenizer!r}: no such file (use 'byte' or a tokenizer.json path)")
-    for key in ("task_vocab", "num_pairs", "num_marked"):
-        positive(f"data.{key}", getattr(d, key))
-    if d.num_queries is not None:
-        positive("data.num_queries", d.num_queries)
-    if d.source == "text_files":
-        _check_globs("data.paths", d.paths, required=True)
-    if d.source == "hf":
-        if not d.hf_name:
-            raise ConfigError("data.hf_name must be set for data.source=hf (a hub name, or 'json'/'text' with data.hf_data_files)")
-        _check_globs("data.hf_data_files", d.hf_data_files, required=False)
-
-
-def _check_globs(key: str, patterns: Any, *, required: bool) -> None:
-    if patterns is None:
-        if required:
-            raise ConfigError(f"{key} must be set (a glob or a list of globs)")
-        return
-    for pattern in [patterns] if isinstance(patterns, str) else list(patterns):
-        if "://" in pattern:  # remote files are the data library's business
-            continue
-        if not glob.glob(os.path.expanduser(pattern), recursive=True):
-            raise ConfigError(f"{key}: no file matches {pattern!r}")
 
 
 def variant_names(config_dir: str | None = None) -> list[str]:
@@ -192,11 +141,22 @@ def variant_names(config_dir: str | None = None) -> list[str]:
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
+def load_run_config(path: str | os.PathLike) -> DictConfig:
+    """A run directory's saved ``config.yaml``; the one flat data config of older runs, which held every
+    source's settings, loses those its source does not have while they hold their defaults."""
+    saved = OmegaConf.load(path)
+    data = OmegaConf.to_container(saved.data)
+    saved.data = drop_flat_leftovers(data, data_spec(data.get("source")))
+    return saved
+
+
 def register_schemas() -> None:
-    """Make the dataclasses Hydra schemas: ``lmzoo_schema`` (root) and ``schema/attn/<mixer>``."""
+    """Make the dataclasses Hydra schemas: ``lmzoo_schema`` (root), ``schema/attn/<mixer>`` and
+    ``schema/data/<source>``."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     store.store(name="lmzoo_schema", node=Config)
-    for name in registry.names():
-        store.store(group="schema/attn", name=name, node=registry.lookup(name))
+    for group, specs in (("attn", registry.MIXERS), ("data", registry.SOURCES)):
+        for name in specs.names():
+            store.store(group=f"schema/{group}", name=name, node=specs.lookup(name))

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from lmzoo.checkpoint import Checkpointer
 from lmzoo.cli import fail
-from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, explain, to_dataclass, validate
+from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, explain, load_run_config, to_dataclass, validate
 from lmzoo.data import build_data
 from lmzoo.metrics.probes import attention_stats
 from lmzoo.model import LM
@@ -62,7 +62,7 @@ def parse_args(argv: list[str]) -> tuple[Path, EvalConfig, list[str]]:
 
 
 def run_config(run_dir: Path, overrides: list[str]) -> Config:
-    saved = OmegaConf.load(run_dir / "config.yaml")
+    saved = load_run_config(run_dir / "config.yaml")
     try:
         merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
     except oc_errors.OmegaConfBaseException as e:

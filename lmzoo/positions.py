@@ -22,13 +22,45 @@ and NoPE leave vectors unchanged), so mixers that only rotate still work.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
+from lmzoo.schema import ConfigError, one_of, positive
+
 ROTARY = ("rope", "pi", "ntk", "yarn", "rerope", "leaky_rerope")
 KINDS = ROTARY + ("alibi", "none")
+
+
+@dataclass
+class PosConfig:
+    """The ``pos`` config (``configs/pos/<kind>.yaml``); any of it can be overridden when evaluating a checkpoint."""
+
+    kind: str = "rope"  # one of KINDS
+    base: float = 10000.0  # RoPE base
+    factor: float = 1.0  # pi / ntk / yarn: context extension factor s (1: plain RoPE)
+    original_len: Optional[int] = None  # yarn: the trained length its ramp refers to; None: data.seq_len
+    window: Optional[int] = None  # rerope / leaky_rerope: relative distances kept exact; None: data.seq_len
+    leak: float = 16.0  # leaky_rerope: beyond the window, distances grow this many times slower
+    yarn_alpha: float = 1.0  # yarn: frequencies turning fewer times than this over original_len are interpolated
+    yarn_beta: float = 32.0  # yarn: ... more times than this are kept
+
+    def check(self) -> None:
+        one_of("pos.kind", self.kind, KINDS)
+        positive("pos.base", self.base)
+        if self.factor < 1:
+            raise ConfigError(f"pos.factor={self.factor} must be at least 1 (1: no extension)")
+        for key in ("original_len", "window"):
+            if getattr(self, key) is not None:
+                positive(f"pos.{key}", getattr(self, key))
+        if self.leak <= 1:
+            raise ConfigError(f"pos.leak={self.leak} must be greater than 1")
+        if not 0 <= self.yarn_alpha < self.yarn_beta:
+            raise ConfigError(
+                f"pos.yarn_alpha={self.yarn_alpha} and pos.yarn_beta={self.yarn_beta} need 0 <= alpha < beta"
+            )
 
 
 class Positions:

@@ -1,9 +1,10 @@
-"""Name -> spec lookup, so configs and checkpoints select variants without naming code.
+"""Name -> spec lookup, so configs and checkpoints select variants and data without naming code.
 
 A mixer module registers its spec (a ``lmzoo.schema.MixerConfig`` subclass that knows how to
 ``build`` its module) with ``@register("name")``; the spec is also the schema its
-``configs/attn/*.yaml`` files are validated against. Nothing outside a mixer module ever names a
-variant.
+``configs/attn/*.yaml`` files are validated against. Data sources and synthetic tasks do the same
+with ``@SOURCES.register("name")`` on a ``lmzoo.schema.DataConfig`` subclass, validated against
+``configs/data/<name>.yaml``. Nothing outside a mixer or data module ever names a variant or a source.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from typing import Callable
+
+from lmzoo.schema import ConfigError
 
 
 class Registry:
@@ -44,6 +47,13 @@ class Registry:
             raise KeyError(f"unknown {self.kind} {name!r} (registered: {', '.join(self.names())})")
         return self._specs[name]
 
+    def choose(self, key: str, name: str) -> type:
+        """The spec the setting ``key=name`` selects; a one-line ConfigError lists the registered names."""
+        if name not in self.names():
+            raise ConfigError(f"{key}={name!r} is not a registered {self.kind} (registered: {', '.join(self.names())})")
+        return self._specs[name]
+
 
 MIXERS = Registry("mixer", "lmzoo.mixers")
+SOURCES = Registry("data source", "lmzoo.data")
 register, names, lookup = MIXERS.register, MIXERS.names, MIXERS.lookup

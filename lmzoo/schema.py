@@ -1,9 +1,10 @@
-"""The vocabulary of configuration: one-line errors, value checks, and the base of every spec.
+"""The vocabulary of configuration: one-line errors, value checks, and the bases of every spec.
 
 A leaf module: it imports nothing of lmzoo, so mixers, data sources and ``lmzoo.config`` can all
 build on it without import cycles. A *spec* is a config dataclass that is also the recipe for what
 it configures: ``MixerConfig`` is validated against a ``configs/attn/*.yaml`` file, checks itself
-against the model (``check``), builds its mixer (``build``) and reports its cost (``flops_per_token``).
+against the model (``check``), builds its mixer (``build``) and reports its cost (``flops_per_token``);
+``DataConfig`` is validated against a ``configs/data/*.yaml`` file, checks itself and builds its data.
 """
 
 from __future__ import annotations
@@ -89,3 +90,23 @@ class MixerConfig:
         """Training FLOPs per token (forward and backward) of this layer's sequence mixing that the
         ``6 * parameters`` rule does not count: the token-token interactions (0 where there are none)."""
         return 0.0
+
+
+@dataclass
+class DataConfig:
+    """The spec of a data source or synthetic task: fields every ``configs/data/*.yaml`` has, and what a spec does.
+
+    A data module subclasses this with its own settings (and ``source`` defaulting to its name), registers
+    the subclass with ``@lmzoo.registry.SOURCES.register("<name>")`` and implements ``build``.
+    """
+
+    source: str = MISSING  # registry key of the spec that builds the data (its YAML file name)
+    seq_len: int = 256  # tokens per training sequence
+
+    def check(self) -> None:
+        """Raise ConfigError for settings that cannot work."""
+        positive("data.seq_len", self.seq_len)
+
+    def build(self, *, seed: int, shard_index: int, shard_count: int):
+        """The data: a tokenizer, training batches and fixed validation batches (see ``lmzoo.data.Data``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define build()")

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from lmzoo.checkpoint import Checkpointer
 from lmzoo.cli import check_argv, fail
-from lmzoo.config import CONFIG_DIR, Config, ConfigError, register_schemas, validate
+from lmzoo.config import CONFIG_DIR, Config, ConfigError, load_run_config, register_schemas, validate
 from lmzoo.data import build_data
 from lmzoo.logger import MetricsLogger, read_metrics
 from lmzoo.metrics.probes import attention_stats, summary as probe_summary
@@ -148,7 +148,7 @@ def prepare_run_dir(cfg: Config) -> Path:
     current = OmegaConf.structured(cfg)
     saved_path = run_dir / "config.yaml"
     if saved_path.exists() and (run_dir / "checkpoints").exists():
-        saved = OmegaConf.load(saved_path)
+        saved = load_run_config(saved_path)
         for key in IDENTITY_SECTIONS:
             if OmegaConf.select(saved, key) != OmegaConf.select(current, key):
                 raise ConfigError(

@@ -42,6 +42,11 @@ def error_of(capsys, *argv: str) -> str:
         (["+attn=softmax", "data=text_files", "data.paths=/no/such/dir/*.txt"], ["data.paths", "/no/such/dir/*.txt"]),
         (["+attn=softmax", "data.tokenizer=/no/such/tokenizer.json"], ["data.tokenizer", "no such file"]),
         (["+attn=softmax", "data=text_files"], ["data.paths must be set"]),
+        (["+attn=softmax", "data=parquet"], ["data='parquet'", "stdlib", "mqar"]),
+        (["+attn=softmax", "data.source=parquet"], ["data.source='parquet'", "registered: hf, induction, mqar"]),
+        (["+attn=softmax", "data.num_pairs=4"], ["unknown key 'data.num_pairs'", "tokenizer, val_fraction"]),
+        (["+attn=softmax", "data=mqar", "data.paths=a.txt"], ["unknown key 'data.paths'", "num_pairs, num_queries"]),
+        (["+attn=softmax", "data=mqar", "data.num_pairs=0"], ["data.num_pairs=0 must be positive"]),
     ],
 )
 def test_bad_input_is_one_line(capsys, argv, expected):
@@ -97,3 +102,87 @@ def test_configs_cannot_name_code_to_run():
 
     for path in pathlib.Path(CONFIG_DIR).rglob("*.yaml"):
         assert "_target_" not in path.read_text(), path
+
+
+def test_each_registered_source_has_a_config_file_naming_it():
+    from lmzoo.config import CONFIG_DIR
+    from omegaconf import OmegaConf
+    import pathlib
+
+    files = sorted(pathlib.Path(CONFIG_DIR, "data").glob("*.yaml"))
+    assert [f.stem for f in files] == registry.SOURCES.names()
+    for path in files:
+        assert OmegaConf.load(path).source == path.stem
+
+
+@pytest.mark.parametrize("overrides", [["data=mqar", "data.num_pairs=4"], ["data=induction"], ["data=selective_copy"]])
+def test_data_overrides_reach_the_source_spec(overrides):
+    cfg = tiny_config("softmax", *overrides)
+    assert isinstance(cfg.data, registry.SOURCES.lookup(overrides[0].split("=")[1]))
+    assert cfg.data.seq_len == 32  # the tiny override applies to every source
+    if "data.num_pairs=4" in overrides:
+        assert cfg.data.num_pairs == 4
+
+
+def test_text_and_hf_sources_from_the_command_line(tmp_path):
+    (tmp_path / "a.txt").write_text("a\n")
+    cfg = tiny_config("softmax", "data=text_files", f"data.paths={tmp_path}/*.txt")
+    assert type(cfg.data).__name__ == "TextFilesConfig" and cfg.data.paths == f"{tmp_path}/*.txt"
+    cfg = tiny_config("softmax", "data=hf", "data.hf_name=json", f"data.hf_data_files={tmp_path}/a.txt")
+    assert (type(cfg.data).__name__, cfg.data.hf_name, cfg.data.tokenizer) == ("HFConfig", "json", "byte")
+
+
+def test_schema_imports_nothing_of_lmzoo():
+    import ast
+    import pathlib
+
+    import lmzoo.schema
+
+    tree = ast.parse(pathlib.Path(lmzoo.schema.__file__).read_text())
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    imported += [n.module or "." for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert imported and not [m for m in imported if m == "." or m.split(".")[0] == "lmzoo"], imported
+
+
+# The data section of a run directory written when one flat data config held every source's settings.
+FLAT_STDLIB = {
+    "source": "stdlib", "seq_len": 32, "tokenizer": "byte", "val_fraction": 0.05, "paths": None, "text_field": "text",
+    "hf_name": None, "hf_config": None, "hf_data_files": None, "hf_train_split": "train", "hf_val_split": None,
+    "task_vocab": 64, "num_pairs": 8, "num_queries": None, "num_marked": 8,
+}
+
+
+def old_run_dir(tmp_path, cfg, **data):
+    """A run directory as the flat-data-config version saved it for ``cfg``."""
+    from omegaconf import OmegaConf
+
+    saved = OmegaConf.structured(cfg)
+    saved.data = {**FLAT_STDLIB, **data}
+    (tmp_path / "checkpoints").mkdir(parents=True)
+    OmegaConf.save(saved, tmp_path / "config.yaml")
+    return tmp_path
+
+
+def test_an_old_flat_data_config_still_resumes_and_evaluates(tmp_path):
+    from lmzoo.eval import run_config
+    from lmzoo.train import prepare_run_dir
+
+    cfg = tiny_config("softmax", run_dir=tmp_path)
+    old_run_dir(tmp_path, cfg)
+    assert run_config(tmp_path, []) == cfg
+    prepare_run_dir(cfg)  # the identity check passes: same data
+
+
+def test_an_old_flat_data_config_keeps_its_meaning(tmp_path):
+    from lmzoo.config import ConfigError
+    from lmzoo.eval import run_config
+    from lmzoo.train import prepare_run_dir
+
+    mqar = tiny_config("softmax", "data=mqar", "data.num_pairs=4", run_dir=tmp_path)
+    old_run_dir(tmp_path, mqar, source="mqar", num_pairs=4)
+    assert run_config(tmp_path, []).data == mqar.data
+    with pytest.raises(ConfigError, match="different 'data' config"):
+        prepare_run_dir(tiny_config("softmax", "data=mqar", "data.num_pairs=5", run_dir=tmp_path))
+    old_run_dir(tmp_path / "odd", mqar, source="mqar", num_marked=3)  # a setting mqar never read, off its default
+    with pytest.raises(ConfigError, match="^unknown key 'data.num_marked'"):
+        run_config(tmp_path / "odd", [])

@@ -6,12 +6,14 @@ standard library; nothing is downloaded.
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
-from lmzoo.data import DataConfig, build_data, build_tokenizer
+from lmzoo.data import build_data, build_tokenizer
 from lmzoo.data import pipeline, sources
+from lmzoo.data.sources import HFConfig, TextFilesConfig
 from lmzoo.data.tokenizers import ByteTokenizer, HFTokenizer
 
 # --- helpers ------------------------------------------------------------------
@@ -33,7 +35,7 @@ def numbered_files(folder, count):
 
 
 def text_config(paths, **overrides):
-    return DataConfig(source="text_files", paths=paths, **overrides)
+    return TextFilesConfig(paths=paths, **overrides)
 
 
 def arange_stream(n_tokens):
@@ -164,8 +166,8 @@ def offline_hf(tmp_path, monkeypatch):
 def test_hf_source_on_local_jsonl_splits_rows_by_hash(tmp_path, offline_hf):
     texts = [f"row {i}" for i in range(30)]
     path = write_jsonl(tmp_path / "rows.jsonl", texts)
-    cfg = DataConfig(source="hf", hf_name="json", hf_data_files=str(path), val_fraction=0.3)
-    docs = sources.load_documents(cfg)
+    cfg = HFConfig(hf_name="json", hf_data_files=str(path), val_fraction=0.3)
+    docs = cfg.documents()
     expected_val = [t.encode() for i, t in enumerate(texts) if sources.stable_fraction(f"row:{i}") < 0.3]
     assert 0 < len(expected_val) < 30
     assert docs.validation == expected_val
@@ -176,13 +178,12 @@ def test_hf_source_on_local_jsonl_splits_rows_by_hash(tmp_path, offline_hf):
 def test_hf_source_with_named_validation_split(tmp_path, offline_hf):
     train = write_jsonl(tmp_path / "train.jsonl", ["t0", "t1", "t2"])
     val = write_jsonl(tmp_path / "val.jsonl", ["v0"])
-    cfg = DataConfig(
-        source="hf",
+    cfg = HFConfig(
         hf_name="json",
         hf_data_files={"train": str(train), "validation": str(val)},
         hf_val_split="validation",
     )
-    docs = sources.load_documents(cfg)
+    docs = cfg.documents()
     assert docs.train == [b"t0", b"t1", b"t2"] and docs.validation == [b"v0"]
 
 
@@ -199,9 +200,30 @@ def test_missing_paths_raise_file_not_found(tmp_path):
         build_tokenizer(missing)
 
 
-def test_unknown_source_lists_valid_ones():
-    with pytest.raises(ValueError, match="stdlib, text_files, hf"):
-        build_data(DataConfig(source="parquet"), seed=0)
+def test_unknown_source_lists_the_registered_ones():
+    from lmzoo.config import ConfigError, data_spec
+
+    registered = "hf, induction, mqar, selective_copy, stdlib, text_files"
+    message = f"data.source='parquet' is not a registered data source (registered: {registered})"
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        data_spec("parquet")
+
+
+def test_each_source_checks_its_own_settings(tmp_path):
+    from lmzoo.config import ConfigError
+
+    write(tmp_path / "a.txt", "text\n")
+    TextFilesConfig(paths=str(tmp_path / "*.txt")).check()
+    for cfg, message in [
+        (TextFilesConfig(), "data.paths must be set"),
+        (TextFilesConfig(paths=str(tmp_path / "*.md")), "data.paths: no file matches"),
+        (TextFilesConfig(paths=str(tmp_path / "*.txt"), val_fraction=1.0), "data.val_fraction=1.0 must lie strictly"),
+        (HFConfig(), "data.hf_name must be set"),
+        (HFConfig(hf_name="json", hf_data_files=str(tmp_path / "*.jsonl")), "data.hf_data_files: no file matches"),
+        (HFConfig(hf_name="json", tokenizer=str(tmp_path / "no.json")), "data.tokenizer="),
+    ]:
+        with pytest.raises(ConfigError, match=f"^{message}"):
+            cfg.check()
 
 
 # --- tokenizers ---------------------------------------------------------------
@@ -385,9 +407,13 @@ def test_data_object_end_to_end(tmp_path):
     np.testing.assert_array_equal(full[0]["inputs"][0], data.val_tokens[16:32])
 
 
-def test_data_config_is_an_omegaconf_structured_config():
+def test_source_specs_are_omegaconf_structured_configs():
     omegaconf = pytest.importorskip("omegaconf")
-    cfg = omegaconf.OmegaConf.structured(DataConfig)
-    cfg.paths = ["a/*.txt", "b/**/*.jsonl"]
-    cfg.hf_data_files = "x.jsonl"
-    assert cfg.source == "stdlib" and list(cfg.paths) == ["a/*.txt", "b/**/*.jsonl"]
+    text_files, hf = omegaconf.OmegaConf.structured(TextFilesConfig), omegaconf.OmegaConf.structured(HFConfig)
+    text_files.paths = ["a/*.txt", "b/**/*.jsonl"]
+    hf.hf_data_files = "x.jsonl"
+    hf.hf_data_files = {"train": "x.jsonl", "validation": ["y.jsonl"]}
+    assert text_files.source == "text_files" and list(text_files.paths) == ["a/*.txt", "b/**/*.jsonl"]
+    assert hf.source == "hf" and list(hf.hf_data_files) == ["train", "validation"]
+    with pytest.raises(omegaconf.errors.ConfigAttributeError):
+        text_files.hf_name = "json"  # each source has only its own settings

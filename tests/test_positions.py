@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lmzoo.config import ConfigError, PosConfig
 from lmzoo.model import LM
-from lmzoo.positions import KINDS, Positions, alibi_slopes, default_positions
+from lmzoo.positions import KINDS, PosConfig, Positions, alibi_slopes, default_positions
+from lmzoo.schema import ConfigError
 
 from conftest import run_lmzoo, tiny_config
 
@@ -30,10 +30,18 @@ def rope_scores(q, k, q_pos, k_pos):
     return Positions("rope").scores(q, k, q_pos, k_pos)
 
 
-def test_every_kind_is_a_config_choice():
-    from lmzoo.config import POSITIONS
+def test_every_kind_has_a_config_file_naming_it():
+    import pathlib
 
-    assert set(POSITIONS) == set(KINDS)
+    from lmzoo.config import CONFIG_DIR
+    from omegaconf import OmegaConf
+
+    files = sorted(pathlib.Path(CONFIG_DIR, "pos").glob("*.yaml"))
+    assert sorted(f.stem for f in files) == sorted(KINDS)
+    for path in files:
+        cfg = PosConfig(**OmegaConf.to_container(OmegaConf.load(path)))
+        assert cfg.kind == path.stem
+        cfg.check()
 
 
 @pytest.mark.parametrize("kind", ["pi", "ntk", "yarn"])

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmzoo.data import DataConfig, build_data
+from lmzoo import registry
+from lmzoo.data import build_data
 
 from conftest import tiny_config
 
 
 def task_data(source, seed=0, **kw):
-    return build_data(DataConfig(source=source, **kw), seed=seed)
+    return build_data(registry.SOURCES.lookup(source)(**kw), seed=seed)
 
 
 def test_mqar_answers_are_the_values_of_the_queried_keys():
@@ -64,10 +65,10 @@ def test_selective_copy_answers_are_the_marked_symbols_in_order():
 
 def test_mqar_can_ask_more_pairs_at_longer_lengths():
     data = task_data("mqar", seq_len=32, num_pairs=4)
-    long = build_data(DataConfig(source="mqar", seq_len=32, num_pairs=16), seed=0).val_batches(2, 1, seq_len=96)[0]
+    long = task_data("mqar", seq_len=32, num_pairs=16).val_batches(2, 1, seq_len=96)[0]
     assert long["inputs"].shape == (2, 96) and long["weights"].sum() == 2 * 16
     with pytest.raises(ValueError, match="num_pairs=16"):
-        build_data(DataConfig(source="mqar", seq_len=32, num_pairs=16), seed=0).train_iterator(2)
+        task_data("mqar", seq_len=32, num_pairs=16).train_iterator(2)
     assert data.tokenizer.vocab_size == 64 + 3
 
 
@@ -78,3 +79,23 @@ def test_training_on_mqar_reports_accuracy(tmp_path):
                       "train.eval_every=4", run_dir=tmp_path)
     summary = train(cfg)
     assert 0.0 <= summary["val_accuracy"] <= 1.0 and np.isfinite(summary["val_loss"])
+
+
+def test_task_settings_are_checked_by_their_task():
+    from lmzoo.config import ConfigError
+
+    for source, kwargs, message in [
+        ("mqar", {"num_pairs": 0}, "data.num_pairs=0 must be positive"),
+        ("mqar", {"num_queries": -1}, "data.num_queries=-1 must be positive"),
+        ("selective_copy", {"num_marked": 0}, "data.num_marked=0 must be positive"),
+        ("induction", {"task_vocab": 0}, "data.task_vocab=0 must be positive"),
+        ("induction", {"seq_len": 0}, "data.seq_len=0 must be positive"),
+    ]:
+        with pytest.raises(ConfigError, match=f"^{message}$"):
+            registry.SOURCES.lookup(source)(**kwargs).check()
+
+
+def test_task_fingerprint_names_the_task_settings_and_seed():
+    data = task_data("mqar", seed=3, seq_len=32, num_pairs=4)
+    assert data.fingerprint == {"source": "mqar", "seq_len": 32, "task_vocab": 64, "num_pairs": 4, "num_queries": None,
+                                "seed": 3, "vocab_size": 67}

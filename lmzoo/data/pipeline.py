@@ -16,10 +16,16 @@ processes in order.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import grain
 import numpy as np
+
+from lmzoo.data.tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    from lmzoo.data.sources import Documents
 
 Batch = dict[str, np.ndarray]
 
@@ -153,3 +159,68 @@ def validation_batches(
     )
     count = len(dataset) if n_batches is None else min(n_batches, len(dataset))
     return [dataset[index] for index in range(count)]
+
+
+# eq=False: comparing or hashing the token arrays is never wanted.
+@dataclass(frozen=True, eq=False)
+class Data:
+    """Tokenised splits plus this process's place in the data-parallel group."""
+
+    tokenizer: Tokenizer
+    train_tokens: np.ndarray
+    val_tokens: np.ndarray
+    seq_len: int
+    seed: int
+    shard_index: int
+    shard_count: int
+    # Total UTF-8 bytes of the validation documents / validation tokens
+    # (EOS included): multiply nats/token by 1 / (ln 2 * bytes_per_token)
+    # to get bits per byte, which is comparable across tokenizers.
+    bytes_per_token: float
+    fingerprint: dict[str, Any]
+
+    @classmethod
+    def from_documents(
+        cls, documents: "Documents", tokenizer: Tokenizer, *, seq_len: int, seed: int, shard_index: int,
+        shard_count: int,
+    ) -> "Data":
+        """Tokenise both splits of ``documents``; the fingerprint adds the tokenizer and token counts to theirs."""
+        train_tokens = token_stream(documents.train, tokenizer)
+        val_tokens = token_stream(documents.validation, tokenizer)
+        val_bytes = sum(len(document) for document in documents.validation)
+        fingerprint = dict(
+            documents.fingerprint,
+            tokenizer=tokenizer.name,
+            vocab_size=tokenizer.vocab_size,
+            train_tokens=int(train_tokens.size),
+            val_tokens=int(val_tokens.size),
+        )
+        return cls(
+            tokenizer=tokenizer,
+            train_tokens=train_tokens,
+            val_tokens=val_tokens,
+            seq_len=seq_len,
+            seed=seed,
+            shard_index=shard_index,
+            shard_count=shard_count,
+            bytes_per_token=val_bytes / val_tokens.size,
+            fingerprint=fingerprint,
+        )
+
+    def train_iterator(self, batch_size: int) -> grain.DatasetIterator:
+        """Endless shuffled batches ``{"inputs", "targets"}: int32[batch_size // shard_count, seq_len]``."""
+        return train_iterator(
+            self.train_tokens, self.seq_len, batch_size, self.seed, self.shard_index, self.shard_count
+        )
+
+    def val_batches(
+        self, batch_size: int, n_batches: Optional[int] = None, seq_len: Optional[int] = None
+    ) -> list[Batch]:
+        """The same first ``n_batches`` (None: all) validation batches on every call.
+
+        ``seq_len`` defaults to the training one; a longer one evaluates
+        longer contexts.
+        """
+        return validation_batches(
+            self.val_tokens, seq_len or self.seq_len, batch_size, n_batches, self.shard_index, self.shard_count
+        )

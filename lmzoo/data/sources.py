@@ -1,8 +1,9 @@
 """Document sources: where the text comes from and how it is split.
 
-Every source returns ``Documents``: train and validation lists of UTF-8
-``bytes`` documents plus a JSON-serialisable fingerprint that identifies the
-exact content, so a run can record (and later check) what it trained on.
+Every source registers its spec (``data=<name>`` picks it), whose ``documents()`` returns
+``Documents``: train and validation lists of UTF-8 ``bytes`` documents plus a
+JSON-serialisable fingerprint that identifies the exact content, so a run can
+record (and later check) what it trained on.
 
 Sources:
 
@@ -40,6 +41,11 @@ import platform
 import sysconfig
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+from lmzoo.data.pipeline import Data
+from lmzoo.data.tokenizers import build_tokenizer
+from lmzoo.registry import SOURCES
+from lmzoo.schema import ConfigError, DataConfig
 
 # Folders skipped in the stdlib corpus: third-party packages, and the test
 # suites, which are large, repetitive and would dominate the corpus.
@@ -319,34 +325,97 @@ def hf_documents(
     return Documents(train=train_rows, validation=validation, fingerprint=fingerprint)
 
 
-# --- dispatch ---------------------------------------------------------------
+# --- specs ----------------------------------------------------------------
 
 
-def _from_stdlib(cfg: Any) -> Documents:
-    return stdlib_documents(cfg.val_fraction)
+@dataclass
+class CorpusConfig(DataConfig):
+    """Settings every text corpus has; a corpus source adds where its documents come from."""
+
+    tokenizer: str = "byte"  # "byte" or a path to a tokenizer.json
+    val_fraction: float = 0.05
+
+    def check(self) -> None:
+        super().check()
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"data.val_fraction={self.val_fraction} must lie strictly between 0 and 1")
+        if self.tokenizer != "byte" and not os.path.isfile(self.tokenizer):
+            raise ConfigError(f"data.tokenizer={self.tokenizer!r}: no such file (use 'byte' or a tokenizer.json path)")
+
+    def documents(self) -> Documents:
+        raise NotImplementedError(f"{type(self).__name__} does not define documents()")
+
+    def build(self, *, seed: int, shard_index: int, shard_count: int) -> Data:
+        documents = self.documents()
+        tokenizer = build_tokenizer(self.tokenizer)
+        return Data.from_documents(
+            documents, tokenizer, seq_len=self.seq_len, seed=seed, shard_index=shard_index, shard_count=shard_count
+        )
 
 
-def _from_text_files(cfg: Any) -> Documents:
-    return text_file_documents(cfg.paths, cfg.text_field, cfg.val_fraction)
+@SOURCES.register("stdlib")
+@dataclass
+class StdlibConfig(CorpusConfig):
+    source: str = "stdlib"
+
+    def documents(self) -> Documents:
+        return stdlib_documents(self.val_fraction)
 
 
-def _from_hf(cfg: Any) -> Documents:
-    return hf_documents(
-        cfg.hf_name,
-        cfg.hf_config,
-        cfg.hf_data_files,
-        cfg.hf_train_split,
-        cfg.hf_val_split,
-        cfg.text_field,
-        cfg.val_fraction,
-    )
+@SOURCES.register("text_files")
+@dataclass
+class TextFilesConfig(CorpusConfig):
+    source: str = "text_files"
+    # Any (not str | list) so OmegaConf accepts both: a glob or a list of globs ("**" allowed)
+    paths: Any = None
+    text_field: str = "text"  # the text field of .jsonl lines
+
+    def check(self) -> None:
+        super().check()
+        _check_globs("data.paths", self.paths, required=True)
+
+    def documents(self) -> Documents:
+        return text_file_documents(self.paths, self.text_field, self.val_fraction)
 
 
-SOURCES = {"stdlib": _from_stdlib, "text_files": _from_text_files, "hf": _from_hf}
+@SOURCES.register("hf")
+@dataclass
+class HFConfig(CorpusConfig):
+    source: str = "hf"
+    hf_name: Optional[str] = None  # a hub dataset, or a builder such as "json"
+    hf_config: Optional[str] = None
+    hf_data_files: Any = None  # a file, a list, or {split: files}
+    hf_train_split: str = "train"
+    hf_val_split: Optional[str] = None  # None: hash-split the train split
+    text_field: str = "text"  # the text field of dataset rows
+
+    def check(self) -> None:
+        super().check()
+        if not self.hf_name:
+            raise ConfigError(
+                "data.hf_name must be set for data.source=hf (a hub name, or 'json'/'text' with data.hf_data_files)"
+            )
+        _check_globs("data.hf_data_files", self.hf_data_files, required=False)
+
+    def documents(self) -> Documents:
+        return hf_documents(
+            self.hf_name,
+            self.hf_config,
+            self.hf_data_files,
+            self.hf_train_split,
+            self.hf_val_split,
+            self.text_field,
+            self.val_fraction,
+        )
 
 
-def load_documents(cfg: Any) -> Documents:
-    """Documents for ``cfg.source``, reading the other fields that source uses."""
-    if cfg.source not in SOURCES:
-        raise ValueError(f"unknown data.source {cfg.source!r}; valid sources: {', '.join(SOURCES)}")
-    return SOURCES[cfg.source](cfg)
+def _check_globs(key: str, patterns: Any, *, required: bool) -> None:
+    if patterns is None:
+        if required:
+            raise ConfigError(f"{key} must be set (a glob or a list of globs)")
+        return
+    for pattern in [patterns] if isinstance(patterns, str) else list(patterns):
+        if "://" in pattern:  # remote files are the data library's business
+            continue
+        if not glob.glob(os.path.expanduser(pattern), recursive=True):
+            raise ConfigError(f"{key}: no file matches {pattern!r}")

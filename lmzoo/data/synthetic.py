@@ -3,7 +3,8 @@
 Each example is a token sequence of ``seq_len + 1`` ids; ``inputs``/``targets`` are its two
 shifted views and ``weights`` marks the target positions that are scored (the answers), so loss
 and accuracy count only what the task asks. Example ``i`` of a split is a pure function of
-``(seed, split, i)``: batches are reproducible and resumable by index alone.
+``(seed, split, i)``: batches are reproducible and resumable by index alone. Each task registers
+its spec (``data=<name>`` picks it), which draws one example (``example``):
 
 - ``mqar`` (multi-query associative recall): ``num_pairs`` key-value pairs, then ``num_queries``
   keys drawn from them, each followed by its value (scored). Keys and values use disjoint halves
@@ -16,13 +17,16 @@ and accuracy count only what the task asks. Example ``i`` of a split is a pure f
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import grain
 import numpy as np
 
-TASKS = ("mqar", "induction", "selective_copy")
+from lmzoo.registry import SOURCES
+from lmzoo.schema import DataConfig, positive
+
 TRAIN, VALIDATION = 0, 1
 
 
@@ -58,54 +62,100 @@ class TaskTokenizer:
         return self.task_vocab + 3
 
 
-def mqar(rng: np.random.Generator, length: int, cfg, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
-    half = cfg.task_vocab // 2
-    n_pairs = cfg.num_pairs
-    n_queries = cfg.num_queries or n_pairs
-    need = 2 * (n_pairs + n_queries)
-    if need > length:
-        raise ValueError(f"mqar needs {need} tokens for data.num_pairs={n_pairs} and {n_queries} queries; data.seq_len + 1 = {length}")
-    keys = rng.choice(half, size=n_pairs, replace=False)
-    values = rng.integers(half, 2 * half, size=n_pairs)
-    asked = rng.choice(n_pairs, size=n_queries, replace=n_queries > n_pairs)
-    body = np.concatenate([np.stack([keys, values], 1).ravel(), np.stack([keys[asked], values[asked]], 1).ravel()])
-    seq = np.concatenate([np.full(length - need, tok.pad_id), body])
-    scored = np.zeros(length, bool)
-    scored[length - 2 * n_queries + 1 :: 2] = True  # the values that answer the queries
-    return seq, scored
+@dataclass
+class TaskConfig(DataConfig):
+    """Settings every synthetic task has; a task adds its own and how one example is drawn."""
+
+    task_vocab: int = 64  # task symbols (mqar: half keys, half values)
+
+    def check(self) -> None:
+        super().check()
+        positive("data.task_vocab", self.task_vocab)
+
+    def example(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
+        """One sequence of ``length`` token ids and the mask of its scored positions."""
+        raise NotImplementedError(f"{type(self).__name__} does not define example()")
+
+    def build(self, *, seed: int, shard_index: int, shard_count: int) -> "TaskData":
+        return TaskData(self, seed, shard_index, shard_count)
 
 
-def induction(rng: np.random.Generator, length: int, cfg, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
-    half = length // 2
-    prefix = rng.integers(0, cfg.task_vocab, size=half)
-    seq = np.concatenate([np.full(length - 2 * half, tok.pad_id), prefix, prefix])
-    scored = np.zeros(length, bool)
-    scored[length - half + 1 :] = True  # each repeated token after the first is predictable
-    return seq, scored
+@SOURCES.register("mqar")
+@dataclass
+class MqarConfig(TaskConfig):
+    source: str = "mqar"
+    num_pairs: int = 8  # key-value pairs in the context
+    num_queries: Optional[int] = None  # keys asked; None = num_pairs
+
+    def check(self) -> None:
+        super().check()
+        positive("data.num_pairs", self.num_pairs)
+        if self.num_queries is not None:
+            positive("data.num_queries", self.num_queries)
+
+    def example(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
+        half = self.task_vocab // 2
+        n_pairs = self.num_pairs
+        n_queries = self.num_queries or n_pairs
+        need = 2 * (n_pairs + n_queries)
+        if need > length:
+            raise ValueError(
+                f"mqar needs {need} tokens for data.num_pairs={n_pairs} and {n_queries} queries; "
+                f"data.seq_len + 1 = {length}"
+            )
+        keys = rng.choice(half, size=n_pairs, replace=False)
+        values = rng.integers(half, 2 * half, size=n_pairs)
+        asked = rng.choice(n_pairs, size=n_queries, replace=n_queries > n_pairs)
+        body = np.concatenate([np.stack([keys, values], 1).ravel(), np.stack([keys[asked], values[asked]], 1).ravel()])
+        seq = np.concatenate([np.full(length - need, tok.pad_id), body])
+        scored = np.zeros(length, bool)
+        scored[length - 2 * n_queries + 1 :: 2] = True  # the values that answer the queries
+        return seq, scored
 
 
-def selective_copy(rng: np.random.Generator, length: int, cfg, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
-    n = cfg.num_marked
-    context = length - n - 1
-    if context < n:
-        raise ValueError(f"selective_copy needs data.seq_len + 1 >= {2 * n + 1} for data.num_marked={n}")
-    symbols = rng.integers(0, cfg.task_vocab, size=n)
-    noise = np.full(context, tok.noise_id)
-    noise[np.sort(rng.choice(context, size=n, replace=False))] = symbols
-    seq = np.concatenate([noise, [tok.sep_id], symbols])
-    scored = np.zeros(length, bool)
-    scored[length - n :] = True
-    return seq, scored
+@SOURCES.register("induction")
+@dataclass
+class InductionConfig(TaskConfig):
+    source: str = "induction"
+
+    def example(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
+        half = length // 2
+        prefix = rng.integers(0, self.task_vocab, size=half)
+        seq = np.concatenate([np.full(length - 2 * half, tok.pad_id), prefix, prefix])
+        scored = np.zeros(length, bool)
+        scored[length - half + 1 :] = True  # each repeated token after the first is predictable
+        return seq, scored
 
 
-GENERATORS: dict[str, Callable] = {"mqar": mqar, "induction": induction, "selective_copy": selective_copy}
+@SOURCES.register("selective_copy")
+@dataclass
+class SelectiveCopyConfig(TaskConfig):
+    source: str = "selective_copy"
+    num_marked: int = 8  # symbols to copy
+
+    def check(self) -> None:
+        super().check()
+        positive("data.num_marked", self.num_marked)
+
+    def example(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
+        n = self.num_marked
+        context = length - n - 1
+        if context < n:
+            raise ValueError(f"selective_copy needs data.seq_len + 1 >= {2 * n + 1} for data.num_marked={n}")
+        symbols = rng.integers(0, self.task_vocab, size=n)
+        noise = np.full(context, tok.noise_id)
+        noise[np.sort(rng.choice(context, size=n, replace=False))] = symbols
+        seq = np.concatenate([noise, [tok.sep_id], symbols])
+        scored = np.zeros(length, bool)
+        scored[length - n :] = True
+        return seq, scored
 
 
 @dataclass(frozen=True)
 class TaskExamples:
     """Example ``index`` of one split as a dict of int32 inputs/targets and float32 weights."""
 
-    cfg: Any
+    cfg: TaskConfig
     seed: int
     split: int
     length: int  # tokens per window, i.e. seq_len + 1
@@ -113,7 +163,7 @@ class TaskExamples:
 
     def __call__(self, index: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, self.split, int(index)])
-        seq, scored = GENERATORS[self.cfg.source](rng, self.length, self.cfg, self.tokenizer)
+        seq, scored = self.cfg.example(rng, self.length, self.tokenizer)
         return {
             "inputs": seq[:-1].astype(np.int32),
             "targets": seq[1:].astype(np.int32),
@@ -125,7 +175,7 @@ class TaskExamples:
 class TaskData:
     """The ``Data`` interface for synthetic tasks (bits per byte reads as bits per token here)."""
 
-    cfg: Any
+    cfg: TaskConfig
     seed: int
     shard_index: int = 0
     shard_count: int = 1
@@ -137,9 +187,7 @@ class TaskData:
 
     @property
     def fingerprint(self) -> dict:
-        c = self.cfg
-        return {"source": c.source, "task_vocab": c.task_vocab, "num_pairs": c.num_pairs, "num_queries": c.num_queries,
-                "num_marked": c.num_marked, "seq_len": c.seq_len, "seed": self.seed, "vocab_size": self.tokenizer.vocab_size}
+        return {**dataclasses.asdict(self.cfg), "seed": self.seed, "vocab_size": self.tokenizer.vocab_size}
 
     def _batches(self, split: int, batch_size: int, seq_len: Optional[int]) -> grain.MapDataset:
         if batch_size % self.shard_count:
