@@ -87,6 +87,7 @@ def test_task_settings_are_checked_by_their_task():
     for source, kwargs, message in [
         ("mqar", {"num_pairs": 0}, "data.num_pairs=0 must be positive"),
         ("mqar", {"num_queries": -1}, "data.num_queries=-1 must be positive"),
+        ("mqar", {"task_vocab": 16, "num_pairs": 9}, "data.num_pairs=9 distinct keys need data.task_vocab >= 18"),
         ("selective_copy", {"num_marked": 0}, "data.num_marked=0 must be positive"),
         ("induction", {"task_vocab": 0}, "data.task_vocab=0 must be positive"),
         ("induction", {"seq_len": 0}, "data.seq_len=0 must be positive"),

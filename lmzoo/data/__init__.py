@@ -5,11 +5,16 @@ source or synthetic task (``lmzoo.registry.SOURCES``; ``data=<name>`` picks one)
 data. Text corpora (see ``sources``) are tokenised (see ``tokenizers``) into a ``Data`` whose
 methods hand out batches (see ``pipeline``); synthetic tasks (see ``synthetic``) generate theirs.
 Batch sizes passed to ``Data`` are global; each process gets its own rows of every batch.
+
+Every module in this package is imported here, so a module holding a new source or task registers
+it just by existing: adding one is its registered spec and its ``configs/data/<name>.yaml``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 
 from lmzoo.data.pipeline import Batch, Data
 from lmzoo.data.sources import CorpusConfig, Documents
@@ -33,6 +38,9 @@ __all__ = [
     "build_tokenizer",
     "drop_flat_leftovers",
 ]
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 # Run directories written before each source had its own spec saved one flat data config holding every
 # source's settings, these defaults included; a source ignores those it does not have.

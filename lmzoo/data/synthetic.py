@@ -25,7 +25,7 @@ import grain
 import numpy as np
 
 from lmzoo.registry import SOURCES
-from lmzoo.schema import DataConfig, positive
+from lmzoo.schema import ConfigError, DataConfig, positive
 
 TRAIN, VALIDATION = 0, 1
 
@@ -92,6 +92,8 @@ class MqarConfig(TaskConfig):
         positive("data.num_pairs", self.num_pairs)
         if self.num_queries is not None:
             positive("data.num_queries", self.num_queries)
+        if self.num_pairs > self.task_vocab // 2:  # keys are distinct symbols from the first half
+            raise ConfigError(f"data.num_pairs={self.num_pairs} distinct keys need data.task_vocab >= {2 * self.num_pairs}")
 
     def example(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
         half = self.task_vocab // 2
