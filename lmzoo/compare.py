@@ -70,16 +70,24 @@ class Run:
         return values[-1] if values else None
 
     def mean_throughput(self):
-        values = [r["tokens_per_s"] for r in self.metrics if "tokens_per_s" in r][1:]  # first window includes compilation
+        values = [r["tokens_per_s"] for r in self.metrics if "tokens_per_s" in r][1:]  # the first includes compilation
         return float(np.mean(values)) if values else None
 
     def at(self, length: int | None) -> dict:
         """Evaluation results at ``length`` ({} when not evaluated there)."""
         return (self.results or {}).get("lengths", {}).get(str(length), {})
 
+    @property
+    def at_train(self) -> dict:
+        return self.at(self.train_len)
+
+    @property
+    def has_blocks(self) -> bool:
+        return bool(self.results) and "block_sums" in self.results
+
     def ratio(self, length: int) -> float | None:
         """bpb at ``length`` over bpb at the training length (computed for results that predate ``ratio``)."""
-        here, train = self.at(length), self.at(self.train_len)
+        here, train = self.at(length), self.at_train
         if "ratio" in here:
             return here["ratio"]
         return here["bpb"] / train["bpb"] if here and train else None
@@ -185,14 +193,15 @@ def table(groups: list[Group]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for group in groups:
         first = group.runs[0]
-        row = [group.label, str(len(group.runs)), _fmt(first.info.get("params"), ","), _fmt(first.info.get("state_size"), ",")]
+        row = [group.label, str(len(group.runs))]
+        row += [_fmt(first.info.get("params"), ","), _fmt(first.info.get("state_size"), ",")]
         row.append(summary_cell(group, lambda r: r.last("val_bpb")))
-        row.append(summary_cell(group, lambda r: r.at(r.train_len).get("bpb"), lambda r: r.at(r.train_len).get("bpb_ci")))
+        row.append(summary_cell(group, lambda r: r.at_train.get("bpb"), lambda r: r.at_train.get("bpb_ci")))
         for n in lengths:
             row.append(summary_cell(group, lambda r, n=n: r.ratio(n), lambda r, n=n: r.at(n).get("ratio_ci")))
         row += [
-            summary_cell(group, lambda r: _mean(r.at(r.train_len).get("sparsity")) if r.results else r.last("val_sparsity")),
-            summary_cell(group, lambda r: _mean(r.at(r.train_len).get("entropy")) if r.results else r.last("val_entropy")),
+            summary_cell(group, lambda r: _mean(r.at_train.get("sparsity")) if r.results else r.last("val_sparsity")),
+            summary_cell(group, lambda r: _mean(r.at_train.get("entropy")) if r.results else r.last("val_entropy")),
             summary_cell(group, lambda r: r.last("val_accuracy")),
             summary_cell(group, lambda r: r.mean_throughput(), spec=",.0f"),
             ", ".join(str(r.path) for r in group.runs),
@@ -214,8 +223,8 @@ def find_baseline(groups: list[Group], name: str) -> Group:
 
 def seed_pairs(group: Group, baseline: Group) -> list[tuple[Run, Run]]:
     """Runs of ``group`` and ``baseline`` with the same seed, both evaluated with block sums."""
-    base_by_seed = {r.seed: r for r in baseline.runs if r.results and "block_sums" in r.results}
-    return [(r, base_by_seed[r.seed]) for r in group.runs if r.results and "block_sums" in r.results and r.seed in base_by_seed]
+    base_by_seed = {r.seed: r for r in baseline.runs if r.has_blocks}
+    return [(r, base_by_seed[r.seed]) for r in group.runs if r.has_blocks and r.seed in base_by_seed]
 
 
 def paired_blocks(pairs, lengths: list[int]) -> tuple[list, list] | None:
@@ -232,8 +241,7 @@ def paired_blocks(pairs, lengths: list[int]) -> tuple[list, list] | None:
 
 def bits_per_nat(run: Run) -> float:
     """The data's bits-per-byte factor per nat of loss, as the evaluation applied it."""
-    train = run.at(run.train_len)
-    return train["bpb"] / train["loss"]
+    return run.at_train["bpb"] / run.at_train["loss"]
 
 
 def difference_cell(interval: Interval | None) -> str:

@@ -55,4 +55,5 @@ def error_bars(ax, x, y, lo, hi, **style) -> None:
 def line_with_band(ax, x, y, lo, hi, **style) -> None:
     """A curve with its interval as a shaded band of the same colour."""
     (line,) = ax.plot(x, y, **style)
-    ax.fill_between(x, np.asarray(lo, dtype=float), np.asarray(hi, dtype=float), color=line.get_color(), alpha=0.2, linewidth=0)
+    lo, hi = (np.asarray(bound, dtype=float) for bound in (lo, hi))
+    ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)

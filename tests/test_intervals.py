@@ -9,6 +9,7 @@ from lmzoo.metrics.intervals import (
     block_starts,
     block_sums,
     bootstrap,
+    length_intervals,
     metric_interval,
     over_seeds,
     paired_difference_interval,
@@ -148,6 +149,18 @@ def test_blocks_are_contiguous_fixed_spans():
     assert block_sums(np.ones((10, 2)), 5).shape == (5, 2)
     with pytest.raises(ValueError, match="blocks"):
         block_starts(3, 4)
+
+
+def test_length_intervals_are_the_results_json_keys():
+    loss, count = fake_blocks(30)
+    train = {"loss": loss, "count": count}
+    at_train = length_intervals(train, train, bits_per_nat=2.0)
+    assert set(at_train) == {"tokens", "bpb_ci", "ratio", "ratio_ci"}
+    assert at_train["tokens"] == count.sum() and at_train["ratio"] == 1.0 and at_train["ratio_ci"] == [1.0, 1.0]
+    lo, hi = at_train["bpb_ci"]
+    assert lo < 2.0 * loss.sum() / count.sum() < hi
+    longer = length_intervals({"loss": loss * 1.1, "count": count, "correct": count / 2}, train, bits_per_nat=2.0)
+    assert longer["ratio"] == pytest.approx(1.1) and longer["accuracy_ci"] == pytest.approx([0.5, 0.5])
 
 
 def test_over_seeds_is_mean_and_sample_sd():

@@ -30,21 +30,22 @@ two separate intervals suggest, and the ratio of a run against itself is exactly
       "lengths": {
         "<L>": {
           "loss": float,                 # nats per scored token
-          "bpb": float,                  # bits per byte: loss * bits_per_nat_token (bpb / loss)
+          "bpb": float,                  # bits per byte: loss / (ln 2 * bytes per token)
           "ppl": float, "accuracy": float,
           "sparsity": [[...]], "entropy": [[...]],   # optional: per layer, per head
-          "tokens": int,                 # new: scored targets at L; equals eval_tokens at every L
-          "bpb_ci": [lo, hi],            # new: metric_interval(loss, count, scale=bpb/loss)
-          "ratio": float,                # new: bpb@L / bpb@train_seq_len (1.0 at the training length)
-          "ratio_ci": [lo, hi],          # new: paired_ratio_interval(loss@L, count, loss@L0, count)
-          "accuracy_ci": [lo, hi]        # new, synthetic tasks only: metric_interval(correct, count)
+          # new, all written by length_intervals(block sums at L, block sums at L0, ...):
+          "tokens": int,                 # scored targets at L: sum of count; the same at every L
+          "bpb_ci": [lo, hi],            # metric_interval(loss, count, scale=bits_per_nat)
+          "ratio": float,                # bpb@L / bpb@train_seq_len (exactly 1.0 at the training length)
+          "ratio_ci": [lo, hi],          # paired_ratio_interval(loss@L, count@L, loss@L0, count@L0)
+          "accuracy_ci": [lo, hi]        # synthetic tasks only: metric_interval(correct, count)
         }
       },
       "per_position": {
         "<L>": {
           "positions": [int, ...],       # last position (1-based) of each bucket of positions
           "loss": [float, ...],          # sum of loss / sum of count over the bucket's positions
-          "loss_ci": [[lo, ...], [hi, ...]],         # new: metric_interval over per-block bucket sums
+          "loss_ci": [[lo, ...], [hi, ...]],         # new: metric_interval(loss [B, buckets], count [B, buckets])
           "sparsity": [...], "entropy": [...]        # optional, as today
         }
       },
@@ -84,7 +85,7 @@ class Interval(NamedTuple):
         return [np.asarray(self.lo).tolist(), np.asarray(self.hi).tolist()]
 
     def excludes(self, value: float = 0.0) -> bool:
-        """True when ``value`` lies outside the interval; never for an undefined (NaN) interval."""
+        """True when ``value`` lies outside a scalar interval; never for an undefined (NaN) interval."""
         return bool(self.lo > value or self.hi < value)
 
     def scaled(self, factor: float) -> Interval:
@@ -154,7 +155,7 @@ def bootstrap(
         values = statistic(*[resampled_sums(b, drawn) for b in blocks])  # (resamples, ...)
     tail = 100 * (1 - level) / 2
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an entry no resample could score (a position never scored) stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)  # an entry no resample scored (an unscored position) stays NaN
         lo, hi = np.nanpercentile(values, [tail, 100 - tail], axis=0)
     return Interval(_plain(estimate), _plain(lo), _plain(hi))
 
@@ -184,8 +185,8 @@ def _check_counts(count: np.ndarray) -> None:
 def metric_interval(numerator, count, *, scale: float = 1.0, **bootstrap_args) -> Interval:
     """``scale * sum(numerator) / sum(count)`` with its interval.
 
-    Mean loss: ``(loss, count)``; bits per byte: ``(loss, count, scale=bpb / loss)``; accuracy:
-    ``(correct, count)``. With ``[B, P]`` arrays (per-block sums per position bucket) it returns
+    Mean loss: ``(loss, count)``; bits per byte: ``(loss, count, scale=1 / (ln 2 * bytes per token))``;
+    accuracy: ``(correct, count)``. With ``[B, P]`` arrays (per-block sums per position bucket) it returns
     the curve and its band; a bucket with no scored token is NaN.
     """
     _check_counts(count)
@@ -226,6 +227,22 @@ def paired_difference_interval(
         return np.mean([a - b for a, b in zip(values[: len(runs)], values[len(runs) :])], axis=0)
 
     return bootstrap(statistic, flat, **bootstrap_args)
+
+
+def length_intervals(sums: dict, train_sums: dict, *, bits_per_nat: float, **bootstrap_args) -> dict:
+    """The interval keys of ``results.json["lengths"]["<L>"]`` from the block sums at L and at the training length.
+
+    ``sums`` and ``train_sums`` hold ``[B]`` arrays ``loss`` and ``count``, and ``correct`` for
+    synthetic tasks (then ``accuracy_ci`` is added); ``bits_per_nat`` is ``1 / (ln 2 * bytes per token)``.
+    """
+    loss, count = sums["loss"], sums["count"]
+    bpb = metric_interval(loss, count, scale=bits_per_nat, **bootstrap_args)
+    ratio = paired_ratio_interval(loss, count, train_sums["loss"], train_sums["count"], **bootstrap_args)
+    entry = {"tokens": int(np.sum(count)), "bpb_ci": bpb.bounds()}
+    entry.update(ratio=ratio.estimate, ratio_ci=ratio.bounds())
+    if "correct" in sums:
+        entry["accuracy_ci"] = metric_interval(sums["correct"], count, **bootstrap_args).bounds()
+    return entry
 
 
 def over_seeds(values: Sequence[float | None]) -> SeedSummary:
