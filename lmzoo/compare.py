@@ -262,7 +262,8 @@ def difference_row(group: Group, baseline: Group, lengths: list[int], bootstrap_
     row.append(difference_cell(bpb.scaled(bits_per_nat(pairs[0][0])) if bpb else None))
     for n in lengths:
         both = paired_blocks(pairs, [n, train_len])
-        row.append(difference_cell(both and paired_difference_interval(*both, ratio_to_reference, **bootstrap_args)))
+        ratio = paired_difference_interval(*both, ratio_to_reference, **bootstrap_args) if both else None
+        row.append(difference_cell(ratio))
     return row
 
 
@@ -291,7 +292,7 @@ def differences(groups: list[Group], baseline: Group) -> str:
 
 def series(group: Group, lengths: list[int], value, interval) -> tuple[list, list, list, list]:
     """(x, y, lo, hi) over ``lengths``: one run with its interval, several seeds as mean ± sd."""
-    xs, ys, los, his = [], [], [], []
+    points = []
     for n in lengths:
         values = [value(r, n) for r in group.runs]
         if all(v is None for v in values):
@@ -302,8 +303,8 @@ def series(group: Group, lengths: list[int], value, interval) -> tuple[list, lis
         else:
             summary = over_seeds(values)
             y, lo, hi = summary.mean, summary.mean - summary.sd, summary.mean + summary.sd
-        xs.append(n), ys.append(y), los.append(lo), his.append(hi)
-    return xs, ys, los, his
+        points.append((n, y, lo, hi))
+    return tuple(map(list, zip(*points))) if points else ([], [], [], [])
 
 
 def legend_label(group: Group) -> str:
