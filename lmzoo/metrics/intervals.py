@@ -8,8 +8,8 @@ scores the same ``N`` tokens, and every run evaluated on the same data scores th
 block ``b`` holds the same text at every length and in every run.
 
 What is bootstrapped. Each metric is a ratio of sums over blocks: mean loss is
-``sum(loss) / sum(count)``, bits per byte is that times ``bpb / loss`` (a constant of the data),
-accuracy is ``sum(correct) / sum(count)``. One bootstrap resample draws ``B`` block indices with
+``sum(loss) / sum(count)``, bits per byte is that times ``1 / (ln 2 * bytes per token)`` (a
+constant of the data), accuracy is ``sum(correct) / sum(count)``. One bootstrap resample draws ``B`` block indices with
 replacement and recomputes the metric from the drawn blocks' sums; the 95% interval is the
 2.5th and 97.5th percentile of the metric over ``resamples`` draws (the percentile bootstrap).
 Draws depend only on ``(B, resamples, seed)``, so intervals are reproducible for a fixed seed.
@@ -68,6 +68,9 @@ import numpy as np
 LEVEL = 0.95
 RESAMPLES = 1000
 SEED = 0
+# Blocks must be numerous enough for stable 2.5% tails and long compared with the span over which
+# text difficulty is correlated; 100 blocks of a 2^18-token budget hold about 2,600 tokens each.
+BLOCKS = 100
 # Gathered draws are summed a slice of resamples at a time so that curves (blocks x positions)
 # never materialise resamples x blocks x positions floats at once.
 _GATHER_FLOATS = 1 << 23
@@ -155,7 +158,7 @@ def bootstrap(
         values = statistic(*[resampled_sums(b, drawn) for b in blocks])  # (resamples, ...)
     tail = 100 * (1 - level) / 2
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an entry no resample scored (an unscored position) stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)  # an entry no resample scored (a position never scored): NaN
         lo, hi = np.nanpercentile(values, [tail, 100 - tail], axis=0)
     return Interval(_plain(estimate), _plain(lo), _plain(hi))
 
