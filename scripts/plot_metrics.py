@@ -1,12 +1,16 @@
 """Plot training curves (train loss in bits per byte, validation bpb) of one or more runs.
 
-    python scripts/plot_metrics.py runs/softmax-... runs/gla-... --out curves.png
+    python scripts/plot_metrics.py runs/softmax-... runs/gla-... [--out curves.png]
+
+The figure goes next to the runs: into the run directory for one run, into the directory the
+runs share (e.g. their sweep) for several, unless ``--out`` names another file.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import matplotlib
@@ -25,8 +29,9 @@ def label_of(run_dir: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with metrics.jsonl)")
-    parser.add_argument("--out", type=Path, default=Path("curves.png"))
+    parser.add_argument("--out", type=Path, help="the PNG to write (default: curves.png next to the runs)")
     args = parser.parse_args()
+    out = args.out or Path(os.path.commonpath([run.resolve() for run in args.runs])) / "curves.png"
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for run_dir in args.runs:
@@ -38,12 +43,12 @@ def main() -> None:
         val = [r for r in rows if "val_bpb" in r]
         line, = ax.plot([r["step"] for r in train], [r["bpb"] for r in train], alpha=0.5, label=f"{label} train")
         ax.plot([r["step"] for r in val], [r["val_bpb"] for r in val], marker="o", color=line.get_color(), label=f"{label} val")
-    ax.set(xlabel="step", ylabel="bits per byte", ylim=(None, 5.0))
+    ax.set(title="Training curves", xlabel="step", ylabel="bits per byte", ylim=(None, 5.0))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

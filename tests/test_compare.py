@@ -1,29 +1,154 @@
-"""Comparing a small sweep: one table row per run, length columns, overlay plots."""
+"""Comparing runs: seeds grouped into one row, paired differences to a baseline, plots with intervals."""
 
 from __future__ import annotations
 
+import json
+import math
+
+import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from lmzoo import compare
-from lmzoo import eval as lmzoo_eval
-from lmzoo.train import train
+from lmzoo.metrics.intervals import length_intervals
 
 from conftest import tiny_config
 
+TRAIN_LEN, LENGTHS, BLOCKS = 32, (32, 64, 128), 40
+BITS = 1 / (math.log(2) * 1.5)  # bits per byte per nat, at 1.5 bytes per token
+RNG = np.random.default_rng(0)
+TEXT = RNG.normal(2.0, 0.3, BLOCKS)  # mean loss of each block's text: the same blocks in every run
+COUNT = RNG.integers(80, 120, BLOCKS).astype(float)  # scored tokens per block, the same at every length
+
+
+def write_run(root, name, *, variant, seed, growth, shift=0, lr=1e-3, new_keys=True):
+    """A fake run whose per-block loss at length L is the text's, shifted ``shift`` blocks, times growth[L]."""
+    run_dir = root / name
+    (run_dir / "eval" / "default").mkdir(parents=True)
+    config = {"seed": seed, "run_dir": str(run_dir), "attn": {"name": variant}, "optim": {"lr": lr}}
+    OmegaConf.save(OmegaConf.create(config), run_dir / "config.yaml")
+    (run_dir / "run_info.json").write_text(json.dumps({"variant": variant, "params": 1000, "state_size": 64}))
+    row = {"step": 10, "val_bpb": 2.9 + 0.01 * seed, "tokens_per_s": 100.0}
+    (run_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    noise = {n: np.random.default_rng([seed, n]).normal(1.0, 0.01, BLOCKS) for n in LENGTHS}  # seed and context effects
+    loss = {n: np.roll(TEXT, shift) * COUNT * noise[n] * growth[n] for n in LENGTHS}  # (blocks,) per length
+    results = {"variant": variant, "tag": "default", "train_seq_len": TRAIN_LEN, "step": 10}
+    results.update(lengths={}, per_position={})
+    for n in LENGTHS:
+        mean = loss[n].sum() / COUNT.sum()
+        results["lengths"][str(n)] = {"loss": mean, "bpb": mean * BITS, "ppl": math.exp(mean), "accuracy": 0.5}
+        results["per_position"][str(n)] = {"positions": [n // 2, n], "loss": [mean + 0.1, mean - 0.1]}
+        if new_keys:
+            sums = {"loss": loss[n], "count": COUNT}
+            train_sums = {"loss": loss[TRAIN_LEN], "count": COUNT}
+            results["lengths"][str(n)].update(length_intervals(sums, train_sums, bits_per_nat=BITS, resamples=500))
+            results["per_position"][str(n)]["loss_ci"] = [[mean, mean - 0.2], [mean + 0.2, mean]]
+    if new_keys:
+        results.update(eval_tokens=int(COUNT.sum()), blocks=BLOCKS, bootstrap={"resamples": 500, "seed": 0},
+                       block_sums={str(n): {"loss": loss[n].tolist(), "count": COUNT.tolist()} for n in LENGTHS})
+    (run_dir / "eval" / "default" / "results.json").write_text(json.dumps(results))
+    return run_dir
+
+
+DEGRADES = {32: 1.0, 64: 1.1, 128: 1.2}  # loss grows beyond the training length
+FLAT = {32: 1.0, 64: 1.0, 128: 1.0}
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """softmax degrades with length; gla is as good at the training length (on other blocks) and flat beyond."""
+    for seed in (0, 1):
+        write_run(tmp_path / "sweep", f"softmax-{seed}", variant="softmax", seed=seed, growth=DEGRADES)
+        write_run(tmp_path / "sweep", f"gla-{seed}", variant="gla", seed=seed, growth=FLAT, shift=1)
+    return tmp_path / "sweep"
+
+
+def rows_of(markdown: str) -> tuple[list[str], dict[str, list[str]]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    header = cells[0]
+    return header, {row[0]: dict(zip(header, row)) for row in cells[1:] if row[0] != header[0]}
+
+
+def test_seeds_are_grouped_and_other_settings_stay_apart(sweep, tmp_path):
+    write_run(sweep, "softmax-lr", variant="softmax", seed=0, growth=DEGRADES, lr=3e-3)
+    header, rows = rows_of(compare.main([str(sweep), "--out", str(tmp_path / "out")]))
+    assert header[:6] == ["variant", "n", "params", "state size", "val bpb", "bpb@train"]
+    assert set(rows) == {"softmax (optim.lr=0.001)", "softmax (optim.lr=0.003)", "gla"}
+    assert rows["gla"]["n"] == "2" and rows["softmax (optim.lr=0.001)"]["n"] == "2"
+    assert rows["softmax (optim.lr=0.003)"]["n"] == "1"
+    assert rows["gla"]["val bpb"] == "2.905 ± 0.007"  # mean ± sd of 2.90 and 2.91
+    single = rows["softmax (optim.lr=0.003)"]["bpb@64 / bpb@train"]
+    estimate, bounds = single.split(" ", 1)  # one run: its paired bootstrap interval
+    lo, hi = map(float, bounds.strip("[]").split(", "))
+    assert lo < float(estimate) < hi and float(estimate) == pytest.approx(1.1, abs=0.01)
+
+
+def test_baseline_marks_only_differences_the_paired_interval_supports(sweep, tmp_path):
+    markdown = compare.main([str(sweep), "baseline=softmax", "--out", str(tmp_path / "out")])
+    differences = markdown.split("Difference to softmax")[1]
+    _, rows = rows_of(differences)
+    gla = rows["gla"]
+    assert gla["seeds paired"] == "2"
+    assert not gla["Δ bpb@train"].endswith("*")  # same text on shifted blocks: equal on average, not significant
+    for n, rise in ((64, "-0.1"), (128, "-0.2")):
+        cell = gla[f"Δ bpb@{n} / bpb@train"]
+        assert cell.startswith(rise) and cell.endswith("*")  # flat against a 10% and 20% rise: clear
+    assert "softmax" not in rows
+
+
+def test_pairing_needs_the_same_scored_tokens(sweep, tmp_path):
+    results_path = sweep / "gla-0" / "eval" / "default" / "results.json"
+    results = json.loads(results_path.read_text())
+    for sums in results["block_sums"].values():
+        sums["count"][0] += 1  # another budget: the blocks hold other tokens
+    results_path.write_text(json.dumps(results))
+    markdown = compare.main([str(sweep), "--baseline", "softmax", "--out", str(tmp_path / "out")])
+    _, rows = rows_of(markdown.split("Difference")[1])
+    assert rows["gla"]["Δ bpb@train"] == "—"
+
+
+def test_results_without_intervals_still_compare(tmp_path):
+    run_dir = write_run(tmp_path, "old", variant="softmax", seed=0, growth=DEGRADES, new_keys=False)
+    _, rows = rows_of(compare.main([str(tmp_path), "--baseline", "softmax", "--out", str(tmp_path / "out")]))
+    assert float(rows["softmax"]["bpb@128 / bpb@train"]) == pytest.approx(1.2, abs=0.01)  # from bpb, no interval
+    bpb = json.loads((run_dir / "eval" / "default" / "results.json").read_text())["lengths"]["32"]["bpb"]
+    assert rows["softmax"]["bpb@train"] == f"{bpb:.3f}"
+
+
+def test_plots_are_written_with_intervals(sweep, tmp_path):
+    out = tmp_path / "out"
+    compare.main([str(sweep), "--out", str(out)])
+    assert (out / "comparison.md").stat().st_size > 0
+    for name in ("bpb_vs_length", "ratio_vs_length", "per_position", "sparsity_vs_length"):
+        assert (out / f"{name}.png").stat().st_size > 0
+
+
+def test_an_ambiguous_baseline_is_one_line(sweep, tmp_path, capsys):
+    write_run(sweep, "softmax-lr", variant="softmax", seed=0, growth=DEGRADES, lr=3e-3)
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(sweep), "--baseline", "softmax", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "several rows" in error and "softmax (optim.lr=0.003)" in error
+
 
 def test_compare_tabulates_and_plots_a_sweep(tmp_path, capsys):
+    from lmzoo import eval as lmzoo_eval
+    from lmzoo.train import train
+
     for variant in ("softmax", "mqa"):
         run_dir = tmp_path / "sweep" / variant
         train(tiny_config(variant, "train.steps=4", "train.eval_every=4", run_dir=run_dir))
         lmzoo_eval.main([f"run_dir={run_dir}", "eval.lengths=[32,64]", "eval.batches=1", "eval.progress=false"])
-    markdown = compare.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")])
-    lines = markdown.splitlines()
-    assert lines[0].startswith("| variant | params | state size | val bpb | bpb@32 / bpb@train | bpb@64 / bpb@train |")
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in lines[2:]}
+    header, rows = rows_of(compare.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]))
+    assert header[:7] == ["variant", "n", "params", "state size", "val bpb", "bpb@train", "bpb@64 / bpb@train"]
     assert set(rows) == {"softmax", "mqa"}
-    assert rows["softmax"][4] == "1.000"  # bpb at the training length relative to itself
-    assert float(rows["mqa"][5]) > 0
-    assert int(rows["softmax"][2].replace(",", "")) > int(rows["mqa"][2].replace(",", ""))  # MQA's smaller cache
+    results = json.loads((tmp_path / "sweep" / "softmax" / "eval" / "default" / "results.json").read_text())
+    assert float(rows["softmax"]["bpb@train"].split()[0]) == pytest.approx(results["lengths"]["32"]["bpb"], abs=5e-4)
+    assert float(rows["mqa"]["bpb@64 / bpb@train"].split()[0]) > 0
+    state_sizes = {name: int(row["state size"].replace(",", "")) for name, row in rows.items()}
+    assert state_sizes["softmax"] > state_sizes["mqa"]  # MQA's smaller cache
     for name in ("comparison.md", "bpb_vs_length.png", "per_position.png", "sparsity_vs_length.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
 

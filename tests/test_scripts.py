@@ -32,3 +32,15 @@ def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
     assert [row["variant"] for row in rows] == ["softmax", "gla attn.method=pallas attn.chunk_size=16"]
     assert all(row["tokens_per_s"] > 0 and row["batch"] == 2 for row in rows)
     assert "gla attn.method=pallas" in out
+
+
+def test_plot_metrics_writes_next_to_the_runs(tmp_path):
+    sweep = tmp_path / "sweep"
+    for name in ("softmax", "gla"):
+        (sweep / name).mkdir(parents=True)
+        rows = [{"step": 10, "bpb": 4.0}, {"step": 20, "bpb": 3.5, "val_bpb": 3.6}]
+        (sweep / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = run_script("plot_metrics.py", str(sweep / "softmax"))
+    assert (sweep / "softmax" / "curves.png").stat().st_size > 0 and str(sweep / "softmax" / "curves.png") in out
+    run_script("plot_metrics.py", str(sweep / "softmax"), str(sweep / "gla"))
+    assert (sweep / "curves.png").stat().st_size > 0  # several runs: the directory they share
