@@ -34,7 +34,6 @@ from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, explain, t
 from lmzoo.data import build_data
 from lmzoo.metrics.probes import attention_stats
 from lmzoo.model import LM
-from lmzoo.train import init_train_state
 
 # Overrides that would change parameter shapes cannot apply to a trained checkpoint.
 FROZEN_SECTIONS = ("model",)
@@ -72,16 +71,14 @@ def run_config(run_dir: Path, overrides: list[str]) -> Config:
 
 
 def restore_model(cfg: Config, vocab_size: int, run_dir: Path, step: int | None) -> tuple[LM, int]:
-    model = LM(cfg, vocab_size, rngs=nnx.Rngs(cfg.seed))
-    graphdef, state, _ = init_train_state(cfg, model)
+    """The model saved at ``step`` (the latest if None), and that step; no optimizer is built."""
     checkpointer = Checkpointer(run_dir / "checkpoints")
-    available = checkpointer.manager.all_steps()
     step = checkpointer.latest_step() if step is None else step
-    if step not in available:
-        raise ConfigError(f"eval.step={step} has no checkpoint in {run_dir} (available: {sorted(available)})")
-    state, _ = checkpointer.restore(step, state)
+    if step not in checkpointer.all_steps():
+        raise ConfigError(f"eval.step={step} has no checkpoint in {run_dir} (available: {checkpointer.all_steps()})")
+    model = checkpointer.restore_model(step, LM(cfg, vocab_size, rngs=nnx.Rngs(cfg.seed)))
     checkpointer.close()
-    return nnx.merge(graphdef, state["params"], state["extra"]), step
+    return model, step
 
 
 @nnx.jit

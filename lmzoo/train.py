@@ -28,7 +28,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from lmzoo.checkpoint import Checkpointer
+from lmzoo.checkpoint import Checkpointer, split_model
 from lmzoo.cli import check_argv, fail
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, register_schemas, validate
 from lmzoo.data import build_data
@@ -109,9 +109,9 @@ def probe_metrics(model: LM, tokens) -> dict:
 
 def init_train_state(cfg: Config, model: LM):
     """(graphdef, state, optimizer): the state pytree is what checkpoints hold."""
-    graphdef, params, extra = nnx.split(model, nnx.Param, ...)
+    graphdef, model_state = split_model(model)
     tx = make_optimizer(cfg.optim, cfg.train.steps)
-    state = {"params": params, "extra": extra, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    state = {**model_state, "opt": tx.init(model_state["params"]), "step": jnp.zeros((), jnp.int32)}
     return graphdef, state, tx
 
 

@@ -13,10 +13,13 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from lmzoo.checkpoint import Checkpointer
+from lmzoo.eval import run_config
 from lmzoo.logger import read_metrics
-from lmzoo.train import train
+from lmzoo.model import LM
+from lmzoo.train import init_train_state, train
 
 from conftest import REPO, TINY, run_lmzoo, tiny_config
 
@@ -25,11 +28,12 @@ RESUME_ARGS = ["train.steps=12", "train.checkpoint_every=2", "train.eval_every=6
 
 def final_params(run_dir: Path):
     """Parameters of the newest checkpoint, as numpy leaves."""
+    cfg = run_config(run_dir, [])
     ckpt = Checkpointer(run_dir / "checkpoints")
     step = ckpt.latest_step()
-    restored = ckpt.manager.restore(step)
+    model = ckpt.restore_model(step, LM(cfg, 259, rngs=nnx.Rngs(0)))
     ckpt.close()
-    return step, [np.asarray(x) for x in jax.tree.leaves(restored["train"]["params"])]
+    return step, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
 def test_short_run_learns_and_writes_its_run_directory(tmp_path):
@@ -60,6 +64,16 @@ def test_checkpoint_round_trip(tmp_path):
     assert data_state == {"next_index": 17}
     jax.tree.map(np.testing.assert_array_equal, restored, tree)
     ckpt.close()
+
+
+def test_model_restore_returns_the_saved_parameters_and_state(tmp_path):
+    cfg = tiny_config("softmax")
+    saved = LM(cfg, 259, rngs=nnx.Rngs(0))
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(3, init_train_state(cfg, saved)[1], {"next_index": 0})
+    restored = ckpt.restore_model(3, LM(cfg, 259, rngs=nnx.Rngs(1)))  # other initial values, same shapes
+    ckpt.close()
+    jax.tree.map(np.testing.assert_array_equal, nnx.state(restored), nnx.state(saved))
 
 
 def test_resuming_a_finished_run_with_different_model_is_refused(tmp_path):
