@@ -19,7 +19,7 @@ from lmzoo.checkpoint import Checkpointer
 from lmzoo.eval import run_config
 from lmzoo.logger import read_metrics
 from lmzoo.model import LM
-from lmzoo.train import init_train_state, train
+from lmzoo.train import Trainer, init_train_state, train
 
 from conftest import REPO, TINY, run_lmzoo, tiny_config
 
@@ -81,6 +81,29 @@ def test_resuming_a_finished_run_with_different_model_is_refused(tmp_path):
     proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", *TINY, "train.steps=4", "model.d_model=64", f"run_dir={tmp_path}")
     assert proc.returncode == 2
     assert "different 'model' config" in proc.stderr
+
+
+def test_a_stop_request_saves_one_checkpoint_and_returns(tmp_path, monkeypatch, capsys):
+    saved_steps, save, advance = [], Checkpointer.save, Trainer.advance
+    handler_before = signal.getsignal(signal.SIGTERM)
+
+    def counting_save(self, step, *args):
+        saved_steps.append(step)
+        save(self, step, *args)
+
+    def advance_then_stop_at_4(self):
+        metrics = advance(self)
+        if self.step == 4:  # a checkpoint step too: the stop must not save it twice
+            signal.raise_signal(signal.SIGTERM)
+        return metrics
+
+    monkeypatch.setattr(Checkpointer, "save", counting_save)
+    monkeypatch.setattr(Trainer, "advance", advance_then_stop_at_4)
+    summary = train(tiny_config("softmax", *RESUME_ARGS, run_dir=tmp_path))
+    assert (summary["step"], summary["interrupted"]) == (4, True)
+    assert saved_steps == [2, 4]
+    assert "interrupted: saved a checkpoint at step 4" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # the run's handler is gone
 
 
 def start_training(run_dir: Path) -> subprocess.Popen:
