@@ -191,13 +191,11 @@ def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
     from dataclasses import dataclass
 
     import jax.numpy as jnp
-    from flax import nnx
 
     from lmzoo import registry
     from lmzoo.mixers.base import AuxLoss
     from lmzoo.mixers.softmax import SoftmaxAttention, SoftmaxConfig
-    from lmzoo.model import LM
-    from lmzoo.train import init_train_state, loss_and_extra
+    from lmzoo.train import loss_and_extra
 
     @dataclass
     class PenaltyConfig(SoftmaxConfig):
