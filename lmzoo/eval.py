@@ -34,7 +34,6 @@ from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, explain, l
 from lmzoo.data import build_data
 from lmzoo.metrics.probes import attention_stats
 from lmzoo.model import LM
-from lmzoo.train import init_train_state
 
 # Overrides that would change parameter shapes cannot apply to a trained checkpoint.
 FROZEN_SECTIONS = ("model",)
@@ -57,7 +56,8 @@ def parse_args(argv: list[str]) -> tuple[Path, EvalConfig, list[str]]:
     overrides = [a for a in argv if not a.startswith(("run_dir=", "eval."))]
     for override in overrides:
         if override.split(".")[0] in FROZEN_SECTIONS:
-            raise ConfigError(f"{override.split('=')[0]} cannot change at evaluation: it changes the trained parameters")
+            key = override.split("=")[0]
+            raise ConfigError(f"{key} cannot change at evaluation: it changes the trained parameters")
     return run_dir, eval_cfg, overrides
 
 
@@ -72,16 +72,14 @@ def run_config(run_dir: Path, overrides: list[str]) -> Config:
 
 
 def restore_model(cfg: Config, vocab_size: int, run_dir: Path, step: int | None) -> tuple[LM, int]:
-    model = LM(cfg, vocab_size, rngs=nnx.Rngs(cfg.seed))
-    graphdef, state, _ = init_train_state(cfg, model)
+    """The model saved at ``step`` (the latest if None), and that step; no optimizer is built."""
     checkpointer = Checkpointer(run_dir / "checkpoints")
-    available = checkpointer.manager.all_steps()
     step = checkpointer.latest_step() if step is None else step
-    if step not in available:
-        raise ConfigError(f"eval.step={step} has no checkpoint in {run_dir} (available: {sorted(available)})")
-    state, _ = checkpointer.restore(step, state)
+    if step not in checkpointer.all_steps():
+        raise ConfigError(f"eval.step={step} has no checkpoint in {run_dir} (available: {checkpointer.all_steps()})")
+    model = checkpointer.restore_model(step, LM(cfg, vocab_size, rngs=nnx.Rngs(cfg.seed)))
     checkpointer.close()
-    return nnx.merge(graphdef, state["params"], state["extra"]), step
+    return model, step
 
 
 @nnx.jit
@@ -102,37 +100,46 @@ def bucket(values: np.ndarray, n_buckets: int) -> tuple[list[int], list[float]]:
         return [int(s[-1]) + 1 for s in spans], [float(np.nanmean(values[s])) for s in spans]
 
 
+def validation_windows(data, eval_cfg: EvalConfig, length: int) -> list[dict]:
+    """The fixed validation batches cut at ``length`` tokens; a length the data cannot give is a ConfigError."""
+    try:
+        return data.val_batches(eval_cfg.batch_size, eval_cfg.batches, seq_len=length)
+    except ValueError as e:
+        raise ConfigError(f"eval.lengths: {e}") from None
+
+
+def score_length(model: LM, batches: list[dict], bits: float, n_buckets: int, bar: tqdm) -> tuple[dict, dict]:
+    """(loss, bpb and accuracy over ``batches``, loss per position in ``n_buckets`` spans) at one length."""
+    sums = {"loss": 0.0, "correct": 0.0, "weight": 0.0}
+    for batch in batches:
+        sums = {k: sums[k] + np.asarray(v) for k, v in position_sums(model, batch).items()}  # each (T,)
+        bar.update(1)
+    loss = float(sums["loss"].sum() / sums["weight"].sum())
+    accuracy = float(sums["correct"].sum() / sums["weight"].sum())
+    overall = {"loss": loss, "bpb": loss * bits, "accuracy": accuracy, "batches": len(batches)}
+    with np.errstate(invalid="ignore"):  # unscored positions of synthetic tasks: NaN, skipped by nanmean
+        positions, losses = bucket(sums["loss"] / sums["weight"], n_buckets)
+    return overall, {"positions": positions, "loss": losses}
+
+
 def evaluate(cfg: Config, eval_cfg: EvalConfig, run_dir: Path, tag: str) -> dict:
     data = build_data(cfg.data, seed=cfg.seed)
     model, step = restore_model(cfg, data.tokenizer.vocab_size, run_dir, eval_cfg.step)
     train_len = cfg.data.seq_len
     lengths = eval_cfg.lengths or [train_len * f for f in (1, 2, 4, 8)]
     bits = 1.0 / (math.log(2) * data.bytes_per_token)
-    results = {"variant": cfg.attn.name, "train_seq_len": train_len, "tag": tag, "step": step, "lengths": {}, "per_position": {}}
+    results = {"variant": cfg.attn.name, "train_seq_len": train_len, "tag": tag, "step": step,
+               "lengths": {}, "per_position": {}}
     bar = tqdm(total=len(lengths) * eval_cfg.batches, desc=f"eval {tag}", disable=not eval_cfg.progress)
     for length in lengths:
-        try:
-            batches = data.val_batches(eval_cfg.batch_size, eval_cfg.batches, seq_len=length)
-        except ValueError as e:
-            raise ConfigError(f"eval.lengths: {e}") from None
-        sums = {"loss": 0.0, "correct": 0.0, "weight": 0.0}
-        for batch in batches:
-            sums = {k: sums[k] + np.asarray(v) for k, v in position_sums(model, batch).items()}
-            bar.update(1)
-        loss = float(sums["loss"].sum() / sums["weight"].sum())
-        results["lengths"][str(length)] = {
-            "loss": loss, "bpb": loss * bits, "accuracy": float(sums["correct"].sum() / sums["weight"].sum()),
-            "batches": len(batches),
-        }
-        with np.errstate(invalid="ignore"):  # unscored positions of synthetic tasks: NaN, skipped by nanmean
-            positions, losses = bucket(sums["loss"] / sums["weight"], eval_cfg.position_buckets)
-        results["per_position"][str(length)] = {"positions": positions, "loss": losses}
+        batches = validation_windows(data, eval_cfg, length)
+        overall, curves = score_length(model, batches, bits, eval_cfg.position_buckets, bar)
         if eval_cfg.probe_batch and length <= eval_cfg.probe_max_len:
-            stats = attention_stats(model, batches[0]["inputs"][: eval_cfg.probe_batch], position_buckets=eval_cfg.position_buckets)
-            results["lengths"][str(length)].update(sparsity=stats["sparsity"], entropy=stats["entropy"])
-            results["per_position"][str(length)].update(
-                sparsity=stats["sparsity_by_position"], entropy=stats["entropy_by_position"]
-            )
+            tokens = batches[0]["inputs"][: eval_cfg.probe_batch]
+            stats = attention_stats(model, tokens, position_buckets=eval_cfg.position_buckets)
+            overall.update(sparsity=stats["sparsity"], entropy=stats["entropy"])
+            curves.update(sparsity=stats["sparsity_by_position"], entropy=stats["entropy_by_position"])
+        results["lengths"][str(length)], results["per_position"][str(length)] = overall, curves
     bar.close()
     return results
 
@@ -185,7 +192,8 @@ def plot_results(results: dict, out_dir: Path) -> None:
     if probed:
         fig, ax = new_axes()
         for layer in range(len(next(iter(probed.values())))):
-            ax.plot(list(probed), [float(np.nanmean(s[layer])) for s in probed.values()], marker="o", label=f"layer {layer}")
+            layer_means = [float(np.nanmean(s[layer])) for s in probed.values()]
+            ax.plot(list(probed), layer_means, marker="o", label=f"layer {layer}")
         save_axes(fig, ax, out_dir / "sparsity_vs_length.png", train_len=train_len, xscale="log",
                   xlabel="evaluation length (tokens)", ylabel="mean row sparsity S (1 = uniform)", title=title)
 

@@ -28,7 +28,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from lmzoo.checkpoint import Checkpointer
+from lmzoo.checkpoint import Checkpointer, split_model
 from lmzoo.cli import check_argv, fail
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, load_run_config, register_schemas, validate
 from lmzoo.data import build_data
@@ -109,9 +109,9 @@ def probe_metrics(model: LM, tokens) -> dict:
 
 def init_train_state(cfg: Config, model: LM):
     """(graphdef, state, optimizer): the state pytree is what checkpoints hold."""
-    graphdef, params, extra = nnx.split(model, nnx.Param, ...)
+    graphdef, model_state = split_model(model)
     tx = make_optimizer(cfg.optim, cfg.train.steps)
-    state = {"params": params, "extra": extra, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    state = {**model_state, "opt": tx.init(model_state["params"]), "step": jnp.zeros((), jnp.int32)}
     return graphdef, state, tx
 
 
@@ -179,111 +179,173 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------- loop
+# ----------------------------------------------------------------------------- setup
 
 
 def open_data(cfg: Config):
     """(data, training iterator, fixed validation batches); bad data settings become ConfigErrors."""
     try:
         data = build_data(cfg.data, seed=cfg.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
-        return data, data.train_iterator(cfg.train.batch_size), data.val_batches(cfg.train.batch_size, cfg.train.eval_batches)
+        val_batches = data.val_batches(cfg.train.batch_size, cfg.train.eval_batches)
+        return data, data.train_iterator(cfg.train.batch_size), val_batches
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e).splitlines()[0]) from e
 
 
-def train(cfg: Config) -> dict:
-    """Train (or resume) the run described by ``cfg``; returns the last validation metrics."""
-    if cfg.train.distributed:
-        jax.distributed.initialize()
-    run_dir = prepare_run_dir(cfg)
+def data_parallel_shardings(batch_size: int) -> tuple[NamedSharding, NamedSharding]:
+    """(replicated, split along the batch) over every device; the batch must split evenly."""
     n_devices = jax.device_count()
-    if cfg.train.batch_size % n_devices:
-        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not divisible by the {n_devices} devices")
+    if batch_size % n_devices:
+        raise ConfigError(f"train.batch_size={batch_size} is not divisible by the {n_devices} devices")
     mesh = jax.make_mesh((n_devices,), ("data",), axis_types=(AxisType.Auto,))  # GSPMD propagates the rest
-    replicated, batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    return NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
 
-    data, train_iter, host_val_batches = open_data(cfg)
+
+def write_run_files(run_dir: Path, cfg: Config, data, model: LM, n_params: int) -> None:
+    """What the data was and what the model is: ``data_fingerprint.json`` and ``run_info.json``."""
     write_json(run_dir / "data_fingerprint.json", data.fingerprint)
-    model = LM(cfg, data.tokenizer.vocab_size, rngs=nnx.Rngs(cfg.seed))
-    n_params = count_params(model)
     write_json(run_dir / "run_info.json", {
         "variant": cfg.attn.name, "params": n_params, "state_size": model.state_size(cfg.data.seq_len),
         "state_size_per_layer": [b.mixer.state_size(cfg.data.seq_len) for b in model.blocks],
-        "devices": n_devices, "platform": jax.default_backend(),
+        "devices": jax.device_count(), "platform": jax.default_backend(),
     })
 
-    graphdef, state, tx = init_train_state(cfg, model)
-    state = jax.device_put(state, replicated)
-    checkpointer = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
-    if (latest := checkpointer.latest_step()) is not None:
-        state, data_state = checkpointer.restore(latest, state)
-        train_iter.set_state(data_state)
-        truncate_metrics(run_dir, latest)
-        log.info("resumed %s from step %d", run_dir, latest)
 
-    step_fn = jax.jit(partial(train_step, graphdef, tx), donate_argnums=0)
-    eval_fn = jax.jit(partial(eval_step, graphdef))
-    to_device = partial(jax.make_array_from_process_local_data, batch_sharding)
-    val_batches = [jax.tree.map(to_device, b) for b in host_val_batches]
-    bits_per_byte = 1.0 / (math.log(2) * data.bytes_per_token)
-    schedule = learning_rate_schedule(cfg.optim, cfg.train.steps)
-
+def open_logger(run_dir: Path, cfg: Config, n_params: int) -> MetricsLogger:
     logger = MetricsLogger(run_dir, enabled=jax.process_index() == 0)
-    logger.log_config(OmegaConf.to_yaml(OmegaConf.structured(cfg)), {**flatten(asdict(cfg)), "params": n_params}, ["loss", "bpb"])
+    hparams = {**flatten(asdict(cfg)), "params": n_params}
+    logger.log_config(OmegaConf.to_yaml(OmegaConf.structured(cfg)), hparams, ["loss", "bpb"])
+    return logger
 
-    probe_tokens = host_val_batches[0]["inputs"][: cfg.train.probe_batch]
 
-    def validate_now() -> dict:
-        per_batch = jax.device_get([eval_fn(state, b) for b in val_batches])
-        loss = float(np.mean([m["loss"] for m in per_batch]))
-        metrics = {"val_loss": loss, "val_bpb": loss * bits_per_byte, "val_ppl": math.exp(min(loss, 50.0)),
-                   "val_accuracy": float(np.mean([m["accuracy"] for m in per_batch]))}
-        if len(probe_tokens):
-            metrics.update(probe_metrics(nnx.merge(graphdef, state["params"], state["extra"]), probe_tokens))
+# ----------------------------------------------------------------------------- loop
+
+
+class Trainer:
+    """One run: its training state on the devices, and the named steps of the loop in ``train``."""
+
+    def __init__(self, cfg: Config):
+        if cfg.train.distributed:
+            jax.distributed.initialize()
+        self.cfg = cfg
+        self.run_dir = prepare_run_dir(cfg)
+        replicated, batch_sharding = data_parallel_shardings(cfg.train.batch_size)
+        self.to_device = partial(jax.make_array_from_process_local_data, batch_sharding)
+        data, self.train_iter, host_val_batches = open_data(cfg)
+        model = LM(cfg, data.tokenizer.vocab_size, rngs=nnx.Rngs(cfg.seed))
+        n_params = count_params(model)
+        write_run_files(self.run_dir, cfg, data, model, n_params)
+
+        self.graphdef, state, tx = init_train_state(cfg, model)
+        self.state = jax.device_put(state, replicated)
+        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
+        self.resume()
+
+        self.step_fn = jax.jit(partial(train_step, self.graphdef, tx), donate_argnums=0)
+        self.eval_fn = jax.jit(partial(eval_step, self.graphdef))
+        self.val_batches = [jax.tree.map(self.to_device, b) for b in host_val_batches]
+        self.probe_tokens = host_val_batches[0]["inputs"][: cfg.train.probe_batch]
+        self.bits_per_byte = 1.0 / (math.log(2) * data.bytes_per_token)
+        self.schedule = learning_rate_schedule(cfg.optim, cfg.train.steps)
+        self.logger = open_logger(self.run_dir, cfg, n_params)
+
+        self.step, self.last_val = int(self.state["step"]), {}
+        self.window_losses, self.window_start = [], time.perf_counter()  # the steps since the last log row
+        self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=cfg.attn.name,
+                        disable=not cfg.train.progress, dynamic_ncols=True)
+
+    def resume(self) -> None:
+        """Continue from the latest checkpoint, if the run directory has one."""
+        if (latest := self.checkpointer.latest_step()) is None:
+            return
+        self.state, data_state = self.checkpointer.restore(latest, self.state)
+        self.train_iter.set_state(data_state)
+        truncate_metrics(self.run_dir, latest)
+        log.info("resumed %s from step %d", self.run_dir, latest)
+
+    def due(self, every: int) -> bool:
+        """Whether the step just taken is a multiple of ``every``, or the last one."""
+        return self.step % every == 0 or self.step == self.cfg.train.steps
+
+    def advance(self) -> dict:
+        """One optimizer step on the next training batch; its metrics stay on the device."""
+        batch = jax.tree.map(self.to_device, next(self.train_iter))
+        self.state, metrics = self.step_fn(self.state, batch)
+        self.step += 1
+        self.window_losses.append(metrics["loss"])
+        self.bar.update(1)
         return metrics
 
-    step = int(state["step"])
-    last_val: dict = {}
-    tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
-    window_losses, window_start = [], time.perf_counter()
-    bar = tqdm(total=cfg.train.steps, initial=step, desc=cfg.attn.name, disable=not cfg.train.progress, dynamic_ncols=True)
+    def train_metrics(self, metrics: dict) -> dict:
+        """Loss and throughput over the steps since the last row; the other metrics of the last step."""
+        loss = float(np.mean(jax.device_get(self.window_losses)))  # waits for the steps to finish
+        elapsed = time.perf_counter() - self.window_start
+        steps = len(self.window_losses)
+        row = {
+            "loss": loss, "bpb": loss * self.bits_per_byte, "ppl": math.exp(min(loss, 50.0)),
+            "lr": float(self.schedule(self.step - 1)), "grad_norm": float(metrics["grad_norm"]),
+            "tokens_per_s": self.cfg.train.batch_size * self.cfg.data.seq_len * steps / elapsed,
+            "step_time_s": elapsed / steps,
+            "accuracy": float(metrics["accuracy"]),
+            **{k: float(v) for k, v in metrics.items() if k.startswith("aux/")},
+        }
+        self.window_losses, self.window_start = [], time.perf_counter()
+        self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+        return row
+
+    def validate(self) -> dict:
+        """Loss, bits per byte and accuracy on the fixed validation batches, and the attention probes."""
+        per_batch = jax.device_get([self.eval_fn(self.state, b) for b in self.val_batches])
+        loss = float(np.mean([m["loss"] for m in per_batch]))
+        val = {"val_loss": loss, "val_bpb": loss * self.bits_per_byte, "val_ppl": math.exp(min(loss, 50.0)),
+               "val_accuracy": float(np.mean([m["accuracy"] for m in per_batch]))}
+        if len(self.probe_tokens):
+            model = nnx.merge(self.graphdef, self.state["params"], self.state["extra"])
+            val.update(probe_metrics(model, self.probe_tokens))
+        self.last_val = val
+        self.bar.write(f"step {self.step}: val_loss {val['val_loss']:.4f}  val_bpb {val['val_bpb']:.4f}")
+        return val
+
+    def log(self, row: dict, metrics: dict) -> None:
+        """Write a row when this step logged or validated; a validation-only row still gets the step's loss."""
+        if row:
+            row.setdefault("loss", float(metrics["loss"]))
+            self.logger.log(self.step, row)
+
+    def save(self) -> None:
+        self.checkpointer.save(self.step, self.state, self.train_iter.get_state())
+
+    def save_and_stop(self) -> dict:
+        """The run was asked to stop: checkpoint where it stands, so the same command resumes it."""
+        self.save()
+        self.bar.write(
+            f"interrupted: saved a checkpoint at step {self.step} in {self.run_dir}; run the same command to resume"
+        )
+        return self.finish(interrupted=True)
+
+    def finish(self, *, interrupted: bool = False) -> dict:
+        """Close the outputs; the summary ``train`` returns: step reached, whether interrupted, last validation."""
+        self.bar.close()
+        self.logger.close()
+        self.checkpointer.close()
+        return {"step": self.step, "interrupted": interrupted, **self.last_val}
+
+
+def train(cfg: Config) -> dict:
+    """Train (or resume) the run described by ``cfg``; returns the last validation metrics."""
+    trainer = Trainer(cfg)
     with StopRequest() as stop:
-        while step < cfg.train.steps and not stop.requested:
-            batch = jax.tree.map(to_device, next(train_iter))
-            state, metrics = step_fn(state, batch)
-            step += 1
-            window_losses.append(metrics["loss"])
-            bar.update(1)
-            row = {}
-            if step % cfg.train.log_every == 0 or step == cfg.train.steps:
-                loss = float(np.mean(jax.device_get(window_losses)))  # waits for the steps to finish
-                elapsed = time.perf_counter() - window_start
-                row = {
-                    "loss": loss, "bpb": loss * bits_per_byte, "ppl": math.exp(min(loss, 50.0)),
-                    "lr": float(schedule(step - 1)), "grad_norm": float(metrics["grad_norm"]),
-                    "tokens_per_s": tokens_per_step * len(window_losses) / elapsed,
-                    "step_time_s": elapsed / len(window_losses),
-                    "accuracy": float(metrics["accuracy"]),
-                    **{k: float(v) for k, v in metrics.items() if k.startswith("aux/")},
-                }
-                window_losses, window_start = [], time.perf_counter()
-                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
-            if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
-                last_val = validate_now()
-                row.update(last_val)
-                bar.write(f"step {step}: val_loss {last_val['val_loss']:.4f}  val_bpb {last_val['val_bpb']:.4f}")
-            if row:
-                row.setdefault("loss", float(metrics["loss"]))
-                logger.log(step, row)
-            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or stop.requested:
-                checkpointer.save(step, state, train_iter.get_state())
-        if stop.requested:
-            checkpointer.save(step, state, train_iter.get_state())
-            bar.write(f"interrupted: saved a checkpoint at step {step} in {run_dir}; run the same command to resume")
-    bar.close()
-    logger.close()
-    checkpointer.close()
-    return {"step": step, "interrupted": stop.requested, **last_val}
+        while trainer.step < cfg.train.steps:
+            metrics = trainer.advance()
+            row = trainer.train_metrics(metrics) if trainer.due(cfg.train.log_every) else {}
+            if trainer.due(cfg.train.eval_every):
+                row.update(trainer.validate())
+            trainer.log(row, metrics)
+            if stop.requested:  # checked before the scheduled save so the stop saves once
+                return trainer.save_and_stop()
+            if trainer.due(cfg.train.checkpoint_every):
+                trainer.save()
+    return trainer.finish()
 
 
 # ----------------------------------------------------------------------------- entry point

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from flax import nnx
 
 from lmzoo import eval as lmzoo_eval
-from lmzoo.train import train
+from lmzoo.checkpoint import Checkpointer
+from lmzoo.model import LM
+from lmzoo.train import init_train_state, train
 
 from conftest import tiny_config
 
@@ -75,3 +78,26 @@ def test_eval_reports_sparsity_and_entropy_per_layer_and_head(trained_run):
     assert "sparsity" not in skipped  # longer than eval.probe_max_len
     assert len(results["per_position"]["32"]["sparsity"][0]) == 4  # buckets per layer
     assert (trained_run / "eval" / "probed" / "sparsity_vs_length.png").exists()
+
+
+def restore_with_optimizer(cfg, vocab_size, run_dir, step):
+    """The whole training state restored, optimizer included: the reference for the model-only restore."""
+    graphdef, like, _ = init_train_state(cfg, LM(cfg, vocab_size, rngs=nnx.Rngs(cfg.seed)))
+    checkpointer = Checkpointer(run_dir / "checkpoints")
+    step = checkpointer.latest_step() if step is None else step
+    state, _ = checkpointer.restore(step, like)
+    checkpointer.close()
+    return nnx.merge(graphdef, state["params"], state["extra"]), step
+
+
+def test_eval_restores_the_model_without_building_an_optimizer(trained_run, monkeypatch):
+    with monkeypatch.context() as patch:
+        patch.setattr(lmzoo_eval, "restore_model", restore_with_optimizer)
+        reference = evaluate(trained_run, "eval.tag=restore")
+
+    def no_optimizer(*args, **kwargs):
+        raise AssertionError("evaluation built an optimizer")
+
+    monkeypatch.setattr("lmzoo.train.make_optimizer", no_optimizer)
+    monkeypatch.setattr("lmzoo.optim.make_optimizer", no_optimizer)
+    assert evaluate(trained_run, "eval.tag=restore") == reference

@@ -13,10 +13,13 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from lmzoo.checkpoint import Checkpointer
+from lmzoo.eval import run_config
 from lmzoo.logger import read_metrics
-from lmzoo.train import train
+from lmzoo.model import LM
+from lmzoo.train import Trainer, init_train_state, train
 
 from conftest import REPO, TINY, run_lmzoo, tiny_config
 
@@ -25,11 +28,12 @@ RESUME_ARGS = ["train.steps=12", "train.checkpoint_every=2", "train.eval_every=6
 
 def final_params(run_dir: Path):
     """Parameters of the newest checkpoint, as numpy leaves."""
+    cfg = run_config(run_dir, [])
     ckpt = Checkpointer(run_dir / "checkpoints")
     step = ckpt.latest_step()
-    restored = ckpt.manager.restore(step)
+    model = ckpt.restore_model(step, LM(cfg, 259, rngs=nnx.Rngs(0)))
     ckpt.close()
-    return step, [np.asarray(x) for x in jax.tree.leaves(restored["train"]["params"])]
+    return step, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
 def test_short_run_learns_and_writes_its_run_directory(tmp_path):
@@ -62,11 +66,44 @@ def test_checkpoint_round_trip(tmp_path):
     ckpt.close()
 
 
+def test_model_restore_returns_the_saved_parameters_and_state(tmp_path):
+    cfg = tiny_config("softmax")
+    saved = LM(cfg, 259, rngs=nnx.Rngs(0))
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(3, init_train_state(cfg, saved)[1], {"next_index": 0})
+    restored = ckpt.restore_model(3, LM(cfg, 259, rngs=nnx.Rngs(1)))  # other initial values, same shapes
+    ckpt.close()
+    jax.tree.map(np.testing.assert_array_equal, nnx.state(restored), nnx.state(saved))
+
+
 def test_resuming_a_finished_run_with_different_model_is_refused(tmp_path):
     train(tiny_config("softmax", "train.steps=2", run_dir=tmp_path))
     proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", *TINY, "train.steps=4", "model.d_model=64", f"run_dir={tmp_path}")
     assert proc.returncode == 2
     assert "different 'model' config" in proc.stderr
+
+
+def test_a_stop_request_saves_one_checkpoint_and_returns(tmp_path, monkeypatch, capsys):
+    saved_steps, save, advance = [], Checkpointer.save, Trainer.advance
+    handler_before = signal.getsignal(signal.SIGTERM)
+
+    def counting_save(self, step, *args):
+        saved_steps.append(step)
+        save(self, step, *args)
+
+    def advance_then_stop_at_4(self):
+        metrics = advance(self)
+        if self.step == 4:  # a checkpoint step too: the stop must not save it twice
+            signal.raise_signal(signal.SIGTERM)
+        return metrics
+
+    monkeypatch.setattr(Checkpointer, "save", counting_save)
+    monkeypatch.setattr(Trainer, "advance", advance_then_stop_at_4)
+    summary = train(tiny_config("softmax", *RESUME_ARGS, run_dir=tmp_path))
+    assert (summary["step"], summary["interrupted"]) == (4, True)
+    assert saved_steps == [2, 4]
+    assert "interrupted: saved a checkpoint at step 4" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # the run's handler is gone
 
 
 def start_training(run_dir: Path) -> subprocess.Popen:
@@ -154,13 +191,11 @@ def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
     from dataclasses import dataclass
 
     import jax.numpy as jnp
-    from flax import nnx
 
     from lmzoo import registry
     from lmzoo.mixers.base import AuxLoss
     from lmzoo.mixers.softmax import SoftmaxAttention, SoftmaxConfig
-    from lmzoo.model import LM
-    from lmzoo.train import init_train_state, loss_and_extra
+    from lmzoo.train import loss_and_extra
 
     @dataclass
     class PenaltyConfig(SoftmaxConfig):
