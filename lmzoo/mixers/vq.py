@@ -40,7 +40,7 @@ class CodebookEMA(nnx.Variable):
 class VQConfig(MixerConfig):
     codebook_size: int = 128  # codewords per head (S)
     block_size: int = 64  # queries per block of the linear-time form
-    method: str = "blockwise"  # blockwise (linear time) | quadratic (reference)
+    method: str = "blockwise"  # blockwise (linear time) or the quadratic reference (lmzoo.ops.vq.METHODS)
     commitment: float = 0.25  # weight of the commitment loss
     ema_decay: float = 0.99  # codebook statistics' moving-average decay
 
