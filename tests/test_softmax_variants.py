@@ -1,6 +1,6 @@
 """Softmax-family refinements: log-n scaling, KeyNorm, sliding windows, MLA, GAU, Transformer-VQ,
-per-layer hybrids and the family's FLOPs count. Generic protocol checks (step == forward, causality, probe shapes) for every
-variant YAML run in test_mixers.py; these pin each method's own identities."""
+per-layer hybrids and the family's FLOPs count. Generic protocol checks (step == forward, causality,
+probe shapes) for every variant YAML run in test_mixers.py; these pin each method's own identities."""
 
 from __future__ import annotations
 
