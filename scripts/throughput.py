@@ -10,9 +10,10 @@ its overrides) and runs the trainer's own jitted ``train_step`` (AdamW update in
 tokens; the batch holds ``--batch-tokens`` tokens at every length.
 
 MFU = model FLOPs per second / the device's peak dense bf16 FLOP/s (``--peak-tflops``, or a table
-of known devices). Model FLOPs per token are 6 x parameters for the matmuls, plus for softmax
-attention 6 x layers x T x d_model for the causal scores and values (forward + backward); the
-recurrent mixers' state work is not counted, so their MFU understates the hardware's work.
+of known devices). Model FLOPs per token are 6 x parameters for the matmuls, plus layers x what the
+attn spec's ``flops_per_token`` counts for the token-token mixing the 6N rule misses (forward +
+backward): softmax attention's causal scores and values, 6 x T x d_model per layer without a
+window; 0 for the recurrent mixers, whose MFU therefore understates the hardware's work.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def peak_tflops(kind: str, given: float | None) -> float | None:
 
 
 def model_flops_per_token(cfg, params: int, length: int) -> float:
-    attention = 6 * cfg.model.n_layers * length * cfg.model.d_model if cfg.attn.mixer == "softmax" else 0
-    return 6 * params + attention
+    mixing = cfg.model.n_layers * cfg.attn.flops_per_token(cfg.model, length)  # a hybrid's is its mean over layers
+    return 6 * params + mixing
 
 
 def measure(variant: str, overrides: list[str], model: str, length: int, batch_tokens: int, steps: int) -> dict:

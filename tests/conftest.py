@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -51,6 +52,26 @@ def run_lmzoo(*args: str, env: dict | None = None, timeout: float = 300, check: 
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+@functools.cache
+def covering_layers(variant: str) -> int:
+    """The fewest layers (at least the tiny model's 2) at which ``variant``'s model builds every
+    distinct layer spec it can: a hybrid's pattern may need more layers to reach its every sub-config."""
+    attn = tiny_config(variant).attn
+
+    def kinds(n: int) -> set[str]:
+        return {repr(attn.for_layer(i, n)) for i in range(n)}
+
+    candidates = range(2, 9)
+    most = max(len(kinds(n)) for n in candidates)
+    return next(n for n in candidates if len(kinds(n)) == most)
+
+
+def layer_specs(variant: str) -> list:
+    """The spec of every layer of ``variant``'s model at ``covering_layers``, bottom first."""
+    n = covering_layers(variant)
+    return [tiny_config(variant).attn.for_layer(i, n) for i in range(n)]
 
 
 @pytest.fixture

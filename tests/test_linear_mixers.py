@@ -1,7 +1,9 @@
-"""Linear-attention family mixers (linear, retnet, gla): what the generic protocol tests leave out.
+"""Linear-attention family mixers (every variant whose spec is a ``LinearFamilyConfig``: linear,
+retnet, gla, ...): what the generic protocol tests leave out.
 
-Each of these mixers splits its forward as ``output(x, mix(*heads(x, positions))[0])``: ``heads``
-makes the op's inputs (v third), ``mix`` runs the op, ``output`` gates / normalises / projects.
+Each is a ``LinearFamilyMixer``: its forward is ``output(x, mix(*heads(x, positions))[0])``, where
+``heads`` makes the op's inputs (v third), ``mix`` runs the op, ``output`` gates / normalises /
+projects. The family's variants are found through configs/attn; FAMILY adds cases for other knobs.
 Computations run compiled (XLA backend optimisation off): op-by-op dispatch of scans is slow.
 """
 
@@ -15,17 +17,20 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from lmzoo.mixers.family.linear import LinearFamilyConfig
 from lmzoo.mixers.linear import RandomFeatures
 from lmzoo.mixers.retnet import retention_log_decays
 from lmzoo.model import LM
 from lmzoo.positions import default_positions
 
-from conftest import tiny_config
+from conftest import VARIANTS, tiny_config
 
 VOCAB = 259
-FAMILY = [("linear",), ("linear", "attn.feature_map=favor+"), ("linear", "attn.feature_map=relu"),
-          ("linear", "attn.feature_map=identity", "attn.normalize=false"), ("retnet",), ("gla",)]
-IDS = ["elu+1", "favor+", "relu", "identity", "retnet", "gla"]
+LINEAR_FAMILY = [v for v in VARIANTS if isinstance(tiny_config(v).attn, LinearFamilyConfig)]
+FEATURE_MAPS = [("linear", "attn.feature_map=favor+"), ("linear", "attn.feature_map=relu"),
+                ("linear", "attn.feature_map=identity", "attn.normalize=false")]
+FAMILY = [(variant,) for variant in LINEAR_FAMILY] + FEATURE_MAPS
+IDS = [" ".join(config) for config in FAMILY]
 
 
 def compiled(fn, module):
@@ -67,7 +72,7 @@ def test_attention_matrix_times_values_is_the_mixing(config):
     np.testing.assert_allclose(output_from_matrix, forward, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("config", FAMILY[1:4], ids=IDS[1:4])
+@pytest.mark.parametrize("config", FEATURE_MAPS, ids=IDS[-len(FEATURE_MAPS):])
 def test_other_feature_maps_step_equals_forward(config):
     mixer = first_mixer(*config)
     x = inputs(9, seed=3)
@@ -79,15 +84,16 @@ def test_other_feature_maps_step_equals_forward(config):
     np.testing.assert_allclose(jnp.stack(outputs, axis=1), compiled(lambda m, x: m(x), mixer)(x), rtol=1e-5, atol=1e-5)
 
 
-def mixing_by_method(mixer, x):
+def mixing_by_method(mixer, x, methods):
     heads = mixer.heads(x, default_positions(*x.shape[:2]))
-    return {method: mixer.mix(*heads, method=method)[0] for method in ("parallel", "scan", "assoc", "chunk", "pallas")}
+    return {method: mixer.mix(*heads, method=method)[0] for method in methods}
 
 
-@pytest.mark.parametrize("variant", ["linear", "retnet", "gla"])
+@pytest.mark.parametrize("variant", LINEAR_FAMILY)
 def test_every_method_gives_the_same_output(variant):
-    mixed = compiled(mixing_by_method, first_mixer(variant))(inputs(21, seed=4))
-    for method in ("scan", "assoc", "chunk", "pallas"):
+    methods = tiny_config(variant).attn.forms
+    mixed = compiled(functools.partial(mixing_by_method, methods=methods), first_mixer(variant))(inputs(21, seed=4))
+    for method in methods:
         np.testing.assert_allclose(mixed[method], mixed["parallel"], rtol=1e-5, atol=1e-6, err_msg=method)
 
 
@@ -159,7 +165,7 @@ def test_bad_settings_fail_with_one_line(overrides, expected, capsys):
     assert len(message.splitlines()) == 1 and all(e in message for e in expected), message
 
 
-@pytest.mark.parametrize("variant", ["linear", "retnet", "gla"])
+@pytest.mark.parametrize("variant", LINEAR_FAMILY)
 def test_bfloat16_compute_stays_close_to_float32(variant):
     tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, VOCAB)
     _, model32 = build(variant)

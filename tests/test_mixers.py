@@ -1,4 +1,5 @@
-"""The mixer protocol, checked for every registered variant (found through configs/attn)."""
+"""The mixer protocol, checked for every registered variant (found through configs/attn) and every
+layer of its model: a hybrid's model has enough layers to build each of its sub-configs."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from lmzoo.mixers.softmax import SoftmaxAttention, SoftmaxConfig
 from lmzoo.model import LM
 
-from conftest import VARIANTS, tiny_config
+from conftest import VARIANTS, covering_layers, layer_specs, tiny_config
 
 VOCAB = 259
-SOFTMAX_FAMILY = [v for v in VARIANTS if tiny_config(v).attn.mixer == "softmax"]
+WITH_SOFTMAX_LAYERS = [v for v in VARIANTS if any(isinstance(spec, SoftmaxConfig) for spec in layer_specs(v))]
 
 
 def build(variant: str, *overrides: str, seed: int = 0):
-    cfg = tiny_config(variant, *overrides)
+    """The tiny model of ``variant`` with a layer of every kind its spec builds."""
+    cfg = tiny_config(variant, f"model.n_layers={covering_layers(variant)}", *overrides)
     return cfg, LM(cfg, VOCAB, rngs=nnx.Rngs(seed))
 
 
@@ -25,17 +28,27 @@ def random_tokens(batch: int, length: int, seed: int = 1):
     return jax.random.randint(jax.random.key(seed), (batch, length), 0, VOCAB)
 
 
+@nnx.jit
+def mixer_forward(mixer, x):
+    return mixer(x)
+
+
+@nnx.jit
+def mixer_step(mixer, x_t, state):  # compiled: op-by-op dispatch of every layer's steps is slow
+    return mixer.step(x_t, state)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_mixer_step_equals_forward(variant):
     _, model = build(variant)
-    mixer = model.blocks[0].mixer
     x = jax.random.normal(jax.random.key(0), (2, 13, 32))
-    full = mixer(x)
-    state, outputs = mixer.init_state(2, 13), []
-    for t in range(13):
-        y_t, state = mixer.step(x[:, t], state)
-        outputs.append(y_t)
-    np.testing.assert_allclose(jnp.stack(outputs, axis=1), full, rtol=1e-5, atol=1e-5)
+    for layer, block in enumerate(model.blocks):
+        state, outputs = block.mixer.init_state(2, 13), []
+        for t in range(13):
+            y_t, state = mixer_step(block.mixer, x[:, t], state)
+            outputs.append(y_t)
+        full = mixer_forward(block.mixer, x)
+        np.testing.assert_allclose(jnp.stack(outputs, axis=1), full, rtol=1e-5, atol=1e-5, err_msg=f"layer {layer}")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -71,17 +84,24 @@ def test_attention_matrix_is_causal_per_head(variant):
         assert np.all(np.asarray(w)[..., upper] == 0)
 
 
-@pytest.mark.parametrize("variant", SOFTMAX_FAMILY)
+@pytest.mark.parametrize("variant", WITH_SOFTMAX_LAYERS)
 def test_softmax_attention_matrix_rows_sum_to_one_and_reproduce_output(variant):
     _, model = build(variant)
-    mixer = model.blocks[0].mixer
     x = jax.random.normal(jax.random.key(2), (2, 9, 32))
-    weights = mixer.attention_matrix(x)  # (B, H, T, T)
-    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
-    _, _, v = mixer.project(x, jnp.broadcast_to(jnp.arange(9), (2, 9)))
-    v = jnp.repeat(v, mixer.n_heads // mixer.n_kv_heads, axis=2)  # (B, T, H, D)
-    mixed = jnp.einsum("bhts,bshd->bthd", weights, v).reshape(2, 9, -1)
-    np.testing.assert_allclose(mixer.o_proj(mixed), mixer(x), rtol=1e-5, atol=1e-6)
+    mixers = [block.mixer for block in model.blocks if isinstance(block.mixer, SoftmaxAttention)]
+    assert mixers
+    for mixer in mixers:
+        weights = mixer.attention_matrix(x)  # (B, H, T, T)
+        np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
+        _, _, v = mixer.project(x, jnp.broadcast_to(jnp.arange(9), (2, 9)))
+        v = jnp.repeat(v, mixer.n_heads // mixer.n_kv_heads, axis=2)  # (B, T, H, D)
+        mixed = jnp.einsum("bhts,bshd->bthd", weights, v).reshape(2, 9, -1)
+        np.testing.assert_allclose(mixer.o_proj(mixed), mixer(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_hybrid_model_builds_each_of_its_sub_configs():
+    specs = layer_specs("gla_softmax")  # pattern [gla, gla, gla, softmax]
+    assert [spec.mixer for spec in specs] == ["gla", "gla", "gla", "softmax"]
 
 
 @pytest.mark.parametrize("variant, kv_heads", [("softmax", 4), ("gqa", 2), ("mqa", 1)])

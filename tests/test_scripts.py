@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
@@ -32,6 +34,12 @@ def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
     assert [row["variant"] for row in rows] == ["softmax", "gla attn.method=pallas attn.chunk_size=16"]
     assert all(row["tokens_per_s"] > 0 and row["batch"] == 2 for row in rows)
     assert "gla attn.method=pallas" in out
+    softmax, gla = rows
+    layers, d_model = 4, 128  # model=tiny
+    attention = 6 * layers * 32 * d_model  # causal scores and values at T=32, forward and backward
+    want = softmax["tokens_per_s"] * (6 * softmax["params"] + attention) / 1e12
+    assert softmax["model_tflops"] == pytest.approx(want, rel=1e-12)
+    assert gla["model_tflops"] == pytest.approx(gla["tokens_per_s"] * 6 * gla["params"] / 1e12, rel=1e-12)
 
 
 def test_plot_metrics_writes_next_to_the_runs(tmp_path):

@@ -1,6 +1,6 @@
-"""Softmax-family refinements: log-n scaling, KeyNorm, sliding windows, MLA, GAU, Transformer-VQ and
-per-layer hybrids. Generic protocol checks (step == forward, causality, probe shapes) for every
-variant YAML run in test_mixers.py; these pin each method's own identities."""
+"""Softmax-family refinements: log-n scaling, KeyNorm, sliding windows, MLA, GAU, Transformer-VQ,
+per-layer hybrids and the family's FLOPs count. Generic protocol checks (step == forward, causality,
+probe shapes) for every variant YAML run in test_mixers.py; these pin each method's own identities."""
 
 from __future__ import annotations
 
@@ -282,3 +282,21 @@ def test_bad_knobs_give_one_line(variant, override, message, capsys):
         tiny_config(variant, override)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"lmzoo: error: {message}"), err
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+def test_flops_per_token_count_scores_and_values_over_the_keys_seen():
+    model = tiny_config("softmax").model  # d_model 32, 4 heads of 8
+
+    def flops(variant, *overrides):
+        return tiny_config(variant, *overrides).attn.flops_per_token(model, 256)
+
+    assert flops("softmax") == flops("gqa") == 6 * 256 * 32  # 3 passes x 2 x (T / 2 keys) x (scores + values)
+    assert flops("swa", "attn.window=64") == 6 * (64 - 64**2 / 512) * 64 < flops("softmax")
+    assert flops("swa", "attn.window=512") == flops("softmax")  # a window past the sequence changes nothing
+    assert flops("mla", "attn.rope_dim=4") == 3 * 256 * (4 * (8 + 4) + 4 * 8)  # rope dims add to the scores only
+    assert flops("gla") == flops("mamba") == 0  # recurrences: no per-pair work beyond the 6N rule's
+    hybrid = tiny_config("gla_softmax", "model.n_layers=4")  # three gla layers, one softmax
+    assert hybrid.attn.flops_per_token(hybrid.model, 256) == flops("softmax") / 4

@@ -1,7 +1,8 @@
-"""Sequence mixers, one module per family; importing this package registers them all.
+"""Sequence mixers, one module per variant; importing this package registers them all.
 
 Every module in this package is imported here, so a new mixer module registers itself just by
-existing: nothing else needs editing.
+existing: nothing else needs editing. What a family's variants share lives in ``family/``
+(``attention``, ``linear``, ``ssm``); a variant module never imports from a sibling variant.
 """
 
 import importlib

@@ -22,12 +22,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.schema import ModelConfig, one_of, positive
 from lmzoo.mixers.base import Mixer, MixerContext, dense
-from lmzoo.mixers.softmax import AttentionConfig, Scoring, cache_append, init_cache
-from lmzoo.ops.attention import causal_mask
+from lmzoo.mixers.family.attention import AttentionConfig, Scoring, cache_append, init_cache
+from lmzoo.ops import causal_mask
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
+from lmzoo.schema import ModelConfig, one_of, positive
 
 WEIGHTS = ("relu2", "softmax")
 
@@ -47,6 +47,9 @@ class GAUConfig(AttentionConfig):
 
     def build(self, ctx, *, rngs):
         return GatedAttentionUnit(self, ctx, rngs=rngs)
+
+    def head_widths(self, model: ModelConfig) -> tuple[int, int]:
+        return self.qk_dim, int(self.expansion * model.d_model)  # one head: s-wide scores, e-wide values
 
 
 class GatedAttentionUnit(Mixer):

@@ -28,11 +28,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 from lmzoo.mixers.base import Mixer, MixerContext, dense
-from lmzoo.mixers.mamba import CausalConv, check_dt_range
+from lmzoo.mixers.family.ssm import CausalConv, check_dt_range
 from lmzoo.ops.lti import causal_toeplitz, diagonal_ssm, diagonal_ssm_kernel
 from lmzoo.registry import register
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 
 METHODS = ("quadratic", "fft", "scan")
 

@@ -17,6 +17,7 @@ Feature maps (``attn.feature_map``), applied per head in float32:
 No position encoding is applied (rotating q and k before a feature map does not give relative
 positions); order comes from the causal sum. ``attn.method`` picks the form of
 ``lmzoo.ops.linear_attention``; decoding carries the state (S, z) of size m x D (+ m) per head.
+The layer is a ``LinearFamilyMixer`` (``lmzoo.mixers.family.linear``).
 """
 
 from __future__ import annotations
@@ -28,26 +29,27 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
-from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
+from lmzoo.mixers.base import MixerContext, dense
+from lmzoo.mixers.family.linear import LinearFamilyConfig, LinearFamilyMixer
 from lmzoo.ops.linear import METHODS, linear_attention, linear_attention_weights
 from lmzoo.registry import register
+from lmzoo.schema import ConfigError, ModelConfig, one_of, positive
 
 FEATURE_MAPS = ("elu+1", "relu", "identity", "favor+")
 
 
 @register("linear")
 @dataclass
-class LinearConfig(MixerConfig):
+class LinearConfig(LinearFamilyConfig):
+    forms = METHODS  # of lmzoo.ops.linear_attention
+
     feature_map: str = "elu+1"  # elu+1 | relu | identity | favor+
     normalize: bool = True  # divide by phi(q_t) . sum_{s<=t} phi(k_s) (the paper's form)
     n_features: Optional[int] = None  # favor+: random features per head; None: the head dim
-    method: str = "chunk"  # parallel | scan | assoc | chunk | pallas (see lmzoo.ops.linear)
-    chunk_size: int = 64  # tokens per chunk for method=chunk
 
     def check(self, model: ModelConfig) -> None:
         one_of("attn.feature_map", self.feature_map, FEATURE_MAPS)
-        chunked_form(self.method, self.chunk_size, METHODS)
+        super().check(model)
         if self.n_features is not None:
             positive("attn.n_features", self.n_features)
             if self.feature_map != "favor+":
@@ -81,7 +83,7 @@ def orthogonal_gaussian(key: jax.Array, rows: int, dim: int) -> jax.Array:
     return directions * jnp.linalg.norm(jax.random.normal(norm_key, (rows, dim)), axis=-1, keepdims=True)
 
 
-class LinearAttention(Mixer):
+class LinearAttention(LinearFamilyMixer):
     def __init__(self, cfg: LinearConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
         d = ctx.d_model
         self.n_heads, self.head_dim = ctx.n_heads, d // ctx.n_heads
@@ -91,15 +93,15 @@ class LinearAttention(Mixer):
         self.k_proj = dense(ctx, d, d, rngs=rngs)
         self.v_proj = dense(ctx, d, d, rngs=rngs)
         self.o_proj = dense(ctx, d, d, rngs=rngs, residual=True)
-        self.feature_dim = self.head_dim
+        self.key_dim, self.value_dim = self.head_dim, self.head_dim  # features per head, value dims per head
         if cfg.feature_map == "favor+":
-            self.feature_dim = cfg.n_features or self.head_dim
-            self.projection = RandomFeatures(orthogonal_gaussian(rngs.params(), self.feature_dim, self.head_dim))
+            self.key_dim = cfg.n_features or self.head_dim
+            self.projection = RandomFeatures(orthogonal_gaussian(rngs.params(), self.key_dim, self.head_dim))
         # favor+ features already hold the softmax temperature; other maps use the op's default
-        self.scale = 1.0 if cfg.feature_map == "favor+" else self.feature_dim**-0.5
+        self.scale = 1.0 if cfg.feature_map == "favor+" else self.key_dim**-0.5
 
     def features(self, x: jax.Array) -> jax.Array:
-        """phi(x) [..., D] -> [..., feature_dim], float32."""
+        """phi(x) [..., head_dim] -> [..., key_dim], float32."""
         x = x.astype(jnp.float32)
         if self.feature_map == "elu+1":
             return jax.nn.elu(x) + 1.0
@@ -109,41 +111,27 @@ class LinearAttention(Mixer):
             return x
         x = x * self.head_dim**-0.25
         logits = x @ self.projection[...].T - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)  # (..., m)
-        return jnp.exp(logits) * self.feature_dim**-0.5
+        return jnp.exp(logits) * self.key_dim**-0.5
 
-    def heads(self, x, positions=None):
-        """phi(q), phi(k) [B,T,H,feature_dim] float32 and v [B,T,H,D]."""
+    def heads(self, x, positions=None):  # no position encoding: see the module docstring
+        """phi(q), phi(k) [B,T,H,key_dim] float32 and v [B,T,H,head_dim]."""
         b, t, _ = x.shape
         split = (b, t, self.n_heads, self.head_dim)
         q, k = self.features(self.q_proj(x).reshape(split)), self.features(self.k_proj(x).reshape(split))
         return q, k, self.v_proj(x).reshape(split)
 
     def mix(self, q, k, v, state=None, method=None):
-        """Per-head output [B,T,H,D] (before the output projection) and the state."""
         return linear_attention(
             q, k, v, scale=self.scale, normalize=self.normalize, initial_state=state,
             method=method or self.method, chunk_size=self.chunk_size,
         )
 
-    def output(self, x, o):
-        """y [..., d_model] from the per-head mixing o [..., H, D]: the output projection."""
-        return self.o_proj(o.reshape(*o.shape[:-2], -1))
-
-    def __call__(self, x, *, positions=None):  # no position encoding: see the module docstring
-        return self.output(x, self.mix(*self.heads(x))[0])
-
-    def init_state(self, batch_size, max_len):
-        s = jnp.zeros((batch_size, self.n_heads, self.feature_dim, self.head_dim), jnp.float32)
-        return (s, jnp.zeros(s.shape[:-1], jnp.float32)) if self.normalize else s
-
-    def step(self, x_t, state):
-        o, state = self.mix(*self.heads(x_t[:, None]), state=state, method="scan")
-        return self.output(x_t, o[:, 0]), state
-
-    def attention_matrix(self, x):
-        q, k, _ = self.heads(x)
+    def mix_weights(self, q, k, v):
         return linear_attention_weights(q, k, scale=self.scale, normalize=self.normalize)
 
-    def state_size(self, max_len):
-        per_head = self.feature_dim * self.head_dim + (self.feature_dim if self.normalize else 0)
-        return self.n_heads * per_head
+    def output(self, x, o):
+        return self.o_proj(o.reshape(*o.shape[:-2], -1))
+
+    def recurrent_state(self, batch_size):
+        s = super().recurrent_state(batch_size)
+        return (s, jnp.zeros(s.shape[:-1], jnp.float32)) if self.normalize else s  # with the key sum z [B,H,m]

@@ -9,7 +9,7 @@ Decoding carries the conv window (d_conv - 1 inputs) and the SSM state ``[E, N]`
 ``attention_matrix`` is the "hidden attention" of the selective scan (``ops.selective_attention``):
 the d_inner channels are split into ``model.n_heads`` contiguous groups, averaged per group.
 
-The conv block and the Δ initialisation are shared with Mamba-2 (``lmzoo.mixers.mamba2``).
+The conv block and the Δ initialisation are the family's (``lmzoo.mixers.family.ssm``).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 from lmzoo.mixers.base import Mixer, MixerContext, dense
-from lmzoo.ops.lti import causal_conv1d
+from lmzoo.mixers.family.ssm import CausalConv, check_dt_range, dt_bias_init, symmetric_uniform
 from lmzoo.ops.selective_scan import METHODS, effective_delta, selective_attention, selective_scan
 from lmzoo.registry import register
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 
 
 @register("mamba")
@@ -54,41 +54,6 @@ class MambaConfig(MixerConfig):
 
     def build(self, ctx, *, rngs):
         return Mamba(self, ctx, rngs=rngs)
-
-
-def check_dt_range(dt_min: float, dt_max: float) -> None:
-    positive("attn.dt_min", dt_min)
-    if dt_max < dt_min:
-        raise ConfigError(f"attn.dt_max={dt_max} must be at least attn.dt_min={dt_min}")
-
-
-def dt_bias_init(key, size: int, dt_min: float, dt_max: float, floor: float = 1e-4) -> jax.Array:
-    """softplus^-1 of Δ drawn log-uniformly in [dt_min, dt_max], so that softplus(bias) starts at Δ."""
-    log_dt = jax.random.uniform(key, (size,), jnp.float32, math.log(dt_min), math.log(dt_max))
-    dt = jnp.maximum(jnp.exp(log_dt), floor)
-    return dt + jnp.log(-jnp.expm1(-dt))  # inverse of softplus
-
-
-def symmetric_uniform(bound: float):
-    return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
-
-
-class CausalConv(nnx.Module):
-    """Depthwise causal conv over [B, T, C] (PyTorch Conv1d's default init); carries its window when decoding."""
-
-    def __init__(self, channels: int, width: int, *, bias: bool, rngs: nnx.Rngs):
-        init = symmetric_uniform(1 / math.sqrt(width))
-        self.width = width
-        self.weight = nnx.Param(init(rngs.params(), (width, channels)))
-        self.bias = nnx.Param(init(rngs.params(), (channels,))) if bias else None
-
-    def __call__(self, x, state=None):
-        """(y [B,T,C], the last width-1 inputs [B,width-1,C])."""
-        bias = None if self.bias is None else self.bias[...]
-        return causal_conv1d(x, self.weight[...], bias, initial_state=state)
-
-    def init_state(self, batch_size: int, dtype) -> jax.Array:
-        return jnp.zeros((batch_size, self.width - 1, self.weight.shape[1]), dtype)
 
 
 class Mamba(Mixer):

@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, positive
 from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
-from lmzoo.mixers.mamba import CausalConv, check_dt_range, dt_bias_init
+from lmzoo.mixers.family.ssm import CausalConv, check_dt_range, dt_bias_init
 from lmzoo.ops.ssd import METHODS, ssd, ssd_attention
 from lmzoo.registry import register
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, positive
 
 
 @register("mamba2")

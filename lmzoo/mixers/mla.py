@@ -20,11 +20,11 @@ from typing import Optional
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.schema import ConfigError, ModelConfig, positive
 from lmzoo.mixers.base import Mixer, MixerContext, dense
-from lmzoo.mixers.softmax import AttentionConfig, Scoring, cache_append, init_cache
+from lmzoo.mixers.family.attention import AttentionConfig, Scoring, cache_append, init_cache
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
+from lmzoo.schema import ConfigError, ModelConfig, positive
 
 
 @register("mla")
@@ -46,16 +46,21 @@ class MLAConfig(AttentionConfig):
     def build(self, ctx, *, rngs):
         return MultiHeadLatentAttention(self, ctx, rngs=rngs)
 
+    def head_widths(self, model: ModelConfig) -> tuple[int, int]:
+        head_dim, _, rope_dim = ranks(self, model.d_model, model.n_heads)
+        return model.n_heads * (head_dim + rope_dim), model.n_heads * head_dim  # scores see the rope part too
 
-def ranks(cfg: MLAConfig, ctx: MixerContext) -> tuple[int, int, int]:
-    head_dim = ctx.d_model // ctx.n_heads
+
+def ranks(cfg: MLAConfig, d_model: int, n_heads: int) -> tuple[int, int, int]:
+    """(head_dim, kv_rank, rope_dim) with their defaults filled in."""
+    head_dim = d_model // n_heads
     return head_dim, cfg.kv_rank or 4 * head_dim, cfg.rope_dim or head_dim // 2
 
 
 class MultiHeadLatentAttention(Mixer):
     def __init__(self, cfg: MLAConfig, ctx: MixerContext, *, rngs):
         self.n_heads = ctx.n_heads
-        self.head_dim, self.kv_rank, self.rope_dim = ranks(cfg, ctx)
+        self.head_dim, self.kv_rank, self.rope_dim = ranks(cfg, ctx.d_model, ctx.n_heads)
         h, hd, dr, d = ctx.n_heads, self.head_dim, self.rope_dim, ctx.d_model
         self.scoring = Scoring(cfg, ctx, head_dim=hd + dr, rotary_dim=dr)
         if cfg.q_rank:

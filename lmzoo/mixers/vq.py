@@ -24,10 +24,11 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 from lmzoo.mixers.base import AuxLoss, Mixer, MixerContext, dense
+from lmzoo.ops import causal_mask
 from lmzoo.ops.vq import METHODS, gather_codewords, init_vq_cache, vq_attention, vq_cache_step
 from lmzoo.registry import register
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 
 
 class CodebookEMA(nnx.Variable):
@@ -39,7 +40,7 @@ class CodebookEMA(nnx.Variable):
 class VQConfig(MixerConfig):
     codebook_size: int = 128  # codewords per head (S)
     block_size: int = 64  # queries per block of the linear-time form
-    method: str = "blockwise"  # blockwise (linear time) | quadratic (reference)
+    method: str = "blockwise"  # blockwise (linear time) or the quadratic reference (lmzoo.ops.vq.METHODS)
     commitment: float = 0.25  # weight of the commitment loss
     ema_decay: float = 0.99  # codebook statistics' moving-average decay
 
@@ -132,7 +133,7 @@ class VQAttention(Mixer):
         keys = gather_codewords(codebook, self.quantise(k, codebook))
         t = x.shape[1]
         scores = jnp.einsum("bthd,bshd->bhts", q.astype(jnp.float32), keys) * self.head_dim**-0.5
-        return jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -jnp.inf), axis=-1)
+        return jax.nn.softmax(jnp.where(causal_mask(t, t), scores, -jnp.inf), axis=-1)
 
     def state_size(self, max_len):
         return self.n_heads * self.n_codes * (self.head_dim + 1)

@@ -37,6 +37,8 @@ from jax import lax
 from lmzoo.ops.linear import causal, check_method, from_chunks, to_chunks
 from lmzoo.ops.pallas.gla import gla_pallas
 
+METHODS = ("parallel", "scan", "assoc", "chunk", "pallas")
+
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
 def gla(q, k, v, log_g, *, scale=None, initial_state=None, method="chunk", chunk_size=64):

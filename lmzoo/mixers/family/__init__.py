@@ -1,0 +1,11 @@
+"""Parts shared by the mixers of one family, kept apart from any single variant.
+
+- ``attention``: the softmax family's shared knobs (``AttentionConfig``), its scoring (position
+  method, scale, log-n, window) and its decoding cache;
+- ``linear``: the linear-attention family's base (``LinearFamilyMixer``: heads / mix / output over
+  a matrix state per head), its gated form (``GatedMixer``) and the gated head norm;
+- ``ssm``: the state-space family's causal conv block and the initialisation and checks of Δ.
+
+A variant module imports from here (and from ``base``, ops, schema, registry, positions), never from
+a sibling variant; a new variant of a family starts from its family's base.
+"""

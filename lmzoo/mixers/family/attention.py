@@ -1,0 +1,197 @@
+"""The softmax family's shared parts: its knobs, how a layer scores queries against keys, its cache.
+
+``AttentionConfig`` holds the knobs every softmax-family spec shares (softmax, MLA and GAU extend it)
+and counts the family's FLOPs; ``Scoring`` applies the knobs identically in the parallel forward,
+the decoding step and the probes: position method, logit scale, log-n factor, window. Decoding
+caches keys *before* any position method, together with each slot's position, so every method
+reads the same cache (ReRoPE rotates each key two ways); with a window the cache is a ring buffer
+of ``window`` slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from lmzoo.mixers.base import MixerContext
+from lmzoo.ops import causal_mask
+from lmzoo.ops.attention import METHODS, logn_scale, repeat_kv, softmax_attention
+from lmzoo.positions import Positions
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
+
+
+@dataclass
+class AttentionConfig(MixerConfig):
+    """Knobs shared by the softmax family; each can also be switched when evaluating a checkpoint."""
+
+    method: str = "xla"  # a form in lmzoo.ops.attention.METHODS; ReRoPE kinds always compute the readable one
+    window: Optional[int] = None  # sliding window: a query sees itself and the window - 1 keys before it; None: all
+    scale: Optional[float] = None  # logit scale; None: head_dim ** -0.5 (1 with key_norm)
+    logn: bool = False  # multiply each query's logits by log(n) / log(logn_base), n = the keys it sees
+    logn_base: Optional[int] = None  # None: the training length (data.seq_len)
+    logn_clamp: bool = False  # factor max(1, .): unchanged inside the training length
+    nope: bool = False  # true: this layer ignores the model's position method (NoPE)
+
+    def check(self, model: ModelConfig) -> None:
+        one_of("attn.method", self.method, METHODS)
+        if self.window is not None:
+            positive("attn.window", self.window)
+        if self.scale is not None:
+            positive("attn.scale", self.scale)
+        if self.logn_base is not None and self.logn_base < 2:
+            raise ConfigError(f"attn.logn_base={self.logn_base} must be at least 2")
+
+    def flops_per_token(self, model: ModelConfig, seq_len: int) -> float:
+        """Query-key scores and weighted values over the keys a query sees on average, forward and
+        backward: 3 passes x 2 FLOPs per multiply-add."""
+        score_width, value_width = self.head_widths(model)
+        return 6 * mean_keys_seen(seq_len, self.window) * (score_width + value_width)
+
+    def head_widths(self, model: ModelConfig) -> tuple[int, int]:
+        """Summed over query heads: the width of a query-key dot product and of the values mixed."""
+        return model.d_model, model.d_model
+
+
+def mean_keys_seen(seq_len: int, window: Optional[int]) -> float:
+    """Keys per query averaged over a causal sequence, as the area of its mask over its length:
+    ``seq_len / 2`` without a window; with a window w, w less w^2 / (2 seq_len) for the first w
+    queries, which see fewer."""
+    span = seq_len if window is None else min(window, seq_len)
+    return span - span * span / (2 * seq_len)
+
+
+class Scoring:
+    """How one layer turns queries and keys into attention logits and weights.
+
+    ``rotary_dim``: only the trailing ``rotary_dim`` dims of q and k see positions, the rest are
+    position-free (MLA's decoupled RoPE); None: all of them.
+    """
+
+    def __init__(self, cfg: AttentionConfig, ctx: MixerContext, *, head_dim: int, rotary_dim=None, key_norm=False):
+        self.pos = Positions.none() if cfg.nope else ctx.pos
+        default_scale = 1.0 if key_norm else head_dim**-0.5  # unit keys: the query's length is the temperature
+        self.scale = (default_scale if cfg.scale is None else cfg.scale) * self.pos.logit_scale
+        self.window, self.method, self.rotary_dim = cfg.window, cfg.method, rotary_dim
+        self.logn_base = (cfg.logn_base or ctx.train_len) if cfg.logn else None
+        self.logn_clamp = cfg.logn_clamp
+
+    def cache_size(self, max_len: int) -> int:
+        return max_len if self.window is None else min(self.window, max_len)
+
+    def keys_seen(self, query_index: jax.Array) -> jax.Array:
+        """How many keys the query at 0-based ``query_index`` attends to."""
+        n = query_index + 1
+        return n if self.window is None else jnp.minimum(n, self.window)
+
+    def logn_factor(self, n_keys: jax.Array) -> Optional[jax.Array]:
+        """Log-n factor per query [T] (n_keys: [T]), or None when log-n scaling is off."""
+        return None if self.logn_base is None else logn_scale(n_keys, self.logn_base, clamp=self.logn_clamp)
+
+    def scale_queries(self, q: jax.Array, n_keys: jax.Array) -> jax.Array:
+        """Log-n scaling as a per-query factor on q [B,T,H,D]: it multiplies every dot product of the query."""
+        factor = self.logn_factor(n_keys)
+        if factor is None:
+            return q
+        return (q.astype(jnp.float32) * factor[None, :, None, None]).astype(q.dtype)
+
+    def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        r = self.rotary_dim
+        if r is None:
+            return self.pos.rotate(x, positions)
+        return jnp.concatenate([x[..., :-r], self.pos.rotate(x[..., -r:], positions)], axis=-1)
+
+    def logits(self, q, k, q_pos, k_pos, *, free=None) -> jax.Array:
+        """Scaled and biased logits [B,H,T,S] float32 of q [B,T,H,D], k [B,S,H,D] (one key head per
+        query head); ``free`` adds precomputed position-free dot products (MLA's absorbed latent part)."""
+        r = self.rotary_dim
+        if r is not None and r < q.shape[-1]:
+            content = jnp.einsum("bthd,bshd->bhts", q[..., :-r], k[..., :-r], preferred_element_type=jnp.float32)
+            free = content if free is None else free + content
+            q, k = q[..., -r:], k[..., -r:]
+        scores = self.pos.scores(q, k, q_pos, k_pos)
+        if free is not None:
+            scores = scores + free
+        bias = self.pos.bias(q_pos, k_pos, q.shape[2])
+        scores = scores * self.scale
+        return scores if bias is None else scores + bias
+
+    def weights(self, q, k, q_pos, k_pos, mask, *, free=None) -> jax.Array:
+        """Softmax probabilities [B,H,T,S] float32; k may have fewer heads than q (GQA)."""
+        k = repeat_kv(k, q.shape[2] // k.shape[2])
+        logits = self.logits(q, k, q_pos, k_pos, free=free)
+        return jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1)
+
+    def matrix(self, q, k, positions) -> jax.Array:
+        """Causal weights [B,H,T,T] of a whole sequence (the probes' view of ``parallel``)."""
+        t = q.shape[1]
+        q = self.scale_queries(q, self.keys_seen(jnp.arange(t)))
+        return self.weights(q, k, positions, positions, causal_mask(t, t, window=self.window))
+
+    def parallel(self, q, k, v, positions) -> jax.Array:
+        """Causal attention: q [B,T,H,D], k [B,T,K,D], v [B,T,K,Dv] -> [B,T,H,Dv] in v's dtype."""
+        if self.pos.clips_distance:  # two score matrices per pair: no fused kernel computes this
+            weights = self.matrix(q, k, positions)
+            return jnp.einsum("bhts,bshd->bthd", weights.astype(v.dtype), repeat_kv(v, q.shape[2] // v.shape[2]))
+        q = self.scale_queries(q, self.keys_seen(jnp.arange(q.shape[1])))
+        q, k = self.rotate(q, positions), self.rotate(k, positions)
+        bias = self.pos.bias(positions, positions, q.shape[2])
+        d_v = v.shape[-1]
+        q, k, v = pad_to_one_head_dim(q, k, v)
+        y = softmax_attention(q, k, v, scale=self.scale, window=self.window, bias=bias, method=self.method)
+        return y[..., :d_v]
+
+    def cache_logits(self, q, keys, slot_pos, t, *, free=None):
+        """Logits [B,H,1,S] of one query per sequence at position ``t`` against a cache of raw keys
+        [B,S,H,D] whose slots hold positions ``slot_pos`` [S] (-1: empty), and the mask of visible slots.
+        ``free``: position-free dot products of the same (unscaled) query, added to the logits."""
+        b, size = q.shape[0], keys.shape[1]
+        factor = self.logn_factor(self.keys_seen(t)[None])
+        if factor is not None:
+            q = self.scale_queries(q, self.keys_seen(t)[None])
+            free = None if free is None else free * factor
+        q_pos = jnp.full((b, 1), t, jnp.int32)
+        k_pos = jnp.broadcast_to(slot_pos, (b, size))
+        visible = slot_pos >= 0
+        if self.window is not None:
+            visible &= slot_pos > t - self.window
+        return self.logits(q, keys, q_pos, k_pos, free=free), visible[None, None, None, :]
+
+    def cache_weights(self, q, keys, slot_pos, t, *, free=None) -> jax.Array:
+        keys = repeat_kv(keys, q.shape[2] // keys.shape[2])
+        logits, visible = self.cache_logits(q, keys, slot_pos, t, free=free)
+        return jax.nn.softmax(jnp.where(visible, logits, -jnp.inf), axis=-1)
+
+
+def pad_to_one_head_dim(q, k, v):
+    """Zero-pad q/k or v so all share one head dim (fused kernels need it); dot products are unchanged."""
+    d, d_v = q.shape[-1], v.shape[-1]
+    pad = lambda x, n: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n)])
+    if d_v < d:
+        return q, k, pad(v, d - d_v)
+    if d_v > d:
+        return pad(q, d_v - d), pad(k, d_v - d), v
+    return q, k, v
+
+
+# ----------------------------------------------------------------------------- decoding cache
+
+
+def init_cache(batch: int, size: int, **fields) -> dict:
+    """A cache of ``size`` slots per sequence; ``fields``: name=(per-slot shape, dtype)."""
+    cache = {name: jnp.zeros((batch, size, *shape), dtype) for name, (shape, dtype) in fields.items()}
+    return {**cache, "pos": jnp.full((size,), -1, jnp.int32), "t": jnp.zeros((), jnp.int32)}
+
+
+def cache_append(cache: dict, **entries) -> dict:
+    """Write one step's entries [B, ...] into slot t mod size (a ring buffer when size < length)."""
+    t, size = cache["t"], cache["pos"].shape[0]
+    slot = t % size
+    written = {
+        name: lax.dynamic_update_slice_in_dim(cache[name], value[:, None].astype(cache[name].dtype), slot, axis=1)
+        for name, value in entries.items()
+    }
+    return {**cache, **written, "pos": cache["pos"].at[slot].set(t), "t": t + 1}

@@ -1,0 +1,132 @@
+"""The linear-attention family: mixers whose token mixing is one recurrence over a matrix state per
+head, ``S_t = decay_t S_{t-1} + k_t^T v_t`` read out as ``o_t = q_t S_t`` (linear attention, RetNet,
+GLA; the delta rule changes only the update).
+
+A family mixer declares three parts,
+
+    heads(x, positions) -> (q, k, v, *gates)           per-token inputs of its op, v third
+    mix(*heads, state=None, method=None) -> (o, S)     the op in any of its forms, from any state
+    output(x, o) -> y                                   per-head o [.., H, Dv] to [.., d_model]
+
+plus ``mix_weights(*heads)``, the [B, H, T, T] weights the op applies to v, and the base does the
+rest: the forward is ``output(x, mix(*heads(x, positions))[0])``, decoding runs the same ``mix`` in
+its ``"scan"`` form one token at a time from a state of ``recurrent_state``'s shape, and
+``state_size`` counts that state.
+
+Mamba-2 and H3 are recurrences of the same kind but stay outside this base: their op inputs come
+from a causal conv over past tokens, whose window is decoding state too, so their ``heads`` would not
+be a per-token function of x.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
+from lmzoo.ops.gated import METHODS, gla, gla_weights
+from lmzoo.positions import default_positions
+from lmzoo.schema import MixerConfig, ModelConfig
+
+
+@dataclass
+class LinearFamilyConfig(MixerConfig):
+    """Knobs every linear-family spec has: the form of its op and the chunk length.
+
+    ``flops_per_token`` stays 0: a token's state update and read-out cost O(heads * Dk * Dv) however
+    long the sequence, and the chunk form's in-chunk matmuls add O(chunk_size) per token, a
+    choice of form rather than work the model needs; counting neither keeps throughput reports
+    comparable across forms and chunk sizes (their MFU understates the hardware's work).
+    """
+
+    forms = METHODS  # the op's forms; a class attribute, not a config key
+
+    method: str = "chunk"  # parallel | scan | assoc | chunk | pallas (see the family's op)
+    chunk_size: int = 64  # tokens per chunk for method=chunk|pallas
+
+    def check(self, model: ModelConfig) -> None:
+        chunked_form(self.method, self.chunk_size, self.forms)
+
+
+class LinearFamilyMixer(Mixer):
+    """Base of the family's mixers; subclasses set ``n_heads``, ``key_dim``, ``value_dim``,
+    ``method`` and ``chunk_size`` and implement ``heads``, ``mix``, ``mix_weights`` and ``output``."""
+
+    n_heads: int
+    key_dim: int
+    value_dim: int
+
+    def heads(self, x, positions) -> tuple:
+        """The op's inputs for x [B, T, d_model] at ``positions`` [B, T]: q, k, v, then any gates."""
+        raise NotImplementedError
+
+    def mix(self, *heads, state=None, method=None):
+        """The op on ``heads``: per-head output [B, T, H, Dv] and the final state."""
+        raise NotImplementedError
+
+    def mix_weights(self, *heads) -> jax.Array:
+        """[B, H, T, T] float32: the causal weights ``mix`` applies to v from a zero state."""
+        raise NotImplementedError
+
+    def output(self, x, o):
+        """y [..., d_model] from x [..., d_model] and the per-head mixing o [..., H, Dv]."""
+        raise NotImplementedError
+
+    def recurrent_state(self, batch_size: int):
+        """The op's state at the start of a sequence: S [B, H, Dk, Dv] float32."""
+        return jnp.zeros((batch_size, self.n_heads, self.key_dim, self.value_dim), jnp.float32)
+
+    def __call__(self, x, *, positions=None):
+        positions = default_positions(*x.shape[:2]) if positions is None else positions
+        return self.output(x, self.mix(*self.heads(x, positions))[0])
+
+    def init_state(self, batch_size, max_len):
+        return {"S": self.recurrent_state(batch_size), "t": jnp.zeros((), jnp.int32)}
+
+    def step(self, x_t, state):
+        x = x_t[:, None]  # (B, 1, d_model)
+        positions = jnp.full((x.shape[0], 1), state["t"], jnp.int32)
+        o, s = self.mix(*self.heads(x, positions), state=state["S"], method="scan")
+        return self.output(x, o)[:, 0], {"S": s, "t": state["t"] + 1}
+
+    def attention_matrix(self, x):
+        return self.mix_weights(*self.heads(x, default_positions(*x.shape[:2])))
+
+    def state_size(self, max_len):
+        return sum(leaf.size for leaf in jax.tree.leaves(jax.eval_shape(lambda: self.recurrent_state(1))))
+
+
+class GatedHeadNorm(nnx.Module):
+    """``swish(x W_g) * headnorm(o)``: each head's output RMS-normalised in float32, then gated by x."""
+
+    def __init__(self, ctx: MixerContext, heads: int, head_dim: int, *, rngs: nnx.Rngs, eps: float = 1e-5):
+        self.gate = dense(ctx, ctx.d_model, heads * head_dim, rngs=rngs)
+        self.norm = nnx.RMSNorm(head_dim, epsilon=eps, dtype=jnp.float32, rngs=rngs)
+
+    def __call__(self, x, o):
+        """x [..., d_model], o [..., H, Dv] -> [..., H * Dv] in x's dtype."""
+        normed = self.norm(o.astype(jnp.float32)).reshape(*o.shape[:-2], -1)  # (..., H * Dv)
+        return (normed * jax.nn.silu(self.gate(x).astype(jnp.float32))).astype(x.dtype)
+
+
+class GatedMixer(LinearFamilyMixer):
+    """A family mixer on ``lmzoo.ops.gla`` (heads give q, k, v and log gates, per key dim or per
+    head) whose output is ``W_o (swish(x W_g) * headnorm(o))``, as in RetNet and GLA."""
+
+    def init_output(self, ctx: MixerContext, *, rngs: nnx.Rngs) -> None:
+        """The output gate, norm and projection; made after the heads' projections, as the
+        parameters' draw order (and so every seeded initialisation) has always been."""
+        self.out_gate = GatedHeadNorm(ctx, self.n_heads, self.value_dim, rngs=rngs)
+        self.o_proj = dense(ctx, self.n_heads * self.value_dim, ctx.d_model, rngs=rngs, residual=True)
+
+    def mix(self, q, k, v, log_g, state=None, method=None):
+        return gla(q, k, v, log_g, initial_state=state, method=method or self.method, chunk_size=self.chunk_size)
+
+    def mix_weights(self, q, k, v, log_g):
+        return gla_weights(q, k, log_g)  # scale * (q_i * decay from j to i) . k_j
+
+    def output(self, x, o):
+        return self.o_proj(self.out_gate(x, o))
