@@ -114,7 +114,8 @@ class DataConfig:
     def extra_evaluation(self, forward, lengths, out_dir, *, seed: int = 0, batch_size: int = 8) -> Optional[dict]:
         """Evaluations of its own a source offers beyond loss and accuracy (e.g. a retrieval grid), or None.
 
-        ``forward`` maps tokens ``[B, T]`` to logits ``[B, T, V]``; ``lengths`` are the evaluated input
-        lengths, ``seed`` the run's data seed; plots go into ``out_dir``. Returns JSON-ready results by name.
+        ``forward`` maps tokens ``[B, T]`` to logits ``[B, T, V]``; ``lengths`` are the input lengths to
+        evaluate (None: the source's own choice), ``seed`` the run's data seed; plots go into ``out_dir``.
+        Returns JSON-ready results by name, e.g. ``{"passkey": {...}}``.
         """
         return None

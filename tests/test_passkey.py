@@ -135,5 +135,6 @@ def test_the_task_offers_its_grid_to_the_evaluator_and_other_sources_offer_none(
     extra = cfg.extra_evaluation(oracle, [32, 64], tmp_path, batch_size=4)
     assert extra["passkey"]["answer_accuracy"] == [[1.0, 1.0], [1.0, 1.0]]
     assert (tmp_path / "passkey.png").exists()
+    assert cfg.extra_evaluation(oracle, None, tmp_path, batch_size=4)["passkey"]["lengths"] == [32, 64, 128, 256, 512]
     assert DataConfig(source="stdlib").extra_evaluation(oracle, [32], tmp_path) is None
     assert registry.SOURCES.lookup("mqar")().extra_evaluation(oracle, [32], tmp_path) is None
