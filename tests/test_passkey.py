@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -65,13 +67,15 @@ def test_the_needle_sits_at_the_requested_depth(depth):
     np.testing.assert_array_equal(batch["targets"][:, -CFG.digits :], same_numbers["targets"][:, -CFG.digits :])
 
 
-def test_too_short_lengths_are_config_errors():
+def test_too_short_lengths_and_depths_outside_0_1_are_refused():
     message = r"^data.seq_len=9 is too short for passkey: data.digits=4 needs at least 10$"
     with pytest.raises(ConfigError, match=message):
         PasskeyConfig(seq_len=9, digits=4).check()
     PasskeyConfig(seq_len=10, digits=4).check()
     with pytest.raises(ConfigError, match="length=9 is too short"):
         CFG.examples_at(9, 0.5, 2)
+    with pytest.raises(ValueError, match=r"lies in \[0, 1\], got 1.5"):
+        CFG.examples_at(32, 1.5, 2)
 
 
 @pytest.mark.parametrize(
@@ -106,6 +110,7 @@ def constant(tokens: np.ndarray) -> np.ndarray:
 def test_an_oracle_retrieves_every_answer(tmp_path):
     grid = passkey_grid(oracle, CFG, [32, 64], [0.0, 0.5, 1.0], 6, 4, plot_path=tmp_path / "passkey.png")
     assert grid["lengths"] == [32, 64] and grid["depths"] == [0.0, 0.5, 1.0]
+    assert json.loads(json.dumps(grid)) == grid
     assert np.array(grid["accuracy"]).shape == (3, 2)
     assert np.all(np.array(grid["accuracy"]) == 1) and np.all(np.array(grid["answer_accuracy"]) == 1)
     for key in ("accuracy_ci", "answer_accuracy_ci"):

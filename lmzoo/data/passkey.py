@@ -94,6 +94,8 @@ class PasskeyConfig(TaskConfig):
     ) -> tuple[np.ndarray, np.ndarray]:
         """One example of ``length`` tokens with the needle at relative ``depth`` (None: uniformly drawn)."""
         self.check_length(length - 1)
+        if depth is not None and not 0 <= depth <= 1:
+            raise ValueError(f"a passkey depth is relative: it lies in [0, 1], got {depth}")
         number = rng.integers(0, self.base, size=self.digits)  # first, so it does not depend on the depth
         n_filler = length - 2 * (self.digits + 1)
         at = rng.integers(0, n_filler + 1) if depth is None else round(depth * n_filler)
