@@ -37,9 +37,7 @@ from statistics import NormalDist
 from typing import Callable, Optional, Sequence
 
 import numpy as np
-from matplotlib.patches import Rectangle
 
-from lmzoo import plots
 from lmzoo.data.synthetic import VALIDATION, TaskConfig, TaskTokenizer
 from lmzoo.metrics.intervals import LEVEL, Interval, metric_interval
 from lmzoo.registry import SOURCES
@@ -192,6 +190,8 @@ def wilson_interval(successes: int, trials: int, level: float = LEVEL) -> Interv
 
 def heat_map(grid: dict, path: Path) -> Path:
     """Answer accuracy over needle depth (y) and length (x, log), numbers in the cells, the training length outlined."""
+    from lmzoo import plots  # matplotlib only once a plot is drawn: importing lmzoo.data stays light
+
     lengths, depths = np.array(grid["lengths"], float), np.array(grid["depths"], float)
     accuracy = np.array(grid["answer_accuracy"])  # (depths, lengths)
     x_edges, y_edges = np.exp(cell_edges(np.log(lengths))), cell_edges(depths)
@@ -204,15 +204,21 @@ def heat_map(grid: dict, path: Path) -> Path:
         colour = "black" if value > 0.6 else "white"  # readable on viridis' light and dark ends
         ax.text(lengths[j], depths[i], f"{value:.2f}", ha="center", va="center", fontsize=8, color=colour)
     if grid["train_len"] in grid["lengths"]:
-        j = grid["lengths"].index(grid["train_len"])
-        corner, width, height = (x_edges[j], y_edges[0]), x_edges[j + 1] - x_edges[j], y_edges[-1] - y_edges[0]
-        label = f"training length ({grid['train_len']})"
-        ax.add_patch(Rectangle(corner, width, height, fill=False, edgecolor="red", linewidth=2, label=label))
+        column = grid["lengths"].index(grid["train_len"])
+        outline_column(ax, x_edges, y_edges, column, label=f"training length ({grid['train_len']})")
     ax.set_yticks(depths)
     ax.set_ylim(y_edges[-1], y_edges[0])  # depth 0 (needle first) at the top, as the text reads
     title = f"passkey retrieval, {grid['examples_per_cell']} examples per cell"
     return plots.save_axes(fig, ax, Path(path), xticks=grid["lengths"], xlabel="length (tokens)",
                            ylabel="needle depth (0: first, 1: last)", title=title)
+
+
+def outline_column(ax, x_edges: np.ndarray, y_edges: np.ndarray, column: int, label: str) -> None:
+    from matplotlib.patches import Rectangle
+
+    corner = (x_edges[column], y_edges[0])
+    width, height = x_edges[column + 1] - x_edges[column], y_edges[-1] - y_edges[0]
+    ax.add_patch(Rectangle(corner, width, height, fill=False, edgecolor="red", linewidth=2, label=label))
 
 
 def cell_edges(centres: np.ndarray) -> np.ndarray:
