@@ -143,3 +143,11 @@ def test_the_task_offers_its_grid_to_the_evaluator_and_other_sources_offer_none(
     assert cfg.extra_evaluation(oracle, None, tmp_path, batch_size=4)["passkey"]["lengths"] == [32, 64, 128, 256, 512]
     assert DataConfig(source="stdlib").extra_evaluation(oracle, [32], tmp_path) is None
     assert registry.SOURCES.lookup("mqar")().extra_evaluation(oracle, [32], tmp_path) is None
+
+
+def test_training_on_passkey_scores_the_answer(tmp_path):
+    from lmzoo.train import train
+
+    cfg = tiny_config("softmax", "data=passkey", "train.steps=2", "train.eval_every=2", run_dir=tmp_path)
+    summary = train(cfg)
+    assert 0.0 <= summary["val_accuracy"] <= 1.0 and np.isfinite(summary["val_loss"])
