@@ -76,7 +76,8 @@ class PasskeyConfig(TaskConfig):
 
     @property
     def min_length(self) -> int:
-        """Shortest model input: the needle, the question and its answer, and one filler token."""
+        """Shortest model input; its example (one token longer) holds the needle, the question, the answer
+        and one filler token."""
         return 2 * (self.digits + 1)
 
     def check_length(self, length: int, key: str = "length") -> None:
@@ -110,7 +111,8 @@ class PasskeyConfig(TaskConfig):
         rows = []
         for index in range(n):
             seq, scored = self.example_at(np.random.default_rng([seed, VALIDATION, index]), length + 1, tok, depth)
-            rows.append({"inputs": seq[:-1], "targets": seq[1:], "weights": scored[1:].astype(np.float32)})
+            inputs, targets = seq[:-1].astype(np.int32), seq[1:].astype(np.int32)
+            rows.append({"inputs": inputs, "targets": targets, "weights": scored[1:].astype(np.float32)})
         return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
     def extra_evaluation(
