@@ -61,7 +61,7 @@ def test_training_draws_the_depth_uniformly():
 def test_the_needle_sits_at_the_requested_depth(depth):
     batch = CFG.examples_at(40, depth, 4, seed=3)
     n_filler = 41 - 2 * (CFG.digits + 1)
-    assert batch["inputs"].shape == (4, 40)
+    assert batch["inputs"].shape == (4, 40) and batch["inputs"].dtype == np.int32
     assert all(needle_at(inputs) == round(depth * n_filler) for inputs in batch["inputs"])
     same_numbers = CFG.examples_at(64, 1 - depth, 4, seed=3)  # example i hides the same number in every cell
     np.testing.assert_array_equal(batch["targets"][:, -CFG.digits :], same_numbers["targets"][:, -CFG.digits :])
