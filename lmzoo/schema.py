@@ -110,3 +110,12 @@ class DataConfig:
     def build(self, *, seed: int, shard_index: int, shard_count: int):
         """The data: a tokenizer, training batches and fixed validation batches (see ``lmzoo.data.Data``)."""
         raise NotImplementedError(f"{type(self).__name__} does not define build()")
+
+    def extra_evaluation(self, forward, lengths, out_dir, *, seed: int = 0, batch_size: int = 8) -> Optional[dict]:
+        """Evaluations of its own a source offers beyond loss and accuracy (e.g. a retrieval grid), or None.
+
+        ``forward`` maps tokens ``[B, T]`` to logits ``[B, T, V]``; ``lengths`` are the input lengths to
+        evaluate (None: the source's own choice), ``seed`` the run's data seed; plots go into ``out_dir``.
+        Returns JSON-ready results by name, e.g. ``{"passkey": {...}}``.
+        """
+        return None
