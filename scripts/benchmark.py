@@ -15,7 +15,9 @@ copy bandwidth measured in the same run. ``--gpu`` runs the shapes (B, T, H, D) 
 
 A case is a function ``(shape, dtype, key) -> (fn, args)``: ``fn(*args)`` returns the output (or
 a tuple whose first element is the output); registered under "<op>/<form>" with ``@case``, with
-optional FLOP or byte counts. A case that cannot run here raises ``Unavailable`` and is skipped.
+optional FLOP or byte counts. Every op's every form has a case, its ``naive`` reference included.
+A case that cannot run here (no GPU, or a form the installed ``lmzoo.ops`` lacks, when timing an
+older tree for a before/after comparison) raises ``Unavailable`` and is skipped.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ import jax
 import jax.numpy as jnp
 
 from lmzoo import ops
+from lmzoo.ops.attention import METHODS as SOFTMAX_FORMS
+from lmzoo.ops.linear import METHODS as LINEAR_FAMILY_FORMS  # the forms of lmzoo.ops.gated too
+from lmzoo.ops.lti import METHODS as LTI_FORMS
+from lmzoo.ops.selective_scan import METHODS as SELECTIVE_SCAN_FORMS
+from lmzoo.ops.ssd import METHODS as SSD_FORMS
+from lmzoo.ops.vq import METHODS as VQ_FORMS
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,13 @@ BACKWARD_FLOPS = 2.0  # a backward pass does about twice the forward's matmul wo
 
 class Unavailable(Exception):
     """The case cannot run on this machine (no cuDNN, no GPU ...)."""
+
+
+def offered(methods: tuple[str, ...], method: str) -> str:
+    """``method`` if the op offers it, else ``Unavailable``."""
+    if method not in methods:
+        raise Unavailable(f"this lmzoo.ops has no form {method!r}")
+    return method
 
 
 def case(name: str, *, flops: Callable | None = None, bytes_moved: Callable | None = None):
@@ -94,9 +109,10 @@ def _softmax_xla(shape, dtype, key):
     return (lambda q, k, v: ops.softmax_attention(q, k, v, method="xla")), qkv(shape, dtype, key)
 
 
-@case("softmax/reference")
-def _softmax_reference(shape, dtype, key):
-    return (lambda q, k, v: ops.softmax_attention(q, k, v, method="reference")), qkv(shape, dtype, key)
+@case("softmax/naive")
+def _softmax_naive(shape, dtype, key):
+    method = offered(SOFTMAX_FORMS, "naive")
+    return (lambda q, k, v: ops.softmax_attention(q, k, v, method=method)), qkv(shape, dtype, key)
 
 
 @case("softmax/cudnn", flops=attention_flops)
@@ -125,14 +141,17 @@ def vq_args(shape: Shape, dtype, key, n_codes: int = 128):
     return q, gather_codewords(codebook, codes), codes, codebook, v
 
 
-@case("vq/quadratic")
-def _vq_quadratic(shape, dtype, key):
-    return (lambda q, k, z, c, v: ops.vq_attention(q, k, z, c, v, block_size=128, method="quadratic")), vq_args(shape, dtype, key)
+def vq_case(method: str):
+    def build(shape, dtype, key):
+        form = offered(VQ_FORMS, method)
+        fn = lambda q, k, z, c, v: ops.vq_attention(q, k, z, c, v, block_size=128, method=form)  # noqa: E731
+        return fn, vq_args(shape, dtype, key)
+
+    return build
 
 
-@case("vq/blockwise")
-def _vq_blockwise(shape, dtype, key):
-    return (lambda q, k, z, c, v: ops.vq_attention(q, k, z, c, v, block_size=128, method="blockwise")), vq_args(shape, dtype, key)
+case("vq/naive")(vq_case("naive"))
+case("vq/blockwise")(vq_case("blockwise"))
 
 
 # State-space family. The generic shape maps to: channels D = heads * dim (Mamba's d_inner) for
@@ -154,6 +173,8 @@ def selective_scan_args(shape: Shape, dtype, key):
 
 def selective_scan_case(method: str, chunk_size: int = 64):
     def build(shape, dtype, key):
+        offered(SELECTIVE_SCAN_FORMS, method)
+
         def fn(u, delta, A, B, C, z, D, delta_bias):
             return ops.selective_scan(
                 u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=True, method=method, chunk_size=chunk_size
@@ -173,7 +194,7 @@ def selective_scan_bytes(shape: Shape, itemsize: int) -> tuple[float, float]:
     return forward, forward + 7 * sequence + 2 * state_inputs
 
 
-for _method, _chunk in (("scan", 64), ("assoc", 64), ("chunk", 64), ("chunk", 16), ("pallas", 16)):
+for _method, _chunk in (("naive", 64), ("scan", 64), ("assoc", 64), ("chunk", 64), ("chunk", 16), ("pallas", 16)):
     _label = f"chunk{_chunk}" if _method == "chunk" else _method
     case(f"selective_scan/{_label}", bytes_moved=selective_scan_bytes)(selective_scan_case(_method, _chunk))
 
@@ -189,11 +210,13 @@ def ssd_args(shape: Shape, dtype, key):
 
 def ssd_case(method: str):
     def build(shape, dtype, key):
+        offered(SSD_FORMS, method)
         return (lambda x, dt, A, B, C, D: ops.ssd(x, dt, A, B, C, D=D, method=method)), ssd_args(shape, dtype, key)
 
     return build
 
 
+case("ssd/naive")(ssd_case("naive"))
 case("ssd/scan")(ssd_case("scan"))
 case("ssd/chunk64")(ssd_case("chunk"))
 case("ssd/pallas")(ssd_case("pallas"))
@@ -211,6 +234,8 @@ def lti_args(shape: Shape, dtype, key):
 
 def lti_case(method: str):
     def build(shape, dtype, key):
+        offered(LTI_FORMS, method)
+
         def fn(u, log_dt, log_neg_a_real, a_imag, c_real, c_imag):  # y only: a long convolution discards the state
             dt, a = jnp.exp(log_dt), -jnp.exp(log_neg_a_real) + 1j * a_imag
             return ops.diagonal_ssm(u, dt * a, (jnp.exp(dt * a) - 1) / a, 2 * (c_real + 1j * c_imag), method=method)[0]
@@ -220,13 +245,14 @@ def lti_case(method: str):
     return build
 
 
+case("lti/naive")(lti_case("naive"))
 case("lti/fft")(lti_case("fft"))
 case("lti/scan")(lti_case("scan"))
 
 
 # Linear-attention family (lmzoo.ops.linear / lmzoo.ops.gated): every form of the causal sum, of
 # GLA with per-dimension gates and of simple GLA / RetNet with one gate per head.
-LINEAR_FORMS = ("parallel", "scan", "assoc", "chunk", "pallas")
+LINEAR_FORMS = ("naive", "parallel", "scan", "assoc", "chunk", "pallas")
 
 
 def gated_args(shape: Shape, dtype, key, *, per_dimension: bool):
@@ -239,6 +265,7 @@ def gated_args(shape: Shape, dtype, key, *, per_dimension: bool):
 
 def linear_attention_case(method: str):
     def build(shape, dtype, key):
+        offered(LINEAR_FAMILY_FORMS, method)
         return (lambda q, k, v: ops.linear_attention(q, k, v, method=method)), qkv(shape, dtype, key)
 
     return build
@@ -246,6 +273,7 @@ def linear_attention_case(method: str):
 
 def gla_case(method: str, *, per_dimension: bool):
     def build(shape, dtype, key):
+        offered(LINEAR_FAMILY_FORMS, method)
         fn = lambda q, k, v, log_g: ops.gla(q, k, v, log_g, method=method)  # noqa: E731
         return fn, gated_args(shape, dtype, key, per_dimension=per_dimension)
 

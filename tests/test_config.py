@@ -38,7 +38,7 @@ def error_of(capsys, *argv: str) -> str:
         (["+attn=softmax", "train.batch_size=0"], ["train.batch_size=0"]),
         (["+attn=softmax", "train.steps=abc"], ["train.steps"]),
         (["+attn=softmax", "model=huge"], ["model='huge'", "tiny", "small"]),
-        (["+attn=softmax", "attn.method=fast"], ["attn.method='fast'", "reference", "xla"]),
+        (["+attn=softmax", "attn.method=fast"], ["attn.method='fast'", "naive", "xla"]),
         (["+attn=softmax", "data=text_files", "data.paths=/no/such/dir/*.txt"], ["data.paths", "/no/such/dir/*.txt"]),
         (["+attn=softmax", "data.tokenizer=/no/such/tokenizer.json"], ["data.tokenizer", "no such file"]),
         (["+attn=softmax", "data=text_files"], ["data.paths must be set"]),

@@ -1,6 +1,6 @@
 """The Pallas kernels of the GLA family (and both kernel families in training) against the reference forms (interpret mode on a CPU).
 
-``method="pallas"`` must give the "parallel" reference's outputs, final states and gradients
+``method="pallas"`` must give the "naive" reference's outputs, final states and gradients
 (random cotangents on both) to 1e-5 norm-relative error, at odd lengths, with and without an
 initial state, for per-dimension and per-head gates and for plain and normalised linear
 attention. Chunk 16 is one sub-block, chunk 32 two, so both the in-block and the cross-block
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_linear_ops import (
+from op_checks import (
     BF16_TOLERANCE,
     assert_trees_close,
     in_two_halves,
@@ -39,12 +39,12 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("case, length, with_state", SETTINGS, ids=[f"{c}-{n}-{s}" for c, n, s in SETTINGS])
-def test_pallas_matches_parallel(case, length, with_state):
+def test_pallas_matches_naive(case, length, with_state):
     args, cotangent, expected = reference(case, length, with_state)
     assert_trees_close(outputs_and_grads(case, "pallas", args, cotangent), expected)
 
 
-def test_two_sub_blocks_per_chunk_match_parallel():
+def test_two_sub_blocks_per_chunk_match_naive():
     args, cotangent, expected = reference("gla", 63, True)
     assert_trees_close(outputs_and_grads("gla", "pallas", args, cotangent, chunk_size=32), expected)
 
@@ -68,11 +68,11 @@ def test_strong_gates_stay_exact():
     """~220 nats of decay inside one 32-step chunk: no exponent the kernels take is positive."""
     args, cotangent = strong_gates(45)
     kernels = outputs_and_grads("gla", "pallas", args, cotangent, chunk_size=32)
-    assert_trees_close(kernels, outputs_and_grads("gla", "scan", args, cotangent))
+    assert_trees_close(kernels, outputs_and_grads("gla", "naive", args, cotangent))
 
 
 @pytest.mark.parametrize("case", ["gla", "gla_scalar"])
-def test_tpu_interpreter_matches_parallel(case):
+def test_tpu_interpreter_matches_naive(case):
     """The kernels under Pallas' TPU interpreter (the TPU's grid order and memory spaces) on this CPU."""
     args, cotangent, expected = reference(case, 37, True)
 
@@ -116,7 +116,7 @@ def test_kernels_lower_for_accelerators(platform, gate_width):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case, length, with_state", SETTINGS[:4], ids=[f"{c}-{n}-{s}" for c, n, s in SETTINGS[:4]])
-def test_compiled_on_gpu_matches_parallel(case, length, with_state):
+def test_compiled_on_gpu_matches_naive(case, length, with_state):
     args, cotangent, expected = reference(case, length, with_state)
     assert_trees_close(outputs_and_grads(case, "pallas", args, cotangent), expected, tol=1e-4)
 

@@ -1,4 +1,4 @@
-"""The Pallas selective scan (Mamba-1) against the reference ``method="scan"`` (interpret mode on a CPU).
+"""The Pallas selective scan (Mamba-1) against the reference ``method="naive"`` (interpret mode on a CPU).
 
 Outputs, final states and the gradients of every float input (u, Δ, A, B, C, D, z, Δ's bias and
 the initial state; random cotangents on both outputs) must agree to 1e-5 norm-relative error, at
@@ -15,14 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_ssm_ops import BF16_TOL, F32_TOL, assert_forms_agree, normal, rel_err, selective_fn, uniform, values_and_grads
+from op_checks import BF16_TOL, F32_TOL, assert_forms_agree, normal, rel_err, selective_fn, uniform, values_and_grads
 
 from conftest import tiny_config
 from lmzoo.model import LM
 from lmzoo.ops import selective_scan
 from lmzoo.ops.pallas.common import lower_for
 from lmzoo.ops.pallas.selective_scan import selective_scan_pallas
-from lmzoo.ops.selective_scan import _scan as reference_recurrence
+from lmzoo.ops.selective_scan import _naive as reference_recurrence
 
 BATCH, CHUNK = 2, 8
 
@@ -51,11 +51,11 @@ CASES = [(1, 16, 8, 2, True), (37, 24, 5, None, True), (83, 24, 4, 2, True), (37
 
 
 @pytest.mark.parametrize("length, channels, state, groups, softplus", CASES)
-def test_pallas_matches_scan_values_and_gradients(length, channels, state, groups, softplus):
+def test_pallas_matches_naive_values_and_gradients(length, channels, state, groups, softplus):
     args = inputs(length, channels, state, groups=groups, softplus=softplus)
     names = list(args)
     fast = selective_fn(names, softplus=softplus, method="pallas", chunk_size=CHUNK)
-    assert_forms_agree(fast, selective_fn(names, softplus=softplus, method="scan"), list(args.values()), names)
+    assert_forms_agree(fast, selective_fn(names, softplus=softplus, method="naive"), list(args.values()), names)
 
 
 def test_several_channel_blocks_per_group():
@@ -67,7 +67,7 @@ def test_several_channel_blocks_per_group():
     assert_forms_agree(fast, reference_recurrence, prepared, names)
 
 
-def test_tpu_interpreter_matches_scan():
+def test_tpu_interpreter_matches_naive():
     """The kernels under Pallas' TPU interpreter (the TPU's grid order and memory spaces) on this CPU."""
     args = inputs(29, 24, 5, groups=2)
     prepared = (args["u"], jax.nn.softplus(args["delta"]), args["A"], args["B"], args["C"], args["initial_state"])
@@ -77,7 +77,7 @@ def test_tpu_interpreter_matches_scan():
 
 def test_bfloat16_inputs_close_to_float32_reference():
     args = inputs(37, 16, 8, groups=2)
-    y_ref, h_ref = selective_scan(**args, delta_softplus=True, method="scan")
+    y_ref, h_ref = selective_scan(**args, delta_softplus=True, method="naive")
     low = {k: v.astype(jnp.bfloat16) for k, v in args.items()}
     y, h = jax.jit(lambda a: selective_scan(**a, delta_softplus=True, method="pallas", chunk_size=CHUNK))(low)
     assert y.dtype == jnp.bfloat16 and h.dtype == jnp.float32  # the state accumulates in float32
@@ -127,12 +127,12 @@ def test_kernels_lower_for_accelerators(platform):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("length, channels, state, groups, softplus", CASES[1:3])
-def test_compiled_on_gpu_matches_scan(length, channels, state, groups, softplus):
+def test_compiled_on_gpu_matches_naive(length, channels, state, groups, softplus):
     args = inputs(length, channels, state, groups=groups, softplus=softplus)
     names, values = list(args), list(args.values())
     fast = selective_fn(names, softplus=softplus, method="pallas", chunk_size=CHUNK)
     (y, h), grads = values_and_grads(fast, values)
-    (y_ref, h_ref), grads_ref = values_and_grads(selective_fn(names, softplus=softplus, method="scan"), values)
+    (y_ref, h_ref), grads_ref = values_and_grads(selective_fn(names, softplus=softplus, method="naive"), values)
     for name, a, b in [("y", y, y_ref), ("state", h, h_ref), *zip(names, grads, grads_ref)]:
         assert rel_err(a, b) <= 1e-4, name  # the GPU's exp is not bit-identical to XLA's
 

@@ -1,10 +1,10 @@
-"""State-space ops: every fast form against its reference on outputs, gradients and final states.
+"""State-space ops: every form against its reference on outputs, gradients and final states.
 
-Each reference (``method="scan"``) is first pinned to a plain float64 loop written from the
-definition; the fast forms ("assoc", "chunk", "fft") are then compared with the reference at
-lengths 1, 63 and 257 through ``jax.vjp`` with random cotangents for both the output and the
-final state. Float32 tolerance: norm-relative error ``||a - b|| / ||b|| <= 1e-5`` (absolute where
-the reference is exactly zero, e.g. dL/dA at T = 1 from a zero state).
+Each reference (``method="naive"``, the recurrence written out step by step) is first pinned to a
+plain float64 loop written from the definition; the other forms ("scan", "assoc", "chunk", "fft")
+are then compared with it at lengths 1, 63 and 257 through ``jax.vjp`` with random cotangents for
+both the output and the final state. Float32 tolerance: norm-relative error ``||a - b|| / ||b|| <=
+1e-5`` (absolute where the reference is exactly zero, e.g. dL/dA at T = 1 from a zero state).
 """
 
 from __future__ import annotations
@@ -16,58 +16,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from op_checks import BF16_TOL, F32_TOL, assert_forms_agree, normal, rel_err, selective_fn, uniform, values_and_grads
 
 from lmzoo import ops
 from lmzoo.ops import diagonal_ssm
 from lmzoo.ops.lti import causal_toeplitz, diagonal_ssm_kernel
 from lmzoo.ops.selective_scan import effective_delta
 
-# Compiled once per shape: called eagerly, every primitive inside would be compiled on its own.
-selective_scan = jax.jit(ops.selective_scan, static_argnames=("delta_softplus", "method", "chunk_size"))
-selective_attention = jax.jit(ops.selective_attention, static_argnames=("heads", "block_size"))
-ssd = jax.jit(ops.ssd, static_argnames=("method", "chunk_size"))
-ssd_attention = jax.jit(ops.ssd_attention)
-causal_conv1d = jax.jit(ops.causal_conv1d)
-
-F32_TOL = 1e-5
-BF16_TOL = 2e-2  # norm-relative, bf16 inputs (8-bit mantissa, ~4e-3 per element) against the fp32 reference
-
-
-def rel_err(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    scale = np.linalg.norm(b)
-    return float(np.linalg.norm(a - b) / (scale if scale > 0 else 1.0))
-
-
-# Inputs come from NumPy: eager jax.random calls would compile a program for every new shape.
-def normal(rng, shape, scale=1.0, shift=0.0):
-    return jnp.asarray(shift + scale * rng.standard_normal(shape), jnp.float32)
-
-
-def uniform(rng, shape, low, high):
-    return jnp.asarray(rng.uniform(low, high, shape), jnp.float32)
-
-
-def values_and_grads(fn, args, seed=7):
-    """fn(*args) -> (y, state), and the gradients of <y, gy> + <state, gs> for random gy, gs."""
-    rng = np.random.default_rng(seed)
-    cotangent = tuple(jnp.asarray(rng.standard_normal(o.shape), o.dtype) for o in jax.eval_shape(fn, *args))
-
-    def run(*a):
-        out, pullback = jax.vjp(fn, *a)
-        return out, pullback(cotangent)
-
-    return jax.jit(run)(*args)
-
-
-def assert_forms_agree(fast, reference, args, names, expected=None):
-    """``expected``: the reference's (values, grads) when already computed."""
-    (y, h), grads = values_and_grads(fast, args)
-    (y_ref, h_ref), grads_ref = expected or values_and_grads(reference, args)
-    assert rel_err(y, y_ref) <= F32_TOL, "output"
-    assert rel_err(h, h_ref) <= F32_TOL, "final state"
-    for name, g, g_ref in zip(names, grads, grads_ref):
-        assert rel_err(g, g_ref) <= F32_TOL, f"gradient w.r.t. {name}: {rel_err(g, g_ref):.2e}"
+selective_scan, selective_attention, ssd, ssd_attention = (
+    ops.selective_scan, ops.selective_attention, ops.ssd, ops.ssd_attention
+)
+causal_conv1d = jax.jit(ops.causal_conv1d)  # the one op not jitted itself: it has no options
 
 
 # ----------------------------------------------------------------------------- selective scan (Mamba-1)
@@ -100,15 +59,6 @@ def selective_inputs(length, *, groups=None, softplus=True, extras=True, seed=0)
     return inputs
 
 
-def selective_fn(names, *, softplus, method, chunk_size=16):
-    def fn(*arrays):
-        kw = dict(zip(names, arrays))
-        u, delta, A, B, C = (kw.pop(n) for n in ("u", "delta", "A", "B", "C"))
-        return selective_scan(u, delta, A, B, C, delta_softplus=softplus, method=method, chunk_size=chunk_size, **kw)
-
-    return fn
-
-
 def naive_selective_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, softplus=False, initial_state=None):
     """The definition as a float64 loop over time."""
     u, delta, A, B, C = (np.asarray(a, np.float64) for a in (u, delta, A, B, C))
@@ -132,10 +82,11 @@ def naive_selective_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, 
     return y, h
 
 
+@pytest.mark.parametrize("method", ["naive", "scan"])
 @pytest.mark.parametrize("groups", [None, 4])
-def test_selective_scan_reference_matches_definition(groups):
+def test_selective_scan_matches_definition(groups, method):
     inputs = selective_inputs(11, groups=groups)
-    y, h = selective_scan(**inputs, delta_softplus=True, method="scan")
+    y, h = selective_scan(**inputs, delta_softplus=True, method=method)
     y_ref, h_ref = naive_selective_scan(**inputs, softplus=True)
     assert rel_err(y, y_ref) <= F32_TOL and rel_err(h, h_ref) <= F32_TOL
 
@@ -148,10 +99,11 @@ SELECTIVE_CASES = [(1, 4, True, True, 16), (63, None, True, True, 16), (257, 2, 
 @functools.lru_cache
 def selective_reference(length, groups, softplus, extras):
     inputs = selective_inputs(length, groups=groups, softplus=softplus, extras=extras)
-    return inputs, values_and_grads(selective_fn(list(inputs), softplus=softplus, method="scan"), list(inputs.values()))
+    reference = selective_fn(list(inputs), softplus=softplus, method="naive")
+    return inputs, values_and_grads(reference, list(inputs.values()))
 
 
-@pytest.mark.parametrize("method", ["assoc", "chunk"])
+@pytest.mark.parametrize("method", ["scan", "assoc", "chunk"])
 @pytest.mark.parametrize("length, groups, softplus, extras, chunk_size", SELECTIVE_CASES)
 def test_selective_scan_forms_match_reference(method, length, groups, softplus, extras, chunk_size):
     inputs, expected = selective_reference(length, groups, softplus, extras)
@@ -160,7 +112,7 @@ def test_selective_scan_forms_match_reference(method, length, groups, softplus, 
     assert_forms_agree(fast, None, list(inputs.values()), names, expected)
 
 
-@pytest.mark.parametrize("method", ["scan", "assoc", "chunk"])
+@pytest.mark.parametrize("method", ["naive", "scan", "assoc", "chunk"])
 def test_selective_scan_chained_halves_equal_one_pass(method):
     inputs = selective_inputs(63, groups=2)
     h0 = inputs.pop("initial_state")
@@ -173,10 +125,10 @@ def test_selective_scan_chained_halves_equal_one_pass(method):
     assert rel_err(h2, whole_h) <= F32_TOL
 
 
-@pytest.mark.parametrize("method", ["assoc", "chunk"])
+@pytest.mark.parametrize("method", ["scan", "assoc", "chunk"])
 def test_selective_scan_bfloat16_inputs_close_to_float32(method):
     inputs = selective_inputs(63, groups=4)
-    y_ref, h_ref = selective_scan(**inputs, delta_softplus=True, method="scan")
+    y_ref, h_ref = selective_scan(**inputs, delta_softplus=True, method="naive")
     low = {k: v.astype(jnp.bfloat16) for k, v in inputs.items()}
     y, h = selective_scan(**low, delta_softplus=True, method=method, chunk_size=16)
     assert y.dtype == jnp.bfloat16 and h.dtype == jnp.float32  # the state accumulates in float32
@@ -188,7 +140,7 @@ def test_selective_scan_bfloat16_inputs_close_to_float32(method):
 def test_hidden_attention_reproduces_the_scan(groups, block_size):
     inputs = selective_inputs(23, groups=groups, extras=False)
     bias = normal(np.random.default_rng(3), (CHANNELS,), 0.1)
-    y, _ = selective_scan(**inputs, delta_bias=bias, delta_softplus=True, method="scan")
+    y, _ = selective_scan(**inputs, delta_bias=bias, delta_softplus=True, method="naive")
     delta = effective_delta(inputs["delta"], bias, True)
     alpha = selective_attention(delta, inputs["A"], inputs["B"], inputs["C"], block_size=block_size)  # (B, D, T, T)
     assert np.all(np.asarray(alpha)[..., np.triu(np.ones((23, 23), bool), 1)] == 0)
@@ -241,9 +193,10 @@ def naive_ssd(x, dt, A, B, C, *, D=None, initial_state=None):
     return y, h
 
 
-def test_ssd_reference_matches_definition():
+@pytest.mark.parametrize("method", ["naive", "scan"])
+def test_ssd_matches_definition(method):
     inputs = ssd_inputs(11, groups=2)
-    y, h = ssd(**inputs, method="scan")
+    y, h = ssd(**inputs, method=method)
     y_ref, h_ref = naive_ssd(**inputs)
     assert rel_err(y, y_ref) <= F32_TOL and rel_err(h, h_ref) <= F32_TOL
 
@@ -252,15 +205,15 @@ def test_ssd_reference_matches_definition():
     "length, groups, extras, chunk_size",
     [(1, 2, True, 16), (63, 1, True, 16), (257, 4, False, 64)],
 )
-@pytest.mark.parametrize("method", ["chunk", "pallas"])
-def test_ssd_chunked_matches_reference(method, length, groups, extras, chunk_size):
+@pytest.mark.parametrize("method", ["scan", "chunk", "pallas"])
+def test_ssd_forms_match_reference(method, length, groups, extras, chunk_size):
     inputs = ssd_inputs(length, groups=groups, extras=extras)
     names = list(inputs)
-    fast, reference = ssd_fn(names, method=method, chunk_size=chunk_size), ssd_fn(names, method="scan")
+    fast, reference = ssd_fn(names, method=method, chunk_size=chunk_size), ssd_fn(names, method="naive")
     assert_forms_agree(fast, reference, list(inputs.values()), names)
 
 
-@pytest.mark.parametrize("method", ["scan", "chunk", "pallas"])
+@pytest.mark.parametrize("method", ["naive", "scan", "chunk", "pallas"])
 def test_ssd_chained_halves_equal_one_pass(method):
     inputs = ssd_inputs(63, groups=2)
     h0, D, A = inputs.pop("initial_state"), inputs.pop("D"), inputs.pop("A")
@@ -275,7 +228,7 @@ def test_ssd_chained_halves_equal_one_pass(method):
 
 def test_ssd_bfloat16_inputs_close_to_float32():
     inputs = ssd_inputs(63, groups=2)
-    y_ref, h_ref = ssd(**inputs, method="scan")
+    y_ref, h_ref = ssd(**inputs, method="naive")
     y, h = ssd(**{k: v.astype(jnp.bfloat16) for k, v in inputs.items()}, method="chunk", chunk_size=16)
     assert y.dtype == jnp.bfloat16 and h.dtype == jnp.float32
     assert rel_err(y.astype(jnp.float32), y_ref) <= BF16_TOL and rel_err(h, h_ref) <= BF16_TOL
@@ -283,7 +236,7 @@ def test_ssd_bfloat16_inputs_close_to_float32():
 
 def test_ssd_attention_reproduces_the_scan():
     inputs = ssd_inputs(19, groups=2, extras=False)
-    y, _ = ssd(**inputs, method="scan")
+    y, _ = ssd(**inputs, method="naive")
     alpha = ssd_attention(inputs["dt"], inputs["A"], inputs["B"], inputs["C"])  # (B, H, T, T)
     assert np.all(np.asarray(alpha)[..., np.triu(np.ones((19, 19), bool), 1)] == 0)
     assert rel_err(jnp.einsum("bhij,bjhp->bihp", alpha, inputs["x"]), y) <= F32_TOL
@@ -324,9 +277,10 @@ def lti_fn(method):
     return jax.jit(fn)
 
 
-def test_diagonal_ssm_scan_matches_definition():
+@pytest.mark.parametrize("method", ["naive", "scan"])
+def test_diagonal_ssm_matches_definition(method):
     inputs = lti_inputs(9)
-    y, h = lti_fn("scan")(*inputs.values())
+    y, h = lti_fn(method)(*inputs.values())
     log_a, b, c = (np.asarray(p, np.complex128) for p in lti_params(*list(inputs.values())[1:6]))
     state = np.asarray(inputs["h0_real"], np.complex128) + 1j * np.asarray(inputs["h0_imag"])
     u, outputs = np.asarray(inputs["u"], np.float64), []
@@ -338,12 +292,12 @@ def test_diagonal_ssm_scan_matches_definition():
 
 
 @pytest.mark.parametrize("length", [1, 63, 257])
-def test_fft_convolution_matches_scan(length):
-    """Against the scan run in float64: over 257 steps of complex products the float32 scan drifts
-    by up to ~5e-6 itself (the FFT by less), so the two float32 forms can differ by 1e-5 between them."""
+def test_fft_convolution_matches_naive(length):
+    """Against the naive recurrence run in float64: over 257 steps of complex products the float32
+    recurrence drifts by up to ~5e-6 itself (the FFT by less), so two float32 forms can differ by 1e-5."""
     inputs = lti_inputs(length)
     with jax.enable_x64(True):
-        expected = values_and_grads(lti_fn("scan"), [v.astype(jnp.float64) for v in inputs.values()])
+        expected = values_and_grads(lti_fn("naive"), [v.astype(jnp.float64) for v in inputs.values()])
     assert_forms_agree(lti_fn("fft"), None, list(inputs.values()), list(inputs), expected)
     assert_forms_agree(lti_fn("scan"), None, list(inputs.values()), list(inputs), expected)
 
@@ -354,7 +308,7 @@ def test_real_diagonal_ssm_fft_matches_scan():
     log_a = -uniform(rng, (3, 1, 8), 0.01, 0.5)
     b, c = normal(rng, (3, 1, 8)), normal(rng, (3, 1, 8))
     y, h = diagonal_ssm(u, log_a, b, c, method="fft")
-    y_ref, h_ref = diagonal_ssm(u, log_a, b, c, method="scan")
+    y_ref, h_ref = diagonal_ssm(u, log_a, b, c, method="naive")
     assert h.dtype == jnp.float32 and h.shape == (BATCH, 3, 5, 8)
     assert rel_err(y, y_ref) <= F32_TOL and rel_err(h, h_ref) <= F32_TOL
 
@@ -374,7 +328,7 @@ def test_diagonal_ssm_chained_halves_equal_one_pass(method):
 
 def test_diagonal_ssm_bfloat16_input_close_to_float32():
     inputs = lti_inputs(63)
-    y_ref, _ = lti_fn("scan")(*inputs.values())
+    y_ref, _ = lti_fn("naive")(*inputs.values())
     u16 = inputs["u"].astype(jnp.bfloat16)
     y, _ = lti_fn("fft")(u16, *list(inputs.values())[1:])
     assert y.dtype == jnp.bfloat16 and rel_err(y.astype(jnp.float32), y_ref) <= BF16_TOL
@@ -409,10 +363,10 @@ def test_causal_conv1d_matches_definition_and_chains():
 
 def test_unknown_methods_name_the_valid_ones():
     s = selective_inputs(4, extras=False)
-    with pytest.raises(ValueError, match="'scan', 'assoc', 'chunk'"):
+    with pytest.raises(ValueError, match="naive, scan, assoc, chunk, pallas"):
         selective_scan(**s, method="parallel")
     d = ssd_inputs(4, extras=False)
-    with pytest.raises(ValueError, match="'scan', 'chunk'"):
+    with pytest.raises(ValueError, match="naive, scan, chunk, pallas"):
         ssd(**d, method="assoc")
-    with pytest.raises(ValueError, match="'fft', 'scan'"):
+    with pytest.raises(ValueError, match="naive, fft, scan"):
         diagonal_ssm(s["u"], -jnp.ones((CHANNELS, 2)), jnp.ones((CHANNELS, 2)), jnp.ones((CHANNELS, 2)), method="chunk")

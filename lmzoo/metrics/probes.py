@@ -13,12 +13,13 @@ import numpy as np
 from flax import nnx
 
 from lmzoo.metrics.sparsity import attention_entropy, l1_l2_sparsity
+from lmzoo.ops.common import causal_mask
 
 
 @nnx.jit(static_argnames="position_buckets")
 def _row_stats(model, tokens, position_buckets: int):
     t = tokens.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), bool))
+    causal = causal_mask(t)
     spans = np.array_split(np.arange(t), min(position_buckets, t))
     stats = {"sparsity": [], "entropy": [], "sparsity_by_position": [], "entropy_by_position": []}
     for weights in model.attention_matrices(tokens):  # (B, H, T, T) per layer

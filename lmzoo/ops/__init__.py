@@ -1,5 +1,9 @@
 """Pure array functions (no parameters) for every sequence-mixing computation.
 
+Every op names its computation form with ``method``; ``"naive"`` is each op's plainly readable
+reference (for the recurrences, the recurrence written out step by step), which the fast forms
+are tested against. Shared pieces (the causal mask, chunk padding, segment sums) are in ``common``.
+
 Axis legend used across ``lmzoo.ops``: B batch, T query time, S key time, H query heads,
 K key/value heads, D head dim. Per-head tensors are laid out ``[B, T, H, D]``.
 Linear-attention family: Dk / Dv key / value head dims (state ``[B, H, Dk, Dv]``), N chunks of C steps.
@@ -8,7 +12,8 @@ State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head
 ``[B, H, P, N]``), N state size, G groups sharing the B/C projections.
 """
 
-from lmzoo.ops.attention import attention_weights, causal_mask, logn_scale, softmax_attention
+from lmzoo.ops.attention import attention_weights, logn_scale, softmax_attention
+from lmzoo.ops.common import causal_mask
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
 from lmzoo.ops.lti import causal_conv1d, diagonal_ssm, diagonal_ssm_kernel, fft_conv

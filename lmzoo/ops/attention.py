@@ -1,23 +1,16 @@
-"""Softmax attention: a readable reference and the fused XLA/cuDNN path, selected by ``method``."""
+"""Softmax attention: a readable reference and the fused XLA/cuDNN path, selected by ``method``.
+
+``"naive"`` is the reference: the [T, S] scores materialised in float32, masked and normalised.
+"""
 
 from __future__ import annotations
-
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
-METHODS = ("reference", "xla", "cudnn")
+from lmzoo.ops.common import causal_mask, check_form
 
-
-def causal_mask(t: int, s: int, *, window: Optional[int] = None) -> jax.Array:
-    """[T, S] bool, True where query i may see key j; queries are the last T of S positions."""
-    i = jnp.arange(t)[:, None] + (s - t)
-    j = jnp.arange(s)[None, :]
-    mask = j <= i
-    if window is not None:  # a window of w keys: the query itself and the w - 1 before it
-        mask &= j > i - window
-    return mask
+METHODS = ("naive", "xla", "cudnn")
 
 
 def repeat_kv(x: jax.Array, n_rep: int) -> jax.Array:
@@ -41,18 +34,17 @@ def softmax_attention(q, k, v, *, scale=None, causal=True, window=None, bias=Non
     """Multi-head softmax attention. q [B,T,H,D], k/v [B,S,K,D] with H a multiple of K -> [B,T,H,D].
 
     ``bias`` broadcasts to [B, H, T, S] and is added to the scaled scores (e.g. ALiBi or a
-    padding mask of -inf). ``method``: "reference" (einsum + softmax, float32 scores), "xla" or
+    padding mask of -inf). ``method``: "naive" (einsum + softmax, float32 scores), "xla" or
     "cudnn" (``jax.nn.dot_product_attention``).
     """
-    if method not in METHODS:
-        raise ValueError(f"method={method!r} is not one of {METHODS}")
+    check_form(method, METHODS)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if method == "reference":
+    if method == "naive":
         probs = attention_weights(q, k, scale=scale, causal=causal, window=window, bias=bias)
         v = repeat_kv(v, q.shape[2] // v.shape[2])
         return jnp.einsum("bhts,bshd->bthd", probs.astype(v.dtype), v)
     if q.shape[1] != k.shape[1] and causal:
-        raise ValueError("the fused path needs as many queries as keys when causal; use method='reference'")
+        raise ValueError("the fused path needs as many queries as keys when causal; use method='naive'")
     if bias is not None:
         bias = jnp.broadcast_to(bias, (q.shape[0], q.shape[2], q.shape[1], k.shape[1])).astype(q.dtype)
     local = None if window is None else (window - 1, 0)

@@ -5,7 +5,8 @@ entry of the last axis) has the impulse response ``K_k = Re Σ_n c_n b_n a_n^k``
 product computed in closed form for all lags at once. ``diagonal_ssm`` applies it
 - "fft":  as a long convolution with an FFT (O(T log T)); the initial and final states come
   from the same Vandermonde powers, so the op still returns the state;
-- "scan": as the recurrence itself (the reference, and the form used for decoding).
+- "naive": as the recurrence itself, one step at a time (the reference);
+- "scan": the same recurrence under the name the decoding steps use.
 
 A short FIR filter is the other LTI layer here: ``causal_conv1d`` is the depthwise causal
 convolution of Mamba's blocks, and also H3's shift SSM (a state that holds the last K-1 inputs).
@@ -17,11 +18,15 @@ Parameters may be complex (S4D modes); inputs and outputs are real, computed in 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-METHODS = ("fft", "scan")
+from lmzoo.ops.common import causal_mask, check_form
+
+METHODS = ("naive", "fft", "scan")
 
 
 def causal_conv1d(x, weight, bias=None, *, initial_state=None):
@@ -58,7 +63,8 @@ def causal_toeplitz(kernel) -> jax.Array:
     """The convolution as a matrix: kernel ``[T, ...]`` -> ``[..., T, T]``, ``M[i, j] = kernel[i - j]`` for j ≤ i, else 0."""
     length = kernel.shape[0]
     lag = jnp.arange(length)[:, None] - jnp.arange(length)[None, :]
-    matrix = jnp.where((lag >= 0).reshape(length, length, *([1] * (kernel.ndim - 1))), kernel[jnp.maximum(lag, 0)], 0)
+    causal = causal_mask(length).reshape(length, length, *([1] * (kernel.ndim - 1)))
+    matrix = jnp.where(causal, kernel[jnp.maximum(lag, 0)], 0)
     return jnp.moveaxis(matrix, (0, 1), (-2, -1))
 
 
@@ -74,22 +80,22 @@ def fft_conv(u, kernel) -> jax.Array:
     return jnp.fft.irfft(spectrum, n=n, axis=1)[:, :length]
 
 
+@functools.partial(jax.jit, static_argnames=("method",))
 def diagonal_ssm(u, log_a, b, c, *, initial_state=None, method="fft"):
     """u ``[B,T,...]`` real; log_a, b, c ``[..., N]`` (real or complex, broadcasting against u's channels).
 
     ``h_t = exp(log_a) h_t-1 + b u_t``, ``y_t = Re Σ_n c_n h_t[n]``. Returns ``(y [B,T,...] in u's
     dtype, final_state [B,...,N])``, the state complex when the parameters are.
     """
-    if method not in METHODS:
-        raise ValueError(f"method={method!r} is not one of {METHODS}")
+    check_form(method, METHODS)
     state_dtype = jnp.result_type(log_a, b, c, jnp.float32)
     h0 = None if initial_state is None else initial_state.astype(state_dtype)
-    form = _scan if method == "scan" else _fft
+    form = _fft if method == "fft" else _recurrence
     y, h = form(u.astype(jnp.float32), log_a, b, c, h0)
     return y.astype(u.dtype), h.astype(state_dtype)
 
 
-def _scan(u, log_a, b, c, h0):
+def _recurrence(u, log_a, b, c, h0):
     decay = jnp.exp(log_a)
     if h0 is None:
         state_shape = (u.shape[0], *jnp.broadcast_shapes(u.shape[2:], log_a.shape[:-1]), log_a.shape[-1])

@@ -4,8 +4,10 @@
 
 per channel d (``h_t[d]`` has N entries), with ``Δ = softplus(delta + delta_bias)`` when asked.
 ``method`` picks the form of the recurrence; all give the same numbers:
-- "scan":  ``lax.scan`` over time, one token per step (the reference). It discretises inside the
-  step, so no [B, T, D, N] tensor is built in the forward pass: the fastest form on a CPU;
+- "naive": the recurrence above written out step by step, each channel reading its group's B and
+  C by index (the reference the other forms are tested against);
+- "scan":  ``lax.scan`` over time, one token per step. It discretises inside the step, so no
+  [B, T, D, N] tensor is built in the forward pass: the fastest form on a CPU, and the default;
 - "assoc": ``lax.associative_scan`` over (decay, input) pairs: O(log T) depth, O(T D N) memory;
 - "chunk": within a chunk of ``chunk_size`` tokens every state is a masked sum over earlier
   tokens weighted by exp(cum_t - cum_s) (cumulative log-decays, exponentiated only after the
@@ -24,13 +26,16 @@ Axes: B batch, T time, D channels (Mamba's d_inner), N state size, G groups shar
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lmzoo.ops.common import causal_mask, check_form, to_chunks
 from lmzoo.ops.pallas.selective_scan import selective_scan_pallas
 
-METHODS = ("scan", "assoc", "chunk", "pallas")
+METHODS = ("naive", "scan", "assoc", "chunk", "pallas")
 
 
 def grouped(x: jax.Array, channels: int) -> jax.Array:
@@ -58,24 +63,24 @@ def effective_delta(delta, delta_bias=None, delta_softplus=False) -> jax.Array:
     return jax.nn.softplus(delta) if delta_softplus else delta
 
 
+@functools.partial(jax.jit, static_argnames=("delta_softplus", "method", "chunk_size"))
 def selective_scan(
     u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_softplus=False,
-    initial_state=None, method="chunk", chunk_size=64,
+    initial_state=None, method="scan", chunk_size=64,
 ):
     """u, delta, z ``[B,T,D]``; A ``[D,N]``; B, C ``[B,T,N]`` or ``[B,T,G,N]``; D, delta_bias ``[D]``.
 
     Returns ``(y [B,T,D], final_state [B,D,N] float32)``; ``initial_state`` is ``[B,D,N]``.
     """
-    if method not in METHODS:
-        raise ValueError(f"method={method!r} is not one of {METHODS}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size} must be positive")
+    check_form(method, METHODS, chunk_size)
     batch, _, channels = u.shape
     u32, A = u.astype(jnp.float32), A.astype(jnp.float32)
     delta = effective_delta(delta, delta_bias, delta_softplus)
     B, C = grouped(B, channels), grouped(C, channels)
     h0 = jnp.zeros((batch, channels, A.shape[-1]), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
-    if method == "scan":
+    if method == "naive":
+        y, h = _naive(u32, delta, A, B, C, h0)
+    elif method == "scan":
         y, h = _scan(u32, delta, A, B, C, h0)
     elif method == "pallas":
         y, h = selective_scan_pallas(u32, delta, A, B, C, h0, chunk_size=chunk_size)
@@ -89,6 +94,21 @@ def selective_scan(
     if z is not None:
         y = y * jax.nn.silu(z.astype(jnp.float32))
     return y.astype(u.dtype), h
+
+
+def _naive(u, delta, A, B, C, h0):
+    """The definition, one step at a time: u, delta [B,T,D], A [D,N], B, C [B,T,G,N], h0 [B,D,N]."""
+    channels, groups = u.shape[-1], B.shape[2]
+    group = jnp.arange(channels) // (channels // groups)  # the group each channel reads
+
+    def step(h, inputs):
+        u_t, delta_t, b_t, c_t = inputs  # (B, D), (B, D), (B, G, N), (B, G, N)
+        decay = jnp.exp(delta_t[..., None] * A)  # (B, D, N)
+        h = decay * h + delta_t[..., None] * b_t[:, group] * u_t[..., None]
+        return h, jnp.sum(c_t[:, group] * h, axis=-1)
+
+    h, y = lax.scan(step, h0, tuple(a.swapaxes(0, 1) for a in (u, delta, B, C)))
+    return y.swapaxes(0, 1), h
 
 
 def _scan(u, delta, A, B, C, h0):
@@ -115,30 +135,27 @@ def _assoc(log_a, bu, c, h0, chunk_size):
 
 
 def _chunked(log_a, bu, c, h0, chunk_size):
-    batch, length, channels, n = log_a.shape
-    pad = -length % chunk_size  # padded steps decay by exp(0) = 1 and add nothing: the state passes through
-    chunks = length // chunk_size + (pad > 0)
+    length = log_a.shape[1]
 
-    def to_chunks(x):  # (B, T, D, N) -> (chunks, B, D, N, L): time last, so pairwise decays are L x L matrices
-        x = jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
-        return x.reshape(batch, chunks, chunk_size, channels, n).transpose(1, 0, 3, 4, 2)
+    def time_last(x):  # (B, T, D, N) -> (chunks, B, D, N, L): pairwise decays become L x L matrices
+        return to_chunks(x, chunk_size).transpose(1, 0, 3, 4, 2)  # padded steps decay by 1 and add nothing
 
     body = jax.checkpoint(_within_chunk)  # keep only chunk boundaries for the backward pass
-    h, y = lax.scan(body, h0, (to_chunks(log_a), to_chunks(bu), to_chunks(c)))  # y: (chunks, B, D, L)
-    y = y.transpose(1, 0, 3, 2).reshape(batch, chunks * chunk_size, channels)
-    return y[:, :length], h
+    h, y = lax.scan(body, h0, (time_last(log_a), time_last(bu), time_last(c)))  # y: (chunks, B, D, L)
+    y = y.transpose(1, 0, 3, 2)  # (B, chunks, L, D)
+    return y.reshape(y.shape[0], -1, y.shape[-1])[:, :length], h
 
 
 def _within_chunk(h, chunk):
     log_a, bu, c = chunk  # (B, D, N, L)
     size = log_a.shape[-1]
     cum = jnp.cumsum(log_a, axis=-1)  # log decay from the chunk's start through step t
-    causal = jnp.tril(jnp.ones((size, size), bool))
-    pair = jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf)  # (B, D, N, L_t, L_s)
+    pair = jnp.where(causal_mask(size), cum[..., :, None] - cum[..., None, :], -jnp.inf)  # (B, D, N, L_t, L_s)
     states = jnp.einsum("bdnts,bdns->bdnt", jnp.exp(pair), bu) + jnp.exp(cum) * h[..., None]
     return states[..., -1], jnp.sum(c * states, axis=2)  # (B, D, N), (B, D, L)
 
 
+@functools.partial(jax.jit, static_argnames=("heads", "block_size"))
 def selective_attention(delta, A, B, C, *, heads=None, block_size=64) -> jax.Array:
     """Mamba's "hidden attention": the causal weights with ``y_i[d] = Σ_j α_ij[d] u_j[d]``.
 
@@ -187,8 +204,8 @@ def _channel_attention(cum, b_in, c, block):
     earlier = jnp.tril(jnp.ones((blocks, blocks), bool), -1)[..., None]
     gap = jnp.exp(jnp.where(earlier, before[:, :, :, None] - last[:, :, None, :], -jnp.inf))  # (B, H, I, J, N), J < I
     off_diagonal = jnp.einsum("bhIin,bhIJn,bhJjn->bhIiJj", q, gap, k)
-    causal = jnp.tril(jnp.ones((block, block), bool))[..., None]
-    pair = jnp.where(causal, cum[..., :, None, :] - cum[..., None, :, :], -jnp.inf)  # (B, H, blocks, L_i, L_j, N)
+    pair = cum[..., :, None, :] - cum[..., None, :, :]  # (B, H, blocks, L_i, L_j, N)
+    pair = jnp.where(causal_mask(block)[..., None], pair, -jnp.inf)
     diagonal = jnp.einsum("bhIin,bhIijn,bhIjn->bhIij", c, jnp.exp(pair), b_in)
     alpha = off_diagonal + jnp.einsum("bhIij,IJ->bhIiJj", diagonal, jnp.eye(blocks))
     return alpha.reshape(batch, heads, length, length)

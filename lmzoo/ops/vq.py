@@ -9,7 +9,8 @@ Inputs: q [B,T,H,D]; ``k_hat`` [B,T,H,D], the quantised keys (``codebook[codes]`
 straight-through gradients to the unquantised keys); ``codes`` [B,T,H] int; ``codebook`` [H,S,D];
 v [B,T,H,Dv]. Keys in a query's own block enter as ``k_hat``; keys of earlier blocks enter through
 the codebook, as they do through the compressed cache -- so both methods compute the same function,
-gradients included, and in value both are softmax attention over the quantised keys.
+gradients included, and in value both are softmax attention over the quantised keys. ``method``:
+"naive" (the reference: the full [T, T] score matrix) or "blockwise" (linear time).
 """
 
 from __future__ import annotations
@@ -17,17 +18,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-METHODS = ("quadratic", "blockwise")
+from lmzoo.ops.common import causal_mask, check_form, from_chunks, to_chunks
+
+METHODS = ("naive", "blockwise")
 
 
 def vq_attention(q, k_hat, codes, codebook, v, *, scale=None, block_size: int, method: str = "blockwise"):
     """Causal attention over quantised keys -> [B,T,H,Dv] in v's dtype; see the module docstring."""
-    if method not in METHODS:
-        raise ValueError(f"method={method!r} is not one of {METHODS}")
+    check_form(method, METHODS)
     if block_size < 1:
         raise ValueError(f"block_size={block_size} must be positive")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    form = _quadratic if method == "quadratic" else _blockwise
+    form = _naive if method == "naive" else _blockwise
     return form(q, k_hat, codes, codebook, v, scale, block_size).astype(v.dtype)
 
 
@@ -36,7 +38,7 @@ def gather_codewords(codebook: jax.Array, codes: jax.Array) -> jax.Array:
     return jnp.take_along_axis(codebook[None, None], codes[..., None, None], axis=3)[..., 0, :]
 
 
-def _quadratic(q, k_hat, codes, codebook, v, scale, block_size):
+def _naive(q, k_hat, codes, codebook, v, scale, block_size):
     """The readable reference: a [T, T] score matrix, codewords outside the query's own block."""
     t = q.shape[1]
     block = jnp.arange(t) // block_size
@@ -44,8 +46,7 @@ def _quadratic(q, k_hat, codes, codebook, v, scale, block_size):
     own = jnp.einsum("bthd,bshd->bhts", q, k_hat, preferred_element_type=jnp.float32)
     coded = jnp.einsum("bthd,bshd->bhts", q, gather_codewords(codebook, codes), preferred_element_type=jnp.float32)
     scores = jnp.where(same_block, own, coded) * scale
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    probs = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
+    probs = jax.nn.softmax(jnp.where(causal_mask(t), scores, -jnp.inf), axis=-1)
     return jnp.einsum("bhts,bshd->bthd", probs, v.astype(jnp.float32))
 
 
@@ -53,9 +54,10 @@ def _blockwise(q, k_hat, codes, codebook, v, scale, block_size):
     """Linear time: exact scores inside each block, the per-codeword cache of earlier blocks."""
     b, t, h, _ = q.shape
     n_codes, size = codebook.shape[1], block_size
-    n = -(-t // size)
-    pad = n * size - t  # padded keys come after every real query, so the causal mask hides them
-    blocks = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape(b, n, size, *x.shape[2:])
+
+    def blocks(x):  # padded keys come after every real query, so the causal mask hides them
+        return to_chunks(x, size)  # (B, N, L, ...)
+
     qb, kb, vb = blocks(q), blocks(k_hat), blocks(v.astype(jnp.float32))  # (B, N, L, H, D)
     real = blocks(jnp.ones((b, t, h), jnp.float32))  # (B, N, L, H): 0 on padding
     onehot = jax.nn.one_hot(blocks(codes), n_codes, dtype=jnp.float32) * real[..., None]  # (B, N, L, H, S)
@@ -67,7 +69,7 @@ def _blockwise(q, k_hat, codes, codebook, v, scale, block_size):
     sums = jnp.concatenate([jnp.zeros_like(block_sums[:, :1]), jnp.cumsum(block_sums, axis=1)[:, :-1]], axis=1)
 
     own = jnp.einsum("bnlhd,bnmhd->bnhlm", qb, kb, preferred_element_type=jnp.float32) * scale  # (B, N, H, L, L)
-    own = jnp.where(jnp.tril(jnp.ones((size, size), bool)), own, -jnp.inf)
+    own = jnp.where(causal_mask(size), own, -jnp.inf)
     coded = jnp.einsum("bnlhd,hsd->bnhls", qb, codebook, preferred_element_type=jnp.float32) * scale  # (B, N, H, L, S)
     coded = jnp.where(counts[:, :, :, None, :] > 0, coded, -jnp.inf)  # codewords no earlier key chose
 
@@ -76,7 +78,7 @@ def _blockwise(q, k_hat, codes, codebook, v, scale, block_size):
     numerator = jnp.einsum("bnhlm,bnmhd->bnlhd", p_own, vb) + jnp.einsum("bnhls,bnhsd->bnlhd", p_coded, sums)
     denominator = p_own.sum(-1) + jnp.einsum("bnhls,bnhs->bnhl", p_coded, counts)  # (B, N, H, L)
     out = numerator / jnp.moveaxis(denominator, 2, 3)[..., None]  # (B, N, L, H, Dv)
-    return out.reshape(b, n * size, h, -1)[:, :t]
+    return from_chunks(out, t)
 
 
 # ----------------------------------------------------------------------------- decoding

@@ -1,0 +1,81 @@
+"""Pieces every op shares: the causal mask, chunk padding, segment sums of log decays, the form check.
+
+They live here, not in any one op, so that the general op and its special cases import from the
+same place and none of them from a sibling.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def causal_mask(t: int, s: Optional[int] = None, *, window: Optional[int] = None) -> jax.Array:
+    """[T, S] bool, True where query i may see key j; queries are the last T of S positions (S = T by default)."""
+    s = t if s is None else s
+    i = jnp.arange(t)[:, None] + (s - t)
+    j = jnp.arange(s)[None, :]
+    mask = j <= i
+    if window is not None:  # a window of w keys: the query itself and the w - 1 before it
+        mask &= j > i - window
+    return mask
+
+
+def check_form(method: str, methods: tuple[str, ...], chunk_size: Optional[int] = None) -> None:
+    """The errors an op raises for a form it lacks or a chunk size that is not positive."""
+    if method not in methods:
+        raise ValueError(f"method={method!r} is not valid (choose from: {', '.join(methods)})")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be positive")
+
+
+def to_chunks(x: jax.Array, size: int) -> jax.Array:
+    """[B, T, ...] -> [B, N, size, ...], zero-padding T up to a multiple of ``size``.
+
+    Zero padding is neutral for every recurrence here: a padded step has a zero key (or input)
+    and a zero log decay, so it adds nothing and lets the state pass unchanged.
+    """
+    pad = -x.shape[1] % size
+    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    return x.reshape(x.shape[0], -1, size, *x.shape[2:])
+
+
+def from_chunks(x: jax.Array, length: int) -> jax.Array:
+    """[B, N, C, ...] -> [B, length, ...]: undo ``to_chunks``."""
+    return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :length]
+
+
+def decay_since(log_g, axis: int) -> jax.Array:
+    """Inclusive cumulative log decay along ``axis``: sum_{m<=t} log_g_m."""
+    return jnp.cumsum(log_g, axis=axis)
+
+
+def decay_until_end(log_g, axis: int) -> jax.Array:
+    """Exclusive reverse cumulative log decay along ``axis``: sum_{m>t} log_g_m (0 at the last step)."""
+    after = lax.cumsum(log_g, axis=axis, reverse=True)  # sum_{m>=t}
+    later = lax.slice_in_dim(after, 1, None, axis=axis)  # sum_{m>t} for every step but the last
+    return jnp.concatenate([later, jnp.zeros_like(lax.slice_in_dim(after, 0, 1, axis=axis))], axis=axis)
+
+
+def segment_sums(log_g) -> jax.Array:
+    """[..., T, H, Dg] -> [..., T(i), T(j), H, Dg]: ``sum_{j<m<=i} log_g_m`` for j <= i, -inf above.
+
+    Built row by row (row i = row i-1 + log_g_i on the columns j < i), so each entry sums only its
+    own steps; a cumulative sum along i would do the same in log T passes over the [T, T] array.
+    """
+    t = log_g.shape[-3]
+    steps = jnp.moveaxis(log_g, -3, 0)  # (T, ..., H, Dg)
+    columns = jnp.arange(t)[:, None, None]  # j, against (T(j), H, Dg)
+
+    def next_row(row, step):
+        i, log_g_i = step
+        row = row + jnp.where(columns < i, log_g_i[..., None, :, :], 0.0)
+        return row, row
+
+    first = jnp.zeros(steps.shape[1:-2] + (t,) + steps.shape[-2:], log_g.dtype)  # (..., T(j), H, Dg)
+    _, rows = lax.scan(next_row, first, (jnp.arange(t), steps))  # (T(i), ..., T(j), H, Dg)
+    sums = jnp.moveaxis(rows, 0, -4)
+    return jnp.where(causal_mask(t)[:, :, None, None], sums, -jnp.inf)
