@@ -206,12 +206,14 @@ def plt_image(path: Path) -> np.ndarray:
 
 
 def plot_results(results: dict, out_dir: Path) -> None:
-    """bpb against length and loss by position, each with its 95% band; sparsity against length if probed."""
+    """bpb and its paired ratio to the training length against length, and loss by position, each with its
+    95% band; attention sparsity against length where probed."""
     from lmzoo.plots import line_with_band, new_axes, save_axes
 
     train_len = results["train_seq_len"]
     lengths = [int(n) for n in results["lengths"]]
-    title = f"{results['variant']} (trained at {train_len}), {results['eval_tokens']:,} tokens — {results['tag']}"
+    title = f"{results['variant']} (trained at {train_len}) — {results['tag']}\n"
+    title += f"{results['eval_tokens']:,} tokens, 95% intervals"
     axis = {"train_len": train_len, "xscale": "log", "title": title}
     fig, ax = new_axes()
     bpb = [r["bpb"] for r in results["lengths"].values()]
@@ -219,6 +221,13 @@ def plot_results(results: dict, out_dir: Path) -> None:
     line_with_band(ax, lengths, bpb, lo, hi, marker="o", label="bpb, 95% interval")
     save_axes(fig, ax, out_dir / "loss_vs_length.png", xticks=lengths, xlabel="evaluation length (tokens)",
               ylabel="validation bits per byte", **axis)
+
+    fig, ax = new_axes()  # paired on the same blocks: the band shows the change with length, not the text's noise
+    ratio = [r["ratio"] for r in results["lengths"].values()]
+    lo, hi = zip(*(r["ratio_ci"] for r in results["lengths"].values()))
+    line_with_band(ax, lengths, ratio, lo, hi, marker="o", label="paired ratio, 95% interval")
+    save_axes(fig, ax, out_dir / "ratio_vs_length.png", xticks=lengths, xlabel="evaluation length (tokens)",
+              ylabel=f"bpb@L / bpb@{train_len}", **axis)
 
     probed = {int(n): r["sparsity"] for n, r in results["lengths"].items() if "sparsity" in r}
     if probed:

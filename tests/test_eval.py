@@ -45,7 +45,8 @@ def test_eval_writes_results_csv_and_plots(trained_run):
         assert curve["positions"][-1] == int(length)
     csv_lines = (out / "results.csv").read_text().splitlines()
     assert csv_lines[0].startswith("length,length_ratio,tokens,loss,bpb,bpb_lo,bpb_hi,ratio") and len(csv_lines) == 3
-    assert (out / "loss_vs_length.png").stat().st_size > 0 and (out / "per_position.png").stat().st_size > 0
+    for name in ("loss_vs_length", "ratio_vs_length", "per_position"):
+        assert (out / f"{name}.png").stat().st_size > 0
 
 
 def test_every_length_scores_the_same_number_of_tokens_with_intervals(trained_run):
