@@ -129,7 +129,8 @@ def check(cfg: Config) -> None:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
     one_of("model.dtype", m.dtype, DTYPES)
     cfg.pos.check()
-    for key in ("steps", "batch_size", "eval_every", "eval_tokens", "checkpoint_every", "keep_checkpoints", "log_every"):
+    for key in ("steps", "batch_size", "eval_every", "eval_tokens", "checkpoint_every", "keep_checkpoints",
+                "log_every"):
         positive(f"train.{key}", getattr(t, key))
     positive("train.probe_batch", t.probe_batch, allow_zero=True)
     positive("optim.lr", o.lr)

@@ -250,7 +250,8 @@ class Trainer:
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
         rows = cfg.train.batch_size // jax.process_count()
         self.process_rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
-        self.probe_tokens = self.val_windows(np.arange(max(1, cfg.train.probe_batch)))["inputs"][: cfg.train.probe_batch]
+        first_windows = self.val_windows(np.arange(max(1, cfg.train.probe_batch)))
+        self.probe_tokens = first_windows["inputs"][: cfg.train.probe_batch]
         self.bits_per_byte = 1.0 / (math.log(2) * data.bytes_per_token)
         self.schedule = learning_rate_schedule(cfg.optim, cfg.train.steps)
         self.logger = open_logger(self.run_dir, cfg, n_params)

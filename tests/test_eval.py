@@ -107,6 +107,20 @@ def test_long_lengths_are_batched_within_the_budget(trained_run, monkeypatch):
         assert small["lengths"][length]["loss"] == pytest.approx(large["lengths"][length]["loss"], rel=1e-6)
 
 
+def test_a_data_source_s_own_evaluation_is_stored_under_extra(trained_run, monkeypatch):
+    calls = []
+
+    def grid(self, forward, lengths, out_dir, *, seed, batch_size):
+        logits = forward(np.zeros((batch_size, 32), np.int32))
+        calls.append((lengths, seed, logits.shape))
+        return {"grid": {"cells": 1}}
+
+    monkeypatch.setattr(type(lmzoo_eval.run_config(trained_run, []).data), "extra_evaluation", grid, raising=False)
+    results = evaluate(trained_run, "eval.tag=extra")
+    assert results["extra"] == {"grid": {"cells": 1}}
+    assert calls == [([32, 64], 0, (16384 // 64, 32, 259))]
+
+
 def test_position_override_is_tagged_and_changes_results(trained_run):
     plain = evaluate(trained_run)
     nope = evaluate(trained_run, "pos.kind=none")

@@ -93,13 +93,21 @@ def test_every_length_scores_the_same_examples():
         data.validation_windows([32, 128], budget=100)
 
 
-def test_training_on_mqar_reports_accuracy(tmp_path):
+def test_training_and_evaluation_on_mqar_report_accuracy_with_intervals(tmp_path):
+    from lmzoo import eval as lmzoo_eval
     from lmzoo.train import train
 
     cfg = tiny_config("softmax", "data=mqar", "data.seq_len=24", "data.num_pairs=4", "train.steps=4",
                       "train.eval_every=4", run_dir=tmp_path)
     summary = train(cfg)
     assert 0.0 <= summary["val_accuracy"] <= 1.0 and np.isfinite(summary["val_loss"])
+    results = lmzoo_eval.main([f"run_dir={tmp_path}", "eval.lengths=[24,48]", "eval.tokens=1920", "eval.blocks=10",
+                               "eval.progress=false"])
+    assert results["eval_tokens"] == 1920  # 40 examples of the longest length
+    for length, r in results["lengths"].items():
+        assert r["tokens"] == 40 * 4  # the same examples, 4 answers each, at every length
+        assert r["accuracy_ci"][0] <= r["accuracy"] <= r["accuracy_ci"][1]
+        assert len(results["block_sums"][length]["correct"]) == 10
 
 
 def test_task_settings_are_checked_by_their_task():

@@ -6,6 +6,10 @@ non-overlapping windows of ``seq_len + 1`` tokens taken every ``seq_len``
 tokens, so every token is a prediction target exactly once; a final partial
 window is dropped. A window gives ``inputs = w[:-1]`` and ``targets = w[1:]``.
 
+Validation scores the first ``N`` targets of the validation stream, the same ``N`` at every
+evaluated length (``ValidationWindows``): only the context each target sees changes with the
+window length.
+
 Multi-host data parallelism: batch sizes are always *global*. Every process
 builds the same global batch and keeps the contiguous block of rows
 ``[shard_index * b, (shard_index + 1) * b)`` with ``b = batch_size //
@@ -159,7 +163,8 @@ def scored_targets(available: int, budget: Optional[int], lengths: Sequence[int]
     step = math.lcm(*lengths)
     n_targets = min(budget or available, available) // step * step
     if n_targets == 0:
-        raise ValueError(f"a budget of {budget or available} validation tokens (of {available}) fills no window of {step}")
+        asked = budget or available
+        raise ValueError(f"a budget of {asked} validation tokens (of {available}) fills no window of {step}")
     return n_targets
 
 
