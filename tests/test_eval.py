@@ -136,6 +136,8 @@ def test_position_override_is_tagged_and_changes_results(trained_run):
         (["eval.nope=1"], "unknown key 'eval.nope'"),
         (["eval.step=999"], "eval.step=999 has no checkpoint"),
         (["pos.kind=sideways"], "pos.kind='sideways'"),
+        (["eval.tokens=16"], "fills no window of 64"),
+        (["eval.blocks=1"], "eval.blocks=1 must be at least 2"),
     ],
 )
 def test_eval_bad_input_is_one_line(trained_run, capsys, args, fragment):

@@ -239,6 +239,6 @@ class TaskData:
         if budget is None:
             raise ValueError("a synthetic task generates examples without end: give a token budget")
         n_examples = budget // max(lengths)
-        if n_examples == 0:
-            raise ValueError(f"a budget of {budget} tokens holds no example of length {max(lengths)}")
+        if n_examples < 2:  # intervals resample blocks of examples: at least two
+            raise ValueError(f"a budget of {budget} tokens holds fewer than 2 examples of length {max(lengths)}")
         return {length: TaskWindows(self._examples(VALIDATION, length), n_examples) for length in lengths}
