@@ -59,6 +59,21 @@ class LengthScores:
     positions: list[int]  # last position (1-based) of each bucket
     answers_only: bool  # a synthetic task: only some targets (the answers) are scored
 
+    @classmethod
+    def empty(cls, length: int, n_blocks: int, positions: list[int]) -> LengthScores:
+        blocks, cells = np.zeros(n_blocks), np.zeros((n_blocks, len(positions)))
+        return cls(length, blocks, blocks.copy(), blocks.copy(), cells, cells.copy(), positions, False)
+
+    def add(self, scores: dict, weights: np.ndarray, block: np.ndarray, bucket: np.ndarray) -> None:
+        """Add a batch: per target ``scores``, ``weights`` (0 where unscored), ``block`` and position ``bucket``."""
+        loss = np.asarray(scores["loss"], np.float64) * weights  # (rows, L)
+        correct = np.asarray(scores["correct"], np.float64) * weights
+        for total, values in ((self.loss, loss), (self.count, weights), (self.correct, correct)):
+            total += np.bincount(block.ravel(), values.ravel(), minlength=len(total))
+        cell = (block * len(self.positions) + bucket).ravel()  # block and span of positions, flattened
+        for total, values in ((self.position_loss, loss), (self.position_count, weights)):
+            total += np.bincount(cell, values.ravel(), minlength=total.size).reshape(total.shape)
+
     @property
     def mean_loss(self) -> float:
         return float(self.loss.sum() / self.count.sum())
@@ -93,39 +108,27 @@ def block_of_units(units: int, n_blocks: int) -> Callable[[np.ndarray], np.ndarr
     return lambda unit: np.searchsorted(starts, unit, side="right") - 1
 
 
-def score_length(
-    forward: Forward, windows, *, rows: int, blocks: int, n_buckets: int, on_batch: Optional[Callable] = None
-) -> LengthScores:
-    """Score every target of ``windows`` (one length), ``rows`` windows at a time, into block sums.
-
-    The last batch is filled up with copies of the first window so every batch has one shape (one
-    compilation); the copies are not counted.
-    """
-    length, n_blocks = windows.length, min(blocks, windows.units)
-    block_of = block_of_units(windows.units, n_blocks)
-    bucket_of, positions = position_spans(length, n_buckets)
-    n_buckets = len(positions)
-    sums = {k: np.zeros(n_blocks) for k in ("loss", "count", "correct")}
-    by_position = {k: np.zeros(n_blocks * n_buckets) for k in ("loss", "count")}
-    answers_only = False
+def padded_batches(windows, rows: int):
+    """``(batch, real)`` for consecutive ``rows`` windows; the last batch is filled up with copies of the
+    first window so every batch has one shape (one compilation), and ``real [rows]`` marks the rows that count."""
     for start in range(0, len(windows), rows):
         indices = np.arange(start, start + rows)
         real = indices < len(windows)
-        batch = windows(np.where(real, indices, 0))
-        scores = forward(batch["inputs"], batch["targets"])
-        answers_only = "weights" in batch
+        yield windows(np.where(real, indices, 0)), real
+
+
+def score_length(
+    forward: Forward, windows, *, rows: int, blocks: int, n_buckets: int, on_batch: Optional[Callable] = None
+) -> LengthScores:
+    """Score every target of ``windows`` (one length), ``rows`` windows at a time, into block sums."""
+    n_blocks = min(blocks, windows.units)
+    block_of = block_of_units(windows.units, n_blocks)
+    bucket_of, positions = position_spans(windows.length, n_buckets)
+    scores = LengthScores.empty(windows.length, n_blocks, positions)
+    for batch, real in padded_batches(windows, rows):
         weights = batch.get("weights", np.ones(batch["targets"].shape)) * real[:, None]  # (rows, L)
-        block = block_of(batch["unit"])  # (rows, L)
-        cell = block * n_buckets + bucket_of  # (rows, L): block and span of positions
-        loss = np.asarray(scores["loss"], np.float64) * weights
-        for name, values in (("loss", loss), ("count", weights), ("correct", np.asarray(scores["correct"]) * weights)):
-            sums[name] += np.bincount(block.ravel(), values.ravel(), minlength=n_blocks)
-        for name, values in (("loss", loss), ("count", weights)):
-            by_position[name] += np.bincount(cell.ravel(), values.ravel(), minlength=n_blocks * n_buckets)
+        scores.add(forward(batch["inputs"], batch["targets"]), weights, block_of(batch["unit"]), bucket_of)
+        scores.answers_only = "weights" in batch
         if on_batch:
             on_batch()
-    return LengthScores(
-        length, sums["loss"], sums["count"], sums["correct"],
-        by_position["loss"].reshape(n_blocks, n_buckets), by_position["count"].reshape(n_blocks, n_buckets),
-        positions, answers_only,
-    )
+    return scores
