@@ -117,10 +117,22 @@ def position_entry(scores: LengthScores, bootstrap_args: dict) -> dict:
 
 def probe_entries(model: LM, windows, eval_cfg: EvalConfig) -> tuple[dict, dict]:
     """Attention sparsity and entropy on the first windows: per layer and head, and per span of positions."""
-    tokens = windows(np.arange(eval_cfg.probe_batch))["inputs"]
+    tokens = windows(np.arange(min(eval_cfg.probe_batch, len(windows))))["inputs"]
     stats = attention_stats(model, tokens, position_buckets=eval_cfg.position_buckets)
     return ({"sparsity": stats["sparsity"], "entropy": stats["entropy"]},
             {"sparsity": stats["sparsity_by_position"], "entropy": stats["entropy_by_position"]})
+
+
+def score_lengths(model: LM, windows: dict, eval_cfg: EvalConfig, tag: str) -> dict[int, LengthScores]:
+    """Block sums at every length, ``eval.batch_tokens // L`` windows of length L at a time."""
+    forward = model_forward(model)
+    rows = {n: min(windows_per_batch(eval_cfg.batch_tokens, n), len(w)) for n, w in windows.items()}
+    bar = tqdm(total=sum(-(-len(w) // rows[n]) for n, w in windows.items()), desc=f"eval {tag}",
+               disable=not eval_cfg.progress)
+    scores = {n: score_length(forward, w, rows=rows[n], blocks=eval_cfg.blocks, n_buckets=eval_cfg.position_buckets,
+                              on_batch=lambda: bar.update(1)) for n, w in windows.items()}
+    bar.close()
+    return scores
 
 
 def evaluate(cfg: Config, eval_cfg: EvalConfig, run_dir: Path, tag: str) -> dict:
@@ -131,13 +143,7 @@ def evaluate(cfg: Config, eval_cfg: EvalConfig, run_dir: Path, tag: str) -> dict
     windows = validation_windows(data, eval_cfg, lengths)
     bits = 1.0 / (math.log(2) * data.bytes_per_token)
     bootstrap_args = {"resamples": eval_cfg.resamples, "seed": eval_cfg.bootstrap_seed}
-    forward = model_forward(model)
-    rows = {n: min(windows_per_batch(eval_cfg.batch_tokens, n), len(windows[n])) for n in lengths}
-    bar = tqdm(total=sum(-(-len(windows[n]) // rows[n]) for n in lengths), desc=f"eval {tag}",
-               disable=not eval_cfg.progress)
-    scores = {n: score_length(forward, windows[n], rows=rows[n], blocks=eval_cfg.blocks,
-                              n_buckets=eval_cfg.position_buckets, on_batch=lambda: bar.update(1)) for n in lengths}
-    bar.close()
+    scores = score_lengths(model, windows, eval_cfg, tag)
     train = scores[train_len]
     longest = lengths[-1]
     results = {"variant": cfg.attn.name, "train_seq_len": train_len, "tag": tag, "step": step,
