@@ -16,6 +16,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lmzoo import registry
 from lmzoo.data import drop_flat_leftovers
+from lmzoo.metrics.intervals import BLOCKS, RESAMPLES, SEED
 from lmzoo.positions import PosConfig
 from lmzoo.schema import (  # noqa: F401 (re-exported)
     ConfigError, DataConfig, MixerConfig, ModelConfig, explain, one_of, positive, to_dataclass,
@@ -39,7 +40,7 @@ class TrainConfig:
     steps: int = 600
     batch_size: int = 16
     eval_every: int = 100
-    eval_batches: int = 8
+    eval_tokens: int = 32768  # validation targets scored at each validation (the first ones of the split)
     checkpoint_every: int = 200
     keep_checkpoints: int = 3
     log_every: int = 10
@@ -50,9 +51,12 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    lengths: list[int] = field(default_factory=list)  # empty: 1x, 2x, 4x, 8x the training length
-    batch_size: int = 8
-    batches: int = 4  # validation batches per length
+    lengths: list[int] = field(default_factory=list)  # empty: 1x, 2x, 4x, 8x the training length (always added)
+    tokens: Optional[int] = 2**18  # validation targets scored at every length (the first ones); None: the whole split
+    batch_tokens: int = 16384  # tokens per forward batch: batch_tokens // L windows of length L
+    blocks: int = BLOCKS  # fixed contiguous blocks of the scored targets, resampled by the bootstrap
+    resamples: int = RESAMPLES  # bootstrap resamples behind every interval
+    bootstrap_seed: int = SEED  # draws of the bootstrap: intervals are reproducible for a fixed seed
     step: Optional[int] = None  # checkpoint step; None: the latest
     position_buckets: int = 16  # per-position loss is averaged over this many equal spans
     probe_batch: int = 1  # sequences whose attention sparsity/entropy is measured at each length; 0: off
@@ -61,8 +65,12 @@ class EvalConfig:
     progress: bool = True
 
     def check(self) -> None:
-        for key in ("batch_size", "batches", "position_buckets", "probe_max_len"):
+        for key in ("batch_tokens", "position_buckets", "probe_max_len", "resamples"):
             positive(f"eval.{key}", getattr(self, key))
+        if self.tokens is not None:
+            positive("eval.tokens", self.tokens)
+        if self.blocks < 2:
+            raise ConfigError(f"eval.blocks={self.blocks} must be at least 2: the bootstrap resamples blocks")
         positive("eval.probe_batch", self.probe_batch, allow_zero=True)
         for length in self.lengths:
             positive("eval.lengths[]", length)
@@ -121,7 +129,8 @@ def check(cfg: Config) -> None:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
     one_of("model.dtype", m.dtype, DTYPES)
     cfg.pos.check()
-    for key in ("steps", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every"):
+    for key in ("steps", "batch_size", "eval_every", "eval_tokens", "checkpoint_every", "keep_checkpoints",
+                "log_every"):
         positive(f"train.{key}", getattr(t, key))
     positive("train.probe_batch", t.probe_batch, allow_zero=True)
     positive("optim.lr", o.lr)

@@ -2,12 +2,14 @@
 
 Loads a run's checkpoint and saved config, applies evaluation-time overrides (position methods,
 attention switches) without retraining, and measures validation loss and bits per byte at each
-length, with per-position loss. Results go to ``<run_dir>/eval/<tag>/``: ``results.json``,
+length, with per-position loss, each with a 95% bootstrap interval. Results go to
+``<run_dir>/eval/<tag>/``: ``results.json`` (its layout: ``lmzoo.metrics.intervals``),
 ``results.csv``, PNG plots, and TensorBoard scalars in the run's ``tb/``.
 
-Long windows are cut from the validation token stream, in which documents are concatenated with
-an EOS between them: a window longer than a document simply continues into the next one, the
-same packing as in training.
+Every length scores the same first ``eval.tokens`` validation targets (``lmzoo.evaluator``); the
+training length is always among the lengths, since ratios are taken to it. Long windows are cut
+from the validation token stream, in which documents are concatenated with an EOS between them:
+a window longer than a document simply continues into the next one, the same packing as in training.
 """
 
 from __future__ import annotations
@@ -16,13 +18,10 @@ import csv
 import json
 import math
 import sys
-import warnings
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from omegaconf import OmegaConf
 from omegaconf import errors as oc_errors
@@ -32,6 +31,8 @@ from lmzoo.checkpoint import Checkpointer
 from lmzoo.cli import fail
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, explain, load_run_config, to_dataclass, validate
 from lmzoo.data import build_data
+from lmzoo.evaluator import Forward, LengthScores, score_length, token_scores, windows_per_batch
+from lmzoo.metrics.intervals import LEVEL, length_intervals
 from lmzoo.metrics.probes import attention_stats
 from lmzoo.model import LM
 
@@ -82,66 +83,96 @@ def restore_model(cfg: Config, vocab_size: int, run_dir: Path, step: int | None)
     return model, step
 
 
-@nnx.jit
-def position_sums(model: LM, batch) -> dict[str, jax.Array]:
-    """Per position, summed over the batch: scored loss, scored correct predictions, and weight."""
-    logits = model(batch["inputs"])  # (B, T, V)
-    weights = batch.get("weights", jnp.ones(batch["targets"].shape, jnp.float32))
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
-    correct = (logits.argmax(-1) == batch["targets"]).astype(jnp.float32)
-    return {"loss": (losses * weights).sum(0), "correct": (correct * weights).sum(0), "weight": weights.sum(0)}
+def evaluated_lengths(eval_cfg: EvalConfig, train_len: int) -> list[int]:
+    """The lengths asked for (default 1x-8x the training length), with the training length: ratios are to it."""
+    return sorted(set(eval_cfg.lengths or [train_len * f for f in (1, 2, 4, 8)]) | {train_len})
 
 
-def bucket(values: np.ndarray, n_buckets: int) -> tuple[list[int], list[float]]:
-    """Mean of ``values`` over ``n_buckets`` equal spans of positions, labelled by each span's last position."""
-    spans = np.array_split(np.arange(len(values)), min(n_buckets, len(values)))
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a span with no scored position is NaN
-        return [int(s[-1]) + 1 for s in spans], [float(np.nanmean(values[s])) for s in spans]
-
-
-def validation_windows(data, eval_cfg: EvalConfig, length: int) -> list[dict]:
-    """The fixed validation batches cut at ``length`` tokens; a length the data cannot give is a ConfigError."""
+def validation_windows(data, eval_cfg: EvalConfig, lengths: list[int]) -> dict:
+    """The windows of every length over the same ``eval.tokens`` scored targets; a budget or length the data
+    cannot give is a ConfigError."""
     try:
-        return data.val_batches(eval_cfg.batch_size, eval_cfg.batches, seq_len=length)
+        return data.validation_windows(lengths, eval_cfg.tokens)
     except ValueError as e:
-        raise ConfigError(f"eval.lengths: {e}") from None
+        raise ConfigError(f"eval.tokens={eval_cfg.tokens}, eval.lengths={lengths}: {e}") from None
 
 
-def score_length(model: LM, batches: list[dict], bits: float, n_buckets: int, bar: tqdm) -> tuple[dict, dict]:
-    """(loss, bpb and accuracy over ``batches``, loss per position in ``n_buckets`` spans) at one length."""
-    sums = {"loss": 0.0, "correct": 0.0, "weight": 0.0}
-    for batch in batches:
-        sums = {k: sums[k] + np.asarray(v) for k, v in position_sums(model, batch).items()}  # each (T,)
-        bar.update(1)
-    loss = float(sums["loss"].sum() / sums["weight"].sum())
-    accuracy = float(sums["correct"].sum() / sums["weight"].sum())
-    overall = {"loss": loss, "bpb": loss * bits, "accuracy": accuracy, "batches": len(batches)}
-    with np.errstate(invalid="ignore"):  # unscored positions of synthetic tasks: NaN, skipped by nanmean
-        positions, losses = bucket(sums["loss"] / sums["weight"], n_buckets)
-    return overall, {"positions": positions, "loss": losses}
+def model_forward(model: LM) -> Forward:
+    scores = nnx.jit(token_scores)
+    return lambda inputs, targets: jax.device_get(scores(model, inputs, targets))
+
+
+def length_entry(scores: LengthScores, train: LengthScores, bits: float, bootstrap_args: dict) -> dict:
+    """``results["lengths"]["<L>"]``: loss, bpb, ppl, accuracy, and the intervals of the block sums."""
+    entry = scores.summary(bits)
+    entry.update(length_intervals(scores.block_sums(), train.block_sums(), bits_per_nat=bits, **bootstrap_args))
+    return entry
+
+
+def position_entry(scores: LengthScores, bootstrap_args: dict) -> dict:
+    """``results["per_position"]["<L>"]``: loss per span of positions, with its band."""
+    curve = scores.position_interval(**bootstrap_args)
+    return {"positions": scores.positions, "loss": np.asarray(curve.estimate).tolist(), "loss_ci": curve.bounds()}
+
+
+def probe_entries(model: LM, windows, eval_cfg: EvalConfig) -> tuple[dict, dict]:
+    """Attention sparsity and entropy on the first windows: per layer and head, and per span of positions."""
+    tokens = windows(np.arange(min(eval_cfg.probe_batch, len(windows))))["inputs"]
+    stats = attention_stats(model, tokens, position_buckets=eval_cfg.position_buckets)
+    return ({"sparsity": stats["sparsity"], "entropy": stats["entropy"]},
+            {"sparsity": stats["sparsity_by_position"], "entropy": stats["entropy_by_position"]})
+
+
+def score_lengths(model: LM, windows: dict, eval_cfg: EvalConfig, tag: str) -> dict[int, LengthScores]:
+    """Block sums at every length, ``eval.batch_tokens // L`` windows of length L at a time."""
+    forward = model_forward(model)
+    rows = {n: min(windows_per_batch(eval_cfg.batch_tokens, n), len(w)) for n, w in windows.items()}
+    bar = tqdm(total=sum(-(-len(w) // rows[n]) for n, w in windows.items()), desc=f"eval {tag}",
+               disable=not eval_cfg.progress)
+    scores = {n: score_length(forward, w, rows=rows[n], blocks=eval_cfg.blocks, n_buckets=eval_cfg.position_buckets,
+                              on_batch=lambda: bar.update(1)) for n, w in windows.items()}
+    bar.close()
+    return scores
 
 
 def evaluate(cfg: Config, eval_cfg: EvalConfig, run_dir: Path, tag: str) -> dict:
     data = build_data(cfg.data, seed=cfg.seed)
     model, step = restore_model(cfg, data.tokenizer.vocab_size, run_dir, eval_cfg.step)
     train_len = cfg.data.seq_len
-    lengths = eval_cfg.lengths or [train_len * f for f in (1, 2, 4, 8)]
+    lengths = evaluated_lengths(eval_cfg, train_len)
+    windows = validation_windows(data, eval_cfg, lengths)
     bits = 1.0 / (math.log(2) * data.bytes_per_token)
+    bootstrap_args = {"resamples": eval_cfg.resamples, "seed": eval_cfg.bootstrap_seed}
+    scores = score_lengths(model, windows, eval_cfg, tag)
+    train = scores[train_len]
+    longest = lengths[-1]
     results = {"variant": cfg.attn.name, "train_seq_len": train_len, "tag": tag, "step": step,
-               "lengths": {}, "per_position": {}}
-    bar = tqdm(total=len(lengths) * eval_cfg.batches, desc=f"eval {tag}", disable=not eval_cfg.progress)
-    for length in lengths:
-        batches = validation_windows(data, eval_cfg, length)
-        overall, curves = score_length(model, batches, bits, eval_cfg.position_buckets, bar)
-        if eval_cfg.probe_batch and length <= eval_cfg.probe_max_len:
-            tokens = batches[0]["inputs"][: eval_cfg.probe_batch]
-            stats = attention_stats(model, tokens, position_buckets=eval_cfg.position_buckets)
-            overall.update(sparsity=stats["sparsity"], entropy=stats["entropy"])
-            curves.update(sparsity=stats["sparsity_by_position"], entropy=stats["entropy_by_position"])
-        results["lengths"][str(length)], results["per_position"][str(length)] = overall, curves
-    bar.close()
+               "eval_tokens": len(windows[longest]) * longest,  # text: the N targets scored at every length
+               "blocks": len(train.count), "bootstrap": {**bootstrap_args, "level": LEVEL},
+               "lengths": {}, "per_position": {}, "block_sums": {}}
+    for n in lengths:
+        results["lengths"][str(n)] = length_entry(scores[n], train, bits, bootstrap_args)
+        results["per_position"][str(n)] = position_entry(scores[n], bootstrap_args)
+        results["block_sums"][str(n)] = {k: v.tolist() for k, v in scores[n].block_sums().items()}
+        if eval_cfg.probe_batch and n <= eval_cfg.probe_max_len:
+            overall, curves = probe_entries(model, windows[n], eval_cfg)
+            results["lengths"][str(n)].update(overall)
+            results["per_position"][str(n)].update(curves)
+    if extra := extra_evaluation(cfg, eval_cfg, model, run_dir / "eval" / tag, longest):
+        results["extra"] = extra
     return results
+
+
+def extra_evaluation(cfg: Config, eval_cfg: EvalConfig, model: LM, out_dir: Path, longest: int) -> dict | None:
+    """A data source's own evaluation (e.g. a retrieval grid) where it offers one."""
+    hook = getattr(cfg.data, "extra_evaluation", None)
+    if hook is None:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logits = nnx.jit(lambda m, tokens: m(tokens))
+    batch_size = windows_per_batch(eval_cfg.batch_tokens, longest)
+    return hook(lambda tokens: np.asarray(logits(model, tokens)), eval_cfg.lengths or None, out_dir,
+                seed=cfg.seed, batch_size=batch_size)
 
 
 def default_tag(overrides: list[str]) -> str:
@@ -154,10 +185,12 @@ def write_outputs(results: dict, out_dir: Path, run_dir: Path) -> None:
     train_len = results["train_seq_len"]
     with open(out_dir / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["length", "length_ratio", "loss", "bpb", "accuracy", "mean_sparsity", "mean_entropy"])
+        writer.writerow(["length", "length_ratio", "tokens", "loss", "bpb", "bpb_lo", "bpb_hi", "ratio", "ratio_lo",
+                         "ratio_hi", "accuracy", "mean_sparsity", "mean_entropy"])
         for length, r in results["lengths"].items():
             means = [float(np.nanmean(r[k])) if k in r else "" for k in ("sparsity", "entropy")]
-            writer.writerow([length, int(length) / train_len, r["loss"], r["bpb"], r["accuracy"], *means])
+            writer.writerow([length, int(length) / train_len, r["tokens"], r["loss"], r["bpb"], *r["bpb_ci"],
+                             r["ratio"], *r["ratio_ci"], r["accuracy"], *means])
     plot_results(results, out_dir)
     from tensorboardX import SummaryWriter
 
@@ -179,14 +212,28 @@ def plt_image(path: Path) -> np.ndarray:
 
 
 def plot_results(results: dict, out_dir: Path) -> None:
-    from lmzoo.plots import new_axes, save_axes
+    """bpb and its paired ratio to the training length against length, and loss by position, each with its
+    95% band; attention sparsity against length where probed."""
+    from lmzoo.plots import line_with_band, new_axes, save_axes
 
     train_len = results["train_seq_len"]
-    title = f"{results['variant']} (trained at {train_len}) — {results['tag']}"
+    lengths = [int(n) for n in results["lengths"]]
+    title = f"{results['variant']} (trained at {train_len}) — {results['tag']}\n"
+    title += f"{results['eval_tokens']:,} tokens, 95% intervals"
+    axis = {"train_len": train_len, "xscale": "log", "title": title}
     fig, ax = new_axes()
-    ax.plot([int(n) for n in results["lengths"]], [r["bpb"] for r in results["lengths"].values()], marker="o")
-    save_axes(fig, ax, out_dir / "loss_vs_length.png", train_len=train_len, xscale="log",
-              xlabel="evaluation length (tokens)", ylabel="validation bits per byte", title=title)
+    bpb = [r["bpb"] for r in results["lengths"].values()]
+    lo, hi = zip(*(r["bpb_ci"] for r in results["lengths"].values()))
+    line_with_band(ax, lengths, bpb, lo, hi, marker="o", label="bpb, 95% interval")
+    save_axes(fig, ax, out_dir / "loss_vs_length.png", xticks=lengths, xlabel="evaluation length (tokens)",
+              ylabel="validation bits per byte", **axis)
+
+    fig, ax = new_axes()  # paired on the same blocks: the band shows the change with length, not the text's noise
+    ratio = [r["ratio"] for r in results["lengths"].values()]
+    lo, hi = zip(*(r["ratio_ci"] for r in results["lengths"].values()))
+    line_with_band(ax, lengths, ratio, lo, hi, marker="o", label="paired ratio, 95% interval")
+    save_axes(fig, ax, out_dir / "ratio_vs_length.png", xticks=lengths, xlabel="evaluation length (tokens)",
+              ylabel=f"bpb@L / bpb@{train_len}", **axis)
 
     probed = {int(n): r["sparsity"] for n, r in results["lengths"].items() if "sparsity" in r}
     if probed:
@@ -194,14 +241,13 @@ def plot_results(results: dict, out_dir: Path) -> None:
         for layer in range(len(next(iter(probed.values())))):
             layer_means = [float(np.nanmean(s[layer])) for s in probed.values()]
             ax.plot(list(probed), layer_means, marker="o", label=f"layer {layer}")
-        save_axes(fig, ax, out_dir / "sparsity_vs_length.png", train_len=train_len, xscale="log",
-                  xlabel="evaluation length (tokens)", ylabel="mean row sparsity S (1 = uniform)", title=title)
+        save_axes(fig, ax, out_dir / "sparsity_vs_length.png", xticks=list(probed), xlabel="evaluation length (tokens)",
+                  ylabel="mean row sparsity S (1 = uniform)", **axis)
 
     fig, ax = new_axes()
     for length, curve in results["per_position"].items():
-        ax.plot(curve["positions"], curve["loss"], label=f"L={length}")
-    save_axes(fig, ax, out_dir / "per_position.png", train_len=train_len, xscale="log",
-              xlabel="position", ylabel="loss (nats/token)", title=title)
+        line_with_band(ax, curve["positions"], curve["loss"], *curve["loss_ci"], label=f"L={length}")
+    save_axes(fig, ax, out_dir / "per_position.png", xlabel="position", ylabel="loss (nats/token), 95% band", **axis)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -216,7 +262,9 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = run_dir / "eval" / tag
     write_outputs(results, out_dir, run_dir)
     for length, r in results["lengths"].items():
-        print(f"L={length:>6}  loss {r['loss']:.4f}  bpb {r['bpb']:.4f}  accuracy {r['accuracy']:.3f}")
+        lo, hi = r["bpb_ci"]
+        print(f"L={length:>6}  loss {r['loss']:.4f}  bpb {r['bpb']:.4f} [{lo:.4f}, {hi:.4f}]  "
+              f"ratio {r['ratio']:.3f}  accuracy {r['accuracy']:.3f}")
     print(f"wrote {out_dir}/results.json")
     return results
 

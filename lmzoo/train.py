@@ -32,7 +32,9 @@ from lmzoo.checkpoint import Checkpointer, split_model
 from lmzoo.cli import check_argv, fail
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, load_run_config, register_schemas, validate
 from lmzoo.data import build_data
+from lmzoo.evaluator import score_length, token_scores
 from lmzoo.logger import MetricsLogger, read_metrics
+from lmzoo.metrics.intervals import BLOCKS
 from lmzoo.metrics.probes import attention_stats, summary as probe_summary
 from lmzoo.mixers.base import AuxLoss
 from lmzoo.model import LM, count_params
@@ -92,9 +94,8 @@ def train_step(graphdef, tx, state, batch):
     return new_state, {**metrics, "grad_norm": optax.tree.norm(grads)}
 
 
-def eval_step(graphdef, state, batch):
-    loss, metrics = next_token_loss(nnx.merge(graphdef, state["params"], state["extra"]), batch)
-    return {"loss": loss, "accuracy": metrics["accuracy"]}
+def eval_step(graphdef, state, inputs, targets):
+    return token_scores(nnx.merge(graphdef, state["params"], state["extra"]), inputs, targets)
 
 
 def probe_metrics(model: LM, tokens) -> dict:
@@ -183,13 +184,17 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 
 def open_data(cfg: Config):
-    """(data, training iterator, fixed validation batches); bad data settings become ConfigErrors."""
+    """(data, training iterator, validation windows at the training length); bad data settings become ConfigErrors."""
     try:
         data = build_data(cfg.data, seed=cfg.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
-        val_batches = data.val_batches(cfg.train.batch_size, cfg.train.eval_batches)
-        return data, data.train_iterator(cfg.train.batch_size), val_batches
+        train_iter = data.train_iterator(cfg.train.batch_size)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e).splitlines()[0]) from e
+    try:
+        val_windows = data.validation_windows([cfg.data.seq_len], cfg.train.eval_tokens)[cfg.data.seq_len]
+    except ValueError as e:
+        raise ConfigError(f"train.eval_tokens={cfg.train.eval_tokens}: {e}") from e
+    return data, train_iter, val_windows
 
 
 def data_parallel_shardings(batch_size: int) -> tuple[NamedSharding, NamedSharding]:
@@ -231,7 +236,7 @@ class Trainer:
         self.run_dir = prepare_run_dir(cfg)
         replicated, batch_sharding = data_parallel_shardings(cfg.train.batch_size)
         self.to_device = partial(jax.make_array_from_process_local_data, batch_sharding)
-        data, self.train_iter, host_val_batches = open_data(cfg)
+        data, self.train_iter, self.val_windows = open_data(cfg)
         model = LM(cfg, data.tokenizer.vocab_size, rngs=nnx.Rngs(cfg.seed))
         n_params = count_params(model)
         write_run_files(self.run_dir, cfg, data, model, n_params)
@@ -242,9 +247,11 @@ class Trainer:
         self.resume()
 
         self.step_fn = jax.jit(partial(train_step, self.graphdef, tx), donate_argnums=0)
-        self.eval_fn = jax.jit(partial(eval_step, self.graphdef))
-        self.val_batches = [jax.tree.map(self.to_device, b) for b in host_val_batches]
-        self.probe_tokens = host_val_batches[0]["inputs"][: cfg.train.probe_batch]
+        self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
+        rows = cfg.train.batch_size // jax.process_count()
+        self.process_rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
+        first_windows = self.val_windows(np.arange(max(1, cfg.train.probe_batch)))
+        self.probe_tokens = first_windows["inputs"][: cfg.train.probe_batch]
         self.bits_per_byte = 1.0 / (math.log(2) * data.bytes_per_token)
         self.schedule = learning_rate_schedule(cfg.optim, cfg.train.steps)
         self.logger = open_logger(self.run_dir, cfg, n_params)
@@ -293,17 +300,24 @@ class Trainer:
         self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
         return row
 
+    def score(self, inputs: np.ndarray, targets: np.ndarray) -> dict:
+        """Per-target loss and correctness of a global batch of validation windows; this process feeds its rows."""
+        local = [self.to_device(x[self.process_rows]) for x in (inputs, targets)]
+        return jax.device_get(self.eval_fn(self.state, *local))
+
     def validate(self) -> dict:
-        """Loss, bits per byte and accuracy on the fixed validation batches, and the attention probes."""
-        per_batch = jax.device_get([self.eval_fn(self.state, b) for b in self.val_batches])
-        loss = float(np.mean([m["loss"] for m in per_batch]))
-        val = {"val_loss": loss, "val_bpb": loss * self.bits_per_byte, "val_ppl": math.exp(min(loss, 50.0)),
-               "val_accuracy": float(np.mean([m["accuracy"] for m in per_batch]))}
+        """Loss, bits per byte (with its 95% interval) and accuracy on the first ``train.eval_tokens``
+        validation targets, scored as ``lmzoo.eval`` scores the training length; the attention probes."""
+        scores = score_length(self.score, self.val_windows, rows=self.cfg.train.batch_size, blocks=BLOCKS, n_buckets=1)
+        val = {f"val_{k}": v for k, v in scores.summary(self.bits_per_byte).items()}
+        interval = scores.bpb_interval(self.bits_per_byte)
+        val.update(val_bpb_lo=interval.lo, val_bpb_hi=interval.hi)
         if len(self.probe_tokens):
             model = nnx.merge(self.graphdef, self.state["params"], self.state["extra"])
             val.update(probe_metrics(model, self.probe_tokens))
         self.last_val = val
-        self.bar.write(f"step {self.step}: val_loss {val['val_loss']:.4f}  val_bpb {val['val_bpb']:.4f}")
+        self.bar.write(f"step {self.step}: val_loss {val['val_loss']:.4f}  "
+                       f"val_bpb {val['val_bpb']:.4f} [{val['val_bpb_lo']:.4f}, {val['val_bpb_hi']:.4f}]")
         return val
 
     def log(self, row: dict, metrics: dict) -> None:

@@ -33,7 +33,7 @@ TINY = [
     "model.n_heads=4",
     "data.seq_len=32",
     "train.batch_size=8",
-    "train.eval_batches=2",
+    "train.eval_tokens=512",
     "train.progress=false",
 ]
 

@@ -140,7 +140,7 @@ def test_compare_tabulates_and_plots_a_sweep(tmp_path, capsys):
     for variant in ("softmax", "mqa"):
         run_dir = tmp_path / "sweep" / variant
         train(tiny_config(variant, "train.steps=4", "train.eval_every=4", run_dir=run_dir))
-        lmzoo_eval.main([f"run_dir={run_dir}", "eval.lengths=[32,64]", "eval.batches=1", "eval.progress=false"])
+        lmzoo_eval.main([f"run_dir={run_dir}", "eval.lengths=[32,64]", "eval.tokens=1024", "eval.progress=false"])
     header, rows = rows_of(compare.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]))
     assert header[:7] == ["variant", "n", "params", "state size", "val bpb", "bpb@train", "bpb@64 / bpb@train"]
     assert set(rows) == {"softmax", "mqa"}

@@ -371,23 +371,27 @@ def test_too_few_windows_for_a_batch_names_the_settings():
         pipeline.train_iterator(arange_stream(20), seq_len=8, batch_size=4, seed=0)
 
 
-# --- validation batches -------------------------------------------------------
+# --- validation windows -------------------------------------------------------
 
 
-def test_val_batches_are_fixed_ordered_and_accept_longer_windows():
+def test_validation_windows_score_the_same_targets_at_every_length():
     tokens = arange_stream(1001)
-    first = pipeline.validation_batches(tokens, seq_len=10, batch_size=4, n_batches=3)
-    assert_batches_equal(first, pipeline.validation_batches(tokens, 10, 4, n_batches=3))
-    assert len(first) == 3
-    assert first[0]["inputs"][:, 0].tolist() == [0, 10, 20, 30]
-    assert first[2]["targets"][-1].tolist() == list(range(111, 121))
-    assert len(pipeline.validation_batches(tokens, 10, 4)) == 25  # all: 100 windows / 4
+    n_targets = pipeline.scored_targets(1000, 700, [10, 20, 40])
+    assert n_targets == 680  # rounded down to whole windows of the longest length
+    for length in (10, 20, 40):
+        windows = pipeline.ValidationWindows(tokens, length, n_targets)
+        batch = windows(np.arange(len(windows)))
+        assert batch["inputs"].shape == (680 // length, length)
+        np.testing.assert_array_equal(batch["targets"].ravel(), tokens[1:681])  # each target once, in order
+        np.testing.assert_array_equal(batch["unit"].ravel(), np.arange(680))
+        np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
 
-    longer = pipeline.validation_batches(tokens, seq_len=100, batch_size=2)
-    assert len(longer) == 5 and longer[0]["inputs"].shape == (2, 100)
-    assert longer[1]["inputs"][0, 0] == 200
-    with pytest.raises(ValueError, match="shorter than one window"):
-        pipeline.validation_batches(tokens, seq_len=1001, batch_size=1)
+
+def test_validation_budget_defaults_to_the_whole_split_and_must_fill_a_window():
+    assert pipeline.scored_targets(1000, None, [10, 40]) == 1000
+    assert pipeline.scored_targets(1000, 5000, [48, 32]) == 960  # a multiple of both lengths
+    with pytest.raises(ValueError, match="fills no window of 1001"):
+        pipeline.scored_targets(1000, None, [1001])
 
 
 def test_data_object_end_to_end(tmp_path):
@@ -400,11 +404,11 @@ def test_data_object_end_to_end(tmp_path):
     assert data.fingerprint["tokenizer"] == "byte"
     batch = next(data.train_iterator(batch_size=4))
     assert batch["inputs"].shape == (2, 16)
-    full = data.val_batches(batch_size=2)
-    longer = data.val_batches(batch_size=2, n_batches=1, seq_len=32)
-    assert full[0]["inputs"].shape == (1, 16) and longer[0]["inputs"].shape == (1, 32)
-    # Shard 1 of 2 holds row 1 of each global batch: the second validation window.
-    np.testing.assert_array_equal(full[0]["inputs"][0], data.val_tokens[16:32])
+    windows = data.validation_windows([16, 32], budget=None)  # whole windows: not split by process
+    first = {n: w(np.arange(2)) for n, w in windows.items()}
+    assert first[16]["inputs"].shape == (2, 16) and first[32]["inputs"].shape == (2, 32)
+    assert windows[16].units == windows[32].units == (data.val_tokens.size - 1) // 32 * 32
+    np.testing.assert_array_equal(first[16]["inputs"][1], data.val_tokens[16:32])
 
 
 def test_source_specs_are_omegaconf_structured_configs():

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from flax import nnx
 
 from lmzoo import eval as lmzoo_eval
 from lmzoo.checkpoint import Checkpointer
+from lmzoo.data import build_data
+from lmzoo.evaluator import score_length
+from lmzoo.logger import read_metrics
 from lmzoo.model import LM
 from lmzoo.train import init_train_state, train
 
@@ -23,7 +27,7 @@ def trained_run(tmp_path_factory):
 
 
 def evaluate(run_dir, *args):
-    return lmzoo_eval.main([f"run_dir={run_dir}", "eval.lengths=[32,64]", "eval.batches=2", "eval.position_buckets=4",
+    return lmzoo_eval.main([f"run_dir={run_dir}", "eval.lengths=[32,64]", "eval.tokens=2048", "eval.position_buckets=4",
                             "eval.progress=false", *args])
 
 
@@ -40,8 +44,81 @@ def test_eval_writes_results_csv_and_plots(trained_run):
         assert len(curve["positions"]) == len(curve["loss"]) == 4
         assert curve["positions"][-1] == int(length)
     csv_lines = (out / "results.csv").read_text().splitlines()
-    assert csv_lines[0] == "length,length_ratio,loss,bpb,accuracy,mean_sparsity,mean_entropy" and len(csv_lines) == 3
-    assert (out / "loss_vs_length.png").stat().st_size > 0 and (out / "per_position.png").stat().st_size > 0
+    assert csv_lines[0].startswith("length,length_ratio,tokens,loss,bpb,bpb_lo,bpb_hi,ratio") and len(csv_lines) == 3
+    for name in ("loss_vs_length", "ratio_vs_length", "per_position"):
+        assert (out / f"{name}.png").stat().st_size > 0
+
+
+def test_every_length_scores_the_same_number_of_tokens_with_intervals(trained_run):
+    results = evaluate(trained_run, "eval.lengths=[64,128]", "eval.blocks=16", "eval.tag=intervals")
+    assert list(results["lengths"]) == ["32", "64", "128"]  # the training length is always evaluated
+    assert results["eval_tokens"] == 2048 and results["blocks"] == 16
+    assert results["bootstrap"] == {"resamples": 1000, "seed": 0, "level": 0.95}
+    for length, r in results["lengths"].items():
+        assert r["tokens"] == 2048
+        assert r["bpb_ci"][0] < r["bpb"] < r["bpb_ci"][1]
+        assert r["ratio_ci"][0] <= r["ratio"] <= r["ratio_ci"][1]
+        sums = results["block_sums"][length]
+        assert sums["count"] == [128.0] * 16 and "correct" not in sums  # text: every target scored
+        curve = results["per_position"][length]
+        lo, hi = np.array(curve["loss_ci"])
+        assert np.all(lo <= np.array(curve["loss"]) + 1e-12) and np.all(np.array(curve["loss"]) <= hi + 1e-12)
+    assert results["lengths"]["32"]["ratio"] == 1.0 and results["lengths"]["32"]["ratio_ci"] == [1.0, 1.0]
+
+
+def test_the_scored_targets_are_the_same_set_at_every_length(trained_run):
+    """A stand-in model whose "loss" of a target is the target's token id: equal sums per block at every
+    length mean the very same tokens were scored in the very same blocks."""
+    cfg = lmzoo_eval.run_config(trained_run, [])
+    windows = build_data(cfg.data, seed=cfg.seed).validation_windows([32, 64, 128], 1000)
+
+    def token_ids(inputs, targets):
+        return {"loss": targets.astype(float), "correct": np.zeros(targets.shape)}
+
+    sums = {n: score_length(token_ids, w, rows=3, blocks=7, n_buckets=4) for n, w in windows.items()}
+    for n in (64, 128):
+        np.testing.assert_array_equal(sums[n].loss, sums[32].loss)
+        np.testing.assert_array_equal(sums[n].count, sums[32].count)
+    assert sums[32].count.sum() == 896  # 1000 rounded down to whole windows of 128
+
+
+def test_final_validation_equals_eval_at_the_training_length(trained_run):
+    last = [r for r in read_metrics(trained_run) if "val_bpb" in r][-1]
+    results = evaluate(trained_run, "eval.lengths=[32]", "eval.tokens=512", "eval.tag=equal-budget")
+    assert results["lengths"]["32"]["bpb"] == pytest.approx(last["val_bpb"], abs=1e-5)
+    assert results["lengths"]["32"]["loss"] == pytest.approx(last["val_loss"], abs=1e-5)
+    assert last["val_bpb_lo"] < last["val_bpb"] < last["val_bpb_hi"]
+
+
+def test_long_lengths_are_batched_within_the_budget(trained_run, monkeypatch):
+    shapes = []
+    forward = lmzoo_eval.model_forward
+
+    def recording(model):
+        scores = forward(model)
+        return lambda inputs, targets: shapes.append(inputs.shape) or scores(inputs, targets)
+
+    monkeypatch.setattr(lmzoo_eval, "model_forward", recording)
+    small = evaluate(trained_run, "eval.lengths=[32,128]", "eval.batch_tokens=64", "eval.tag=small-batches")
+    assert set(shapes) == {(2, 32), (1, 128)}  # batch_tokens // L windows, at least one
+    assert len(shapes) == 2048 // 64 + 2048 // 128
+    large = evaluate(trained_run, "eval.lengths=[32,128]", "eval.tag=large-batches")
+    for length in ("32", "128"):
+        assert small["lengths"][length]["loss"] == pytest.approx(large["lengths"][length]["loss"], rel=1e-6)
+
+
+def test_a_data_source_s_own_evaluation_is_stored_under_extra(trained_run, monkeypatch):
+    calls = []
+
+    def grid(self, forward, lengths, out_dir, *, seed, batch_size):
+        logits = forward(np.zeros((batch_size, 32), np.int32))
+        calls.append((lengths, seed, logits.shape))
+        return {"grid": {"cells": 1}}
+
+    monkeypatch.setattr(type(lmzoo_eval.run_config(trained_run, []).data), "extra_evaluation", grid, raising=False)
+    results = evaluate(trained_run, "eval.tag=extra")
+    assert results["extra"] == {"grid": {"cells": 1}}
+    assert calls == [([32, 64], 0, (16384 // 64, 32, 259))]
 
 
 def test_position_override_is_tagged_and_changes_results(trained_run):
@@ -59,6 +136,8 @@ def test_position_override_is_tagged_and_changes_results(trained_run):
         (["eval.nope=1"], "unknown key 'eval.nope'"),
         (["eval.step=999"], "eval.step=999 has no checkpoint"),
         (["pos.kind=sideways"], "pos.kind='sideways'"),
+        (["eval.tokens=16"], "fills no window of 64"),
+        (["eval.blocks=1"], "eval.blocks=1 must be at least 2"),
     ],
 )
 def test_eval_bad_input_is_one_line(trained_run, capsys, args, fragment):

@@ -6,6 +6,10 @@ non-overlapping windows of ``seq_len + 1`` tokens taken every ``seq_len``
 tokens, so every token is a prediction target exactly once; a final partial
 window is dropped. A window gives ``inputs = w[:-1]`` and ``targets = w[1:]``.
 
+Validation scores the first ``N`` targets of the validation stream, the same ``N`` at every
+evaluated length (``ValidationWindows``): only the context each target sees changes with the
+window length.
+
 Multi-host data parallelism: batch sizes are always *global*. Every process
 builds the same global batch and keeps the contiguous block of rows
 ``[shard_index * b, (shard_index + 1) * b)`` with ``b = batch_size //
@@ -16,6 +20,7 @@ processes in order.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
@@ -128,37 +133,39 @@ def train_iterator(
     return iter(dataset.to_iter_dataset(_READ_OPTIONS))
 
 
-def validation_batches(
-    tokens: np.ndarray,
-    seq_len: int,
-    batch_size: int,
-    n_batches: Optional[int] = None,
-    shard_index: int = 0,
-    shard_count: int = 1,
-) -> list[Batch]:
-    """The first ``n_batches`` (None: all) full batches of windows, in order.
+class ValidationWindows:
+    """The first ``n_targets`` validation targets cut into non-overlapping windows of ``length``.
 
-    No shuffling, so every evaluation sees the same tokens. Windows that do
-    not fill a last batch are left out to keep one batch shape.
+    Window ``k`` predicts targets ``k * length .. (k + 1) * length - 1`` (0-based among the scored
+    targets; stream positions one later), so every length that divides ``n_targets`` scores the
+    same targets, each once. ``unit`` gives each target's index: fixed blocks of the scored
+    targets are blocks of units.
     """
-    windows = TokenWindows(tokens, seq_len)
-    if len(windows) == 0:
-        raise ValueError(
-            f"the validation split has {len(tokens)} tokens, shorter than one window of seq_len={seq_len} (+1)"
-        )
-    if len(windows) < batch_size:
-        raise ValueError(
-            f"the validation split has {len(windows)} windows of seq_len={seq_len}, fewer than the batch size {batch_size}"
-        )
-    rows = _rows_per_process(batch_size, shard_count)
-    dataset = (
-        grain.MapDataset.range(len(windows))
-        .batch(batch_size, drop_remainder=True)
-        .map(_ProcessRows(shard_index, rows))
-        .map(windows)
-    )
-    count = len(dataset) if n_batches is None else min(n_batches, len(dataset))
-    return [dataset[index] for index in range(count)]
+
+    def __init__(self, tokens: np.ndarray, length: int, n_targets: int):
+        if n_targets % length:
+            raise ValueError(f"{n_targets} scored targets do not fill windows of {length}")
+        self.windows = TokenWindows(tokens[: n_targets + 1], length)
+        self.length, self.units = length, n_targets
+
+    def __len__(self) -> int:
+        return self.units // self.length
+
+    def __call__(self, window_indices: np.ndarray) -> Batch:
+        batch = self.windows(window_indices)
+        batch["unit"] = np.asarray(window_indices)[:, None] * self.length + np.arange(self.length)  # (rows, L)
+        return batch
+
+
+def scored_targets(available: int, budget: Optional[int], lengths: Sequence[int]) -> int:
+    """Targets scored at every length: the budget (None: all ``available``) rounded down to fill whole
+    windows of every length (a multiple of their least common multiple, the longest for powers of two)."""
+    step = math.lcm(*lengths)
+    n_targets = min(budget or available, available) // step * step
+    if n_targets == 0:
+        asked = budget or available
+        raise ValueError(f"a budget of {asked} validation tokens (of {available}) fills no window of {step}")
+    return n_targets
 
 
 # eq=False: comparing or hashing the token arrays is never wanted.
@@ -213,14 +220,7 @@ class Data:
             self.train_tokens, self.seq_len, batch_size, self.seed, self.shard_index, self.shard_count
         )
 
-    def val_batches(
-        self, batch_size: int, n_batches: Optional[int] = None, seq_len: Optional[int] = None
-    ) -> list[Batch]:
-        """The same first ``n_batches`` (None: all) validation batches on every call.
-
-        ``seq_len`` defaults to the training one; a longer one evaluates
-        longer contexts.
-        """
-        return validation_batches(
-            self.val_tokens, seq_len or self.seq_len, batch_size, n_batches, self.shard_index, self.shard_count
-        )
+    def validation_windows(self, lengths: Sequence[int], budget: Optional[int]) -> dict[int, ValidationWindows]:
+        """The windows of each length over the same first validation targets (``budget`` tokens; None: all)."""
+        n_targets = scored_targets(len(self.val_tokens) - 1, budget, lengths)
+        return {length: ValidationWindows(self.val_tokens, length, n_targets) for length in lengths}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import grain
 import numpy as np
@@ -173,6 +173,28 @@ class TaskExamples:
         }
 
 
+@dataclass(frozen=True)
+class TaskWindows:
+    """The first ``units`` examples of one length; every target of example ``i`` has unit ``i``, so
+    the fixed blocks are blocks of examples, the same examples at every length."""
+
+    examples: TaskExamples
+    units: int
+
+    @property
+    def length(self) -> int:
+        return self.examples.length - 1
+
+    def __len__(self) -> int:
+        return self.units
+
+    def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        rows = [self.examples(i) for i in indices]
+        batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+        batch["unit"] = np.repeat(np.asarray(indices)[:, None], self.length, axis=1)  # (rows, L)
+        return batch
+
+
 @dataclass(frozen=True, eq=False)
 class TaskData:
     """The ``Data`` interface for synthetic tasks (bits per byte reads as bits per token here)."""
@@ -191,12 +213,16 @@ class TaskData:
     def fingerprint(self) -> dict:
         return {**dataclasses.asdict(self.cfg), "seed": self.seed, "vocab_size": self.tokenizer.vocab_size}
 
-    def _batches(self, split: int, batch_size: int, seq_len: Optional[int]) -> grain.MapDataset:
+    def _examples(self, split: int, seq_len: int) -> TaskExamples:
+        examples = TaskExamples(self.cfg, self.seed, split, seq_len + 1, self.tokenizer)
+        examples(0)  # a task that does not fit the length fails here, in one line, not inside a data thread
+        return examples
+
+    def _batches(self, split: int, batch_size: int) -> grain.MapDataset:
         if batch_size % self.shard_count:
             raise ValueError(f"batch size {batch_size} is not divisible by the {self.shard_count} data shards")
         rows = batch_size // self.shard_count
-        examples = TaskExamples(self.cfg, self.seed, split, (seq_len or self.cfg.seq_len) + 1, self.tokenizer)
-        examples(0)  # a task that does not fit the length fails here, in one line, not inside a data thread
+        examples = self._examples(split, self.cfg.seq_len)
         mine = slice(self.shard_index * rows, (self.shard_index + 1) * rows)  # this process's rows of each global batch
 
         def make_batch(indices: np.ndarray) -> dict[str, np.ndarray]:
@@ -206,8 +232,13 @@ class TaskData:
         return grain.MapDataset.range(2**62).batch(batch_size).map(make_batch)
 
     def train_iterator(self, batch_size: int) -> grain.DatasetIterator:
-        return iter(self._batches(TRAIN, batch_size, None).to_iter_dataset())
+        return iter(self._batches(TRAIN, batch_size).to_iter_dataset())
 
-    def val_batches(self, batch_size: int, n_batches: Optional[int] = None, seq_len: Optional[int] = None) -> list[dict]:
-        batches = self._batches(VALIDATION, batch_size, seq_len)
-        return [batches[i] for i in range(n_batches or 16)]
+    def validation_windows(self, lengths: Sequence[int], budget: Optional[int]) -> dict[int, "TaskWindows"]:
+        """The same first validation examples at each length: as many as ``budget`` tokens hold at the longest."""
+        if budget is None:
+            raise ValueError("a synthetic task generates examples without end: give a token budget")
+        n_examples = budget // max(lengths)
+        if n_examples < 2:  # intervals resample blocks of examples: at least two
+            raise ValueError(f"a budget of {budget} tokens holds fewer than 2 examples of length {max(lengths)}")
+        return {length: TaskWindows(self._examples(VALIDATION, length), n_examples) for length in lengths}
