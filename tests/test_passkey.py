@@ -34,11 +34,17 @@ def test_data_passkey_selects_the_task_and_its_settings(capsys):
     assert capsys.readouterr().err == f"lmzoo: error: {message}\n"
 
 
+def validation_examples(seed: int, first: int, count: int) -> dict:
+    """Validation examples ``first .. first + count - 1`` at the training length, as one batch."""
+    windows = build_data(CFG, seed=seed).validation_windows([CFG.seq_len], (first + count) * CFG.seq_len)
+    return windows[CFG.seq_len](np.arange(first, first + count))
+
+
 def test_examples_are_deterministic_and_the_answer_is_the_hidden_number():
-    a, b = (build_data(CFG, seed=1).val_batches(8, 2)[1] for _ in range(2))
+    a, b = (validation_examples(1, 8, 8) for _ in range(2))
     for key in a:
         np.testing.assert_array_equal(a[key], b[key])
-    assert not np.array_equal(a["inputs"], build_data(CFG, seed=2).val_batches(8, 2)[1]["inputs"])
+    assert not np.array_equal(a["inputs"], validation_examples(2, 8, 8)["inputs"])
     for inputs, targets, weights in zip(a["inputs"], a["targets"], a["weights"]):
         at = needle_at(inputs)
         number = inputs[at + 1 : at + 1 + CFG.digits]
@@ -51,7 +57,7 @@ def test_examples_are_deterministic_and_the_answer_is_the_hidden_number():
 
 
 def test_training_draws_the_depth_uniformly():
-    batch = build_data(CFG, seed=0).val_batches(256, 1)[0]
+    batch = validation_examples(0, 0, 256)
     depths = np.array([needle_at(inputs) for inputs in batch["inputs"]]) / (33 - 2 * (CFG.digits + 1))
     assert depths.min() == 0 and depths.max() == 1
     assert abs(depths.mean() - 0.5) < 0.05
