@@ -27,11 +27,15 @@ from lmzoo.metrics import intervals
 Forward = Callable[[np.ndarray, np.ndarray], dict]
 
 
-def token_scores(model, inputs: jax.Array, targets: jax.Array) -> dict[str, jax.Array]:
-    """Per target token: next-token cross-entropy in nats, and whether the most likely token is right."""
-    logits = model(inputs)  # (B, T, V)
+def logit_scores(logits: jax.Array, targets: jax.Array) -> dict[str, jax.Array]:
+    """Per target token of logits [B, T, V]: cross-entropy in nats, and whether the most likely token is right."""
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # (B, T)
     return {"loss": loss, "correct": (logits.argmax(-1) == targets).astype(jnp.float32)}
+
+
+def token_scores(model, inputs: jax.Array, targets: jax.Array) -> dict[str, jax.Array]:
+    """``logit_scores`` of the model's next-token predictions on ``inputs``."""
+    return logit_scores(model(inputs), targets)
 
 
 def windows_per_batch(batch_tokens: int, length: int) -> int:

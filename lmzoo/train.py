@@ -32,7 +32,7 @@ from lmzoo.checkpoint import Checkpointer, split_model
 from lmzoo.cli import check_argv, fail
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, load_run_config, register_schemas, validate
 from lmzoo.data import build_data
-from lmzoo.evaluator import score_length, token_scores
+from lmzoo.evaluator import logit_scores, score_length, token_scores
 from lmzoo.logger import MetricsLogger, read_metrics
 from lmzoo.metrics.intervals import BLOCKS
 from lmzoo.metrics.probes import attention_stats, summary as probe_summary
@@ -62,8 +62,8 @@ def scored_mean(values: jax.Array, batch) -> jax.Array:
 def next_token_loss(model: LM, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Next-token cross-entropy, its accuracy, and the auxiliary losses mixers sowed in the forward."""
     logits, sown = nnx.capture(model, AuxLoss)(batch["inputs"])  # (B, T, V) float32
-    loss = scored_mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]), batch)
-    accuracy = scored_mean((logits.argmax(-1) == batch["targets"]).astype(jnp.float32), batch)
+    scores = logit_scores(logits, batch["targets"])
+    loss, accuracy = scored_mean(scores["loss"], batch), scored_mean(scores["correct"], batch)
     return loss, {"accuracy": accuracy, **sum_by_name(sown)}
 
 
