@@ -10,7 +10,8 @@ ratio to ``softmax/xla`` at the same shape (the baseline). Memory is what XLA's 
 reserves (temporaries + outputs), which is comparable across CPU and GPU; on a GPU the run also
 prints the device's peak allocation. Chunked and attention forms report achieved TFLOP/s (their
 matmul FLOPs, below), scans achieved GB/s (bytes they must read and write) next to the device's
-copy bandwidth measured in the same run. ``--gpu`` runs the shapes (B, T, H, D) = (4, 2048, 16,
+copy bandwidth measured in the same run; "compile s" is the time XLA took to compile the forward
+and the forward+backward programs. ``--gpu`` runs the shapes (B, T, H, D) = (4, 2048, 16,
 128) and (1, 8192, 16, 128) in bfloat16 for the linear family, softmax and the selective scan.
 
 A case is a function ``(shape, dtype, key) -> (fn, args)``: ``fn(*args)`` returns the output (or
@@ -301,15 +302,20 @@ def first_output(fn):
 
 
 def forward_backward(fn, args):
-    """A function computing the output and the gradients of <output, random cotangent> w.r.t. float args."""
+    """(function, arguments) computing the gradients of <output, random cotangent> w.r.t. the float args.
+
+    The cotangent is an argument, not a constant of the program: XLA would otherwise fold the part
+    of the backward pass that depends on it alone at compile time (for minutes at GPU shapes).
+    """
     out_shape = jax.eval_shape(first_output(fn), *args)
     cotangent = jax.random.normal(jax.random.key(1), out_shape.shape, out_shape.dtype)
     float_args = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
 
     def loss(*a):
-        return jnp.sum((first_output(fn)(*a) * cotangent).astype(jnp.float32))
+        *inputs, cotangent = a
+        return jnp.sum((first_output(fn)(*inputs) * cotangent).astype(jnp.float32))
 
-    return jax.grad(loss, argnums=float_args)
+    return jax.grad(loss, argnums=float_args), (*args, cotangent)
 
 
 def milliseconds(compiled, args, repeats: int) -> float:
@@ -332,9 +338,11 @@ def compiled_megabytes(compiled) -> float:
 def measure(name: str, shape: Shape, dtype, repeats: int) -> dict:
     fn, args = CASES[name](shape, dtype, jax.random.key(0))
     row = {"op": name, "B": shape.batch, "T": shape.length, "H": shape.heads, "D": shape.dim}
-    for label, f in (("fwd", fn), ("fwd_bwd", forward_backward(fn, args))):
-        compiled = jax.jit(f).lower(*args).compile()
-        row[f"{label}_ms"] = milliseconds(compiled, args, repeats)
+    for label, (f, f_args) in (("fwd", (fn, args)), ("fwd_bwd", forward_backward(fn, args))):
+        start = time.perf_counter()
+        compiled = jax.jit(f).lower(*f_args).compile()
+        row[f"{label}_compile_s"] = time.perf_counter() - start
+        row[f"{label}_ms"] = milliseconds(compiled, f_args, repeats)
         row[f"{label}_mb"] = compiled_megabytes(compiled)
     if name in FLOPS:
         forward = FLOPS[name](shape)
@@ -399,7 +407,7 @@ def main() -> None:
           f"jax {jax.__version__}, {platform.processor() or platform.machine()}; copy bandwidth {bandwidth:.0f} GB/s")
     print(f"dtype={args.dtype}; ratios are to {BASELINE} at the same shape\n")
     header = (f"{'op':<28}{'B x T x H x D':>18}{'fwd ms':>10}{'x base':>8}{'fwd':>11}"
-              f"{'fwd+bwd ms':>12}{'x base':>8}{'fwd+bwd':>11}{'fwd+bwd MB':>12}")
+              f"{'fwd+bwd ms':>12}{'x base':>8}{'fwd+bwd':>11}{'fwd+bwd MB':>12}{'compile s':>11}")
     print(header)
     print("-" * len(header))
     rows = []
@@ -411,13 +419,16 @@ def main() -> None:
             except Unavailable as why:
                 print(f"{name:<28}  skipped: {why}")
                 continue
+            except Exception as error:  # out of memory, a kernel the compiler refuses: report it, time the rest
+                print(f"{name:<28}  failed: {str(error).strip().splitlines()[0][:120]}", flush=True)
+                continue
             row["fwd_ratio"] = row["fwd_ms"] / base["fwd_ms"]
             row["fwd_bwd_ratio"] = row["fwd_bwd_ms"] / base["fwd_bwd_ms"]
             rows.append(row)
             dims = f"{shape.batch}x{shape.length}x{shape.heads}x{shape.dim}"
             print(f"{name:<28}{dims:>18}{row['fwd_ms']:>10.2f}{row['fwd_ratio']:>8.2f}{rate(row, 'fwd'):>11}"
                   f"{row['fwd_bwd_ms']:>12.2f}{row['fwd_bwd_ratio']:>8.2f}{rate(row, 'fwd_bwd'):>11}"
-                  f"{row['fwd_bwd_mb']:>12.1f}", flush=True)
+                  f"{row['fwd_bwd_mb']:>12.1f}{row['fwd_compile_s'] + row['fwd_bwd_compile_s']:>11.1f}", flush=True)
     if jax.default_backend() == "gpu" and (stats := device.memory_stats()):
         print(f"\npeak device memory in this run: {stats.get('peak_bytes_in_use', 0) / 2**30:.2f} GiB")
     if args.json:

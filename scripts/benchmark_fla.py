@@ -29,6 +29,7 @@ def chunked_tflops(b, t, h, d, ms, passes):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=GPU_SHAPES, help="BxTxHxD list")
+    parser.add_argument("--ops", default="chunk_gla,chunk_simple_gla", help="which of fla's ops to time")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
@@ -59,7 +60,9 @@ def main() -> None:
         b, t, h, d = map(int, text.split("x"))
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, t, h, d, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        for name, op, gate_shape in (("fla/chunk_gla", chunk_gla, (b, t, h, d)), ("fla/chunk_simple_gla", chunk_simple_gla, (b, t, h))):
+        cases = {"chunk_gla": (chunk_gla, (b, t, h, d)), "chunk_simple_gla": (chunk_simple_gla, (b, t, h))}
+        for label in args.ops.split(","):
+            (op, gate_shape), name = cases[label], f"fla/{label}"
             g = (torch.nn.functional.logsigmoid(torch.randn(gate_shape, device=device)) / 16).requires_grad_()
             cotangent = torch.randn(b, t, h, d, device=device, dtype=torch.bfloat16)
             forward = lambda: op(q=q, k=k, v=v, g=g, scale=d**-0.5, output_final_state=False)[0]  # noqa: E731

@@ -13,7 +13,10 @@ MFU = model FLOPs per second / the device's peak dense bf16 FLOP/s (``--peak-tfl
 of known devices). Model FLOPs per token are 6 x parameters for the matmuls, plus layers x what the
 attn spec's ``flops_per_token`` counts for the token-token mixing the 6N rule misses (forward +
 backward): softmax attention's causal scores and values, 6 x T x d_model per layer without a
-window; 0 for the recurrent mixers, whose MFU therefore understates the hardware's work.
+window; 0 for the recurrent mixers, whose MFU therefore understates the hardware's work. GiB is
+what the compiled step holds at once (XLA's memory analysis: train state, batch, outputs and
+temporaries), comparable across variants and devices. A variant that fails (out of memory, a
+method the device lacks) prints one line and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -54,8 +57,8 @@ def measure(variant: str, overrides: list[str], model: str, length: int, batch_t
     batch_size = max(1, batch_tokens // length)
     tokens = jax.random.randint(jax.random.key(0), (batch_size, length + 1), 0, VOCAB)
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
-    step = jax.jit(partial(train_step, graphdef, tx), donate_argnums=0)
-    state, metrics = step(state, batch)  # compile and warm up
+    step = jax.jit(partial(train_step, graphdef, tx), donate_argnums=0).lower(state, batch).compile()
+    state, metrics = step(state, batch)  # warm up
     jax.block_until_ready(metrics)
     times = []
     for _ in range(steps):
@@ -66,7 +69,17 @@ def measure(variant: str, overrides: list[str], model: str, length: int, batch_t
     seconds = statistics.median(times)
     tokens_per_s = batch_size * length / seconds
     return {"variant": " ".join([variant, *overrides]), "T": length, "batch": batch_size, "params": params, "step_ms": 1e3 * seconds,
-            "tokens_per_s": tokens_per_s, "model_tflops": tokens_per_s * model_flops_per_token(cfg, params, length) / 1e12}
+            "tokens_per_s": tokens_per_s, "model_tflops": tokens_per_s * model_flops_per_token(cfg, params, length) / 1e12,
+            "memory_gib": compiled_gib(step)}
+
+
+def compiled_gib(compiled) -> float:
+    """What the compiled step holds at once: its arguments (the train state, the batch), outputs and temporaries."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return float("nan")
+    held = stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes - stats.alias_size_in_bytes
+    return held / 2**30
 
 
 def main() -> None:
@@ -84,16 +97,20 @@ def main() -> None:
     peak = peak_tflops(device.device_kind, args.peak_tflops)
     print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}; model={args.model}, "
           f"{args.batch_tokens} tokens per step; peak {peak or '?'} TFLOP/s")
-    print(f"{'variant':<32}{'T':>7}{'batch':>7}{'params':>12}{'step ms':>10}{'tokens/s':>12}{'TFLOP/s':>9}{'MFU':>7}")
+    print(f"{'variant':<32}{'T':>7}{'batch':>7}{'params':>12}{'step ms':>10}{'tokens/s':>12}{'TFLOP/s':>9}{'MFU':>7}{'GiB':>7}")
     rows = []
     for entry in args.variants:
         variant, *overrides = entry.split()
         for length in map(int, args.lengths.split(",")):
-            row = measure(variant, overrides, args.model, length, args.batch_tokens, args.steps)
+            try:
+                row = measure(variant, overrides, args.model, length, args.batch_tokens, args.steps)
+            except Exception as error:  # out of memory, a method the device lacks: report it and go on
+                print(f"{entry:<32}{length:>7}  failed: {str(error).strip().splitlines()[0][:120]}", flush=True)
+                continue
             rows.append(row)
             mfu = f"{100 * row['model_tflops'] / peak:.1f}%" if peak else "?"
             print(f"{row['variant']:<32}{length:>7}{row['batch']:>7}{row['params']:>12,}{row['step_ms']:>10.1f}"
-                  f"{row['tokens_per_s']:>12,.0f}{row['model_tflops']:>9.2f}{mfu:>7}", flush=True)
+                  f"{row['tokens_per_s']:>12,.0f}{row['model_tflops']:>9.2f}{mfu:>7}{row['memory_gib']:>7.2f}", flush=True)
 
     if args.json:
         meta = {"device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,

@@ -29,17 +29,28 @@ def test_benchmark_reports_rates_and_skips_what_cannot_run(tmp_path):
 
 def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
     out = run_script("throughput.py", "--model", "tiny", "--lengths", "32", "--batch-tokens", "64", "--steps", "1",
-                     "--variants", "softmax", "gla attn.method=pallas attn.chunk_size=16", "--json", str(tmp_path / "rows.json"))
+                     "--variants", "softmax", "gla attn.method=pallas attn.chunk_size=16", "softmax attn.method=cudnn",
+                     "--json", str(tmp_path / "rows.json"))
     rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
     assert [row["variant"] for row in rows] == ["softmax", "gla attn.method=pallas attn.chunk_size=16"]
-    assert all(row["tokens_per_s"] > 0 and row["batch"] == 2 for row in rows)
+    assert all(row["tokens_per_s"] > 0 and row["batch"] == 2 and row["memory_gib"] > 0 for row in rows)
     assert "gla attn.method=pallas" in out
+    assert "softmax attn.method=cudnn" in out and "failed" in out  # no cuDNN on a CPU: one line, the rest still runs
     softmax, gla = rows
     layers, d_model = 4, 128  # model=tiny
     attention = 6 * layers * 32 * d_model  # causal scores and values at T=32, forward and backward
     want = softmax["tokens_per_s"] * (6 * softmax["params"] + attention) / 1e12
     assert softmax["model_tflops"] == pytest.approx(want, rel=1e-12)
     assert gla["model_tflops"] == pytest.approx(gla["tokens_per_s"] * 6 * gla["params"] / 1e12, rel=1e-12)
+
+
+def test_tune_pallas_times_every_kernel_setting(tmp_path):
+    out = run_script("tune_pallas.py", "--smoke", "--ops", "simple_gla", "--json", str(tmp_path / "rows.json"))
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    kernels = {"gla_states", "gla_state_grads", "gla_outputs", "gla_input_grads"}
+    assert {row["kernel"] for row in rows} == kernels and all(row["ms"] > 0 for row in rows)
+    assert len(rows) == 2 * len(kernels)  # the defaults and the one smoke setting, per kernel
+    assert "best per kernel" in out
 
 
 def test_plot_metrics_writes_next_to_the_runs(tmp_path):

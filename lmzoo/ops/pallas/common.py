@@ -25,6 +25,11 @@ from jax.experimental import pallas as pl
 
 PLATFORMS = ("cpu", "gpu", "tpu", "tpu_interpret")
 
+# Triton launch settings per kernel name (``num_warps``, ``num_stages``), read when a kernel is
+# traced; kernels not named here get ``compiler_params``' defaults. Chosen on an H100 with
+# ``scripts/tune_pallas.py`` (see docs/benchmarks.md).
+GPU_TUNING: dict[str, dict[str, int]] = {}
+
 
 def current_platform() -> str:
     """The default backend as one of PLATFORMS (ROCm and CUDA are both "gpu")."""
@@ -69,7 +74,7 @@ def launch(kernel, *, platform: str, grid, in_specs, out_specs, out_shape, name:
         out_specs=out_specs,
         out_shape=out_shape,
         interpret=interpret_mode(platform),
-        compiler_params=compiler_params(platform, len(grid), **tuning),
+        compiler_params=compiler_params(platform, len(grid), **{**GPU_TUNING.get(name, {}), **tuning}),
         name=name,
     )
 

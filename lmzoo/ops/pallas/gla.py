@@ -283,6 +283,12 @@ class _SubBlock:
         return (lax.broadcasted_iota(jnp.int32, (self.size, 1), 0) == j).astype(jnp.float32)
 
 
+def _over_keys(sub, body, init):
+    """``body(j, carry)`` for the keys j of a diagonal sub-block, as a loop rather than unrolled:
+    unrolling every key of every sub-block made Triton compile the kernels for minutes."""
+    return lax.fori_loop(0, sub, body, init)
+
+
 def _outputs_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, s_ref, o_ref):
     dtype = q_ref.dtype
     blocks = [_SubBlock(b_ref, i, sub) for i in range(chunk // sub)]
@@ -293,11 +299,13 @@ def _outputs_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, s_ref, o_ref):
         for early in blocks[:i]:
             k_hat = k_ref[early.rows, :].astype(jnp.float32) * jnp.exp(late.r - early.b)
             out += _dot(_dot(q_hat, k_hat, dtype, _A_BT), v_ref[early.rows, :], dtype)
-        for j in range(sub):  # the diagonal sub-block, one key at a time
+
+        def diagonal(j, out, late=late, q=q):  # the diagonal sub-block, one key at a time
             decay, row = late.pair_decay(b_ref, j)
             weight = jnp.sum(q * k_ref[row, :].astype(jnp.float32) * decay, axis=1, keepdims=True)  # (c, 1)
-            out += weight * v_ref[row, :].astype(jnp.float32)
-        o_ref[late.rows, :] = out
+            return out + weight * v_ref[row, :].astype(jnp.float32)
+
+        o_ref[late.rows, :] = _over_keys(sub, diagonal, out)
 
 
 def _input_grads_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, do_ref, s_ref, ds_ref, dq_ref, dk_ref, dv_ref):
@@ -326,15 +334,19 @@ def _input_grads_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, do_ref, s_ref, d
             dq[i] += _dot(d_scores, k_hat, dtype) * from_r
             dk[j] += _dot(d_scores, q_hat, dtype, _AT_B) * to_r
             dv[j] += _dot(scores, do, dtype, _AT_B)
-        for j in range(sub):  # the diagonal sub-block, one key at a time
+
+        def diagonal(j, grads, late=late, q=q, do=do):  # the diagonal sub-block, one key at a time
+            gq, gk, gv = grads
             decay, row = late.pair_decay(b_ref, j)
             k_j, v_j = f32(k_ref, row), f32(v_ref, row)
             d_col = jnp.sum(do * v_j, axis=1, keepdims=True)  # D_ij for the rows i
             a_col = jnp.sum(q * k_j * decay, axis=1, keepdims=True)  # A_ij
             row_j = late.one_hot(j)  # places key j's (1, D) row in the sub-block
-            dq[i] += d_col * k_j * decay
-            dk[i] += row_j * jnp.sum(d_col * q * decay, axis=0, keepdims=True)
-            dv[i] += row_j * jnp.sum(a_col * do, axis=0, keepdims=True)
+            return (gq + d_col * k_j * decay,
+                    gk + row_j * jnp.sum(d_col * q * decay, axis=0, keepdims=True),
+                    gv + row_j * jnp.sum(a_col * do, axis=0, keepdims=True))
+
+        dq[i], dk[i], dv[i] = _over_keys(sub, diagonal, (dq[i], dk[i], dv[i]))
     for block, gq, gk, gv in zip(blocks, dq, dk, dv):
         dq_ref[block.rows, :], dk_ref[block.rows, :], dv_ref[block.rows, :] = gq, gk, gv
 
