@@ -49,11 +49,12 @@ def gla_inputs(b, t, h, d, chunk, per_dimension, dtype, key):
     return dict(q=q, k=k, v=v, do=do, b=cumulated, s0=state, states=states)
 
 
-GLA_KERNELS = {  # name -> (function of config and inputs, whether the state block applies)
-    "gla_states": (lambda c, x: gla._states(c, x["k"], x["v"], x["b"], x["s0"]), True),
-    "gla_state_grads": (lambda c, x: gla._state_grads(c, x["q"], x["b"], x["do"], x["s0"]), True),
-    "gla_outputs": (lambda c, x: gla._outputs(c, x["q"], x["k"], x["v"], x["b"], x["states"]), False),
-    "gla_input_grads": (lambda c, x: gla._input_grads(c, x["q"], x["k"], x["v"], x["b"], x["do"], x["states"], x["states"]), False),
+GLA_KERNELS = {  # kernel name -> the launch, as gla_pallas makes it, on inputs of the sweep's shape
+    "gla_states": lambda c, x: gla._states(c, x["k"], x["v"], x["b"], x["s0"]),
+    "gla_state_grads": lambda c, x: gla._state_grads(c, x["q"], x["b"], x["do"], x["s0"]),
+    "gla_outputs": lambda c, x: gla._outputs(c, x["q"], x["k"], x["v"], x["b"], x["states"]),
+    "gla_key_grads": lambda c, x: gla._key_grads(c, x["q"], x["k"], x["v"], x["b"], x["do"], x["states"], x["states"]),
+    "gla_value_grads": lambda c, x: gla._value_grads(c, x["q"], x["k"], x["b"], x["do"], x["states"]),
 }
 
 
@@ -87,17 +88,17 @@ def sweep_gla(sweep, shape, dtype, per_dimension, chunks, blocks, warps, stages)
     label = "gla" if per_dimension else "simple_gla"
     for chunk in chunks:
         inputs = gla_inputs(b, t, h, d, chunk, per_dimension, dtype, jax.random.key(0))
-        for name, (kernel, uses_block) in GLA_KERNELS.items():
+        for name, kernel in GLA_KERNELS.items():
             default = None
-            for block, w, s in itertools.product(blocks if uses_block else [None], [None, *warps], [None, *stages]):
+            for block, w, s in itertools.product(blocks, [None, *warps], [None, *stages]):
                 if (w is None) != (s is None) or sweep.out_of_time():
                     continue
-                config = gla._Config(chunk, 16, min(block or 64, d), min(block or 64, d), common.current_platform())
+                config = gla._Config(chunk, 16, min(block, d), min(block, d), common.current_platform())
                 settings = {} if w is None else {"num_warps": w, "num_stages": s}
                 ms = timed_setting(name, lambda c=config: kernel(c, inputs), settings, sweep.repeats)
                 row = {"op": label, "kernel": name, "chunk": chunk, "block": config.block_k, **settings, "ms": ms,
                        "setting": f"chunk={chunk} block={config.block_k} " + (f"warps={w} stages={s}" if w else "defaults")}
-                if w is None and block in (None, 64):
+                if w is None and block == 64:
                     default = ms
                 sweep.record(row, default)
 

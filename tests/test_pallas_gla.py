@@ -28,6 +28,7 @@ from op_checks import (
 )
 
 from conftest import tiny_config
+from lmzoo import ops
 from lmzoo.ops.pallas.common import lower_for
 from lmzoo.ops.pallas.gla import gla_pallas
 from lmzoo.train import train
@@ -85,6 +86,31 @@ def test_tpu_interpreter_matches_naive(case):
     assert_trees_close((out, pullback(cotangent)[0]), expected)
 
 
+@pytest.mark.parametrize("case", ["gla", "gla_scalar"])
+def test_state_blocks_split_across_programs_match_naive(case):
+    """block=16 with head dims 40 and 48 (padded to 64): every kernel splits the state over four
+    programs per key or value block, as on a GPU, where blocks are 64 wide and D is 128."""
+    rng = np.random.default_rng(3)
+    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
+    b, t, h, dk, dv = 1, 37, 2, 40, 48
+    args = {"q": normal(b, t, h, dk), "k": normal(b, t, h, dk), "v": normal(b, t, h, dv), "state": normal(b, h, dk, dv),
+            "log_g": jax.nn.log_sigmoid(normal(b, t, h, dk if case == "gla" else 1) + 2.0)}
+    cotangent = (normal(b, t, h, dv), normal(b, h, dk, dv))
+
+    def kernels(a):
+        return gla_pallas(a["q"] * dk**-0.5, a["k"], a["v"], a["log_g"], a["state"], chunk_size=32, block=16)
+
+    def naive(a):
+        log_g = a["log_g"] if case == "gla" else a["log_g"][..., 0]
+        return ops.gla(a["q"], a["k"], a["v"], log_g, initial_state=a["state"], method="naive")
+
+    results = []
+    for fn in (kernels, naive):
+        out, pullback = jax.vjp(fn, args)
+        results.append((out, pullback(cotangent)[0]))
+    assert_trees_close(*results)
+
+
 def test_chunk_must_split_into_sub_blocks():
     args = make_args("gla", 5, with_state=True)
     with pytest.raises(ValueError, match="multiple of sub_size"):
@@ -109,7 +135,7 @@ def test_kernels_lower_for_accelerators(platform, gate_width):
     loss = lambda *a: sum(jnp.sum(x) for x in forward(*a))
     backward = jax.grad(loss, argnums=(0, 1, 2, 3, 4))
     target = {"gpu": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}[platform]
-    for fn, kernels in ((forward, ("gla_states", "gla_outputs")), (backward, ("gla_state_grads", "gla_input_grads"))):
+    for fn, kernels in ((forward, ("gla_states", "gla_outputs")), (backward, ("gla_state_grads", "gla_key_grads", "gla_value_grads"))):
         text = lower_for(platform, fn, *shapes(jnp.bfloat16, gate_width))
         assert target in text and all(f'name = "{kernel}"' in text for kernel in kernels)
 

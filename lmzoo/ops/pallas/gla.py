@@ -5,15 +5,21 @@ dimension or one per head (simple GLA, RetNet; plain linear attention has g = 0)
 are laid out ``[BH, T, D]``; T is padded to whole chunks of C steps and D to a power of two (zero
 queries, keys, values and gates change nothing).
 
-Four kernels, in the shape of the chunked XLA form:
+Five kernels, in the shape of the chunked XLA form:
 
 - ``states``  (sequential over chunks, parallel over heads and state blocks): the state before
   every chunk, ``S_{n+1} = exp(B_n) S_n + (k exp(B_n - b))^T v``, with b the gate's cumulative sum
   inside the chunk and B_n its last row;
-- ``outputs`` (parallel over chunks): ``o = (q exp(b)) S_n`` plus the causal sum inside the chunk;
+- ``outputs`` (parallel over chunks and blocks of value columns): ``o = (q exp(b)) S_n`` plus the
+  causal sum inside the chunk;
 - ``state_grads`` (sequential, in reverse): the state cotangents ``dS_n = exp(B_n) dS_{n+1} +
   (q exp(b))^T do``;
-- ``input_grads`` (parallel over chunks): dq, dk, dv of each chunk from S_n and dS_{n+1}.
+- ``key_grads`` (parallel over chunks and blocks of key columns): dq and dk of each chunk from S_n
+  and dS_{n+1};
+- ``value_grads`` (parallel over chunks and blocks of value columns): dv of each chunk.
+
+The state blocks (``block``, 64 x 64 on a GPU) bound what one program holds: no program loads a
+whole [Dk, Dv] float32 state, which at head dim 128 overflowed a GPU program's registers.
 
 The gate cotangent needs no kernel: the loss sees g only through q_t exp(G_t) and k_t exp(-G_t)
 (G the running sum of g) and through exp(G_T) in the final state, so
@@ -25,7 +31,7 @@ the cumulative gate just before I, both factors <= 1, so that part is a matmul t
 overflow however strongly the gates decay. On the diagonal sub-blocks the decay is taken per pair
 (one key row at a time, exponents masked to <= 0 before exp). Exponents are never positive. With
 one gate per head the decay between two steps is one number, so the whole chunk is matmuls with a
-[C, C] decay matrix (``_outputs_scalar_kernel``, ``_input_grads_scalar_kernel``).
+[C, C] decay matrix (the ``*_scalar_kernel`` functions).
 
 Matmul operands keep the input dtype (bfloat16 runs the tensor cores); products, states and gates
 accumulate in float32, and float32 inputs multiply at full precision.
@@ -114,7 +120,8 @@ def _gla_bwd(config, residuals, cotangents):
     q, k, v, b, states, final = residuals
     do, d_final = cotangents
     d_states, d_s0 = _state_grads(config, q, b, do, d_final)
-    dq, dk, dv = _input_grads(config, q, k, v, b, do, states, d_states)
+    dq, dk = _key_grads(config, q, k, v, b, do, states, d_states)
+    dv = _value_grads(config, q, k, b, do, d_states)
     # dg_t = sum_{s >= t} (q_s dq_s - k_s dk_s) + the final state's own dependence on every gate
     through_qk = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk
     through_final = jnp.sum(d_final * final, axis=-1)[:, None, :]  # [BH, 1, Dk]
@@ -181,43 +188,79 @@ def _gates_along_t(b, block_k):
     return pl.BlockSpec((None, b.shape[1], block_k), lambda h, i, j: (h, 0, i))
 
 
-def _chunk_spec(chunk, width):
-    return pl.BlockSpec((None, chunk, width), lambda h, n: (h, n, 0))
+class _ChunkBlocks:
+    """BlockSpecs on the grid (head h, chunk n, column block j) of the parallel kernels.
+
+    A program reads its chunk's rows, either whole in the feature dimension or only the j-th block
+    of ``width`` columns, and the state before (or the cotangent after) its chunk restricted to a
+    block of key rows or value columns: no program holds a whole [Dk, Dv] float32 state, which at
+    head dim 128 overflowed a GPU program's registers.
+    """
+
+    def __init__(self, chunk):
+        self.chunk = chunk
+
+    def rows(self, width):
+        return pl.BlockSpec((None, self.chunk, width), lambda h, n, j: (h, n, 0))
+
+    def columns(self, width):
+        return pl.BlockSpec((None, self.chunk, width), lambda h, n, j: (h, n, j))
+
+    def gates(self, b, width):  # one gate per head stays one whole column
+        return self.rows(1) if b.shape[-1] == 1 else self.columns(width)
+
+    @staticmethod
+    def state_values(dk, width):  # S[:, j-th block of values]
+        return pl.BlockSpec((None, None, dk, width), lambda h, n, j: (h, n, 0, j))
+
+    @staticmethod
+    def state_keys(width, dv):  # S[j-th block of keys, :]
+        return pl.BlockSpec((None, None, width, dv), lambda h, n, j: (h, n, j, 0))
+
+
+def _parallel(kernel, name, config, grid_columns, in_specs, out_specs, out_shape, *args):
+    heads, length = args[0].shape[:2]
+    return launch(
+        functools.partial(kernel, config.chunk, config.sub),
+        platform=config.platform,
+        grid=(heads, length // config.chunk, grid_columns),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        name=name,
+    )(*args)
 
 
 def _outputs(config, q, k, v, b, states):
-    heads, length, dk = q.shape
-    dv, chunks = v.shape[-1], length // config.chunk
-    c = config.chunk
-    return launch(
-        functools.partial(_outputs_scalar_kernel if b.shape[-1] == 1 else _outputs_kernel, c, config.sub),
-        platform=config.platform,
-        grid=(heads, chunks),
-        in_specs=[_chunk_spec(c, dk), _chunk_spec(c, dk), _chunk_spec(c, dv), _chunk_spec(c, b.shape[-1]), _state_spec(dk, dv)],
-        out_specs=_chunk_spec(c, dv),
-        out_shape=jax.ShapeDtypeStruct((heads, length, dv), jnp.float32),
-        name="gla_outputs",
-    )(q, k, v, b, states)
+    """o for every chunk, one program per (head, chunk, block of value columns)."""
+    dk, dv, bv = q.shape[-1], v.shape[-1], config.block_v
+    spec = _ChunkBlocks(config.chunk)
+    kernel = _outputs_scalar_kernel if b.shape[-1] == 1 else _outputs_kernel
+    in_specs = [spec.rows(dk), spec.rows(dk), spec.columns(bv), spec.rows(b.shape[-1]), spec.state_values(dk, bv)]
+    out_shape = jax.ShapeDtypeStruct(v.shape, jnp.float32)
+    return _parallel(kernel, "gla_outputs", config, dv // bv, in_specs, spec.columns(bv), out_shape, q, k, v, b, states)
 
 
-def _input_grads(config, q, k, v, b, do, states, d_states):
-    heads, length, dk = q.shape
-    dv, chunks = v.shape[-1], length // config.chunk
-    c = config.chunk
-    key_spec, value_spec = _chunk_spec(c, dk), _chunk_spec(c, dv)
-    return launch(
-        functools.partial(_input_grads_scalar_kernel if b.shape[-1] == 1 else _input_grads_kernel, c, config.sub),
-        platform=config.platform,
-        grid=(heads, chunks),
-        in_specs=[key_spec, key_spec, value_spec, _chunk_spec(c, b.shape[-1]), value_spec, _state_spec(dk, dv), _state_spec(dk, dv)],
-        out_specs=[key_spec, key_spec, value_spec],
-        out_shape=[jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (q, k, v)],
-        name="gla_input_grads",
-    )(q, k, v, b, do, states, d_states)
+def _key_grads(config, q, k, v, b, do, states, d_states):
+    """dq and dk, one program per (head, chunk, block of key columns)."""
+    dk, dv, bk = q.shape[-1], v.shape[-1], config.block_k
+    spec = _ChunkBlocks(config.chunk)
+    in_specs = [spec.columns(bk), spec.columns(bk), spec.rows(dv), spec.gates(b, bk), spec.rows(dv),
+                spec.state_keys(bk, dv), spec.state_keys(bk, dv)]
+    kernel = _key_grads_scalar_kernel if b.shape[-1] == 1 else _key_grads_kernel
+    out_shape = [jax.ShapeDtypeStruct(q.shape, jnp.float32)] * 2
+    return _parallel(kernel, "gla_key_grads", config, dk // bk, in_specs, [spec.columns(bk)] * 2, out_shape,
+                     q, k, v, b, do, states, d_states)
 
 
-def _state_spec(dk, dv):
-    return pl.BlockSpec((None, None, dk, dv), lambda h, n: (h, n, 0, 0))
+def _value_grads(config, q, k, b, do, d_states):
+    """dv, one program per (head, chunk, block of value columns)."""
+    dk, dv, bv = q.shape[-1], do.shape[-1], config.block_v
+    spec = _ChunkBlocks(config.chunk)
+    in_specs = [spec.rows(dk), spec.rows(dk), spec.rows(b.shape[-1]), spec.columns(bv), spec.state_values(dk, bv)]
+    kernel = _value_grads_scalar_kernel if b.shape[-1] == 1 else _value_grads_kernel
+    out_shape = jax.ShapeDtypeStruct(do.shape, jnp.float32)
+    return _parallel(kernel, "gla_value_grads", config, dv // bv, in_specs, spec.columns(bv), out_shape, q, k, b, do, d_states)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -308,47 +351,64 @@ def _outputs_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, s_ref, o_ref):
         o_ref[late.rows, :] = _over_keys(sub, diagonal, out)
 
 
-def _input_grads_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, do_ref, s_ref, ds_ref, dq_ref, dk_ref, dv_ref):
-    """dq, dk, dv of one chunk. With A_ij = q_i exp(b_i - b_j) . k_j and D_ij = do_i . v_j (j <= i):
-    dq_i = sum_j D_ij k_j exp(b_i - b_j),  dk_j = sum_i D_ij q_i exp(b_i - b_j),  dv_j = sum_i A_ij do_i,
-    plus the state terms: dq from S_n, dk and dv from dS_{n+1} (the state after the chunk)."""
+def _f32(ref, rows):
+    return ref[rows, :].astype(jnp.float32)
+
+
+def _key_grads_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, do_ref, s_ref, ds_ref, dq_ref, dk_ref):
+    """dq, dk of one chunk in one block of key columns. With A_ij = q_i exp(b_i - b_j) . k_j and
+    D_ij = do_i . v_j (j <= i): dq_i = sum_j D_ij k_j exp(b_i - b_j), dk_j = sum_i D_ij q_i exp(b_i - b_j),
+    plus the state terms: dq from S_n, dk from dS_{n+1} (the state after the chunk). The decays act
+    column by column, so a block of key columns needs only its own columns of q, k and the gates."""
     dtype = q_ref.dtype
     blocks = [_SubBlock(b_ref, i, sub) for i in range(chunk // sub)]
     total = b_ref[pl.ds(chunk - 1, 1), :]
-    f32 = lambda ref, rows: ref[rows, :].astype(jnp.float32)
-    dq, dk, dv = [], [], []
-    for block in blocks:
-        to_end = jnp.exp(total - block.b)
-        dq.append(_dot(f32(do_ref, block.rows), s_ref[...], dtype, _A_BT) * jnp.exp(block.b))
-        dk.append(_dot(f32(v_ref, block.rows), ds_ref[...], dtype, _A_BT) * to_end)
-        dv.append(_dot(f32(k_ref, block.rows) * to_end, ds_ref[...], dtype))
+    dq = [_dot(_f32(do_ref, block.rows), s_ref[...], dtype, _A_BT) * jnp.exp(block.b) for block in blocks]
+    dk = [_dot(_f32(v_ref, block.rows), ds_ref[...], dtype, _A_BT) * jnp.exp(total - block.b) for block in blocks]
     for i, late in enumerate(blocks):
-        q, do = f32(q_ref, late.rows), f32(do_ref, late.rows)
+        q, do = _f32(q_ref, late.rows), _f32(do_ref, late.rows)
         from_r = jnp.exp(late.b - late.r)  # decay from just before sub-block I to each of its rows
         q_hat = q * from_r
         for j, early in enumerate(blocks[:i]):
             to_r = jnp.exp(late.r - early.b)  # decay from each row of J to just before I
-            k_hat = f32(k_ref, early.rows) * to_r
-            scores = _dot(q_hat, k_hat, dtype, _A_BT)  # A over (I, J)
-            d_scores = _dot(do, f32(v_ref, early.rows), dtype, _A_BT)  # D over (I, J)
-            dq[i] += _dot(d_scores, k_hat, dtype) * from_r
+            d_scores = _dot(do, _f32(v_ref, early.rows), dtype, _A_BT)  # D over (I, J)
+            dq[i] += _dot(d_scores, _f32(k_ref, early.rows) * to_r, dtype) * from_r
             dk[j] += _dot(d_scores, q_hat, dtype, _AT_B) * to_r
-            dv[j] += _dot(scores, do, dtype, _AT_B)
 
         def diagonal(j, grads, late=late, q=q, do=do):  # the diagonal sub-block, one key at a time
-            gq, gk, gv = grads
+            gq, gk = grads
             decay, row = late.pair_decay(b_ref, j)
-            k_j, v_j = f32(k_ref, row), f32(v_ref, row)
-            d_col = jnp.sum(do * v_j, axis=1, keepdims=True)  # D_ij for the rows i
-            a_col = jnp.sum(q * k_j * decay, axis=1, keepdims=True)  # A_ij
-            row_j = late.one_hot(j)  # places key j's (1, D) row in the sub-block
-            return (gq + d_col * k_j * decay,
-                    gk + row_j * jnp.sum(d_col * q * decay, axis=0, keepdims=True),
-                    gv + row_j * jnp.sum(a_col * do, axis=0, keepdims=True))
+            d_col = jnp.sum(do * _f32(v_ref, row), axis=1, keepdims=True)  # D_ij for the rows i
+            return (gq + d_col * _f32(k_ref, row) * decay,
+                    gk + late.one_hot(j) * jnp.sum(d_col * q * decay, axis=0, keepdims=True))  # key j's row
 
-        dq[i], dk[i], dv[i] = _over_keys(sub, diagonal, (dq[i], dk[i], dv[i]))
-    for block, gq, gk, gv in zip(blocks, dq, dk, dv):
-        dq_ref[block.rows, :], dk_ref[block.rows, :], dv_ref[block.rows, :] = gq, gk, gv
+        dq[i], dk[i] = _over_keys(sub, diagonal, (dq[i], dk[i]))
+    for block, gq, gk in zip(blocks, dq, dk):
+        dq_ref[block.rows, :], dk_ref[block.rows, :] = gq, gk
+
+
+def _value_grads_kernel(chunk, sub, q_ref, k_ref, b_ref, do_ref, ds_ref, dv_ref):
+    """dv of one chunk in one block of value columns: dv_j = sum_{i >= j} A_ij do_i, plus
+    k_j exp(B - b_j) dS_{n+1}. A needs every key column; do and dS only this block's values."""
+    dtype = q_ref.dtype
+    blocks = [_SubBlock(b_ref, i, sub) for i in range(chunk // sub)]
+    total = b_ref[pl.ds(chunk - 1, 1), :]
+    dv = [_dot(_f32(k_ref, block.rows) * jnp.exp(total - block.b), ds_ref[...], dtype) for block in blocks]
+    for i, late in enumerate(blocks):
+        q, do = _f32(q_ref, late.rows), _f32(do_ref, late.rows)
+        q_hat = q * jnp.exp(late.b - late.r)
+        for j, early in enumerate(blocks[:i]):
+            k_hat = _f32(k_ref, early.rows) * jnp.exp(late.r - early.b)
+            dv[j] += _dot(_dot(q_hat, k_hat, dtype, _A_BT), do, dtype, _AT_B)  # A over (I, J), transposed
+
+        def diagonal(j, gv, late=late, q=q, do=do):
+            decay, row = late.pair_decay(b_ref, j)
+            a_col = jnp.sum(q * _f32(k_ref, row) * decay, axis=1, keepdims=True)  # A_ij for the rows i
+            return gv + late.one_hot(j) * jnp.sum(a_col * do, axis=0, keepdims=True)
+
+        dv[i] = _over_keys(sub, diagonal, dv[i])
+    for block, gv in zip(blocks, dv):
+        dv_ref[block.rows, :] = gv
 
 
 # One gate per head (simple GLA, RetNet, plain linear attention): the decay between query i and
@@ -369,12 +429,19 @@ def _outputs_scalar_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, s_ref, o_ref)
     o_ref[...] = _dot(q * jnp.exp(b), s_ref[...], dtype) + _dot(scores, v_ref[...], dtype)
 
 
-def _input_grads_scalar_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, do_ref, s_ref, ds_ref, dq_ref, dk_ref, dv_ref):
-    """The per-dimension kernel's formulas with A = (q k^T) * decay and D = (do v^T) * decay."""
+def _key_grads_scalar_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, do_ref, s_ref, ds_ref, dq_ref, dk_ref):
+    """The per-dimension kernels' formulas with D = (do v^T) * decay, in one block of key columns."""
     dtype = q_ref.dtype
     q, k, v, do, b = (ref[...].astype(jnp.float32) for ref in (q_ref, k_ref, v_ref, do_ref, b_ref))
     decay, to_end = _decay_matrix(b), jnp.exp(b_ref[pl.ds(chunk - 1, 1), :] - b)
-    scores, d_scores = _dot(q, k, dtype, _A_BT) * decay, _dot(do, v, dtype, _A_BT) * decay
+    d_scores = _dot(do, v, dtype, _A_BT) * decay
     dq_ref[...] = _dot(d_scores, k, dtype) + _dot(do, s_ref[...], dtype, _A_BT) * jnp.exp(b)
     dk_ref[...] = _dot(d_scores, q, dtype, _AT_B) + _dot(v, ds_ref[...], dtype, _A_BT) * to_end
-    dv_ref[...] = _dot(scores, do, dtype, _AT_B) + _dot(k * to_end, ds_ref[...], dtype)
+
+
+def _value_grads_scalar_kernel(chunk, sub, q_ref, k_ref, b_ref, do_ref, ds_ref, dv_ref):
+    """dv with A = (q k^T) * decay, in one block of value columns."""
+    dtype = q_ref.dtype
+    q, k, do, b = (ref[...].astype(jnp.float32) for ref in (q_ref, k_ref, do_ref, b_ref))
+    decay, to_end = _decay_matrix(b), jnp.exp(b_ref[pl.ds(chunk - 1, 1), :] - b)
+    dv_ref[...] = _dot(_dot(q, k, dtype, _A_BT) * decay, do, dtype, _AT_B) + _dot(k * to_end, ds_ref[...], dtype)
