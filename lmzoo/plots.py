@@ -49,7 +49,7 @@ def error_bars(ax, x, y, lo, hi, **style) -> None:
     """Points joined by a line, with bars from ``lo`` to ``hi`` (NaN bounds draw no bar)."""
     y, lo, hi = (np.asarray(a, dtype=float) for a in (y, lo, hi))
     below, above = np.nan_to_num(y - lo), np.nan_to_num(hi - y)
-    ax.errorbar(x, y, yerr=[below, above], marker="o", capsize=3, **style)
+    ax.errorbar(x, y, yerr=[below, above], **{"marker": "o", "capsize": 3, **style})
 
 
 def line_with_band(ax, x, y, lo, hi, **style) -> None:

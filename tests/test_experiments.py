@@ -1,0 +1,80 @@
+"""``python -m lmzoo.experiments``: the listing, one-line errors, and each experiment's quick run."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from lmzoo.experiments import MODULES, VERDICTS, run_experiment, vote
+from lmzoo.experiments import sparsity_closed_forms as sparsity
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lmzoo.experiments", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_listing_names_every_experiment_and_its_claim():
+    result = cli()
+    assert result.returncode == 0
+    for name in MODULES:
+        assert name in result.stdout
+    assert "arbitrarily sparse" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no_such_experiment"], "experiment='no_such_experiment' is not valid (choose from: sparsity_closed_forms"),
+    (["sparsity_closed_forms", "replicatez=3"], "unknown key 'replicatez'"),
+    (["sparsity_closed_forms", "quick=maybe"], "quick='maybe' is not valid"),
+])
+def test_bad_settings_fail_in_one_line(args, message):
+    result = cli(*args)
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_votes():
+    assert [vote(3, 3), vote(2, 3), vote(1, 3), vote(0, 0)] == ["reproduced", "partly", "not reproduced", "not reproduced"]
+
+
+def gauss_expectation(fn, beta, gamma, points=400_001):
+    """E[fn(beta + gamma eps)] by the trapezoid rule on a fine grid (kinks and all), independent of the closed forms."""
+    eps = np.linspace(-14.0, 14.0, points)
+    density = np.exp(-eps**2 / 2) / math.sqrt(2 * math.pi)
+    return float(np.trapezoid(fn(beta + gamma * eps) * density, eps))
+
+
+@pytest.mark.parametrize("beta, gamma", [(-1.0, 0.5), (0.0, 1.0), (1.0, 0.7), (2.0, 2.5)])
+def test_closed_forms_equal_their_integrals(beta, gamma):
+    relu2 = lambda x: np.maximum(x, 0) ** 2  # noqa: E731
+    for closed, f in ((sparsity.closed_exp, np.exp), (sparsity.closed_relu2, relu2), (sparsity.closed_identity, lambda x: x)):
+        want = gauss_expectation(lambda x: np.abs(f(x)), beta, gamma) / math.sqrt(gauss_expectation(lambda x: f(x) ** 2, beta, gamma))
+        assert closed(gamma, beta) == pytest.approx(want, rel=1e-6)
+    assert sparsity.closed_relu2_as_published(gamma, beta) == pytest.approx(sparsity.closed_relu2(gamma, beta), rel=1e-9)
+
+
+def test_decay_closed_form_is_the_sparsity_of_the_decay_vector():
+    for lam in (0.5, 0.99):
+        for n in (1, 7, 300):
+            a = lam ** np.arange(n)
+            assert sparsity.closed_decay(n, lam) == pytest.approx(np.abs(a).mean() / np.sqrt((a**2).mean()), rel=1e-9)
+
+
+def test_quick_run_writes_its_verdict_and_figures(tmp_path):
+    record = run_experiment("sparsity_closed_forms", tmp_path, quick=True, overrides=["points=3"])
+    saved = json.loads((tmp_path / "sparsity_closed_forms" / "verdict.json").read_text())
+    assert saved == record
+    assert set(saved) >= {"name", "claim", "seed_article", "verdict", "evidence", "figures", "runs", "settings", "seconds"}
+    assert saved["verdict"] in VERDICTS and saved["seed_article"] == "001" and saved["settings"]["points"] == 3
+    assert saved["settings"]["lengths"] == [64, 512]  # quick mode's values
+    assert len(saved["figures"]) == len(sparsity.FORMS)
+    assert all((tmp_path / "sparsity_closed_forms" / figure).stat().st_size > 0 for figure in saved["figures"])
+    summary = saved["evidence"]["summary"]
+    assert 0 < summary["agreeing"] <= summary["points"]
+    assert saved["evidence"]["decay"]["agreeing"] == saved["evidence"]["decay"]["points"]  # deterministic: exact
+    assert saved["evidence"]["identity"]["agreeing"] == saved["evidence"]["identity"]["points"]  # light tails: converged
