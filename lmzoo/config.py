@@ -89,6 +89,7 @@ class Config:
 
 
 DTYPES = ("float32", "bfloat16")
+REMAT = ("none", "block", "mixer")  # what lmzoo.model recomputes in the backward pass instead of storing
 
 
 def validate(raw: DictConfig | dict) -> Config:
@@ -128,6 +129,7 @@ def check(cfg: Config) -> None:
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
     one_of("model.dtype", m.dtype, DTYPES)
+    one_of("model.remat", m.remat, REMAT)
     cfg.pos.check()
     for key in ("steps", "batch_size", "eval_every", "eval_tokens", "checkpoint_every", "keep_checkpoints",
                 "log_every"):

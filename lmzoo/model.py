@@ -3,6 +3,8 @@
 The model never names a variant: each block's mixer comes from the registry via ``build_mixer``,
 configured by ``cfg.attn.for_layer(layer, n_layers)`` (per-layer patterns such as hybrids).
 ``model.mlp=false`` drops the SwiGLU half of every block (mixers with their own gating, e.g. GAU).
+``model.remat=block|mixer`` recomputes each block's (or only each mixer's) activations in the
+backward pass instead of keeping them: the same gradients for less memory and more compute.
 """
 
 from __future__ import annotations
@@ -42,9 +44,14 @@ class SwiGLU(nnx.Module):
         return self.down(jax.nn.silu(gate) * value)
 
 
+def _call(module, x, positions):
+    return module(x, positions=positions)
+
+
 class Block(nnx.Module):
     def __init__(self, cfg: Config, ctx: MixerContext, *, rngs: nnx.Rngs):
         eps = cfg.model.norm_eps
+        self.remat_mixer = cfg.model.remat == "mixer"
         self.mixer_norm = RMSNorm(ctx.d_model, eps=eps, rngs=rngs)
         self.mixer = build_mixer(cfg.attn, ctx, rngs=rngs)
         self.mlp_norm = RMSNorm(ctx.d_model, eps=eps, rngs=rngs) if cfg.model.mlp else None
@@ -54,7 +61,8 @@ class Block(nnx.Module):
         return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
 
     def __call__(self, x, positions=None):
-        return self.feed_forward(x + self.mixer(self.mixer_norm(x), positions=positions))
+        mix = nnx.remat(_call) if self.remat_mixer else _call
+        return self.feed_forward(x + mix(self.mixer, self.mixer_norm(x), positions))
 
     def step(self, x_t, state):
         y_t, state = self.mixer.step(self.mixer_norm(x_t), state)
@@ -74,6 +82,7 @@ class LM(nnx.Module):
         pos = Positions.from_config(cfg.pos, train_len=train_len)
         context = lambda i: MixerContext(m.d_model, m.n_heads, i, m.n_layers, self.dtype, pos, m.init_std, train_len)
         self.blocks = nnx.List([Block(cfg, context(i), rngs=rngs) for i in range(m.n_layers)])
+        self.remat_blocks = m.remat == "block"
         self.norm = RMSNorm(m.d_model, eps=m.norm_eps, rngs=rngs)
         self.head = None if m.tie_embeddings else nnx.Linear(
             m.d_model, vocab_size, use_bias=False, dtype=self.dtype,
@@ -87,8 +96,9 @@ class LM(nnx.Module):
 
     def __call__(self, tokens, positions=None):
         h = self.embed(tokens)  # (B, T, d_model)
+        run = nnx.remat(_call) if self.remat_blocks else _call  # remat: keep only each block's input
         for block in self.blocks:
-            h = block(h, positions)
+            h = run(block, h, positions)
         return self.logits(h)
 
     def attention_matrices(self, tokens) -> list[jax.Array]:

@@ -62,6 +62,7 @@ class ModelConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     mlp: bool = True  # false: blocks are the mixer alone (e.g. GAU models, whose mixer has its own gating)
+    remat: str = "none"  # recompute activations in the backward pass: none | block | mixer (memory for compute)
 
 
 @dataclass

@@ -121,3 +121,31 @@ def test_bfloat16_compute_stays_close_to_float32():
     assert logits16.dtype == jnp.float32  # logits are always float32
     assert jax.tree.leaves(nnx.state(model16, nnx.Param))[0].dtype == jnp.float32
     np.testing.assert_allclose(logits16, model32(tokens), atol=5e-2)
+
+
+@pytest.mark.parametrize("variant", ["softmax", "vq"])
+def test_rematerialised_blocks_and_mixers_give_the_same_loss_and_gradients(variant):
+    """``model.remat``: recomputing activations in the backward pass changes no number (vq sows an
+    auxiliary loss inside the recomputed mixer)."""
+    from lmzoo.train import init_train_state, loss_and_extra
+
+    tokens = random_tokens(2, 17)
+    batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
+    results = []
+    for remat in ("none", "block", "mixer"):
+        cfg = tiny_config(variant, f"model.remat={remat}")
+        graphdef, state, _ = init_train_state(cfg, LM(cfg, 259, rngs=nnx.Rngs(0)))
+        grad_fn = jax.jit(jax.value_and_grad(loss_and_extra, has_aux=True), static_argnums=2)
+        (objective, _), grads = grad_fn(state["params"], state["extra"], graphdef, batch)
+        results.append((objective, grads))
+    (objective, grads), *others = results
+    for other_objective, other_grads in others:
+        np.testing.assert_allclose(other_objective, objective, rtol=1e-6)
+        for g, h in zip(jax.tree.leaves(grads), jax.tree.leaves(other_grads)):
+            np.testing.assert_allclose(h, g, rtol=1e-5, atol=1e-7)
+
+
+def test_remat_setting_is_checked(capsys):
+    with pytest.raises(SystemExit):
+        tiny_config("softmax", "model.remat=layer")
+    assert "model.remat='layer' is not valid (choose from: none, block, mixer)" in capsys.readouterr().err
