@@ -78,3 +78,19 @@ def test_quick_run_writes_its_verdict_and_figures(tmp_path):
     assert 0 < summary["agreeing"] <= summary["points"]
     assert saved["evidence"]["decay"]["agreeing"] == saved["evidence"]["decay"]["points"]  # deterministic: exact
     assert saved["evidence"]["identity"]["agreeing"] == saved["evidence"]["identity"]["points"]  # light tails: converged
+
+
+def test_decode_cache_quick_run_trains_evaluates_and_reuses_its_runs(tmp_path):
+    overrides = ["variants=[softmax,gqa,mla]"]
+    record = run_experiment("decode_cache", tmp_path, quick=True, overrides=overrides)
+    variants = record["evidence"]["variants"]
+    assert list(variants) == ["softmax", "gqa", "mla"] and record["verdict"] in VERDICTS
+    assert variants["gqa"]["cache_floats_per_token"] == variants["softmax"]["cache_floats_per_token"] / 2  # 2 of 4 kv heads
+    for v in variants.values():
+        lo, hi = v["bpb_ci"]
+        assert lo < v["bpb"] < hi
+    lo, hi = record["evidence"]["bpb_differences"]["gqa - mla"]["ci"]
+    assert lo <= record["evidence"]["bpb_differences"]["gqa - mla"]["value"] <= hi
+    assert record["runs"] == ["runs/softmax", "runs/gqa", "runs/mla"]
+    again = run_experiment("decode_cache", tmp_path, quick=True, overrides=overrides)  # reuses the finished runs
+    assert again["evidence"]["variants"] == variants

@@ -1,0 +1,124 @@
+"""Decoding cache against quality: MHA, GQA, MQA and MLA trained on an equal budget.
+
+Each variant trains with the same data, seed, model size and number of steps through the normal
+trainer (run directories ``<out_dir>/runs/<variant>``; a rerun resumes or reuses them), is
+evaluated by ``lmzoo.eval`` at its training length on the same validation tokens, and reports
+
+- its decoding state per token: ``state_size(T) / T`` floats, what a KV cache grows by per token;
+- its bits per byte with a 95% block-bootstrap interval, and the bpb difference to every other
+  variant with a paired interval (the same token blocks in both runs).
+
+Judged, as fixed before running: the seed's claim about MLA holds in full when MLA's cache per
+token is smaller than GQA's *and* MLA's bpb is lower than GQA's with the paired interval of the
+difference below zero (reproduced); when only the cache part holds, or only the quality part
+(partly); when neither does, not reproduced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List
+
+import numpy as np
+from flax import nnx
+
+from lmzoo import eval as evaluation
+from lmzoo.cli import compose_and_validate
+from lmzoo.experiments import Outcome
+from lmzoo.metrics.intervals import paired_difference_interval
+from lmzoo.model import LM
+from lmzoo.plots import error_bars, new_axes, save_axes
+from lmzoo.train import train
+
+CLAIM = ("Going from MHA to GQA and MQA shrinks the decoding cache per token at some cost in quality, "
+         "and MLA caches less than GQA while scoring better.")
+SEED = "003"
+BYTE_VOCAB = 259  # the byte-level tokenizer of the default data
+
+
+@dataclass
+class Settings:
+    variants: List[str] = field(default_factory=lambda: ["softmax", "gqa", "mqa", "mla"])  # softmax = MHA
+    steps: int = 600
+    seed: int = 0
+    eval_tokens: int = 65536  # validation targets scored per variant (the same ones for all)
+    overrides: List[str] = field(default_factory=list)  # more training settings, e.g. ["data.seq_len=128"]
+
+
+QUICK = {"steps": 8, "eval_tokens": 2048, "overrides": ["data.seq_len=64", "train.batch_size=4", "model.n_layers=2",
+                                                         "train.eval_every=8", "train.eval_tokens=512"]}
+
+
+def train_variant(variant: str, settings: Settings, runs: Path):
+    """Train (or resume, or reuse) one variant's run; returns (its run dir, its config)."""
+    run_dir = runs / variant
+    cfg = compose_and_validate([f"+attn={variant}", f"run_dir={run_dir}", f"seed={settings.seed}",
+                                f"train.steps={settings.steps}", "train.progress=false", *settings.overrides])
+    with contextlib.redirect_stdout(io.StringIO()):  # the experiment prints its own summary
+        train(cfg)
+        results = evaluation.main([f"run_dir={run_dir}", f"eval.tokens={settings.eval_tokens}",
+                                   f"eval.lengths=[{cfg.data.seq_len}]", "eval.probe_batch=0", "eval.progress=false",
+                                   "eval.tag=decode_cache"])
+    return run_dir, cfg, results
+
+
+def _at_length(by_length: dict, length: int):
+    """An entry of results.json's per-length tables (keys are strings once written as JSON)."""
+    return by_length[length] if length in by_length else by_length[str(length)]
+
+
+def cache_per_token(cfg) -> float:
+    model = nnx.eval_shape(lambda: LM(cfg, BYTE_VOCAB, rngs=nnx.Rngs(0)))
+    return model.state_size(cfg.data.seq_len) / cfg.data.seq_len
+
+
+def run(settings: Settings, out_dir: Path) -> Outcome:
+    measured, runs = {}, []
+    for variant in settings.variants:
+        run_dir, cfg, results = train_variant(variant, settings, out_dir / "runs")
+        at_train, sums = (_at_length(results[key], cfg.data.seq_len) for key in ("lengths", "block_sums"))
+        measured[variant] = {"cache_floats_per_token": cache_per_token(cfg), "bpb": at_train["bpb"], "bpb_ci": at_train["bpb_ci"],
+                             "sums": sums, "bits_per_nat": at_train["bpb"] / at_train["loss"]}
+        runs.append(run_dir)
+    differences = {}
+    for a in settings.variants:
+        for b in settings.variants:
+            if a < b:
+                differences[f"{a} - {b}"] = bpb_difference(measured[a], measured[b])
+    evidence = {"variants": {v: {k: m[k] for k in ("cache_floats_per_token", "bpb", "bpb_ci")} for v, m in measured.items()},
+                "bpb_differences": differences}
+    figure = plot(measured, out_dir / "cache_vs_bpb.png")
+    return Outcome(judge(measured, differences), evidence, [figure], runs)
+
+
+def bpb_difference(first: dict, second: dict) -> dict:
+    """bpb(first) - bpb(second) with its paired 95% interval over the same token blocks."""
+    scale = first["bits_per_nat"]
+    loss, count = (np.asarray(first["sums"][k], float) for k in ("loss", "count"))
+    loss_ref, count_ref = (np.asarray(second["sums"][k], float) for k in ("loss", "count"))
+    interval = paired_difference_interval([(loss, count)], [(loss_ref, count_ref)]).scaled(scale)
+    return {"value": float(interval.estimate), "ci": interval.bounds()}
+
+
+def judge(measured: dict, differences: dict) -> str:
+    if not {"gqa", "mla"} <= set(measured):
+        return "not reproduced"  # the claim is about MLA against GQA: without both there is no evidence for it
+    smaller_cache = measured["mla"]["cache_floats_per_token"] < measured["gqa"]["cache_floats_per_token"]
+    key = "gqa - mla" if "gqa - mla" in differences else "mla - gqa"
+    lo, hi = differences[key]["ci"]
+    better = lo > 0 if key == "gqa - mla" else hi < 0  # MLA's bpb lower, the interval clear of zero
+    return "reproduced" if smaller_cache and better else "partly" if smaller_cache or better else "not reproduced"
+
+
+def plot(measured: dict, path: Path) -> str:
+    fig, ax = new_axes((5.5, 3.8))
+    for variant, m in measured.items():
+        lo, hi = m["bpb_ci"]
+        error_bars(ax, [m["cache_floats_per_token"]], [m["bpb"]], [lo], [hi], linestyle="none", label=variant)
+    ax.set_xscale("log")
+    save_axes(fig, ax, path, title="decoding cache against bits per byte", xlabel="decoding-state floats per token",
+              ylabel="validation bpb (95% interval)")
+    return str(path)
