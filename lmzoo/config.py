@@ -39,6 +39,7 @@ class OptimConfig:
 class TrainConfig:
     steps: int = 600
     batch_size: int = 16
+    grad_accum: int = 1  # micro-batches per step: the same update, batch_size / grad_accum rows in memory at once
     eval_every: int = 100
     eval_tokens: int = 32768  # validation targets scored at each validation (the first ones of the split)
     checkpoint_every: int = 200
@@ -135,6 +136,9 @@ def check(cfg: Config) -> None:
                 "log_every"):
         positive(f"train.{key}", getattr(t, key))
     positive("train.probe_batch", t.probe_batch, allow_zero=True)
+    positive("train.grad_accum", t.grad_accum)
+    if t.batch_size % t.grad_accum:
+        raise ConfigError(f"train.batch_size={t.batch_size} does not split into train.grad_accum={t.grad_accum} equal micro-batches")
     positive("optim.lr", o.lr)
     positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
     positive("optim.weight_decay", o.weight_decay, allow_zero=True)

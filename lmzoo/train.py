@@ -21,6 +21,7 @@ from pathlib import Path
 import hydra
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 import optax
 from flax import nnx
@@ -85,9 +86,44 @@ def loss_and_extra(params, extra, graphdef, batch):
     return objective, (metrics, nnx.state(model, nnx.Not(nnx.Param)))  # non-parameter state the forward updated
 
 
-def train_step(graphdef, tx, state, batch):
+def scored_count(batch) -> jax.Array:
+    """How many target positions a batch scores (the weights' sum for synthetic tasks)."""
+    weights = batch.get("weights")
+    return jnp.asarray(batch["targets"].size if weights is None else weights.sum(), jnp.float32)
+
+
+def gradients(params, extra, graphdef, batch, micro_batches: int = 1):
+    """(grads, metrics, extra) of the objective on ``batch``, over ``micro_batches`` slices of its rows in turn.
+
+    Each slice's loss is a mean over its scored tokens, so weighting the slices by their share of
+    the batch's scored tokens gives the whole batch's gradient with one slice's activations in
+    memory. Slice i takes rows i, i + m, i + 2m, ... so that every device's rows feed every slice.
+    Non-parameter state the forward updates (``extra``) passes from slice to slice.
+    """
     grad_fn = jax.value_and_grad(loss_and_extra, has_aux=True)
-    (_, (metrics, extra)), grads = grad_fn(state["params"], state["extra"], graphdef, batch)
+    if micro_batches == 1:
+        (_, (metrics, extra)), grads = grad_fn(params, extra, graphdef, batch)
+        return grads, metrics, extra
+    slices = jax.tree.map(lambda x: x.reshape(x.shape[0] // micro_batches, micro_batches, *x.shape[1:]).swapaxes(0, 1), batch)
+    counts = jax.vmap(scored_count)(slices)
+    shares = counts / counts.sum()
+
+    def one_slice(carry, inputs):
+        grads_sum, metrics_sum, extra = carry
+        piece, share = inputs
+        (_, (metrics, extra)), grads = grad_fn(params, extra, graphdef, piece)
+        weighted_add = lambda total, x: total + share * x  # noqa: E731
+        return (jax.tree.map(weighted_add, grads_sum, grads), jax.tree.map(weighted_add, metrics_sum, metrics), extra), None
+
+    first = jax.tree.map(lambda x: x[0], slices)
+    (_, (metrics_shape, _)), grads_shape = jax.eval_shape(grad_fn, params, extra, graphdef, first)
+    zeros = lambda tree: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), tree)  # noqa: E731
+    (grads, metrics, extra), _ = lax.scan(one_slice, (zeros(grads_shape), zeros(metrics_shape), extra), (slices, shares))
+    return grads, metrics, extra
+
+
+def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1):
+    grads, metrics, extra = gradients(state["params"], state["extra"], graphdef, batch, micro_batches)
     updates, opt = tx.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     new_state = {"params": params, "extra": extra, "opt": opt, "step": state["step"] + 1}
@@ -246,7 +282,7 @@ class Trainer:
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
         self.resume()
 
-        self.step_fn = jax.jit(partial(train_step, self.graphdef, tx), donate_argnums=0)
+        self.step_fn = jax.jit(partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum), donate_argnums=0)
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
         rows = cfg.train.batch_size // jax.process_count()
         self.process_rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
