@@ -46,6 +46,7 @@ class TrainConfig:
     log_every: int = 10
     progress: bool = True
     probe_batch: int = 2  # sequences whose attention sparsity/entropy is logged at each validation; 0: off
+    max_nonfinite: int = 5  # consecutive steps with a non-finite loss or gradient (each skipped) that stop the run
     distributed: bool = False  # multi-host: jax.distributed.initialize() (reads SLURM/cloud settings)
 
 
@@ -130,7 +131,7 @@ def check(cfg: Config) -> None:
     one_of("model.dtype", m.dtype, DTYPES)
     cfg.pos.check()
     for key in ("steps", "batch_size", "eval_every", "eval_tokens", "checkpoint_every", "keep_checkpoints",
-                "log_every"):
+                "log_every", "max_nonfinite"):
         positive(f"train.{key}", getattr(t, key))
     positive("train.probe_batch", t.probe_batch, allow_zero=True)
     positive("optim.lr", o.lr)
