@@ -63,6 +63,7 @@ class EvalConfig:
     probe_batch: int = 1  # sequences whose attention sparsity/entropy is measured at each length; 0: off
     probe_max_len: int = 4096  # longer lengths skip the probes ([B, H, T, T] matrices grow as T^2)
     tag: Optional[str] = None  # results go to <run_dir>/eval/<tag>; None: named after the overrides
+    memory_budget_gb: Optional[float] = None  # what one forward may use; None: the device's memory
     progress: bool = True
 
     def check(self) -> None:
@@ -75,6 +76,11 @@ class EvalConfig:
         positive("eval.probe_batch", self.probe_batch, allow_zero=True)
         for length in self.lengths:
             positive("eval.lengths[]", length)
+        if self.memory_budget_gb is not None:
+            positive("eval.memory_budget_gb", self.memory_budget_gb)
+        if self.tag is not None and (set(self.tag) & {"/", "\\", "\0"} or self.tag in ("", ".", "..")):
+            raise ConfigError(f"eval.tag={self.tag!r} must be a plain folder name (no path separators, not '.' or '..'):"
+                              " results go to <run_dir>/eval/<tag>")
 
 
 @dataclass
