@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -62,6 +63,22 @@ def digest(tree: Any) -> str:
 
 def all_finite(tree: Any) -> bool:
     return all(np.isfinite(x).all() for x in jax.tree.leaves(tree) if np.issubdtype(x.dtype, np.inexact))
+
+
+def silence_closed_loop_callbacks() -> None:
+    """Drop the "Event loop is closed" errors that TensorStore's threads report, for each read still in flight,
+    after a failed Orbax restore has closed its event loop; every other unraisable error is still shown."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_loop_callbacks", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.drops_closed_loop_callbacks = True
+    sys.unraisablehook = hook
 
 
 class Checkpointer:
@@ -121,6 +138,7 @@ class Checkpointer:
         except Exception as e:  # Orbax and TensorStore raise many types for damaged files; LMZOO_DEBUG=1 shows them
             if debugging():
                 raise
+            silence_closed_loop_callbacks()
             raise CorruptCheckpoint(f"checkpoint {step} cannot be restored ({first_line(e)})") from e
         if has_digest:
             for part in parts:
@@ -131,17 +149,22 @@ class Checkpointer:
     def restore_newest_intact(self, restore: Callable[[int], Any], *, on_damaged: Callable[[int, str], None]):
         """``(step, restore(step))`` for the newest step that restores intact, or None if there are no checkpoints.
 
-        ``on_damaged(step, message)`` hears about each damaged checkpoint passed over; RunFault if none is intact.
+        ``on_damaged(step, message)`` then hears about each newer, damaged checkpoint passed over; with none
+        intact, RunFault names the newest one's fault.
         """
-        steps = self.all_steps()
+        steps, damaged = self.all_steps(), []
         for step in reversed(steps):
             try:
-                return step, restore(step)
+                restored = restore(step)
             except CorruptCheckpoint as e:
-                on_damaged(step, str(e))
+                damaged.append((step, str(e)))
+                continue
+            for bad_step, message in damaged:
+                on_damaged(bad_step, message)
+            return step, restored
         if steps:
-            raise RunFault(f"no intact checkpoint in {self.directory} (tried steps {', '.join(map(str, steps))}); "
-                           "move the checkpoints away to start afresh")
+            raise RunFault(f"no intact checkpoint in {self.directory} (steps {', '.join(map(str, steps))}; the newest: "
+                           f"{damaged[0][1]}); move the checkpoints away to start afresh")
         return None
 
     def set_aside(self, step: int, where: Path) -> Path:

@@ -374,5 +374,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(format="%(message)s", level=logging.INFO, force=True)  # warnings as plain lines
+    logging.basicConfig(format="%(message)s", level=logging.WARNING, force=True)  # warnings as plain lines
     main()

@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
             fail(str(e), e.exit_code)
         argv.append(f"hydra.run.dir={run_dirs[-1]}")
     elif not multirun and any(a.split("=")[0] in ("-c", "--cfg") for a in argv):
-        argv.append("run_dir=${hydra:run.dir}")  # what a run would use; the job's output dir exists only in a run
+        argv.insert(0, "run_dir=${hydra:run.dir}")  # what a run would use; the job's output dir exists only in a run
     sys.argv = [sys.argv[0], *argv]
     _exit_codes.clear()
     _hydra_main()
