@@ -142,7 +142,19 @@ def memory_budget(eval_cfg: EvalConfig) -> int:
     stats = jax.devices()[0].memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"])
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return host_available_bytes()
+
+
+def host_available_bytes() -> int:
+    """Memory the kernel could give us now (free plus reclaimable caches: /proc/meminfo's MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")  # free pages only: on the safe side
 
 
 def largest_fitting_length(length: int, need: int, small: int, small_need: int, budget: int) -> int:

@@ -41,7 +41,7 @@ from lmzoo.evaluator import logit_scores, score_length, token_scores
 from lmzoo.faults import (
     EXIT_FINISHED, EXIT_INTERRUPTED, Diverged, RunFault, RunLock, debugging, probe_writable,
 )
-from lmzoo.logger import MetricsLogger
+from lmzoo.logger import MetricsLogger, read_metrics
 from lmzoo.metrics.intervals import BLOCKS
 from lmzoo.metrics.probes import attention_stats, summary as probe_summary
 from lmzoo.mixers.base import AuxLoss
@@ -291,6 +291,9 @@ class Trainer:
         found = self.checkpointer.restore_newest_intact(
             lambda step: self.checkpointer.restore(step, self.state), on_damaged=pass_over)
         if found is None:
+            if read_metrics(self.run_dir):
+                log.warning("warning: %s has logged steps but no checkpoint: starting afresh from step 0 "
+                            "(the logs are cut back to it)", self.run_dir)
             return 0
         step, (self.state, data_state) = found
         self.train_iter.set_state(data_state)
