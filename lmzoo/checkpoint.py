@@ -1,16 +1,34 @@
 """Orbax checkpoints of the whole training state: model, optimizer, step and data position.
 
-Evaluation restores the model's part alone (``restore_model``): the optimizer state stays on disk.
+Every checkpoint also holds a digest (SHA-256) of each part of the state, because a damaged data
+file can restore without any error as wrong numbers. Restoring checks the digest, and the newest
+checkpoint that restores and matches it is used: a damaged newest one is named in one line and
+passed over. Evaluation restores the model's part alone (``restore_model``): the optimizer state
+stays on disk. A state holding NaN or inf is never saved.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import shutil
+import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
+
+from lmzoo.faults import Diverged, RunFault, debugging, first_line
+
+log = logging.getLogger("lmzoo.checkpoint")
+MODEL_PARTS = ("params", "extra")
+
+
+class CorruptCheckpoint(RunFault):
+    """A checkpoint that restores with an error, or whose values do not match its digest."""
 
 
 def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, dict]:
@@ -33,16 +51,49 @@ def restore_args(like: Any, *, partial: bool = False) -> ocp.args.PyTreeRestore:
     return ocp.args.PyTreeRestore(abstract, restore_args=per_leaf, partial_restore=partial)
 
 
+def digest(tree: Any) -> str:
+    """SHA-256 of the leaves' bytes, shapes and dtypes in tree order."""
+    sha = hashlib.sha256()
+    for leaf in jax.tree.leaves(tree):
+        array = np.asarray(leaf)
+        sha.update(f"{array.dtype}{array.shape}".encode())
+        sha.update(np.ascontiguousarray(array).tobytes())
+    return sha.hexdigest()
+
+
+def all_finite(tree: Any) -> bool:
+    return all(np.isfinite(x).all() for x in jax.tree.leaves(tree) if np.issubdtype(x.dtype, np.inexact))
+
+
+def silence_closed_loop_callbacks() -> None:
+    """Drop the "Event loop is closed" errors that TensorStore's threads report, for each read still in flight,
+    after a failed Orbax restore has closed its event loop; every other unraisable error is still shown."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_loop_callbacks", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.drops_closed_loop_callbacks = True
+    sys.unraisablehook = hook
+
+
 class Checkpointer:
-    """Saves ``{"train": pytree, "data": json}`` under ``<run_dir>/checkpoints/<step>``.
+    """Saves ``{"train": pytree, "data": json, "digest": json}`` under ``<run_dir>/checkpoints/<step>``.
 
     Saving is synchronous so a checkpoint on disk is always complete when ``save`` returns,
-    which is what makes an interrupt (SIGTERM, Ctrl-C) safe to act on right away.
+    which is what makes an interrupt (SIGTERM, Ctrl-C) safe to act on right away. Orbax writes
+    each checkpoint into a temporary directory and renames it when complete, so a process killed
+    mid-save leaves no checkpoint that looks complete.
     """
 
     def __init__(self, directory: Path | str, *, keep: int = 3):
+        self.directory = Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
-        self.manager = ocp.CheckpointManager(Path(directory).absolute(), options=options)
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()
@@ -53,21 +104,78 @@ class Checkpointer:
     def save(self, step: int, train_state: Any, data_state: dict) -> None:
         if step in self.manager.all_steps():
             return
-        args = ocp.args.Composite(train=ocp.args.PyTreeSave(train_state), data=ocp.args.JsonSave(data_state))
+        host = jax.device_get(train_state)
+        if not all_finite(host):
+            raise Diverged(f"step {step}: the training state holds NaN or inf; not saving it")
+        sums = {part: digest(value) for part, value in host.items()}
+        args = ocp.args.Composite(train=ocp.args.PyTreeSave(train_state), data=ocp.args.JsonSave(data_state),
+                                  digest=ocp.args.JsonSave(sums))
         self.manager.save(step, args=args, force=True)
         self.manager.wait_until_finished()
 
     def restore(self, step: int, like: Any) -> tuple[Any, dict]:
-        """(train pytree shaped and sharded like ``like``, data state) saved at ``step``."""
-        args = ocp.args.Composite(train=restore_args(like), data=ocp.args.JsonRestore())
-        restored = self.manager.restore(step, args=args)
+        """(train pytree shaped and sharded like ``like``, data state) saved at ``step``, verified."""
+        items = {"train": restore_args(like), "data": ocp.args.JsonRestore()}
+        restored = self._restore_verified(step, items, parts=list(like))
         return restored["train"], restored["data"]
 
     def restore_model(self, step: int, model: nnx.Module) -> nnx.Module:
-        """``model`` with the parameters and state saved at ``step``; the optimizer state is never read."""
+        """``model`` with the parameters and state saved at ``step``, verified; the optimizer state is never read."""
         graphdef, like = split_model(model)
-        restored = self.manager.restore(step, args=ocp.args.Composite(train=restore_args(like, partial=True)))
+        restored = self._restore_verified(step, {"train": restore_args(like, partial=True)}, parts=MODEL_PARTS)
         return nnx.merge(graphdef, restored["train"]["params"], restored["train"]["extra"])
+
+    def _restore_verified(self, step: int, items: dict, parts) -> dict:
+        """Restore ``items`` of ``step``; CorruptCheckpoint if Orbax fails or a part differs from its digest.
+
+        Checkpoints written before digests existed are trusted as they restore.
+        """
+        has_digest = (self.directory / str(step) / "digest").is_dir()
+        if has_digest:
+            items = {**items, "digest": ocp.args.JsonRestore()}
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as e:  # Orbax and TensorStore raise many types for damaged files; LMZOO_DEBUG=1 shows them
+            if debugging():
+                raise
+            silence_closed_loop_callbacks()
+            raise CorruptCheckpoint(f"checkpoint {step} cannot be restored ({first_line(e)})") from e
+        if has_digest:
+            for part in parts:
+                if digest(restored["train"][part]) != restored["digest"].get(part):
+                    raise CorruptCheckpoint(f"checkpoint {step} is damaged: its '{part}' differ from the digest saved with them")
+        return restored
+
+    def restore_newest_intact(self, restore: Callable[[int], Any], *, on_damaged: Callable[[int, str], None]):
+        """``(step, restore(step))`` for the newest step that restores intact, or None if there are no checkpoints.
+
+        ``on_damaged(step, message)`` then hears about each newer, damaged checkpoint passed over; with none
+        intact, RunFault names the newest one's fault.
+        """
+        steps, damaged = self.all_steps(), []
+        for step in reversed(steps):
+            try:
+                restored = restore(step)
+            except CorruptCheckpoint as e:
+                damaged.append((step, str(e)))
+                continue
+            for bad_step, message in damaged:
+                on_damaged(bad_step, message)
+            return step, restored
+        if steps:
+            raise RunFault(f"no intact checkpoint in {self.directory} (steps {', '.join(map(str, steps))}; the newest: "
+                           f"{damaged[0][1]}); move the checkpoints away to start afresh")
+        return None
+
+    def set_aside(self, step: int, where: Path) -> Path:
+        """Move a damaged checkpoint out of the managed directory (the run will save that step anew)."""
+        where.mkdir(parents=True, exist_ok=True)
+        target = where / str(step)
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.move(str(self.directory / str(step)), target)
+        self.manager.reload()
+        return target
 
     def close(self) -> None:
         self.manager.close()

@@ -15,15 +15,16 @@ from typing import NoReturn
 from omegaconf import OmegaConf
 
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, register_schemas, validate, variant_names
+from lmzoo.faults import EXIT_CONFIG
 
 MAX_CHECKED_COMBINATIONS = 256
 _HYDRA_FLAGS_WITH_VALUES = ("-cp", "-cn", "-cd", "--config-path", "--config-name", "--config-dir")
 _INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--resolve", "--version", "--shell-completion", "-sc")
 
 
-def fail(message: str) -> NoReturn:
+def fail(message: str, code: int = EXIT_CONFIG) -> NoReturn:
     print(f"lmzoo: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(code)
 
 
 def group_options(group: str) -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from lmzoo.logger import read_metrics
+from lmzoo.rundir import describe_changes, read_resumes
 from lmzoo.metrics.intervals import (
     RESAMPLES,
     SEED,
@@ -47,6 +49,7 @@ class Run:
     info: dict
     metrics: list[dict]
     results: dict | None = field(default=None)
+    changes: list[dict] = field(default_factory=list)  # settings changed on resume (resumes.jsonl)
 
     @property
     def name(self) -> str:
@@ -58,8 +61,10 @@ class Run:
 
     @property
     def identity(self) -> str:
-        """The config without seed and run directory: runs with equal identity are seeds of one experiment."""
-        return json.dumps({k: v for k, v in self.config.items() if k not in NOT_IDENTITY}, sort_keys=True, default=str)
+        """The config without seed and run directory, and the changes made on resuming: runs with equal identity
+        are seeds of one experiment."""
+        settings = {k: v for k, v in self.config.items() if k not in NOT_IDENTITY}
+        return json.dumps([settings, self.changes], sort_keys=True, default=str)
 
     @property
     def train_len(self) -> int | None:
@@ -126,7 +131,7 @@ def load_run(path: Path, tag: str) -> Run:
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     results = json.loads(results_path.read_text()) if results_path.exists() else None
     config = OmegaConf.to_container(OmegaConf.load(path / "config.yaml"))
-    return Run(path, config, info, read_metrics(path), results)
+    return Run(path, config, info, read_metrics(path), results, read_resumes(path))
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
@@ -204,10 +209,23 @@ def table(groups: list[Group]) -> str:
             summary_cell(group, lambda r: _mean(r.at_train.get("entropy")) if r.results else r.last("val_entropy")),
             summary_cell(group, lambda r: r.last("val_accuracy")),
             summary_cell(group, lambda r: r.mean_throughput(), spec=",.0f"),
-            ", ".join(str(r.path) for r in group.runs),
+            ", ".join(str(r.path) + (" †" if r.changes else "") for r in group.runs),
         ]
         lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + resumed_with_changes(runs))
+
+
+def resumed_with_changes(runs: list[Run]) -> list[str]:
+    """Footnotes for the runs (marked †) resumed with changed settings: the config they started with no
+    longer says how they were trained."""
+    notes = []
+    for run in (r for r in runs if r.changes):
+        by_step: dict[int, list[dict]] = {}
+        for change in run.changes:
+            by_step.setdefault(change["step"], []).append(change)
+        steps = "; ".join(f"at step {step}: {describe_changes(changes)}" for step, changes in by_step.items())
+        notes.append(f"† {run.path} resumed with changed settings {steps}")
+    return [""] + notes if notes else []
 
 
 # ----------------------------------------------------------------------------- differences to a baseline
@@ -400,7 +418,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("paths", nargs="+", type=Path, help="run directories or sweep directories holding runs")
     parser.add_argument("--baseline", help="variant (or row label) every other row is compared with, paired")
     parser.add_argument("--tag", default="default", help="which evaluation of each run to read (eval/<tag>)")
-    parser.add_argument("--out", type=Path, help="where comparison.md and the plots go (default: the first path)")
+    parser.add_argument("--out", type=Path, help="where comparison.md and the plots go (default: the folder the paths share)")
     args = parser.parse_args(as_flags(list(sys.argv[1:] if argv is None else argv)))
     try:
         paths = find_runs(args.paths)
@@ -415,7 +433,7 @@ def main(argv: list[str] | None = None) -> str:
             markdown += "\n\n" + differences(groups, find_baseline(groups, args.baseline))
         except ValueError as e:
             fail(str(e))
-    out = args.out or (args.paths[0] if args.paths[0].is_dir() else Path("."))
+    out = args.out or Path(os.path.commonpath([p.resolve() for p in args.paths]))  # not inside one run of several
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(markdown + "\n")
     print(markdown)

@@ -47,6 +47,7 @@ class TrainConfig:
     log_every: int = 10
     progress: bool = True
     probe_batch: int = 2  # sequences whose attention sparsity/entropy is logged at each validation; 0: off
+    max_nonfinite: int = 5  # consecutive steps with a non-finite loss or gradient (each skipped) that stop the run
     distributed: bool = False  # multi-host: jax.distributed.initialize() (reads SLURM/cloud settings)
 
 
@@ -63,6 +64,7 @@ class EvalConfig:
     probe_batch: int = 1  # sequences whose attention sparsity/entropy is measured at each length; 0: off
     probe_max_len: int = 4096  # longer lengths skip the probes ([B, H, T, T] matrices grow as T^2)
     tag: Optional[str] = None  # results go to <run_dir>/eval/<tag>; None: named after the overrides
+    memory_budget_gb: Optional[float] = None  # what one forward may use; None: the device's memory
     progress: bool = True
 
     def check(self) -> None:
@@ -75,6 +77,11 @@ class EvalConfig:
         positive("eval.probe_batch", self.probe_batch, allow_zero=True)
         for length in self.lengths:
             positive("eval.lengths[]", length)
+        if self.memory_budget_gb is not None:
+            positive("eval.memory_budget_gb", self.memory_budget_gb)
+        if self.tag is not None and (set(self.tag) & {"/", "\\", "\0"} or self.tag in ("", ".", "..")):
+            raise ConfigError(f"eval.tag={self.tag!r} must be a plain folder name (no path separators, not '.' or '..'):"
+                              " results go to <run_dir>/eval/<tag>")
 
 
 @dataclass
@@ -133,7 +140,7 @@ def check(cfg: Config) -> None:
     one_of("model.remat", m.remat, REMAT)
     cfg.pos.check()
     for key in ("steps", "batch_size", "eval_every", "eval_tokens", "checkpoint_every", "keep_checkpoints",
-                "log_every"):
+                "log_every", "max_nonfinite"):
         positive(f"train.{key}", getattr(t, key))
     positive("train.probe_batch", t.probe_batch, allow_zero=True)
     positive("train.grad_accum", t.grad_accum)

@@ -4,40 +4,54 @@ Loads a run's checkpoint and saved config, applies evaluation-time overrides (po
 attention switches) without retraining, and measures validation loss and bits per byte at each
 length, with per-position loss, each with a 95% bootstrap interval. Results go to
 ``<run_dir>/eval/<tag>/``: ``results.json`` (its layout: ``lmzoo.metrics.intervals``),
-``results.csv``, PNG plots, and TensorBoard scalars in the run's ``tb/``.
+``results.csv``, PNG plots, and TensorBoard scalars in the run's ``tb/eval/``.
 
 Every length scores the same first ``eval.tokens`` validation targets (``lmzoo.evaluator``); the
 training length is always among the lengths, since ratios are taken to it. Long windows are cut
 from the validation token stream, in which documents are concatenated with an EOS between them:
 a window longer than a document simply continues into the next one, the same packing as in training.
+
+Before scoring, each length's forward is compiled and its memory (XLA's own account) compared with
+the device's memory (``eval.memory_budget_gb`` to set it): a length that cannot fit is refused in one
+line naming about the largest that can. A damaged newest checkpoint is named and passed over for the
+next older intact one (unless ``eval.step`` names it). A position override that changes nothing for
+the variant (``pos.kind=alibi`` on a model without attention positions) gets a warning line.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
+import os
 import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from omegaconf import OmegaConf
 from omegaconf import errors as oc_errors
 from tqdm.auto import tqdm
 
-from lmzoo.checkpoint import Checkpointer
+from lmzoo.checkpoint import Checkpointer, split_model
 from lmzoo.cli import fail
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, explain, load_run_config, to_dataclass, validate
 from lmzoo.data import build_data
 from lmzoo.evaluator import Forward, LengthScores, score_length, token_scores, windows_per_batch
+from lmzoo.faults import RunFault, debugging
 from lmzoo.metrics.intervals import LEVEL, length_intervals
 from lmzoo.metrics.probes import attention_stats
 from lmzoo.model import LM
 
+log = logging.getLogger("lmzoo.eval")
+
 # Overrides that would change parameter shapes cannot apply to a trained checkpoint.
 FROZEN_SECTIONS = ("model",)
+# The attention probes hold a layer's [B, H, T, T] float32 matrices and a few temporaries of that size.
+PROBE_COPIES = 4
 
 
 def parse_args(argv: list[str]) -> tuple[Path, EvalConfig, list[str]]:
@@ -73,14 +87,23 @@ def run_config(run_dir: Path, overrides: list[str]) -> Config:
 
 
 def restore_model(cfg: Config, vocab_size: int, run_dir: Path, step: int | None) -> tuple[LM, int]:
-    """The model saved at ``step`` (the latest if None), and that step; no optimizer is built."""
+    """The model saved at ``step`` (the newest intact one if None), and that step; no optimizer is built."""
     checkpointer = Checkpointer(run_dir / "checkpoints")
-    step = checkpointer.latest_step() if step is None else step
-    if step not in checkpointer.all_steps():
-        raise ConfigError(f"eval.step={step} has no checkpoint in {run_dir} (available: {checkpointer.all_steps()})")
-    model = checkpointer.restore_model(step, LM(cfg, vocab_size, rngs=nnx.Rngs(cfg.seed)))
-    checkpointer.close()
-    return model, step
+    fresh = LM(cfg, vocab_size, rngs=nnx.Rngs(cfg.seed))
+    try:
+        if step is not None:
+            if step not in checkpointer.all_steps():
+                raise ConfigError(f"eval.step={step} has no checkpoint in {run_dir} "
+                                  f"(available: {checkpointer.all_steps()})")
+            return checkpointer.restore_model(step, fresh), step
+        found = checkpointer.restore_newest_intact(
+            lambda s: checkpointer.restore_model(s, fresh),
+            on_damaged=lambda s, message: log.warning("warning: %s; evaluating an older checkpoint", message))
+        if found is None:
+            raise RunFault(f"run_dir {str(run_dir)!r} has no checkpoint to evaluate")
+        return found[1], found[0]
+    finally:
+        checkpointer.close()
 
 
 def evaluated_lengths(eval_cfg: EvalConfig, train_len: int) -> list[int]:
@@ -97,9 +120,69 @@ def validation_windows(data, eval_cfg: EvalConfig, lengths: list[int]) -> dict:
         raise ConfigError(f"eval.tokens={eval_cfg.tokens}, eval.lengths={lengths}: {e}") from None
 
 
-def model_forward(model: LM) -> Forward:
-    scores = nnx.jit(token_scores)
-    return lambda inputs, targets: jax.device_get(scores(model, inputs, targets))
+def compile_forward(model: LM, rows: int, length: int):
+    """``token_scores`` of ``model`` compiled for ``rows`` windows of ``length``, not yet run."""
+    graphdef, state = split_model(model)
+    scores = jax.jit(lambda s, inputs, targets: token_scores(nnx.merge(graphdef, s["params"], s["extra"]), inputs, targets))
+    tokens = jax.ShapeDtypeStruct((rows, length), jnp.int32)
+    return scores.lower(state, tokens, tokens).compile(), state
+
+
+def compiled_bytes(compiled) -> int:
+    """Device memory a compiled computation needs: arguments, outputs and temporaries, as XLA counts them."""
+    m = compiled.memory_analysis()
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes)
+
+
+def memory_budget(eval_cfg: EvalConfig) -> int:
+    """Bytes one forward may use: ``eval.memory_budget_gb``, else the device's memory (the host's available
+    memory on a CPU)."""
+    if eval_cfg.memory_budget_gb is not None:
+        return int(eval_cfg.memory_budget_gb * 2**30)
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    return host_available_bytes()
+
+
+def host_available_bytes() -> int:
+    """Memory the kernel could give us now (free plus reclaimable caches: /proc/meminfo's MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")  # free pages only: on the safe side
+
+
+def largest_fitting_length(length: int, need: int, small: int, small_need: int, budget: int) -> int:
+    """About the longest length within ``budget``, from the memory at two lengths and its growth between them."""
+    growth = math.log(need / small_need) / math.log(length / small) if length > small and need > small_need else 2.0
+    return int(small * (budget / small_need) ** (1 / min(max(growth, 1.0), 2.0)))
+
+
+def length_forwards(model: LM, n_heads: int, lengths: list[int], rows: dict[int, int],
+                    eval_cfg: EvalConfig) -> dict[int, Forward]:
+    """A compiled forward per length; ConfigError in one line for a length whose forward or probes exceed
+    the memory budget, before anything runs."""
+    budget = memory_budget(eval_cfg)
+    forwards, needs = {}, {}
+    for n in lengths:
+        compiled, state = compile_forward(model, rows[n], n)
+        needs[n] = compiled_bytes(compiled)
+        if eval_cfg.probe_batch and n <= eval_cfg.probe_max_len:
+            needs[n] = max(needs[n], PROBE_COPIES * 4 * eval_cfg.probe_batch * n_heads * n * n)
+        if needs[n] > budget:
+            small = lengths[0]
+            fits = largest_fitting_length(n, needs[n], small, needs[small], budget)
+            raise ConfigError(f"eval.lengths: length {n} needs about {needs[n] / 2**30:.1f} GiB for "
+                              f"{rows[n]} window(s), over the {budget / 2**30:.1f} GiB budget (eval.memory_budget_gb); "
+                              f"the largest length that fits is about {fits}")
+        forwards[n] = lambda inputs, targets, c=compiled, s=state: jax.device_get(
+            c(s, jnp.asarray(inputs, jnp.int32), jnp.asarray(targets, jnp.int32)))
+    return forwards
 
 
 def length_entry(scores: LengthScores, train: LengthScores, bits: float, bootstrap_args: dict) -> dict:
@@ -123,29 +206,58 @@ def probe_entries(model: LM, windows, eval_cfg: EvalConfig) -> tuple[dict, dict]
             {"sparsity": stats["sparsity_by_position"], "entropy": stats["entropy_by_position"]})
 
 
-def score_lengths(model: LM, windows: dict, eval_cfg: EvalConfig, tag: str) -> dict[int, LengthScores]:
-    """Block sums at every length, ``eval.batch_tokens // L`` windows of length L at a time."""
-    forward = model_forward(model)
-    rows = {n: min(windows_per_batch(eval_cfg.batch_tokens, n), len(w)) for n, w in windows.items()}
+def score_lengths(forwards: dict[int, Forward], windows: dict, rows: dict[int, int], eval_cfg: EvalConfig,
+                  tag: str) -> dict[int, LengthScores]:
+    """Block sums at every length, ``rows[L]`` windows of length L at a time."""
     bar = tqdm(total=sum(-(-len(w) // rows[n]) for n, w in windows.items()), desc=f"eval {tag}",
                disable=not eval_cfg.progress)
-    scores = {n: score_length(forward, w, rows=rows[n], blocks=eval_cfg.blocks, n_buckets=eval_cfg.position_buckets,
-                              on_batch=lambda: bar.update(1)) for n, w in windows.items()}
+    scores = {n: score_length(forwards[n], w, rows=rows[n], blocks=eval_cfg.blocks,
+                              n_buckets=eval_cfg.position_buckets, on_batch=lambda: bar.update(1))
+              for n, w in windows.items()}
     bar.close()
     return scores
 
 
-def evaluate(cfg: Config, eval_cfg: EvalConfig, run_dir: Path, tag: str) -> dict:
+def warn_inert_overrides(run_dir: Path, overrides: list[str], model: LM, vocab_size: int, tokens: np.ndarray) -> None:
+    """One warning line for each position override that leaves the model's outputs exactly as they were:
+    the variant does not use what it sets (e.g. ``pos.kind=alibi`` on a model without attention positions)."""
+    position_overrides = [o for o in overrides if o.startswith("pos.")]
+    if not position_overrides:
+        return
+    state = split_model(model)[1]
+    logits = nnx.jit(lambda m, t: m(t))
+
+    def outputs(cfg: Config) -> np.ndarray:
+        graphdef = split_model(LM(cfg, vocab_size, rngs=nnx.Rngs(cfg.seed)))[0]
+        return np.asarray(logits(nnx.merge(graphdef, state["params"], state["extra"]), tokens))
+
+    others = [o for o in overrides if o not in position_overrides]
+    reference = outputs(run_config(run_dir, others))
+    for override in position_overrides:
+        if np.array_equal(outputs(run_config(run_dir, [*others, override])), reference):
+            log.warning("warning: %s changes none of this %s model's outputs: the variant does not use it",
+                        override, model_variant(run_dir))
+
+
+def model_variant(run_dir: Path) -> str:
+    return str(load_run_config(run_dir / "config.yaml").attn.name)
+
+
+def evaluate(cfg: Config, eval_cfg: EvalConfig, run_dir: Path, tag: str, overrides: list[str] = ()) -> dict:
     data = build_data(cfg.data, seed=cfg.seed)
     model, step = restore_model(cfg, data.tokenizer.vocab_size, run_dir, eval_cfg.step)
     train_len = cfg.data.seq_len
     lengths = evaluated_lengths(eval_cfg, train_len)
+    longest = lengths[-1]
     windows = validation_windows(data, eval_cfg, lengths)
     bits = 1.0 / (math.log(2) * data.bytes_per_token)
     bootstrap_args = {"resamples": eval_cfg.resamples, "seed": eval_cfg.bootstrap_seed}
-    scores = score_lengths(model, windows, eval_cfg, tag)
+    rows = {n: min(windows_per_batch(eval_cfg.batch_tokens, n), len(w)) for n, w in windows.items()}
+    forwards = length_forwards(model, cfg.model.n_heads, lengths, rows, eval_cfg)
+    warn_inert_overrides(run_dir, list(overrides), model, data.tokenizer.vocab_size,
+                         windows[longest](np.arange(1))["inputs"])
+    scores = score_lengths(forwards, windows, rows, eval_cfg, tag)
     train = scores[train_len]
-    longest = lengths[-1]
     results = {"variant": cfg.attn.name, "train_seq_len": train_len, "tag": tag, "step": step,
                "eval_tokens": len(windows[longest]) * longest,  # text: the N targets scored at every length
                "blocks": len(train.count), "bootstrap": {**bootstrap_args, "level": LEVEL},
@@ -194,7 +306,7 @@ def write_outputs(results: dict, out_dir: Path, run_dir: Path) -> None:
     plot_results(results, out_dir)
     from tensorboardX import SummaryWriter
 
-    with SummaryWriter(str(run_dir / "tb")) as tb:
+    with SummaryWriter(str(run_dir / "tb" / "eval")) as tb:  # its own folder: a resumed training run purges steps in tb/
         for length, r in results["lengths"].items():
             tb.add_scalar(f"eval/{results['tag']}/bpb_vs_length", r["bpb"], int(length))
             tb.add_scalar(f"eval/{results['tag']}/loss_vs_length", r["loss"], int(length))
@@ -256,9 +368,13 @@ def main(argv: list[str] | None = None) -> dict:
         run_dir, eval_cfg, overrides = parse_args(argv)
         cfg = run_config(run_dir, overrides)
         tag = eval_cfg.tag or default_tag(overrides)
-        results = evaluate(cfg, eval_cfg, run_dir, tag)
+        results = evaluate(cfg, eval_cfg, run_dir, tag, overrides)
     except ConfigError as e:
         fail(str(e))
+    except RunFault as e:
+        if debugging():
+            raise
+        fail(str(e), e.exit_code)
     out_dir = run_dir / "eval" / tag
     write_outputs(results, out_dir, run_dir)
     for length, r in results["lengths"].items():
@@ -270,4 +386,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    logging.basicConfig(format="%(message)s", level=logging.WARNING, force=True)  # warnings as plain lines
     main()

@@ -1,11 +1,18 @@
-"""Where metrics go: ``metrics.jsonl`` (one JSON object per logged step) and TensorBoard."""
+"""Where metrics go: ``metrics.jsonl`` (one JSON object per logged step) and TensorBoard.
+
+A run that resumes from step S redoes the steps after S, so both logs are cut back to S when they
+open: ``metrics.jsonl`` loses its later rows, and TensorBoard is told to purge events after S
+(its purge-step mechanism). ``flush`` makes both durable; the trainer calls it before each
+checkpoint, so a killed process loses at most the steps the resumed run redoes.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from tensorboardX import SummaryWriter
@@ -13,14 +20,26 @@ from tensorboardX.summary import hparams
 
 
 class MetricsLogger:
-    """Writes only when ``enabled`` (the first process of a multi-host run)."""
+    """Writes only when ``enabled`` (the first process of a multi-host run), for steps after ``start_step``."""
 
-    def __init__(self, run_dir: Path | str, *, enabled: bool = True):
+    def __init__(self, run_dir: Path | str, *, start_step: int = 0, enabled: bool = True):
         self.enabled = enabled
         if enabled:
-            run_dir = Path(run_dir)
-            self.jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)
-            self.tb = SummaryWriter(str(run_dir / "tb"))
+            self.run_dir = Path(run_dir)
+            truncate_metrics(self.run_dir, start_step)
+            self.jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+            self.segment, self._tb = 0, None
+            self.purge_step: Optional[int] = start_step + 1  # the first event file of this process purges
+
+    @property
+    def tb(self) -> SummaryWriter:
+        """The open writer; a new event file after each ``flush`` (named to sort in the order written)."""
+        if self._tb is None:
+            self.segment += 1
+            suffix = f".{os.getpid()}.{self.segment:06d}"
+            self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.purge_step, filename_suffix=suffix)
+            self.purge_step = None
+        return self._tb
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
@@ -40,11 +59,24 @@ class MetricsLogger:
         for summary in (experiment, session_start, session_end):
             self.tb.file_writer.add_summary(summary)
 
-    def close(self) -> None:
+    def flush(self) -> None:
+        """Put everything logged so far on disk.
+
+        tensorboardX's ``flush`` leaves events still queued for its writer thread unwritten; ``close``
+        drains the queue, so the event file is closed and logging goes on in a new one.
+        """
         if not self.enabled:
             return
-        self.jsonl.close()
-        self.tb.close()
+        self.jsonl.flush()
+        os.fsync(self.jsonl.fileno())
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def close(self) -> None:
+        self.flush()
+        if self.enabled:
+            self.jsonl.close()
 
 
 def tensorboard_tag(key: str) -> str:
@@ -61,5 +93,29 @@ def _plain(value: Any) -> Any:
 
 
 def read_metrics(run_dir: Path | str) -> list[dict]:
+    """The rows of ``metrics.jsonl``; a last line cut short by a killed process is left out."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    lines = [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                raise
+    return rows
+
+
+def truncate_metrics(run_dir: Path, last_step: int) -> None:
+    """Drop the rows after ``last_step`` (the step training continues from): those steps will be redone.
+
+    The file is replaced atomically, so a process killed meanwhile leaves either the old or the new rows.
+    """
+    path = run_dir / "metrics.jsonl"
+    rows = read_metrics(run_dir)
+    kept = [r for r in rows if r["step"] <= last_step]
+    if len(kept) == len(rows):
+        return
+    partial = path.with_suffix(".jsonl.tmp")
+    partial.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(partial, path)

@@ -1,8 +1,11 @@
 """``python -m lmzoo.train +attn=<variant> [key=value ...]``: train one model, resumably.
 
 The run directory holds the resolved ``config.yaml``, Orbax checkpoints, TensorBoard events and
-``metrics.jsonl``. Running the same command on an existing run directory resumes from its latest
-checkpoint; SIGTERM or Ctrl-C saves a checkpoint before exiting.
+``metrics.jsonl``. Running the same command on an existing run directory resumes from its newest
+intact checkpoint; SIGTERM or Ctrl-C saves a checkpoint before exiting. A step whose loss or
+gradient norm is not finite leaves the state as it was; ``train.max_nonfinite`` of them in a row
+stop the run. One trainer at a time holds a run directory (``lmzoo.faults.RunLock``). Exit codes:
+``lmzoo.faults``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -28,25 +32,27 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from lmzoo.checkpoint import Checkpointer, split_model
 from lmzoo.cli import check_argv, fail
-from lmzoo.config import CONFIG_DIR, Config, ConfigError, load_run_config, register_schemas, validate
+from lmzoo.config import CONFIG_DIR, Config, ConfigError, register_schemas, validate
 from lmzoo.data import build_data
 from lmzoo.evaluator import logit_scores, score_length, token_scores
+from lmzoo.faults import (
+    EXIT_FINISHED, EXIT_INTERRUPTED, Diverged, RunFault, RunLock, debugging, probe_writable,
+)
 from lmzoo.logger import MetricsLogger, read_metrics
 from lmzoo.metrics.intervals import BLOCKS
 from lmzoo.metrics.probes import attention_stats, summary as probe_summary
 from lmzoo.mixers.base import AuxLoss
 from lmzoo.model import LM, count_params
 from lmzoo.optim import learning_rate_schedule, make_optimizer
+from lmzoo.rundir import IDENTITY_SECTIONS, describe_changes, prepare_run_dir, record_settings  # noqa: F401
 
 log = logging.getLogger("lmzoo.train")
 logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax reports every file it writes at INFO
 logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" on every start
-
-# Sections that define what a run is; resuming with any of them changed would be a different run.
-IDENTITY_SECTIONS = ("model", "attn", "pos", "data", "seed")
 
 
 # ----------------------------------------------------------------------------- steps
@@ -123,11 +129,27 @@ def gradients(params, extra, graphdef, batch, micro_batches: int = 1):
 
 
 def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1):
+    """One optimizer step; a step whose loss, gradient norm or new state is not finite keeps the old state.
+
+    The finite case selects the updated state unchanged (``jnp.where``), so guarded and unguarded
+    training give bit-identical numbers. (``optax.apply_if_finite`` would guard the parameters only,
+    not the non-parameter state the forward updates, and would change the checkpoint layout.)
+    """
     grads, metrics, extra = gradients(state["params"], state["extra"], graphdef, batch, micro_batches)
     updates, opt = tx.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    new_state = {"params": params, "extra": extra, "opt": opt, "step": state["step"] + 1}
-    return new_state, {**metrics, "grad_norm": optax.tree.norm(grads)}
+    grad_norm = optax.tree.norm(grads)
+    updated = {"params": params, "extra": extra, "opt": opt}
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & all_finite(updated)
+    kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, {k: state[k] for k in updated})
+    new_state = {**kept, "step": state["step"] + 1}
+    return new_state, {**metrics, "grad_norm": grad_norm, "finite": finite}
+
+
+def all_finite(tree) -> jax.Array:
+    """Whether every floating-point value of ``tree`` is finite: a scalar bool."""
+    checks = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
 
 
 def eval_step(graphdef, state, inputs, targets):
@@ -178,32 +200,8 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
-def prepare_run_dir(cfg: Config) -> Path:
-    """Create the run directory, refusing to resume a run whose defining config differs."""
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    current = OmegaConf.structured(cfg)
-    saved_path = run_dir / "config.yaml"
-    if saved_path.exists() and (run_dir / "checkpoints").exists():
-        saved = load_run_config(saved_path)
-        for key in IDENTITY_SECTIONS:
-            if OmegaConf.select(saved, key) != OmegaConf.select(current, key):
-                raise ConfigError(
-                    f"run_dir {str(run_dir)!r} holds a run with a different '{key}' config; "
-                    "pick another run_dir to start a new run"
-                )
-    OmegaConf.save(current, saved_path)
-    return run_dir
-
-
 def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
-
-
-def truncate_metrics(run_dir: Path, after_step: int) -> None:
-    """Drop rows logged after the checkpoint we resume from: those steps will be redone."""
-    rows = [r for r in read_metrics(run_dir) if r["step"] <= after_step]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -252,8 +250,8 @@ def write_run_files(run_dir: Path, cfg: Config, data, model: LM, n_params: int) 
     })
 
 
-def open_logger(run_dir: Path, cfg: Config, n_params: int) -> MetricsLogger:
-    logger = MetricsLogger(run_dir, enabled=jax.process_index() == 0)
+def open_logger(run_dir: Path, cfg: Config, n_params: int, start_step: int) -> MetricsLogger:
+    logger = MetricsLogger(run_dir, start_step=start_step, enabled=jax.process_index() == 0)
     hparams = {**flatten(asdict(cfg)), "params": n_params}
     logger.log_config(OmegaConf.to_yaml(OmegaConf.structured(cfg)), hparams, ["loss", "bpb"])
     return logger
@@ -270,6 +268,16 @@ class Trainer:
             jax.distributed.initialize()
         self.cfg = cfg
         self.run_dir = prepare_run_dir(cfg)
+        self.held = ExitStack()  # what ``close`` gives back: the run lock first of all
+        if jax.process_index() == 0:  # the hosts of one multi-host run share its directory
+            self.held.enter_context(RunLock(self.run_dir))
+        try:
+            self._start(cfg)
+        except BaseException:
+            self.held.close()
+            raise
+
+    def _start(self, cfg: Config) -> None:
         replicated, batch_sharding = data_parallel_shardings(cfg.train.batch_size)
         self.to_device = partial(jax.make_array_from_process_local_data, batch_sharding)
         data, self.train_iter, self.val_windows = open_data(cfg)
@@ -280,7 +288,11 @@ class Trainer:
         self.graphdef, state, tx = init_train_state(cfg, model)
         self.state = jax.device_put(state, replicated)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
-        self.resume()
+        self.held.callback(self.checkpointer.close)
+        start = self.resume()
+        if jax.process_index() == 0 and (changes := record_settings(cfg, start)):
+            log.info("resumed with changed settings: %s (recorded in %s)", describe_changes(changes),
+                     self.run_dir / "resumes.jsonl")
 
         self.step_fn = jax.jit(partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum), donate_argnums=0)
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
@@ -290,21 +302,42 @@ class Trainer:
         self.probe_tokens = first_windows["inputs"][: cfg.train.probe_batch]
         self.bits_per_byte = 1.0 / (math.log(2) * data.bytes_per_token)
         self.schedule = learning_rate_schedule(cfg.optim, cfg.train.steps)
-        self.logger = open_logger(self.run_dir, cfg, n_params)
+        self.logger = open_logger(self.run_dir, cfg, n_params, start)
+        self.held.callback(self.logger.close)
 
         self.step, self.last_val = int(self.state["step"]), {}
         self.window_losses, self.window_start = [], time.perf_counter()  # the steps since the last log row
+        self.nonfinite_in_a_row, self.window_nonfinite = 0, 0
         self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=cfg.attn.name,
                         disable=not cfg.train.progress, dynamic_ncols=True)
+        self.held.callback(self.bar.close)
 
-    def resume(self) -> None:
-        """Continue from the latest checkpoint, if the run directory has one."""
-        if (latest := self.checkpointer.latest_step()) is None:
-            return
-        self.state, data_state = self.checkpointer.restore(latest, self.state)
+    def resume(self) -> int:
+        """Continue from the newest intact checkpoint; the step restored (0 without checkpoints).
+
+        Damaged newer checkpoints are named, passed over and moved to ``damaged_checkpoints/``
+        (the run will save those steps anew); with none intact the run stops (RunFault).
+        """
+        damaged = []
+
+        def pass_over(step: int, message: str) -> None:
+            damaged.append(step)
+            log.warning("warning: %s; trying an older checkpoint", message)
+
+        found = self.checkpointer.restore_newest_intact(
+            lambda step: self.checkpointer.restore(step, self.state), on_damaged=pass_over)
+        if found is None:
+            if read_metrics(self.run_dir):
+                log.warning("warning: %s has logged steps but no checkpoint: starting afresh from step 0 "
+                            "(the logs are cut back to it)", self.run_dir)
+            return 0
+        step, (self.state, data_state) = found
         self.train_iter.set_state(data_state)
-        truncate_metrics(self.run_dir, latest)
-        log.info("resumed %s from step %d", self.run_dir, latest)
+        if jax.process_index() == 0:
+            for bad in damaged:
+                self.checkpointer.set_aside(bad, self.run_dir / "damaged_checkpoints")
+        log.info("resumed %s from step %d", self.run_dir, step)
+        return step
 
     def due(self, every: int) -> bool:
         """Whether the step just taken is a multiple of ``every``, or the last one."""
@@ -315,13 +348,32 @@ class Trainer:
         batch = jax.tree.map(self.to_device, next(self.train_iter))
         self.state, metrics = self.step_fn(self.state, batch)
         self.step += 1
+        self.check_finite(bool(metrics["finite"]))  # one scalar read per step, so divergence stops at once
         self.window_losses.append(metrics["loss"])
         self.bar.update(1)
         return metrics
 
+    def check_finite(self, finite: bool) -> None:
+        """Count a step the jitted step skipped for a non-finite loss or gradient; Diverged after too many in a row."""
+        if finite:
+            self.nonfinite_in_a_row = 0
+            return
+        self.nonfinite_in_a_row += 1
+        self.window_nonfinite += 1
+        log.warning("warning: step %d: loss or gradient norm is not finite; its update was skipped (%d in a row)",
+                    self.step, self.nonfinite_in_a_row)
+        if self.nonfinite_in_a_row >= self.cfg.train.max_nonfinite:
+            last = self.checkpointer.latest_step()
+            where = f"step {last} in {self.run_dir / 'checkpoints'}" if last is not None else "none saved yet"
+            raise Diverged(f"diverged at step {self.step}: {self.nonfinite_in_a_row} steps in a row with a non-finite "
+                           f"loss or gradient norm (train.max_nonfinite={self.cfg.train.max_nonfinite}); "
+                           f"last finite checkpoint: {where}; lower optim.lr to retry")
+
     def train_metrics(self, metrics: dict) -> dict:
         """Loss and throughput over the steps since the last row; the other metrics of the last step."""
-        loss = float(np.mean(jax.device_get(self.window_losses)))  # waits for the steps to finish
+        losses = np.asarray(jax.device_get(self.window_losses))  # waits for the steps to finish
+        finite_losses = losses[np.isfinite(losses)]  # the steps that updated the model
+        loss = float(np.mean(finite_losses)) if len(finite_losses) else float("nan")
         elapsed = time.perf_counter() - self.window_start
         steps = len(self.window_losses)
         row = {
@@ -331,9 +383,12 @@ class Trainer:
             "step_time_s": elapsed / steps,
             "accuracy": float(metrics["accuracy"]),
             **{k: float(v) for k, v in metrics.items() if k.startswith("aux/")},
+            "nonfinite_steps": self.window_nonfinite,
         }
-        self.window_losses, self.window_start = [], time.perf_counter()
+        self.window_losses, self.window_start, self.window_nonfinite = [], time.perf_counter(), 0
         self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+        log.info("step %d: loss %.4f  lr %.3g  grad_norm %.3g  tokens/s %.0f", self.step, loss, row["lr"],
+                 row["grad_norm"], row["tokens_per_s"])
         return row
 
     def score(self, inputs: np.ndarray, targets: np.ndarray) -> dict:
@@ -352,8 +407,8 @@ class Trainer:
             model = nnx.merge(self.graphdef, self.state["params"], self.state["extra"])
             val.update(probe_metrics(model, self.probe_tokens))
         self.last_val = val
-        self.bar.write(f"step {self.step}: val_loss {val['val_loss']:.4f}  "
-                       f"val_bpb {val['val_bpb']:.4f} [{val['val_bpb_lo']:.4f}, {val['val_bpb_hi']:.4f}]")
+        log.info("step %d: val_loss %.4f  val_bpb %.4f [%.4f, %.4f]", self.step, val["val_loss"], val["val_bpb"],
+                 val["val_bpb_lo"], val["val_bpb_hi"])
         return val
 
     def log(self, row: dict, metrics: dict) -> None:
@@ -363,63 +418,88 @@ class Trainer:
             self.logger.log(self.step, row)
 
     def save(self) -> None:
+        """Checkpoint the current step, the logs first: whatever a kill leaves on disk, the logs reach
+        at least the newest checkpoint, and a resume cuts them back to it."""
+        self.logger.flush()
         self.checkpointer.save(self.step, self.state, self.train_iter.get_state())
 
     def save_and_stop(self) -> dict:
         """The run was asked to stop: checkpoint where it stands, so the same command resumes it."""
         self.save()
-        self.bar.write(
-            f"interrupted: saved a checkpoint at step {self.step} in {self.run_dir}; run the same command to resume"
-        )
-        return self.finish(interrupted=True)
+        log.info("interrupted: saved a checkpoint at step %d in %s; run the same command to resume",
+                 self.step, self.run_dir)
+        return self.summary(interrupted=True)
 
-    def finish(self, *, interrupted: bool = False) -> dict:
-        """Close the outputs; the summary ``train`` returns: step reached, whether interrupted, last validation."""
-        self.bar.close()
-        self.logger.close()
-        self.checkpointer.close()
+    def summary(self, *, interrupted: bool = False) -> dict:
+        """What ``train`` returns: step reached, whether interrupted, last validation."""
         return {"step": self.step, "interrupted": interrupted, **self.last_val}
+
+    def close(self) -> None:
+        """Flush and close the outputs and give the run directory back."""
+        self.held.close()
 
 
 def train(cfg: Config) -> dict:
     """Train (or resume) the run described by ``cfg``; returns the last validation metrics."""
     trainer = Trainer(cfg)
-    with StopRequest() as stop:
-        while trainer.step < cfg.train.steps:
-            metrics = trainer.advance()
-            row = trainer.train_metrics(metrics) if trainer.due(cfg.train.log_every) else {}
-            if trainer.due(cfg.train.eval_every):
-                row.update(trainer.validate())
-            trainer.log(row, metrics)
-            if stop.requested:  # checked before the scheduled save so the stop saves once
-                return trainer.save_and_stop()
-            if trainer.due(cfg.train.checkpoint_every):
-                trainer.save()
-    return trainer.finish()
+    try:
+        with StopRequest() as stop, logging_redirect_tqdm():
+            while trainer.step < cfg.train.steps:
+                metrics = trainer.advance()
+                row = trainer.train_metrics(metrics) if trainer.due(cfg.train.log_every) else {}
+                if trainer.due(cfg.train.eval_every):
+                    row.update(trainer.validate())
+                trainer.log(row, metrics)
+                if stop.requested:  # checked before the scheduled save so the stop saves once
+                    return trainer.save_and_stop()
+                if trainer.due(cfg.train.checkpoint_every):
+                    trainer.save()
+        return trainer.summary()
+    finally:
+        trainer.close()
 
 
 # ----------------------------------------------------------------------------- entry point
+
+
+_exit_codes: list[int] = []  # one per run of this process (several in a multirun)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
 def _hydra_main(raw) -> None:
     try:
         cfg = validate(raw)
-        train(cfg)
+        summary = train(cfg)
+        _exit_codes.append(EXIT_INTERRUPTED if summary["interrupted"] else EXIT_FINISHED)
     except ConfigError as e:
         fail(str(e))
+    except RunFault as e:  # one run of a sweep failing leaves the others to run
+        if debugging():
+            raise
+        print(f"lmzoo: error: {e}", file=sys.stderr)
+        _exit_codes.append(e.exit_code)
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Exits with the largest of the runs' exit codes (``lmzoo.faults``) unless every run finished."""
     argv = list(sys.argv[1:] if argv is None else argv)
     register_schemas()
     check_argv(argv)
     multirun = any(a in ("-m", "--multirun") for a in argv)
     run_dirs = [a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")]
     if run_dirs and not multirun:  # keep Hydra's own files in the run directory too
+        try:
+            probe_writable(Path(run_dirs[-1]), "run_dir")  # before Hydra writes its files there
+        except RunFault as e:
+            fail(str(e), e.exit_code)
         argv.append(f"hydra.run.dir={run_dirs[-1]}")
+    elif not multirun and any(a.split("=")[0] in ("-c", "--cfg") for a in argv):
+        argv.insert(0, "run_dir=${hydra:run.dir}")  # what a run would use; the job's output dir exists only in a run
     sys.argv = [sys.argv[0], *argv]
+    _exit_codes.clear()
     _hydra_main()
+    if code := max(_exit_codes, default=EXIT_FINISHED):
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -92,13 +92,14 @@ def test_final_validation_equals_eval_at_the_training_length(trained_run):
 
 def test_long_lengths_are_batched_within_the_budget(trained_run, monkeypatch):
     shapes = []
-    forward = lmzoo_eval.model_forward
+    length_forwards = lmzoo_eval.length_forwards
 
-    def recording(model):
-        scores = forward(model)
-        return lambda inputs, targets: shapes.append(inputs.shape) or scores(inputs, targets)
+    def recording(*args):
+        forwards = length_forwards(*args)
+        return {n: lambda inputs, targets, f=f: shapes.append(inputs.shape) or f(inputs, targets)
+                for n, f in forwards.items()}
 
-    monkeypatch.setattr(lmzoo_eval, "model_forward", recording)
+    monkeypatch.setattr(lmzoo_eval, "length_forwards", recording)
     small = evaluate(trained_run, "eval.lengths=[32,128]", "eval.batch_tokens=64", "eval.tag=small-batches")
     assert set(shapes) == {(2, 32), (1, 128)}  # batch_tokens // L windows, at least one
     assert len(shapes) == 2048 // 64 + 2048 // 128

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from flax import nnx
 
 from lmzoo.checkpoint import Checkpointer
 from lmzoo.eval import run_config
+from lmzoo.faults import EXIT_INTERRUPTED
 from lmzoo.logger import read_metrics
 from lmzoo.model import LM
 from lmzoo.train import Trainer, init_train_state, train
@@ -85,7 +87,7 @@ def test_resuming_a_finished_run_with_different_model_is_refused(tmp_path):
     assert "different 'model' config" in proc.stderr
 
 
-def test_a_stop_request_saves_one_checkpoint_and_returns(tmp_path, monkeypatch, capsys):
+def test_a_stop_request_saves_one_checkpoint_and_returns(tmp_path, monkeypatch, caplog):
     saved_steps, save, advance = [], Checkpointer.save, Trainer.advance
     handler_before = signal.getsignal(signal.SIGTERM)
 
@@ -101,10 +103,11 @@ def test_a_stop_request_saves_one_checkpoint_and_returns(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(Checkpointer, "save", counting_save)
     monkeypatch.setattr(Trainer, "advance", advance_then_stop_at_4)
+    caplog.set_level(logging.INFO, logger="lmzoo.train")
     summary = train(tiny_config("softmax", *RESUME_ARGS, run_dir=tmp_path))
     assert (summary["step"], summary["interrupted"]) == (4, True)
     assert saved_steps == [2, 4]
-    assert "interrupted: saved a checkpoint at step 4" in capsys.readouterr().out
+    assert "interrupted: saved a checkpoint at step 4" in caplog.text
     assert signal.getsignal(signal.SIGTERM) is handler_before  # the run's handler is gone
 
 
@@ -136,8 +139,8 @@ def test_resume_after_kill_reproduces_uninterrupted_parameters(tmp_path, sig):
     output, _ = proc.communicate(timeout=120)
     interrupted_at, _ = final_params(broken)
     assert interrupted_at < 12, "the run finished before it was interrupted"
-    if sig == signal.SIGTERM:  # a clean stop: checkpoint at the current step, exit 0
-        assert proc.returncode == 0, output
+    if sig == signal.SIGTERM:  # a clean stop: checkpoint at the current step, the exit code of an interruption
+        assert proc.returncode == EXIT_INTERRUPTED, output
         assert "interrupted: saved a checkpoint" in output
         assert max(r["step"] for r in read_metrics(broken)) == interrupted_at
 

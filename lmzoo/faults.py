@@ -1,0 +1,99 @@
+"""Faults at run time: their exit codes, one-line errors, the run lock and the write probe.
+
+A fault a user can act on (a diverged run, a run directory another trainer holds, no intact
+checkpoint) ends the process with one line on stderr and an exit code saying which it was.
+``LMZOO_DEBUG=1`` raises instead, so a real bug behind a fault still shows its traceback.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+# Exit codes of ``lmzoo.train`` and ``lmzoo.eval`` (an unexpected error keeps Python's 1).
+EXIT_FINISHED = 0
+EXIT_CONFIG = 2  # a bad setting or command line: nothing was trained
+EXIT_DIVERGED = 3  # too many non-finite steps in a row; the checkpoints on disk stay finite
+EXIT_RUN_FAULT = 4  # the run directory cannot be used: held by another trainer, unwritable, no intact checkpoint
+EXIT_INTERRUPTED = 75  # stopped by SIGTERM / Ctrl-C after saving a checkpoint: run the same command again (EX_TEMPFAIL)
+
+
+class RunFault(Exception):
+    """A fault of the run (not of its settings); the message is one line for the terminal."""
+
+    exit_code = EXIT_RUN_FAULT
+
+
+class Diverged(RunFault):
+    exit_code = EXIT_DIVERGED
+
+
+def debugging() -> bool:
+    """Whether faults should raise with their traceback instead of becoming one line (``LMZOO_DEBUG=1``)."""
+    return os.environ.get("LMZOO_DEBUG", "") not in ("", "0")
+
+
+def first_line(error: BaseException, limit: int = 160) -> str:
+    """``Type: first line of the message``, cut to ``limit`` characters: enough to tell faults apart."""
+    lines = str(error).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def probe_writable(directory: Path, what: str) -> None:
+    """Create ``directory`` and write a file in it, so a bad path fails now rather than after training steps."""
+    if directory.exists() and not directory.is_dir():
+        raise RunFault(f"{what} {str(directory)!r} is a file, not a directory; pick another {what}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise RunFault(f"{what} {str(directory)!r} is not writable ({e.strerror or first_line(e)})") from None
+
+
+class RunLock:
+    """An exclusive ``fcntl.flock`` on ``<run_dir>/lock``, naming its holder (pid, host) inside.
+
+    The kernel drops the lock when the holding process dies, however it dies, so a SIGKILLed or
+    requeued trainer never leaves a stale lock behind; a second trainer on a live run is refused.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / "lock"
+        self.file = None
+
+    def __enter__(self) -> RunLock:
+        file = open(self.path, "a+")
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = describe_holder(file.read())
+            file.close()
+            raise RunFault(f"run_dir {str(self.path.parent)!r} is in use by another trainer ({holder}); "
+                           "wait for it to finish or stop it first") from None
+        file.seek(0)
+        file.truncate()
+        file.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
+        file.flush()
+        self.file = file
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+            self.file.close()
+            self.file = None
+
+
+def describe_holder(text: str) -> str:
+    try:
+        holder = json.loads(text)
+        return f"pid {holder['pid']} on {holder['host']}"
+    except (ValueError, KeyError, TypeError):  # the holder has not written its name yet
+        return "a process that is starting"

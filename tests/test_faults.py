@@ -1,0 +1,399 @@
+"""Fault injection: a run that meets a fault either ends right or stops in one line with a telling exit code.
+
+Divergence, damaged checkpoints, processes killed inside a save, a second trainer, settings changed on
+resume, and the faults found before any step is spent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from omegaconf import OmegaConf
+from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+from lmzoo.checkpoint import Checkpointer, CorruptCheckpoint
+from lmzoo.faults import EXIT_CONFIG, EXIT_DIVERGED, EXIT_RUN_FAULT, RunFault, RunLock
+from lmzoo.logger import read_metrics
+from lmzoo.model import LM
+from lmzoo.rundir import read_resumes
+from lmzoo.train import init_train_state, loss_and_extra, train, train_step
+
+from conftest import REPO, TINY, run_lmzoo, tiny_config
+
+ONE_LAYER = ["model.n_layers=1"]  # compiles in half the time of the tiny model's two
+RESUME_ARGS = [*ONE_LAYER, "train.steps=12", "train.checkpoint_every=2", "train.eval_every=12", "train.log_every=1",
+               "train.probe_batch=0"]
+STEPS = list(range(1, 13))
+
+
+def final_params(run_dir: Path) -> tuple[int, list[np.ndarray]]:
+    """The newest checkpoint's step and parameters."""
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    step = ckpt.latest_step()
+    model = ckpt.restore_model(step, LM(tiny_config("softmax", *ONE_LAYER), 259, rngs=nnx.Rngs(0)))
+    ckpt.close()
+    return step, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+
+def assert_same_params(a: list[np.ndarray], b: list[np.ndarray]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, code: int) -> str:
+    """The single stderr line of a command that failed with exit ``code``."""
+    err = proc.stderr.strip()
+    assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], err[-2000:])
+    assert len(err.splitlines()) == 1 and err.startswith("lmzoo: error: "), err
+    return err
+
+
+def train_cli(run_dir: Path, *args: str, schedule=RESUME_ARGS, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run_lmzoo("-m", "lmzoo.train", "+attn=softmax", *TINY, *schedule, *args, f"run_dir={run_dir}", env=env)
+
+
+def eval_cli(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_lmzoo("-m", "lmzoo.eval", f"run_dir={run_dir}", "eval.lengths=[32]", "eval.tokens=512",
+                     "eval.probe_batch=0", "eval.progress=false", *args)
+
+
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory):
+    """The uninterrupted run every faulty one must end up equal to, and its final parameters."""
+    run_dir = tmp_path_factory.mktemp("whole")
+    train(tiny_config("softmax", *RESUME_ARGS, run_dir=run_dir))
+    return run_dir, final_params(run_dir)[1]
+
+
+def copy_run(whole: Path, to: Path) -> Path:
+    shutil.copytree(whole, to)
+    (to / "lock").unlink(missing_ok=True)  # the file only: the lock itself is never copied
+    return to
+
+
+# ----------------------------------------------------------------------------- 1. divergence
+
+
+def test_a_non_finite_step_keeps_the_state_and_a_finite_one_is_untouched_by_the_guard():
+    cfg = tiny_config("softmax", *ONE_LAYER)
+    graphdef, state, tx = init_train_state(cfg, LM(cfg, 259, rngs=nnx.Rngs(0)))
+    tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, 259)
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+
+    @jax.jit
+    def unguarded(state):
+        grads = jax.grad(lambda p: loss_and_extra(p, state["extra"], graphdef, batch)[0])(state["params"])
+        updates, opt = tx.update(grads, state["opt"], state["params"])
+        return optax.apply_updates(state["params"], updates), opt
+
+    step = jax.jit(partial(train_step, graphdef, tx))
+    new, metrics = step(state, batch)
+    params, opt = unguarded(state)
+    assert bool(metrics["finite"]) and int(new["step"]) == 1
+    jax.tree.map(np.testing.assert_array_equal, (new["params"], new["opt"]), (params, opt))
+
+    blown_up = {**state, "params": jax.tree.map(lambda x: x * 1e30 if x.ndim == 2 else x, state["params"])}
+    kept, metrics = step(blown_up, batch)
+    assert not bool(metrics["finite"]) and int(kept["step"]) == 1
+    jax.tree.map(np.testing.assert_array_equal, {k: kept[k] for k in ("params", "extra", "opt")},
+                 {k: blown_up[k] for k in ("params", "extra", "opt")})
+
+
+def test_divergence_stops_the_run_in_one_line_and_keeps_a_finite_checkpoint(tmp_path):
+    proc = train_cli(tmp_path, "optim.lr=1e30", "optim.warmup_steps=3", "train.max_nonfinite=3")
+    err = one_line_error(proc, EXIT_DIVERGED)
+    step, params = final_params(tmp_path)
+    assert f"last finite checkpoint: step {step}" in err and "train.max_nonfinite=3" in err
+    assert all(np.isfinite(p).all() for p in params)
+    rows = read_metrics(tmp_path)
+    assert sum(r["nonfinite_steps"] for r in rows) >= 2  # the rows before the stopping step
+    assert "update was skipped (3 in a row)" in proc.stdout
+    console = [line for line in proc.stdout.splitlines() if line.startswith(("step ", "warning: "))]
+    logged = (tmp_path / "train.log").read_text()  # holds what the console shows
+    assert len(console) > 3 and all(line in logged for line in console)
+
+
+# ----------------------------------------------------------------------------- 2. damaged checkpoints
+
+
+def damage(checkpoint: Path, how: str) -> None:
+    """Random bytes over the middle of every data file, or of the largest only (its values change, yet it
+    restores without an error), data files cut in half, or garbage metadata."""
+    if how == "garbage_metadata":
+        (checkpoint / "train" / "_METADATA").write_text("{not json")
+        return
+    files = sorted(checkpoint.glob("train/**/d/*"), key=lambda p: p.stat().st_size)
+    for path in files[-1:] if how == "random_values" else files:
+        size = path.stat().st_size
+        if how == "truncated":
+            os.truncate(path, size // 2)
+        else:
+            with open(path, "r+b") as f:
+                f.seek(size // 2)
+                f.write(np.random.default_rng(0).bytes(min(64, size - size // 2)))
+
+
+@pytest.mark.parametrize("how", ["random_values", "truncated", "garbage_metadata"])  # random_bytes: the eval test
+def test_a_damaged_newest_checkpoint_falls_back_and_finishes_like_the_whole_run(tmp_path, whole_run, how, caplog):
+    whole, whole_params = whole_run
+    run_dir = copy_run(whole, tmp_path / "run")
+    damage(run_dir / "checkpoints" / "12", how)
+    summary = train(tiny_config("softmax", *RESUME_ARGS, run_dir=run_dir))
+    assert summary["step"] == 12
+    assert "checkpoint 12" in caplog.text and "trying an older checkpoint" in caplog.text
+    if how == "random_values":  # only the digest tells
+        assert "differ from the digest saved with them" in caplog.text
+    assert (run_dir / "damaged_checkpoints" / "12").is_dir()
+    assert [r["step"] for r in read_metrics(run_dir)] == STEPS
+    step, params = final_params(run_dir)
+    assert step == 12
+    assert_same_params(params, whole_params)
+
+
+def test_evaluation_passes_over_a_damaged_checkpoint_unless_it_is_asked_for(tmp_path, whole_run):
+    run_dir = copy_run(whole_run[0], tmp_path / "run")
+    damage(run_dir / "checkpoints" / "12", "random_bytes")
+    proc = eval_cli(run_dir, "eval.tag=fallback")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.startswith("warning: checkpoint 12 ") and len(proc.stderr.splitlines()) == 1
+    assert json.loads((run_dir / "eval" / "fallback" / "results.json").read_text())["step"] == 10
+    err = one_line_error(eval_cli(run_dir, "eval.step=12"), EXIT_RUN_FAULT)
+    assert "checkpoint 12" in err
+
+
+def test_no_intact_checkpoint_stops_train_and_eval_in_one_line(tmp_path, whole_run):
+    run_dir = copy_run(whole_run[0], tmp_path / "run")
+    for checkpoint in (run_dir / "checkpoints").iterdir():
+        damage(checkpoint, "garbage_metadata")
+    assert "no intact checkpoint" in one_line_error(train_cli(run_dir), EXIT_RUN_FAULT)
+    assert "no intact checkpoint" in one_line_error(eval_cli(run_dir), EXIT_RUN_FAULT)
+
+
+def test_lmzoo_debug_shows_the_fault_behind_a_damaged_checkpoint(tmp_path, monkeypatch):
+    cfg = tiny_config("softmax", *ONE_LAYER)
+    state = init_train_state(cfg, LM(cfg, 259, rngs=nnx.Rngs(0)))[1]
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, state, {"next_index": 0})
+    damage(tmp_path / "1", "garbage_metadata")
+    with pytest.raises(CorruptCheckpoint, match="checkpoint 1 cannot be restored"):
+        ckpt.restore(1, state)
+    monkeypatch.setenv("LMZOO_DEBUG", "1")
+    with pytest.raises(json.JSONDecodeError):  # what Orbax raised, for developers
+        ckpt.restore(1, state)
+    ckpt.close()
+
+
+# ----------------------------------------------------------------------------- 3, 4. killed inside a save
+
+KILL_SNIPPET = """
+import os, signal, sys
+from orbax.checkpoint._src.path import atomicity
+from conftest import tiny_config
+from lmzoo.checkpoint import Checkpointer
+from lmzoo.train import train
+
+point, run_dir, kill_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
+args = sys.argv[4:]
+saving = [False]
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+save = Checkpointer.save
+
+def save_then_maybe_die(self, step, *rest):
+    saving[0] = step == kill_step
+    if saving[0] and point == "before_write":
+        die()
+    save(self, step, *rest)
+    if saving[0] and point == "after_commit":
+        die()
+
+def dying_finalize(original):
+    async def finalize(self, *a, **k):  # the checkpoint is written, not yet renamed into place
+        if saving[0] and point == "before_commit":
+            die()
+        return await original(self, *a, **k)
+    return finalize
+
+for cls in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryPath):
+    cls.finalize = dying_finalize(cls.finalize)
+Checkpointer.save = save_then_maybe_die
+train(tiny_config("softmax", *args, run_dir=run_dir))
+"""
+
+
+def read_events(path: Path):
+    """The events of one TFRecord file; a record cut short by a kill ends it."""
+    data = path.read_bytes()
+    offset = 0
+    while offset + 12 <= len(data):
+        (length,) = struct.unpack("<Q", data[offset:offset + 8])
+        end = offset + 12 + length + 4
+        if end > len(data):
+            return
+        yield Event.FromString(data[offset + 12:offset + 12 + length])
+        offset = end
+
+
+def tensorboard_steps(tb_dir: Path, tag: str = "train/loss") -> list[int]:
+    """The steps of ``tag`` as TensorBoard shows them: files in name order, and a SessionLog START at step s
+    hides the events at steps >= s read before it (TensorBoard's purge of a restarted run)."""
+    steps: list[tuple[int, str]] = []
+    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
+        for event in read_events(path):
+            if event.HasField("session_log") and event.session_log.status == SessionLog.START:
+                steps = [(s, t) for s, t in steps if s < event.step]
+            steps += [(event.step, v.tag) for v in event.summary.value]
+    return [s for s, t in steps if t == tag]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point, newest", [("before_write", 4), ("before_commit", 4), ("after_commit", 6)])
+def test_a_kill_inside_a_save_resumes_to_the_whole_run_without_doubled_or_lost_logs(tmp_path, whole_run, point,
+                                                                                      newest):
+    run_dir = tmp_path / "run"
+    env = {"PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = run_lmzoo("-c", KILL_SNIPPET, point, str(run_dir), "6", *RESUME_ARGS, env=env)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert final_params(run_dir)[0] == newest
+    logged = tensorboard_steps(run_dir / "tb")
+    assert set(range(1, newest + 1)) <= set(logged)  # durable up to the newest checkpoint
+    assert {r["step"] for r in read_metrics(run_dir)} >= set(range(1, newest + 1))
+
+    train(tiny_config("softmax", *RESUME_ARGS, run_dir=run_dir))
+    assert [r["step"] for r in read_metrics(run_dir)] == STEPS
+    assert tensorboard_steps(run_dir / "tb") == STEPS
+    step, params = final_params(run_dir)
+    assert step == 12
+    assert_same_params(params, whole_run[1])
+
+
+def test_starting_afresh_cuts_the_logs_back_to_step_zero(tmp_path, whole_run):
+    run_dir = copy_run(whole_run[0], tmp_path / "run")
+    shutil.rmtree(run_dir / "checkpoints")
+    train(tiny_config("softmax", *RESUME_ARGS, run_dir=run_dir))
+    assert [r["step"] for r in read_metrics(run_dir)] == STEPS
+    assert tensorboard_steps(run_dir / "tb") == STEPS
+    assert_same_params(final_params(run_dir)[1], whole_run[1])
+
+
+# ----------------------------------------------------------------------------- 5. settings changed on resume
+
+
+def test_a_changed_setting_on_resume_is_recorded_and_compare_marks_the_run(tmp_path):
+    from lmzoo.compare import main as compare
+
+    changed, plain = tmp_path / "sweep" / "changed", tmp_path / "sweep" / "plain"
+    short = [*ONE_LAYER, "train.eval_every=2", "train.probe_batch=0"]
+    train(tiny_config("softmax", "train.steps=2", *short, run_dir=changed))
+    copy_run(changed, plain)
+    train(tiny_config("softmax", "train.steps=3", *short, "optim.lr=1e-3", run_dir=changed))
+    train(tiny_config("softmax", "train.steps=3", *short, "optim.lr=1e-3", run_dir=changed))  # no change
+    assert read_resumes(changed) == [{"step": 2, "key": "optim.lr", "old": 0.003, "new": 0.001},
+                                     {"step": 2, "key": "train.steps", "old": 2, "new": 3}]
+    original = OmegaConf.load(changed / "config.yaml")
+    assert (original.optim.lr, original.train.steps) == (0.003, 2)  # how the run started stays on record
+
+    markdown = compare([str(changed), str(plain)])
+    assert f"{changed} †" in markdown and f"{plain} †" not in markdown
+    assert "at step 2: optim.lr 0.003 -> 0.001, train.steps 2 -> 3" in markdown
+    assert (tmp_path / "sweep" / "comparison.md").exists()  # where the runs meet, not inside the first one
+    assert not (changed / "comparison.md").exists()
+
+
+# ----------------------------------------------------------------------------- 6. one trainer per run
+
+HOLDER = """
+import sys, time
+from lmzoo.faults import RunLock
+with RunLock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_second_trainer_on_a_live_run_is_refused_and_a_dead_holder_releases_it(tmp_path):
+    tmp_path.mkdir(exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        err = one_line_error(train_cli(tmp_path), EXIT_RUN_FAULT)
+        assert f"pid {holder.pid} on {socket.gethostname()}" in err
+        assert not (tmp_path / "metrics.jsonl").exists()  # refused before touching the run
+    finally:
+        holder.kill()
+        holder.wait()
+    with RunLock(tmp_path):  # the kernel dropped the killed holder's lock
+        with pytest.raises(RunFault, match=f"pid {os.getpid()}"):
+            RunLock(tmp_path).__enter__()
+
+
+# ----------------------------------------------------------------------------- 7-9. early failures, in one line
+
+
+def test_an_unusable_run_dir_fails_in_one_line_before_any_step(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    assert "is a file" in one_line_error(train_cli(a_file), EXIT_RUN_FAULT)
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoints").write_text("")
+    started = time.perf_counter()
+    err = one_line_error(train_cli(run_dir), EXIT_RUN_FAULT)
+    assert "checkpoints folder" in err and "is a file" in err
+    assert not (run_dir / "metrics.jsonl").exists()
+    assert time.perf_counter() - started < 60
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_an_unwritable_checkpoints_folder_fails_in_one_line(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints").chmod(0o500)
+    assert "is not writable" in one_line_error(train_cli(tmp_path), EXIT_RUN_FAULT)
+
+
+def test_evaluation_refuses_impossible_requests_in_one_line(whole_run):
+    run_dir = whole_run[0]
+    err = one_line_error(eval_cli(run_dir, "eval.lengths=[100000]", "eval.tokens=100000"), EXIT_CONFIG)
+    assert "length 100000 needs about" in err and "the largest length that fits is about" in err
+    err = one_line_error(eval_cli(run_dir, "eval.tag=../../x"), EXIT_CONFIG)
+    assert "eval.tag='../../x'" in err
+    assert not (run_dir.parent.parent / "x").exists()
+
+
+def test_an_override_that_changes_nothing_gets_a_warning(tmp_path):
+    cfg = tiny_config("mamba", *ONE_LAYER, run_dir=tmp_path)  # a saved initial model is enough to evaluate
+    OmegaConf.save(OmegaConf.structured(cfg), tmp_path / "config.yaml")
+    ckpt = Checkpointer(tmp_path / "checkpoints")
+    ckpt.save(1, init_train_state(cfg, LM(cfg, 259, rngs=nnx.Rngs(0)))[1], {"next_index": 0})
+    ckpt.close()
+    proc = eval_cli(tmp_path, "pos.kind=alibi")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: pos.kind=alibi changes none of this mamba model's outputs: the variant does not use it"]
+
+
+def test_the_printed_job_config_resolves():
+    proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", "--cfg", "job", "--resolve", check=True)
+    run_dir = next(line for line in proc.stdout.splitlines() if line.startswith("run_dir:"))
+    assert run_dir.startswith("run_dir: runs/softmax-")
