@@ -29,7 +29,7 @@ and putting this into u_t's definition gives, with ``P(x, y)_tj = sum_d x_td y_j
     u_t + beta_t sum_{j<t} P(k, k)_tj u_j = beta_t (v_t - S_0^T (exp(b_t) * k_t)),
 
 a unit lower-triangular system ``(I + diag(beta) P_<(k, k)) U = diag(beta) (V - (K exp(b)) S_0)``.
-One triangular solve turns the chunk's C sequential rank-one updates into matmuls:
+One triangular inverse turns the chunk's C sequential rank-one updates into matmuls:
 ``U = W_v - W_k S_0`` with ``[W_v, W_k] = (I + diag(beta) P_<)^{-1} diag(beta) [V, K exp(b)]``, then
 
     O   = scale * ((Q exp(b)) S_0 + P_<=(q, k) U)
@@ -95,9 +95,7 @@ def delta_rule_weights(q, k, beta, log_g=None, *, scale=None) -> jax.Array:
     q, k = (heads_first(a.astype(jnp.float32)) for a in (q, k))  # (B, H, T, Dk)
     beta = beta.astype(jnp.float32).swapaxes(1, 2)  # (B, H, T)
     reads = decayed_pairs(q * scale, k, log_g, diagonal=True)
-    lower = unit_lower(k, beta, log_g)
-    eye = jnp.broadcast_to(jnp.eye(q.shape[-2]), lower.shape)
-    return reads @ solve_unit_lower(lower, eye * beta[..., None, :])
+    return reads @ (invert_unit_lower(unit_lower(k, beta, log_g)) * beta[..., None, :])
 
 
 def heads_first(x):
@@ -148,9 +146,29 @@ def unit_lower(k, beta, log_g) -> jax.Array:
     return eye + beta[..., :, None] * decayed_pairs(k, k, log_g, diagonal=False)
 
 
-def solve_unit_lower(lower, rhs) -> jax.Array:
-    """``lower^{-1} rhs`` for a unit lower-triangular ``lower`` [..., C, C] (forward substitution)."""
-    return lax.linalg.triangular_solve(lower, rhs, left_side=True, lower=True, unit_diagonal=True)
+def invert_unit_lower(lower) -> jax.Array:
+    """The inverse of a unit lower-triangular ``lower`` [..., C, C], by halving:
+    ``[[A, 0], [B, D]]^{-1} = [[A^{-1}, 0], [-D^{-1} B A^{-1}, D^{-1}]]`` from blocks of one step up,
+    log2(C) rounds of batched matmuls. (XLA's CPU triangular solve, a LAPACK call, stalled inside
+    the compiled training step; matmuls also suit accelerators better than forward substitution.)
+    """
+    size = lower.shape[-1]
+    width = 1 << (size - 1).bit_length()
+    padded = jnp.pad(lower, [(0, 0)] * (lower.ndim - 2) + [(0, width - size)] * 2)
+    padded = padded + jnp.diag(jnp.arange(width) >= size).astype(lower.dtype)  # padded steps: identity
+    inverse = jnp.ones(lower.shape[:-2] + (width, 1, 1), lower.dtype)  # the inverses of 1 x 1 unit blocks
+    half = 1
+    while half < width:
+        blocks = width // (2 * half)
+        grid = padded.reshape(*padded.shape[:-2], blocks, 2, half, blocks, 2, half)
+        across = jnp.moveaxis(jnp.diagonal(grid[..., :, 1, :, :, 0, :], axis1=-4, axis2=-2), -1, -3)  # (..., L, h, h)
+        halves = inverse.reshape(*inverse.shape[:-3], blocks, 2, half, half)
+        early, late = halves[..., 0, :, :], halves[..., 1, :, :]
+        upper = jnp.concatenate([early, jnp.zeros_like(early)], axis=-1)
+        lower_half = jnp.concatenate([-(late @ across @ early), late], axis=-1)
+        inverse = jnp.concatenate([upper, lower_half], axis=-2)  # (..., L / 2, 2h, 2h)
+        half *= 2
+    return inverse[..., 0, :size, :size]
 
 
 # ----------------------------------------------------------------------------- forms
@@ -200,7 +218,7 @@ def ut_chunks(q, k, v, beta, log_g, s0):
         across = jnp.exp(jnp.sum(log_g, axis=3))  # (B, N, H, Dg) decay across the chunk
     d_value = v.shape[-1]
     weighted = beta[..., None] * jnp.concatenate([v, k * from_start], axis=-1)  # (B, N, H, C, Dv + Dk)
-    solved = solve_unit_lower(unit_lower(k, beta, log_g), weighted)
+    solved = invert_unit_lower(unit_lower(k, beta, log_g)) @ weighted
     w_v, w_k = solved[..., :d_value], solved[..., d_value:]
 
     def carry(s, chunk):  # S before a chunk -> S after it, and the values the chunk writes
