@@ -15,8 +15,9 @@ Forms (``method``):
 - ``"chunk"``:    the WY / UT representation inside chunks of ``chunk_size`` steps, a short
   recurrence across them (derived below);
 - ``"parallel"``: the same representation over the whole sequence as one chunk: quadratic in T,
-  no recurrence at all; it is also how ``delta_rule_weights`` gets the effective attention matrix;
-- ``"pallas"``:   the chunk form as Pallas kernels with a custom VJP (``lmzoo.ops.pallas.delta``).
+  no recurrence at all; it is also how ``delta_rule_weights`` gets the effective attention matrix.
+
+Gradients of every form are JAX's own (autodiff through the scan, the matmuls and the inverse).
 
 The UT representation. Inside a chunk that starts from state S_0, let b_t = sum_{m<=t} log_g_m
 (per channel, from the chunk's start) and ``u_t = beta_t (v_t - S'_t^T k_t)`` the value actually
@@ -74,15 +75,8 @@ def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, met
         initial_state = jnp.zeros((batch, heads, d_key, v.shape[-1]), jnp.float32)
     s0 = initial_state.astype(jnp.float32)
     g32 = None if log_g is None else gate_layout(log_g, k.shape).astype(jnp.float32)
-    beta32 = beta.astype(jnp.float32)
-    if method == "pallas":
-        from lmzoo.ops.pallas.delta import delta_pallas  # kernels import this module's reference pieces
-
-        q_scaled = (q.astype(jnp.float32) * scale).astype(q.dtype)
-        out, state = delta_pallas(q_scaled, k, v, beta32, g32, s0, chunk_size=chunk_size)
-    else:
-        q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
-        out, state = _FORMS[method](q32 * scale, k32, v32, beta32, g32, s0, chunk_size)
+    q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
+    out, state = _FORMS[method](q32 * scale, k32, v32, beta.astype(jnp.float32), g32, s0, chunk_size)
     return out.astype(v.dtype), state
 
 
