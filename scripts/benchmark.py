@@ -290,6 +290,74 @@ for _form in LINEAR_FORMS:
     case(f"simple_gla/{_label}", flops=_flops)(gla_case(_form, per_dimension=False))
 
 
+# The delta rule (lmzoo.ops.delta_rule): DeltaNet (no gate), Gated DeltaNet (one gate per head) and
+# per-channel gates (KDA), each in every form, with the mixers' inputs: unit keys, beta in (0, 1).
+DELTA_FORMS = ("scan", "parallel", "chunk")
+
+
+def delta_args(shape: Shape, dtype, key, *, gate: str):
+    """(q, k, v, beta, log_g) with unit keys, sigmoid beta and Gated-DeltaNet-like gates (float32)."""
+    q, k, v = qkv(shape, dtype, key)
+    k = (k / jnp.linalg.norm(k.astype(jnp.float32), axis=-1, keepdims=True)).astype(dtype)
+    beta = jax.nn.sigmoid(jax.random.normal(jax.random.fold_in(key, 5), k.shape[:3]))
+    gate_shape = k.shape[:3] + ((shape.dim,) if gate == "channel" else ())
+    log_g = jax.nn.log_sigmoid(jax.random.normal(jax.random.fold_in(key, 7), gate_shape)) / 16
+    return q, k, v, beta, log_g
+
+
+def delta_forms() -> tuple[str, ...]:
+    try:
+        from lmzoo.ops.delta import METHODS
+    except ImportError:  # timing an older tree
+        raise Unavailable("this lmzoo.ops has no delta_rule") from None
+    return METHODS
+
+
+def delta_rule_case(method: str, *, gate: str, chunk_size: int = 64):
+    def build(shape, dtype, key):
+        offered(delta_forms(), method)
+        q, k, v, beta, log_g = delta_args(shape, dtype, key, gate=gate)
+        if gate == "none":
+            return (lambda q, k, v, beta: ops.delta_rule(q, k, v, beta, method=method, chunk_size=chunk_size)), (q, k, v, beta)
+        fn = lambda q, k, v, beta, log_g: ops.delta_rule(q, k, v, beta, log_g, method=method, chunk_size=chunk_size)  # noqa: E731
+        return fn, (q, k, v, beta, log_g)
+
+    return build
+
+
+def delta_chunk_flops(chunk: int):
+    """The UT form's matmuls per chunk: the pair matrices of k and q (C^2 D each), the triangular
+    inverse (~C^3 / 3) and its product with [V, K] (C^2 (Dk + Dv)), the recurrence's W_k S and
+    K^T U and the read-out Q S (2 C Dk Dv each), and P U (C^2 Dv)."""
+    def flops(shape: Shape) -> float:
+        c, d = min(chunk, shape.length), shape.dim
+        per_chunk = 2 * (2 * c * c * d + c**3 / 3 + 2 * c * c * d + 3 * c * d * d + c * c * d)
+        return shape.batch * shape.heads * per_chunk * shape.length / c
+
+    return flops
+
+
+for _gate, _op in (("none", "delta_rule"), ("head", "gated_delta_rule"), ("channel", "channel_delta_rule")):
+    for _form in DELTA_FORMS:
+        _label = f"{_form}64" if _form == "chunk" else _form
+        case(f"{_op}/{_label}", flops=delta_chunk_flops(64) if _form == "chunk" else None)(delta_rule_case(_form, gate=_gate))
+
+
+def fox_case(shape, dtype, key):
+    """Softmax attention with FoX's forget-gate bias c_i - c_j (a [B, H, T, T] bias through the fused path)."""
+    q, k, v = qkv(shape, dtype, key)
+    log_f = jax.nn.log_sigmoid(jax.random.normal(jax.random.fold_in(key, 9), (shape.batch, shape.length, shape.heads)) + 3)
+
+    def fn(q, k, v, log_f):
+        c = jnp.cumsum(log_f, axis=1).swapaxes(1, 2)  # (B, H, T)
+        return ops.softmax_attention(q, k, v, bias=c[..., :, None] - c[..., None, :], method="xla")
+
+    return fn, (q, k, v, log_f)
+
+
+case("fox/xla", flops=attention_flops)(fox_case)
+
+
 # ----------------------------------------------------------------------------- measuring
 
 

@@ -155,6 +155,10 @@ def test_gla_gates_follow_the_temperature():
         (("linear", "attn.n_features=16"), ["attn.n_features", "favor+"]),
         (("gla", "attn.key_ratio=0.3"), ["attn.key_ratio=0.3", "model.n_heads=4"]),
         (("gla", "attn.gate_temperature=0"), ["attn.gate_temperature=0"]),
+        (("gated_deltanet", "attn.gate=vector"), ["attn.gate='vector'", "head, channel"]),
+        (("deltanet", "attn.conv_size=0"), ["attn.conv_size=0"]),
+        (("deltanet", "attn.method=assoc"), ["attn.method='assoc'", "scan, parallel, chunk"]),
+        (("gated_deltanet", "attn.dt_max=0.0001"), ["attn.dt_max=0.0001", "attn.dt_min"]),
     ],
 )
 def test_bad_settings_fail_with_one_line(overrides, expected, capsys):

@@ -6,7 +6,8 @@ are tested against. Shared pieces (the causal mask, chunk padding, segment sums)
 
 Axis legend used across ``lmzoo.ops``: B batch, T query time, S key time, H query heads,
 K key/value heads, D head dim. Per-head tensors are laid out ``[B, T, H, D]``.
-Linear-attention family: Dk / Dv key / value head dims (state ``[B, H, Dk, Dv]``), N chunks of C steps.
+Linear-attention family: Dk / Dv key / value head dims (state ``[B, H, Dk, Dv]``), N chunks of C steps;
+the delta rule's ``delta_rule`` has a step size beta ``[B, T, H]`` and names its reference form "scan".
 VQ attention: S codewords per head (codebook ``[H, S, D]``), blocks of L queries.
 State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head size (``ssd``, state
 ``[B, H, P, N]``), N state size, G groups sharing the B/C projections.
@@ -14,6 +15,7 @@ State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head
 
 from lmzoo.ops.attention import attention_weights, logn_scale, softmax_attention
 from lmzoo.ops.common import causal_mask
+from lmzoo.ops.delta import delta_rule, delta_rule_weights
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
 from lmzoo.ops.lti import causal_conv1d, diagonal_ssm, diagonal_ssm_kernel, fft_conv
@@ -22,6 +24,6 @@ from lmzoo.ops.ssd import ssd, ssd_attention
 from lmzoo.ops.vq import vq_attention, vq_cache_step
 
 __all__ = ["attention_weights", "causal_mask", "logn_scale", "softmax_attention", "vq_attention", "vq_cache_step"]
-__all__ += ["gla", "gla_weights", "linear_attention", "linear_attention_weights"]
+__all__ += ["delta_rule", "delta_rule_weights", "gla", "gla_weights", "linear_attention", "linear_attention_weights"]
 __all__ += ["causal_conv1d", "diagonal_ssm", "diagonal_ssm_kernel", "fft_conv"]
 __all__ += ["selective_attention", "selective_scan", "ssd", "ssd_attention"]

@@ -32,6 +32,15 @@ def check_form(method: str, methods: tuple[str, ...], chunk_size: Optional[int] 
         raise ValueError(f"chunk_size={chunk_size} must be positive")
 
 
+def gate_layout(log_g, key_shape) -> jax.Array:
+    """log_g as [B, T, H, Dg] with Dg = Dk (per dimension) or 1 (per head)."""
+    if log_g.ndim == 3:
+        log_g = log_g[..., None]
+    if log_g.shape[:3] != key_shape[:3] or log_g.shape[-1] not in (1, key_shape[-1]):
+        raise ValueError(f"log_g has shape {log_g.shape}; expected {key_shape[:3]} + ({key_shape[-1]},) or (1,) or ()")
+    return log_g
+
+
 def to_chunks(x: jax.Array, size: int) -> jax.Array:
     """[B, T, ...] -> [B, N, size, ...], zero-padding T up to a multiple of ``size``.
 

@@ -43,7 +43,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import causal_mask, check_form, decay_since, decay_until_end, from_chunks, segment_sums, to_chunks
+from lmzoo.ops.common import (
+    causal_mask, check_form, decay_since, decay_until_end, from_chunks, gate_layout, segment_sums, to_chunks,
+)
 from lmzoo.ops.pallas.gla import gla_pallas
 
 METHODS = ("naive", "parallel", "scan", "assoc", "chunk", "pallas")
@@ -70,15 +72,6 @@ def gla(q, k, v, log_g=None, *, scale=None, initial_state=None, method="chunk", 
         q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
         out, state = _FORMS[method](q32 * scale, k32, v32, g32, s0, chunk_size)
     return out.astype(v.dtype), state
-
-
-def gate_layout(log_g, key_shape) -> jax.Array:
-    """log_g as [B, T, H, Dg] with Dg = Dk (per dimension) or 1 (per head)."""
-    if log_g.ndim == 3:
-        log_g = log_g[..., None]
-    if log_g.shape[:3] != key_shape[:3] or log_g.shape[-1] not in (1, key_shape[-1]):
-        raise ValueError(f"log_g has shape {log_g.shape}; expected {key_shape[:3]} + ({key_shape[-1]},) or (1,) or ()")
-    return log_g
 
 
 def decayed_scores(q, k, log_g) -> jax.Array:

@@ -104,9 +104,10 @@ class Scoring:
             return self.pos.rotate(x, positions)
         return jnp.concatenate([x[..., :-r], self.pos.rotate(x[..., -r:], positions)], axis=-1)
 
-    def logits(self, q, k, q_pos, k_pos, *, free=None) -> jax.Array:
+    def logits(self, q, k, q_pos, k_pos, *, free=None, bias=None) -> jax.Array:
         """Scaled and biased logits [B,H,T,S] float32 of q [B,T,H,D], k [B,S,H,D] (one key head per
-        query head); ``free`` adds precomputed position-free dot products (MLA's absorbed latent part)."""
+        query head); ``free`` adds precomputed position-free dot products (MLA's absorbed latent part),
+        ``bias`` (broadcasting to [B,H,T,S]) a term after scaling, e.g. FoX's log forget gates."""
         r = self.rotary_dim
         if r is not None and r < q.shape[-1]:
             content = jnp.einsum("bthd,bshd->bhts", q[..., :-r], k[..., :-r], preferred_element_type=jnp.float32)
@@ -115,39 +116,40 @@ class Scoring:
         scores = self.pos.scores(q, k, q_pos, k_pos)
         if free is not None:
             scores = scores + free
-        bias = self.pos.bias(q_pos, k_pos, q.shape[2])
         scores = scores * self.scale
-        return scores if bias is None else scores + bias
+        return add_bias(scores, self.pos.bias(q_pos, k_pos, q.shape[2]), bias)
 
-    def weights(self, q, k, q_pos, k_pos, mask, *, free=None) -> jax.Array:
+    def weights(self, q, k, q_pos, k_pos, mask, *, free=None, bias=None) -> jax.Array:
         """Softmax probabilities [B,H,T,S] float32; k may have fewer heads than q (GQA)."""
         k = repeat_kv(k, q.shape[2] // k.shape[2])
-        logits = self.logits(q, k, q_pos, k_pos, free=free)
+        logits = self.logits(q, k, q_pos, k_pos, free=free, bias=bias)
         return jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1)
 
-    def matrix(self, q, k, positions) -> jax.Array:
+    def matrix(self, q, k, positions, *, bias=None) -> jax.Array:
         """Causal weights [B,H,T,T] of a whole sequence (the probes' view of ``parallel``)."""
         t = q.shape[1]
         q = self.scale_queries(q, self.keys_seen(jnp.arange(t)))
-        return self.weights(q, k, positions, positions, causal_mask(t, t, window=self.window))
+        return self.weights(q, k, positions, positions, causal_mask(t, t, window=self.window), bias=bias)
 
-    def parallel(self, q, k, v, positions) -> jax.Array:
-        """Causal attention: q [B,T,H,D], k [B,T,K,D], v [B,T,K,Dv] -> [B,T,H,Dv] in v's dtype."""
+    def parallel(self, q, k, v, positions, *, bias=None) -> jax.Array:
+        """Causal attention: q [B,T,H,D], k [B,T,K,D], v [B,T,K,Dv] -> [B,T,H,Dv] in v's dtype;
+        ``bias`` [B,H,T,T] (or broadcasting to it) is added to the scaled logits."""
         if self.pos.clips_distance:  # two score matrices per pair: no fused kernel computes this
-            weights = self.matrix(q, k, positions)
+            weights = self.matrix(q, k, positions, bias=bias)
             return jnp.einsum("bhts,bshd->bthd", weights.astype(v.dtype), repeat_kv(v, q.shape[2] // v.shape[2]))
         q = self.scale_queries(q, self.keys_seen(jnp.arange(q.shape[1])))
         q, k = self.rotate(q, positions), self.rotate(k, positions)
-        bias = self.pos.bias(positions, positions, q.shape[2])
+        bias = add_bias(None, self.pos.bias(positions, positions, q.shape[2]), bias)
         d_v = v.shape[-1]
         q, k, v = pad_to_one_head_dim(q, k, v)
         y = softmax_attention(q, k, v, scale=self.scale, window=self.window, bias=bias, method=self.method)
         return y[..., :d_v]
 
-    def cache_logits(self, q, keys, slot_pos, t, *, free=None):
+    def cache_logits(self, q, keys, slot_pos, t, *, free=None, bias=None):
         """Logits [B,H,1,S] of one query per sequence at position ``t`` against a cache of raw keys
         [B,S,H,D] whose slots hold positions ``slot_pos`` [S] (-1: empty), and the mask of visible slots.
-        ``free``: position-free dot products of the same (unscaled) query, added to the logits."""
+        ``free``: position-free dot products of the same (unscaled) query, added to the logits;
+        ``bias`` [B,H,1,S]: added after scaling."""
         b, size = q.shape[0], keys.shape[1]
         factor = self.logn_factor(self.keys_seen(t)[None])
         if factor is not None:
@@ -158,12 +160,20 @@ class Scoring:
         visible = slot_pos >= 0
         if self.window is not None:
             visible &= slot_pos > t - self.window
-        return self.logits(q, keys, q_pos, k_pos, free=free), visible[None, None, None, :]
+        return self.logits(q, keys, q_pos, k_pos, free=free, bias=bias), visible[None, None, None, :]
 
-    def cache_weights(self, q, keys, slot_pos, t, *, free=None) -> jax.Array:
+    def cache_weights(self, q, keys, slot_pos, t, *, free=None, bias=None) -> jax.Array:
         keys = repeat_kv(keys, q.shape[2] // keys.shape[2])
-        logits, visible = self.cache_logits(q, keys, slot_pos, t, free=free)
+        logits, visible = self.cache_logits(q, keys, slot_pos, t, free=free, bias=bias)
         return jax.nn.softmax(jnp.where(visible, logits, -jnp.inf), axis=-1)
+
+
+def add_bias(scores, *biases):
+    """``scores`` (None: nothing yet) plus every bias that is not None; None if nothing was added."""
+    for bias in biases:
+        if bias is not None:
+            scores = bias if scores is None else scores + bias
+    return scores
 
 
 def pad_to_one_head_dim(q, k, v):

@@ -1,0 +1,230 @@
+"""The delta rule (DeltaNet; Gated DeltaNet; per-channel gates as in Kimi Delta Attention).
+
+Per head and step, with a log-space decay ``log_g`` (none, one per head, or one per key channel):
+
+    S'_t = diag(exp(log_g_t)) S_{t-1}                  (S'_t = S_{t-1} without gates)
+    S_t  = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T       (write v_t where k_t points, by beta_t)
+    o_t  = scale * S_t^T q_t
+
+S is ``[Dk, Dv]`` per head (key dimension first). The op neither normalises q, k nor squashes
+beta: the mixer does (unit keys and beta in [0, 1] keep every step a contraction).
+
+Forms (``method``):
+
+- ``"scan"``:     the recurrence written out, one step at a time -- the reference;
+- ``"chunk"``:    the WY / UT representation inside chunks of ``chunk_size`` steps, a short
+  recurrence across them (derived below);
+- ``"parallel"``: the same representation over the whole sequence as one chunk: quadratic in T,
+  no recurrence at all; it is also how ``delta_rule_weights`` gets the effective attention matrix.
+
+Gradients of every form are JAX's own (autodiff through the scan, the matmuls and the inverse).
+
+The UT representation. Inside a chunk that starts from state S_0, let b_t = sum_{m<=t} log_g_m
+(per channel, from the chunk's start) and ``u_t = beta_t (v_t - S'_t^T k_t)`` the value actually
+written at step t, so that ``S_t = S'_t + k_t u_t^T``. Unrolled,
+
+    S_t = exp(b_t) * S_0 + sum_{j<=t} (exp(b_t - b_j) * k_j) u_j^T,
+
+and putting this into u_t's definition gives, with ``P(x, y)_tj = sum_d x_td y_jd exp(b_td - b_jd)``,
+
+    u_t + beta_t sum_{j<t} P(k, k)_tj u_j = beta_t (v_t - S_0^T (exp(b_t) * k_t)),
+
+a unit lower-triangular system ``(I + diag(beta) P_<(k, k)) U = diag(beta) (V - (K exp(b)) S_0)``.
+One triangular inverse turns the chunk's C sequential rank-one updates into matmuls:
+``U = W_v - W_k S_0`` with ``[W_v, W_k] = (I + diag(beta) P_<)^{-1} diag(beta) [V, K exp(b)]``, then
+
+    O   = scale * ((Q exp(b)) S_0 + P_<=(q, k) U)
+    S_C = exp(b_C) * S_0 + (K exp(b_C - b))^T U.
+
+Across chunks only ``U = W_v - W_k S`` and ``S_C`` are sequential (two matmuls per chunk).
+From a zero state the layer's effective weights on the values follow directly (``o = A v``):
+``A = scale * P_<=(q, k) (I + diag(beta) P_<(k, k))^{-1} diag(beta)`` (``delta_rule_weights``).
+
+Numerics. Every decay is an exponent <= 0 taken from sums over nearby steps only:
+``exp(b_t)`` and ``exp(b_C - b_t)`` from the chunk's edges, and the pair decays ``exp(b_i - b_j)``
+inside ``P`` by halving (``decayed_pairs``), never as ``exp(b_i) exp(-b_j)``, which overflows once a
+chunk decays by more than ~88 nats. So any chunk size is exact however strong the gates. Gates,
+decays, states and every product accumulate in float32 whatever the input dtype; o has v's dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from lmzoo.ops.common import check_form, decay_since, decay_until_end, from_chunks, gate_layout, to_chunks
+
+METHODS = ("scan", "parallel", "chunk")
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
+def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64):
+    """q, k [B,T,H,Dk], v [B,T,H,Dv], beta [B,T,H], log_g None, [B,T,H] (per head) or [B,T,H,Dk].
+
+    Returns (o [B, T, H, Dv] in v's dtype, S_T [B, H, Dk, Dv] float32).
+    """
+    check_form(method, METHODS, chunk_size)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    batch, _, heads, d_key = k.shape
+    if beta.shape != k.shape[:3]:
+        raise ValueError(f"beta has shape {beta.shape}; expected {k.shape[:3]}")
+    if initial_state is None:
+        initial_state = jnp.zeros((batch, heads, d_key, v.shape[-1]), jnp.float32)
+    s0 = initial_state.astype(jnp.float32)
+    g32 = None if log_g is None else gate_layout(log_g, k.shape).astype(jnp.float32)
+    q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
+    out, state = _FORMS[method](q32 * scale, k32, v32, beta.astype(jnp.float32), g32, s0, chunk_size)
+    return out.astype(v.dtype), state
+
+
+@functools.partial(jax.jit, static_argnames=("scale",))
+def delta_rule_weights(q, k, beta, log_g=None, *, scale=None) -> jax.Array:
+    """The effective causal weights [B, H, T, S] float32 that ``delta_rule`` applies to v (zero
+    initial state): ``scale * P_<=(q, k) (I + diag(beta) P_<(k, k))^{-1} diag(beta)``."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    log_g = None if log_g is None else heads_first(gate_layout(log_g, k.shape).astype(jnp.float32))
+    q, k = (heads_first(a.astype(jnp.float32)) for a in (q, k))  # (B, H, T, Dk)
+    beta = beta.astype(jnp.float32).swapaxes(1, 2)  # (B, H, T)
+    reads = decayed_pairs(q * scale, k, log_g, diagonal=True)
+    return reads @ (invert_unit_lower(unit_lower(k, beta, log_g)) * beta[..., None, :])
+
+
+def heads_first(x):
+    """[B, T, H, D] -> [B, H, T, D] (and [B, N, C, H, D] -> [B, N, H, C, D]): time next to features."""
+    return jnp.swapaxes(x, -3, -2)
+
+
+# ----------------------------------------------------------------------------- the UT representation
+
+
+def decayed_pairs(x, y, log_g, *, diagonal: bool) -> jax.Array:
+    """``P(x, y)_ij = sum_d x_id y_jd exp(sum_{j<m<=i} log_g_md)`` for j < i (and j = i when
+    ``diagonal``), 0 above: x, y [..., C, D], log_g [..., C, Dg] or None -> [..., C, C].
+
+    Built by halving, as GLA's chunks are: in a block of 2h steps, a late row i reaches an early
+    row j through the gates of the early half after j and of the late half up to i, so the block's
+    lower-left quarter is the matmul ``(x_i exp(since the middle)) . (y_j exp(until the middle))``,
+    both factors <= 1 and summed over at most h steps. Blocks of 1 (the diagonal) grow to the whole
+    chunk in log2(C) rounds, each placing that quarter beside the two halves' own blocks.
+    """
+    size = x.shape[-2]
+    if log_g is None:
+        tril = jnp.tril(jnp.ones((size, size), bool), 0 if diagonal else -1)
+        return jnp.where(tril, x @ jnp.swapaxes(y, -1, -2), 0.0)
+    width = 1 << (size - 1).bit_length()  # padded rows are zero: they add nothing
+    pad = [(0, 0)] * (x.ndim - 2) + [(0, width - size), (0, 0)]
+    x, y, log_g = (jnp.pad(a, pad) for a in (x, y, log_g))
+    same_step = jnp.sum(x * y, axis=-1) if diagonal else jnp.zeros(x.shape[:-1])
+    blocks = same_step[..., None, None]  # (..., W, 1, 1): W blocks of one step
+    half = 1
+    while half < width:
+        xb, yb, gb = (a.reshape(*a.shape[:-2], width // (2 * half), 2, half, a.shape[-1]) for a in (x, y, log_g))
+        steps = gb.ndim - 2  # the axis of the h steps in each half
+        late = xb[..., 1, :, :] * jnp.exp(decay_since(gb[..., 1, :, :], axis=steps - 1))
+        early = yb[..., 0, :, :] * jnp.exp(decay_until_end(gb[..., 0, :, :], axis=steps - 1))
+        across = late @ jnp.swapaxes(early, -1, -2)  # (..., L, h, h) late rows against early columns
+        halves = blocks.reshape(*blocks.shape[:-3], width // (2 * half), 2, half, half)
+        upper = jnp.concatenate([halves[..., 0, :, :], jnp.zeros_like(across)], axis=-1)
+        lower = jnp.concatenate([across, halves[..., 1, :, :]], axis=-1)
+        blocks = jnp.concatenate([upper, lower], axis=-2)  # (..., L / 2, 2h, 2h)
+        half *= 2
+    return blocks[..., 0, :size, :size]
+
+
+def unit_lower(k, beta, log_g) -> jax.Array:
+    """``I + diag(beta) P_<(k, k)`` [..., C, C]: k [..., C, Dk], beta [..., C]."""
+    eye = jnp.eye(k.shape[-2], dtype=k.dtype)
+    return eye + beta[..., :, None] * decayed_pairs(k, k, log_g, diagonal=False)
+
+
+def invert_unit_lower(lower) -> jax.Array:
+    """The inverse of a unit lower-triangular ``lower`` [..., C, C], by halving:
+    ``[[A, 0], [B, D]]^{-1} = [[A^{-1}, 0], [-D^{-1} B A^{-1}, D^{-1}]]`` from blocks of one step up,
+    log2(C) rounds of batched matmuls. (XLA's CPU triangular solve, a LAPACK call, stalled inside
+    the compiled training step; matmuls also suit accelerators better than forward substitution.)
+    """
+    size = lower.shape[-1]
+    width = 1 << (size - 1).bit_length()
+    padded = jnp.pad(lower, [(0, 0)] * (lower.ndim - 2) + [(0, width - size)] * 2)
+    padded = padded + jnp.diag(jnp.arange(width) >= size).astype(lower.dtype)  # padded steps: identity
+    inverse = jnp.ones(lower.shape[:-2] + (width, 1, 1), lower.dtype)  # the inverses of 1 x 1 unit blocks
+    half = 1
+    while half < width:
+        blocks = width // (2 * half)
+        grid = padded.reshape(*padded.shape[:-2], blocks, 2, half, blocks, 2, half)
+        across = jnp.moveaxis(jnp.diagonal(grid[..., :, 1, :, :, 0, :], axis1=-4, axis2=-2), -1, -3)  # (..., L, h, h)
+        halves = inverse.reshape(*inverse.shape[:-3], blocks, 2, half, half)
+        early, late = halves[..., 0, :, :], halves[..., 1, :, :]
+        upper = jnp.concatenate([early, jnp.zeros_like(early)], axis=-1)
+        lower_half = jnp.concatenate([-(late @ across @ early), late], axis=-1)
+        inverse = jnp.concatenate([upper, lower_half], axis=-2)  # (..., L / 2, 2h, 2h)
+        half *= 2
+    return inverse[..., 0, :size, :size]
+
+
+# ----------------------------------------------------------------------------- forms
+# Each takes float32 q (already scaled), k [B,T,H,Dk], v [B,T,H,Dv], beta [B,T,H], log_g [B,T,H,Dg] or None, S0.
+
+
+def _scan(q, k, v, beta, log_g, s0, chunk_size):
+    def step(s, inputs):
+        q_t, k_t, v_t, beta_t, *g_t = inputs  # (B, H, Dk), (B, H, Dk), (B, H, Dv), (B, H); g_t [(B, H, Dg)] or []
+        if g_t:
+            s = jnp.exp(g_t[0])[..., None] * s
+        error = v_t - jnp.einsum("bhd,bhde->bhe", k_t, s)  # v_t against what the state recalls for k_t
+        s = s + (beta_t[..., None] * k_t)[..., :, None] * error[..., None, :]
+        return s, jnp.einsum("bhd,bhde->bhe", q_t, s)
+
+    steps = (q, k, v, beta) if log_g is None else (q, k, v, beta, log_g)
+    final, out = lax.scan(step, s0, tuple(a.swapaxes(0, 1) for a in steps))
+    return out.swapaxes(0, 1), final
+
+
+def _chunk(q, k, v, beta, log_g, s0, chunk_size):
+    length, size = q.shape[1], min(chunk_size, q.shape[1])
+    # (B, N, H, C, *); padded steps have k = 0, beta = 0, log_g = 0: they neither write nor decay
+    qc, kc, vc = (heads_first(to_chunks(a, size)) for a in (q, k, v))
+    beta_c = to_chunks(beta, size).swapaxes(2, 3)  # (B, N, H, C)
+    g_c = None if log_g is None else heads_first(to_chunks(log_g, size))
+    out, final = ut_chunks(qc, kc, vc, beta_c, g_c, s0)
+    return from_chunks(heads_first(out), length), final
+
+
+def _parallel(q, k, v, beta, log_g, s0, chunk_size):
+    """The whole sequence as one chunk: the UT representation with no recurrence."""
+    return _chunk(q, k, v, beta, log_g, s0, q.shape[1])
+
+
+def ut_chunks(q, k, v, beta, log_g, s0):
+    """q, k [B,N,H,C,Dk], v [B,N,H,C,Dv], beta [B,N,H,C], log_g [B,N,H,C,Dg] or None, s0 [B,H,Dk,Dv].
+
+    Returns (o [B,N,H,C,Dv], S after the last chunk).
+    """
+    if log_g is None:
+        from_start = to_end = jnp.ones_like(k[..., :1])
+        across = jnp.ones(k.shape[:3] + (1,))
+    else:
+        from_start = jnp.exp(decay_since(log_g, axis=3))  # (B, N, H, C, Dg) decay since the chunk's start
+        to_end = jnp.exp(decay_until_end(log_g, axis=3))  # decay from each step to the chunk's end
+        across = jnp.exp(jnp.sum(log_g, axis=3))  # (B, N, H, Dg) decay across the chunk
+    d_value = v.shape[-1]
+    weighted = beta[..., None] * jnp.concatenate([v, k * from_start], axis=-1)  # (B, N, H, C, Dv + Dk)
+    solved = invert_unit_lower(unit_lower(k, beta, log_g)) @ weighted
+    w_v, w_k = solved[..., :d_value], solved[..., d_value:]
+
+    def carry(s, chunk):  # S before a chunk -> S after it, and the values the chunk writes
+        w_v, w_k, keys_to_end, decay = chunk  # (B, H, C, Dv), (B, H, C, Dk), (B, H, C, Dk), (B, H, Dg)
+        u = w_v - w_k @ s  # (B, H, C, Dv)
+        return decay[..., None] * s + jnp.swapaxes(keys_to_end, -1, -2) @ u, (s, u)
+
+    chunks = tuple(a.swapaxes(0, 1) for a in (w_v, w_k, k * to_end, across))  # chunk axis first
+    final, (starts, u) = lax.scan(carry, s0, chunks)
+    starts, u = starts.swapaxes(0, 1), u.swapaxes(0, 1)  # (B, N, H, Dk, Dv), (B, N, H, C, Dv)
+    out = (q * from_start) @ starts + decayed_pairs(q, k, log_g, diagonal=True) @ u
+    return out, final
+
+
+_FORMS = {"scan": _scan, "parallel": _parallel, "chunk": _chunk}

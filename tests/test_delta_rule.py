@@ -1,0 +1,205 @@
+"""The delta rule: every form against the "scan" reference, and that against a float64 loop.
+
+Outputs, final states and the gradients of every input (q, k, v, beta, log_g, initial state;
+``jax.vjp`` with random cotangents on both outputs) must agree to a norm-relative error of 1e-5 in
+float32, at lengths 1, 63 and 257 with a chunk size (16) that divides neither, with and without an
+initial state, without gates, with one gate per head and with one per key channel. Inputs are what
+the mixers feed the op: unit keys, beta in (0, 1), gates between ~0.5 and 1.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from op_checks import assert_trees_close, compiled, random_like, rel_err
+
+from lmzoo.ops import delta_rule, delta_rule_weights
+
+B, H, DK, DV = 2, 2, 8, 16
+CHUNK = 16
+TOLERANCE = 1e-5
+BF16_TOLERANCE = 2e-2  # bf16 inputs (8-bit mantissa) against the float32 reference, norm-relative
+GATES = ("none", "head", "channel")
+FORMS = ("chunk", "parallel")
+
+
+def make_args(gate: str, length: int, *, with_state: bool, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    k = normal(B, length, H, DK)
+    args = {
+        "q": normal(B, length, H, DK),
+        "k": k / np.linalg.norm(k, axis=-1, keepdims=True),
+        "v": normal(B, length, H, DV),
+        "beta": 1 / (1 + np.exp(-normal(B, length, H))),
+    }
+    if gate != "none":
+        logits = normal(B, length, H, *((DK,) if gate == "channel" else ()))
+        args["log_g"] = -np.log1p(np.exp(-(logits + 2.0)))  # log sigmoid: gates ~0.5 .. 1
+    if with_state:
+        args["state"] = normal(B, H, DK, DV)
+    return jax.tree.map(jnp.asarray, args)
+
+
+def run(method: str, args: dict, chunk_size: int = CHUNK):
+    return delta_rule(args["q"], args["k"], args["v"], args["beta"], args.get("log_g"),
+                      initial_state=args.get("state"), method=method, chunk_size=chunk_size)
+
+
+run_fast = compiled(run, static_argnums=(0, 2))
+
+
+@functools.partial(compiled, static_argnums=(0,), static_argnames=("chunk_size",))
+def outputs_and_grads(method, args, cotangent, chunk_size=CHUNK):
+    """(o, final state) and the gradients of <(o, S), cotangent> w.r.t. every input."""
+    out, vjp = jax.vjp(lambda a: run(method, a, chunk_size), args)
+    return out, vjp(cotangent)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def reference(gate, length, with_state):
+    """Inputs, a random cotangent, and the "scan" form's outputs and gradients, shared by the forms."""
+    args = make_args(gate, length, with_state=with_state)
+    full = args if with_state else {**args, "state": jnp.zeros((B, H, DK, DV))}  # one compiled reference
+    cotangent = random_like(jax.eval_shape(lambda a: run("scan", a), full), seed=7)
+    out, grads = outputs_and_grads("scan", full, cotangent)
+    return args, cotangent, (out, {name: grads[name] for name in args})
+
+
+SETTINGS = [(gate, length, with_state) for gate in GATES for length in (1, 63, 257) for with_state in (False, True)]
+IDS = [f"{gate}-{length}-{'state' if with_state else 'no_state'}" for gate, length, with_state in SETTINGS]
+
+
+@pytest.mark.parametrize("gate, length, with_state", SETTINGS, ids=IDS)
+@pytest.mark.parametrize("method", FORMS)
+def test_form_matches_scan(method, gate, length, with_state):
+    args, cotangent, expected = reference(gate, length, with_state)
+    assert_trees_close(outputs_and_grads(method, args, cotangent), expected)
+
+
+@functools.partial(compiled, static_argnums=(0,))
+def in_two_halves(method, args):
+    """The first 29 steps, then the rest from the state they leave: (o, final state)."""
+    first = {name: (x if name == "state" else x[:, :29]) for name, x in args.items()}
+    out_a, state_a = run(method, first)
+    second = {name: x[:, 29:] for name, x in args.items() if name != "state"}
+    out_b, state_b = run(method, {**second, "state": state_a})
+    return jnp.concatenate([out_a, out_b], axis=1), state_b
+
+
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("method", ("scan",) + FORMS)
+def test_two_halves_passing_the_state_equal_one_pass(method, gate):
+    args, _, (one_pass, _) = reference(gate, 63, True)
+    assert_trees_close(in_two_halves(method, args), one_pass)
+
+
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("method", ("scan", "chunk"))
+def test_bfloat16_inputs_close_to_float32_reference(method, gate):
+    args, _, (expected, _) = reference(gate, 63, True)
+    low = jax.tree.map(lambda x: x.astype(jnp.bfloat16), args)
+    out, state = run_fast(method, low)
+    assert out.dtype == jnp.bfloat16 and state.dtype == jnp.float32  # the state accumulates in float32
+    assert_trees_close((out.astype(jnp.float32), state), expected, tol=BF16_TOLERANCE)
+
+
+# ----------------------------------------------------------------------------- the reference itself
+
+
+def loop_delta_rule(args, scale):
+    """The recurrence in float64, one head and step at a time."""
+    q, k, v, beta, s = (np.asarray(args[n], np.float64) for n in ("q", "k", "v", "beta", "state"))
+    gates = np.exp(np.asarray(args["log_g"], np.float64)) if "log_g" in args else np.ones(q.shape[:3])
+    gates = np.broadcast_to(gates if gates.ndim == 4 else gates[..., None], q.shape)
+    out = np.zeros(v.shape)
+    for b in range(q.shape[0]):
+        for h in range(q.shape[2]):
+            state = s[b, h].copy()
+            for t in range(q.shape[1]):
+                state = gates[b, t, h][:, None] * state
+                kt = k[b, t, h]
+                state = state + beta[b, t, h] * np.outer(kt, v[b, t, h] - state.T @ kt)
+                out[b, t, h] = scale * state.T @ q[b, t, h]
+            s[b, h] = state
+    return out, s
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_scan_matches_the_recurrence_in_float64(gate):
+    args = make_args(gate, 20, with_state=True, seed=11)
+    out, state = compiled(lambda a: delta_rule(a["q"], a["k"], a["v"], a["beta"], a.get("log_g"), scale=0.3,
+                                               initial_state=a["state"], method="scan"))(args)
+    expected_out, expected_state = loop_delta_rule(args, 0.3)
+    assert rel_err(out, expected_out) < TOLERANCE and rel_err(state, expected_state) < TOLERANCE
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_weights_reproduce_the_outputs(gate):
+    args = make_args(gate, 30, with_state=False, seed=13)
+
+    @compiled
+    def mixed_and_out(a):
+        w = delta_rule_weights(a["q"], a["k"], a["beta"], a.get("log_g"))
+        return w, jnp.einsum("bhts,bshd->bthd", w, a["v"]), run("scan", a)[0]
+
+    w, mixed, out = mixed_and_out(args)
+    assert rel_err(mixed, out) < TOLERANCE
+    assert float(jnp.abs(jnp.triu(w, 1)).max()) == 0.0
+
+
+# ----------------------------------------------------------------------------- numerics and semantics
+
+
+@pytest.mark.parametrize("gate", ("head", "channel"))
+def test_strong_decay_in_one_long_chunk_stays_exact(gate):
+    """Hundreds of nats of decay inside one chunk: exp(b_i) exp(-b_j) would overflow."""
+    args = make_args(gate, 100, with_state=True, seed=21)
+    args["log_g"] = -jnp.exp(random_like(args["log_g"], seed=22) + 1.5)  # ~7 nats a step
+    assert float(jnp.sum(args["log_g"], axis=1).max()) < -300
+    cotangent = random_like(jax.eval_shape(lambda a: run("scan", a), args), seed=8)
+    expected = outputs_and_grads("scan", args, cotangent)
+    assert_trees_close(outputs_and_grads("chunk", args, cotangent, chunk_size=100), expected)
+    assert_trees_close(outputs_and_grads("parallel", args, cotangent), expected)
+
+
+@pytest.mark.parametrize("method", ("scan",) + FORMS)
+def test_zero_beta_leaves_the_state_unchanged(method):
+    args = make_args("none", 21, with_state=True, seed=31)
+    args["beta"] = jnp.zeros_like(args["beta"])
+    out, state = run_fast(method, args)
+    np.testing.assert_allclose(state, args["state"], rtol=1e-6, atol=1e-6)
+    read_out = jnp.einsum("bthd,bhde->bthe", args["q"], args["state"]) * DK**-0.5
+    np.testing.assert_allclose(out, read_out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ("scan",) + FORMS)
+def test_full_beta_overwrites_the_stored_association(method):
+    """beta = 1, unit key: afterwards the state recalls exactly v for that key, and nothing changes
+    for directions orthogonal to it."""
+    args = make_args("none", 1, with_state=True, seed=32)
+    args["beta"] = jnp.ones_like(args["beta"])
+    _, state = run_fast(method, args)
+    key = args["k"][:, 0]  # (B, H, Dk), unit
+    np.testing.assert_allclose(jnp.einsum("bhd,bhde->bhe", key, state), args["v"][:, 0], rtol=1e-5, atol=1e-5)
+    other = random_like(key, seed=33)
+    other = other - jnp.sum(other * key, -1, keepdims=True) * key  # orthogonal to the key
+    recall = lambda s: jnp.einsum("bhd,bhde->bhe", other, s)  # noqa: E731
+    np.testing.assert_allclose(recall(state), recall(args["state"]), rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_method_and_bad_shapes_fail_clearly():
+    args = make_args("channel", 5, with_state=False)
+    with pytest.raises(ValueError, match="scan, parallel, chunk"):
+        run("fused", args)
+    with pytest.raises(ValueError, match="beta"):
+        delta_rule(args["q"], args["k"], args["v"], args["beta"][..., None])
+    with pytest.raises(ValueError, match="log_g"):
+        delta_rule(args["q"], args["k"], args["v"], args["beta"], args["log_g"][..., :3])
