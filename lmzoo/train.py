@@ -94,9 +94,10 @@ def loss_and_extra(params, extra, graphdef, batch):
 def train_step(graphdef, tx, state, batch):
     """One optimizer step; a step whose loss, gradient norm or new state is not finite keeps the old state.
 
-    The finite case selects the updated state unchanged (``jnp.where``), so guarded and unguarded
-    training give bit-identical numbers. (``optax.apply_if_finite`` would guard the parameters only,
-    not the non-parameter state the forward updates, and would change the checkpoint layout.)
+    The guard only selects between the updated and the old state (``jnp.where``): it adds no arithmetic
+    to a finite step, whose numbers stay those of the unguarded step. (``optax.apply_if_finite`` would
+    guard the parameters only, not the non-parameter state the forward updates, and would change the
+    checkpoint layout.)
     """
     grad_fn = jax.value_and_grad(loss_and_extra, has_aux=True)
     (_, (metrics, extra)), grads = grad_fn(state["params"], state["extra"], graphdef, batch)
