@@ -130,6 +130,7 @@ class Checkpointer:
 
         Checkpoints written before digests existed are trusted as they restore.
         """
+        silence_closed_loop_callbacks()  # before: a failing restore reports them while it raises
         has_digest = (self.directory / str(step) / "digest").is_dir()
         if has_digest:
             items = {**items, "digest": ocp.args.JsonRestore()}
@@ -138,7 +139,6 @@ class Checkpointer:
         except Exception as e:  # Orbax and TensorStore raise many types for damaged files; LMZOO_DEBUG=1 shows them
             if debugging():
                 raise
-            silence_closed_loop_callbacks()
             raise CorruptCheckpoint(f"checkpoint {step} cannot be restored ({first_line(e)})") from e
         if has_digest:
             for part in parts:

@@ -131,9 +131,10 @@ def gradients(params, extra, graphdef, batch, micro_batches: int = 1):
 def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1):
     """One optimizer step; a step whose loss, gradient norm or new state is not finite keeps the old state.
 
-    The finite case selects the updated state unchanged (``jnp.where``), so guarded and unguarded
-    training give bit-identical numbers. (``optax.apply_if_finite`` would guard the parameters only,
-    not the non-parameter state the forward updates, and would change the checkpoint layout.)
+    The guard only selects between the updated and the old state (``jnp.where``): it adds no arithmetic
+    to a finite step, whose numbers stay those of the unguarded step. (``optax.apply_if_finite`` would
+    guard the parameters only, not the non-parameter state the forward updates, and would change the
+    checkpoint layout.)
     """
     grads, metrics, extra = gradients(state["params"], state["extra"], graphdef, batch, micro_batches)
     updates, opt = tx.update(grads, state["opt"], state["params"])
