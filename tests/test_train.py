@@ -222,7 +222,7 @@ def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
     assert float(objective) == pytest.approx(float(metrics["loss"]) + 0.5)
 
 
-@pytest.mark.parametrize("variant, weighted", [("softmax", False), ("gla", True)])
+@pytest.mark.parametrize("variant, weighted", [("gla", True)])
 def test_gradient_accumulation_makes_the_large_batch_update(variant, weighted):
     """``train.grad_accum=4``: one step over four micro-batches gives the whole batch's update and
     metrics, also when a synthetic task weights the scored positions unevenly across the slices."""
