@@ -18,23 +18,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 
+from benchmark import milliseconds  # scripts/benchmark.py: the same timing as the benchmark rows
 from lmzoo.ops.pallas import common, gla, selective_scan as scan
-
-
-def milliseconds(fn, args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))  # compile and warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
 
 
 def gla_inputs(b, t, h, d, chunk, per_dimension, dtype, key):

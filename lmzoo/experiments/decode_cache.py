@@ -65,11 +65,6 @@ def train_variant(variant: str, settings: Settings, runs: Path):
     return run_dir, cfg, results
 
 
-def _at_length(by_length: dict, length: int):
-    """An entry of results.json's per-length tables (keys are strings once written as JSON)."""
-    return by_length[length] if length in by_length else by_length[str(length)]
-
-
 def cache_per_token(cfg) -> float:
     model = nnx.eval_shape(lambda: LM(cfg, BYTE_VOCAB, rngs=nnx.Rngs(0)))
     return model.state_size(cfg.data.seq_len) / cfg.data.seq_len
@@ -79,7 +74,7 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
     measured, runs = {}, []
     for variant in settings.variants:
         run_dir, cfg, results = train_variant(variant, settings, out_dir / "runs")
-        at_train, sums = (_at_length(results[key], cfg.data.seq_len) for key in ("lengths", "block_sums"))
+        at_train, sums = (results[key][str(cfg.data.seq_len)] for key in ("lengths", "block_sums"))
         measured[variant] = {"cache_floats_per_token": cache_per_token(cfg), "bpb": at_train["bpb"], "bpb_ci": at_train["bpb_ci"],
                              "sums": sums, "bits_per_nat": at_train["bpb"] / at_train["loss"]}
         runs.append(run_dir)
