@@ -95,3 +95,34 @@ def test_decode_cache_quick_run_trains_evaluates_and_reuses_its_runs(tmp_path):
     assert record["runs"] == ["runs/gqa", "runs/mla"]
     again = run_experiment("decode_cache", tmp_path, quick=True, overrides=overrides)  # reuses the finished runs
     assert again["evidence"]["variants"] == variants
+
+
+def test_entropy_growth_difference_pairs_windows():
+    from lmzoo.experiments import logn_entropy
+
+    keys_seen = np.arange(1, 65)
+    noise = np.random.default_rng(0).normal(0, 0.01, (6, 64))  # the same windows' text in both conditions
+    uniform = np.log(keys_seen) + noise  # entropy of uniform attention: grows with log n
+    invariant = np.full(64, 2.0) + noise
+    edges = [4, 8, 16, 32, 64]
+    assert logn_entropy.bucket_means(uniform[:1] * 0 + keys_seen, edges)[0].tolist() == [6.5, 12.5, 24.5, 48.5]
+    flat_minus_growing = logn_entropy.growth_difference(invariant, uniform, edges)
+    rise = np.log(np.arange(33, 65)).mean() - np.log(np.arange(5, 9)).mean()
+    assert flat_minus_growing["ci"][1] < 0 and flat_minus_growing["value"] == pytest.approx(-rise, abs=0.01)
+    same = logn_entropy.growth_difference(uniform, uniform, edges)
+    assert same == {"value": 0.0, "ci": [0.0, 0.0]}
+
+
+def test_logn_entropy_quick_run_compares_three_conditions_on_the_same_tokens(tmp_path):
+    record = run_experiment("logn_entropy", tmp_path, quick=True)
+    assert record["verdict"] in VERDICTS and record["seed_article"] == "003"
+    assert record["runs"] == ["runs/softmax", "runs/logn"]
+    assert all((tmp_path / "logn_entropy" / figure).stat().st_size > 0 for figure in record["figures"])
+    conditions = record["evidence"]["conditions"]
+    assert list(conditions) == ["softmax", "log-n trained", "log-n at evaluation"]
+    for c in conditions.values():
+        assert c["bpb_ratio"]["32"] == {"value": 1.0, "ci": [1.0, 1.0]}  # the training length: its own reference
+    plain, switched = conditions["softmax"]["entropy_by_keys_seen"], conditions["log-n at evaluation"]["entropy_by_keys_seen"]
+    assert switched["mean"][0] == pytest.approx(plain["mean"][0], abs=1e-6)  # clamped: unchanged inside the training length
+    assert switched["mean"][-1] != pytest.approx(plain["mean"][-1], abs=1e-6)  # and sharper beyond it
+    assert len(record["evidence"]["paired_differences"]) == 4

@@ -16,22 +16,16 @@ difference below zero (reproduced); when only the cache part holds, or only the 
 
 from __future__ import annotations
 
-import contextlib
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List
 
-import numpy as np
 from flax import nnx
 
-from lmzoo import eval as evaluation
-from lmzoo.cli import compose_and_validate
 from lmzoo.experiments import Outcome
-from lmzoo.metrics.intervals import paired_difference_interval
+from lmzoo.experiments.runs import bpb_difference, evaluate_run, train_run
 from lmzoo.model import LM
 from lmzoo.plots import error_bars, new_axes, save_axes
-from lmzoo.train import train
 
 CLAIM = ("Going from MHA to GQA and MQA shrinks the decoding cache per token at some cost in quality, "
          "and MLA caches less than GQA while scoring better.")
@@ -52,19 +46,6 @@ QUICK = {"steps": 8, "eval_tokens": 2048, "overrides": ["data.seq_len=64", "trai
                                                          "train.eval_every=8", "train.eval_tokens=512"]}
 
 
-def train_variant(variant: str, settings: Settings, runs: Path):
-    """Train (or resume, or reuse) one variant's run; returns (its run dir, its config)."""
-    run_dir = runs / variant
-    cfg = compose_and_validate([f"+attn={variant}", f"run_dir={run_dir}", f"seed={settings.seed}",
-                                f"train.steps={settings.steps}", "train.progress=false", *settings.overrides])
-    with contextlib.redirect_stdout(io.StringIO()):  # the experiment prints its own summary
-        train(cfg)
-        results = evaluation.main([f"run_dir={run_dir}", f"eval.tokens={settings.eval_tokens}",
-                                   f"eval.lengths=[{cfg.data.seq_len}]", "eval.probe_batch=0", "eval.progress=false",
-                                   "eval.tag=decode_cache"])
-    return run_dir, cfg, results
-
-
 def cache_per_token(cfg) -> float:
     model = nnx.eval_shape(lambda: LM(cfg, BYTE_VOCAB, rngs=nnx.Rngs(0)))
     return model.state_size(cfg.data.seq_len) / cfg.data.seq_len
@@ -73,29 +54,23 @@ def cache_per_token(cfg) -> float:
 def run(settings: Settings, out_dir: Path) -> Outcome:
     measured, runs = {}, []
     for variant in settings.variants:
-        run_dir, cfg, results = train_variant(variant, settings, out_dir / "runs")
-        at_train, sums = (results[key][str(cfg.data.seq_len)] for key in ("lengths", "block_sums"))
-        measured[variant] = {"cache_floats_per_token": cache_per_token(cfg), "bpb": at_train["bpb"], "bpb_ci": at_train["bpb_ci"],
-                             "sums": sums, "bits_per_nat": at_train["bpb"] / at_train["loss"]}
+        run_dir = out_dir / "runs" / variant
+        cfg = train_run(variant, run_dir, seed=settings.seed, steps=settings.steps, overrides=settings.overrides)
+        results = evaluate_run(run_dir, tag="decode_cache", lengths=[cfg.data.seq_len], tokens=settings.eval_tokens)
+        at_train = results["lengths"][str(cfg.data.seq_len)]
+        measured[variant] = {"cache_floats_per_token": cache_per_token(cfg), "bpb": at_train["bpb"],
+                             "bpb_ci": at_train["bpb_ci"], "results": results}
         runs.append(run_dir)
     differences = {}
     for a in settings.variants:
         for b in settings.variants:
             if a < b:
-                differences[f"{a} - {b}"] = bpb_difference(measured[a], measured[b])
+                train_len = measured[a]["results"]["train_seq_len"]
+                differences[f"{a} - {b}"] = bpb_difference(measured[a]["results"], measured[b]["results"], train_len)
     evidence = {"variants": {v: {k: m[k] for k in ("cache_floats_per_token", "bpb", "bpb_ci")} for v, m in measured.items()},
                 "bpb_differences": differences}
     figure = plot(measured, out_dir / "cache_vs_bpb.png")
     return Outcome(judge(measured, differences), evidence, [figure], runs)
-
-
-def bpb_difference(first: dict, second: dict) -> dict:
-    """bpb(first) - bpb(second) with its paired 95% interval over the same token blocks."""
-    scale = first["bits_per_nat"]
-    loss, count = (np.asarray(first["sums"][k], float) for k in ("loss", "count"))
-    loss_ref, count_ref = (np.asarray(second["sums"][k], float) for k in ("loss", "count"))
-    interval = paired_difference_interval([(loss, count)], [(loss_ref, count_ref)]).scaled(scale)
-    return {"value": float(interval.estimate), "ci": interval.bounds()}
 
 
 def judge(measured: dict, differences: dict) -> str:

@@ -1,0 +1,69 @@
+"""What experiments share: training and evaluating runs through the normal entry points, and paired
+differences between two evaluations of the same validation tokens.
+
+Runs live in ordinary run directories, so a rerun with the same ``out_dir`` resumes (or reuses) them
+and each one can be opened in TensorBoard or compared with ``lmzoo.compare`` like any other run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import numpy as np
+
+from lmzoo import eval as evaluation
+from lmzoo.cli import compose_and_validate
+from lmzoo.config import Config
+from lmzoo.metrics.intervals import paired_difference_interval, ratio_of_sums, ratio_to_reference
+from lmzoo.train import train
+
+
+def train_run(variant: str, run_dir: Path, *, seed: int, steps: int, overrides: list[str] = ()) -> Config:
+    """Train ``+attn=variant`` into ``run_dir`` (resuming, or reusing a finished run); its config."""
+    cfg = compose_and_validate([f"+attn={variant}", f"run_dir={run_dir}", f"seed={seed}", f"train.steps={steps}",
+                                "train.progress=false", *overrides])
+    with contextlib.redirect_stdout(io.StringIO()):  # the experiment prints its own summary
+        train(cfg)
+    return cfg
+
+
+def evaluate_run(run_dir: Path, *, tag: str, lengths: list[int], tokens: int, overrides: list[str] = ()) -> dict:
+    """``lmzoo.eval`` of ``run_dir`` at ``lengths`` on the first ``tokens`` validation targets; its results."""
+    args = [f"run_dir={run_dir}", f"eval.tokens={tokens}", f"eval.lengths=[{','.join(map(str, lengths))}]",
+            "eval.probe_batch=0", "eval.progress=false", f"eval.tag={tag}", *overrides]
+    with contextlib.redirect_stdout(io.StringIO()):
+        return evaluation.main(args)
+
+
+def blocks(results: dict, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(loss, count) block sums of an evaluation at ``length``."""
+    sums = results["block_sums"][str(length)]
+    return np.asarray(sums["loss"], float), np.asarray(sums["count"], float)
+
+
+def bits_per_nat(results: dict) -> float:
+    at_train = results["lengths"][str(results["train_seq_len"])]
+    return at_train["bpb"] / at_train["loss"]
+
+
+def as_record(interval, scale: float = 1.0) -> dict:
+    interval = interval.scaled(scale) if scale != 1.0 else interval
+    return {"value": float(interval.estimate), "ci": interval.bounds()}
+
+
+def bpb_difference(first: dict, second: dict, length: int) -> dict:
+    """bpb(first) - bpb(second) at ``length``, with its paired 95% interval over the same token blocks."""
+    interval = paired_difference_interval([blocks(first, length)], [blocks(second, length)], ratio_of_sums)
+    return as_record(interval, bits_per_nat(first))
+
+
+def ratio_difference(first: dict, second: dict, length: int) -> dict:
+    """(bpb@length / bpb@train) of first minus that of second, paired over the same token blocks."""
+    train_len = first["train_seq_len"]
+    if second["train_seq_len"] != train_len:
+        raise ValueError(f"ratios to different training lengths ({train_len}, {second['train_seq_len']}) do not pair")
+    mine = [*blocks(first, length), *blocks(first, train_len)]
+    theirs = [*blocks(second, length), *blocks(second, train_len)]
+    return as_record(paired_difference_interval([mine], [theirs], ratio_to_reference))
