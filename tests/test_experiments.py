@@ -126,3 +126,26 @@ def test_logn_entropy_quick_run_compares_three_conditions_on_the_same_tokens(tmp
     assert switched["mean"][0] == pytest.approx(plain["mean"][0], abs=1e-6)  # clamped: unchanged inside the training length
     assert switched["mean"][-1] != pytest.approx(plain["mean"][-1], abs=1e-6)  # and sharper beyond it
     assert len(record["evidence"]["paired_differences"]) == 4
+
+
+def test_position_extrapolation_quick_run_pairs_every_condition_with_rope(tmp_path):
+    record = run_experiment("position_extrapolation", tmp_path, quick=True)
+    assert record["verdict"] in VERDICTS and record["runs"] == ["runs/rope", "runs/alibi"]
+    conditions = record["evidence"]["conditions"]
+    assert list(conditions) == ["rope", "ntk", "rerope", "alibi"]
+    assert all(c["ratio"]["32"] == {"value": 1.0, "ci": [1.0, 1.0]} for c in conditions.values())
+    assert conditions["rerope"]["bpb"]["32"] != conditions["rope"]["bpb"]["32"]  # a window of 16 < 32: not exact inside T
+    differences = record["evidence"]["paired_differences"]
+    assert set(differences) == {"ntk: bpb at 256 - rope's", "ntk: bpb at 32 - rope's", "rerope: bpb at 256 - rope's",
+                                "rerope: bpb at 32 - rope's", "alibi: bpb ratio at 256 - rope's"}
+    for d in differences.values():
+        assert d["ci"][0] <= d["value"] <= d["ci"][1]
+    assert all((tmp_path / "position_extrapolation" / f).stat().st_size > 0 for f in record["figures"])
+
+
+def test_position_extrapolation_refuses_an_unknown_extension_before_training(tmp_path):
+    from lmzoo.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="extensions='alibi' is not valid"):
+        run_experiment("position_extrapolation", tmp_path, quick=True, overrides=["extensions=[alibi]"])
+    assert not (tmp_path / "position_extrapolation" / "runs").exists()
