@@ -62,18 +62,29 @@ def parse_args(argv: list[str]) -> tuple[Path, EvalConfig, list[str]]:
         raise ConfigError(f"could not parse the arguments: {str(e).splitlines()[0]}") from None
     if "run_dir" not in args:
         raise ConfigError("run_dir=<dir> is required: the run to evaluate")
-    run_dir = Path(str(args.pop("run_dir")))
-    if not (run_dir / "config.yaml").exists() or not (run_dir / "checkpoints").exists():
-        raise ConfigError(f"run_dir={str(run_dir)!r} holds no trained run (no config.yaml and checkpoints)")
+    run_dir = trained_run_dir(str(args.pop("run_dir")))
     defaults = OmegaConf.load(Path(CONFIG_DIR) / "eval" / "default.yaml")
     eval_cfg = to_dataclass(EvalConfig, OmegaConf.merge(defaults, args.pop("eval", {})), prefix="eval.")
     eval_cfg.check()
     overrides = [a for a in argv if not a.startswith(("run_dir=", "eval."))]
+    check_overrides(overrides)
+    return run_dir, eval_cfg, overrides
+
+
+def trained_run_dir(path: str) -> Path:
+    """``path`` as a run directory, ConfigError unless it holds a trained run."""
+    run_dir = Path(path)
+    if not (run_dir / "config.yaml").exists() or not (run_dir / "checkpoints").exists():
+        raise ConfigError(f"run_dir={path!r} holds no trained run (no config.yaml and checkpoints)")
+    return run_dir
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """ConfigError for an override of the run's config that a trained checkpoint cannot take."""
     for override in overrides:
         if override.split(".")[0] in FROZEN_SECTIONS:
             key = override.split("=")[0]
             raise ConfigError(f"{key} cannot change at evaluation: it changes the trained parameters")
-    return run_dir, eval_cfg, overrides
 
 
 def run_config(run_dir: Path, overrides: list[str]) -> Config:
@@ -139,6 +150,11 @@ def memory_budget(eval_cfg: EvalConfig) -> int:
     memory on a CPU)."""
     if eval_cfg.memory_budget_gb is not None:
         return int(eval_cfg.memory_budget_gb * 2**30)
+    return device_memory()
+
+
+def device_memory() -> int:
+    """Bytes of the device's memory (the host's available memory on a CPU)."""
     stats = jax.devices()[0].memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"])

@@ -68,6 +68,10 @@ class Block(nnx.Module):
         y_t, state = self.mixer.step(self.mixer_norm(x_t), state)
         return self.feed_forward(x_t + y_t), state
 
+    def prefill(self, x, max_len, positions=None):
+        y, state = self.mixer.prefill(self.mixer_norm(x), max_len, positions=positions)
+        return self.feed_forward(x + y), state
+
 
 class LM(nnx.Module):
     """Decoder-only language model over token ids [B, T] -> float32 logits [B, T, vocab]."""
@@ -111,6 +115,15 @@ class LM(nnx.Module):
 
     def init_state(self, batch_size: int, max_len: int) -> list:
         return [block.mixer.init_state(batch_size, max_len) for block in self.blocks]
+
+    def prefill(self, tokens, max_len: int, positions=None):
+        """The forward on tokens [B, T] that also returns the decoding state after them, sized for
+        ``max_len`` tokens in all: (logits [B, T, vocab], state), ready for ``step`` at position T."""
+        h, state = self.embed(tokens), []
+        for block in self.blocks:
+            h, s = block.prefill(h, max_len, positions)
+            state.append(s)
+        return self.logits(h), state
 
     def step(self, token, state):
         """One decoding step: token [B] -> logits [B, vocab] and the next state."""

@@ -3,6 +3,8 @@ layer of its model: a hybrid's model has enough layers to build each of its sub-
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,6 +63,57 @@ def test_model_decoding_equals_forward(variant):
         step_logits, state = model.step(tokens[:, t], state)
         stepped.append(step_logits)
     np.testing.assert_allclose(jnp.stack(stepped, axis=1), logits, rtol=1e-4, atol=1e-4)
+
+
+@functools.partial(nnx.jit, static_argnames="max_len")
+def mixer_prefill(mixer, x, max_len):
+    return mixer.prefill(x, max_len)
+
+
+def assert_same_state(state, expected, message):
+    """Same structure, shapes and dtypes, and the same values up to float rounding."""
+    assert jax.tree.structure(state) == jax.tree.structure(expected), message
+    for leaf, want in zip(jax.tree.leaves(state), jax.tree.leaves(expected)):
+        assert (leaf.shape, leaf.dtype) == (want.shape, want.dtype), message
+        np.testing.assert_allclose(leaf, want, rtol=1e-5, atol=1e-5, err_msg=message)
+
+
+def step_through(mixer, x, state):
+    outputs = []
+    for t in range(x.shape[1]):
+        y_t, state = mixer_step(mixer, x[:, t], state)
+        outputs.append(y_t)
+    return jnp.stack(outputs, axis=1), state
+
+
+@pytest.mark.parametrize("variant", [*VARIANTS, "softmax attn.window=4"])
+def test_prefill_equals_forward_and_stepping_then_decodes_on(variant):
+    """prefill's output is the forward's and its state the one stepping leaves (at an odd length, past
+    a window's ring buffer); stepping on from it gives the forward's outputs on the longer sequence."""
+    _, model = build(*variant.split())
+    x = jax.random.normal(jax.random.key(0), (2, 17, 32))
+    prompt, max_len = 13, 20
+    for layer, block in enumerate(model.blocks):
+        mixer, message = block.mixer, f"layer {layer}"
+        y, state = mixer_prefill(mixer, x[:, :prompt], max_len)
+        np.testing.assert_allclose(y, mixer_forward(mixer, x[:, :prompt]), rtol=1e-5, atol=1e-5, err_msg=message)
+        _, stepped = step_through(mixer, x[:, :prompt], mixer.init_state(2, max_len))
+        assert_same_state(state, stepped, message)
+        continued, _ = step_through(mixer, x[:, prompt:], state)
+        full = mixer_forward(mixer, x)
+        np.testing.assert_allclose(continued, full[:, prompt:], rtol=1e-5, atol=1e-5, err_msg=message)
+
+
+def test_model_prefill_then_steps_equal_the_forward():
+    _, model = build("gla_softmax")
+    tokens = random_tokens(2, 12)
+    logits, state = model.prefill(tokens[:, :7], 12)
+    np.testing.assert_allclose(logits, model(tokens[:, :7]), rtol=1e-5, atol=1e-5)
+    stepped = []
+    for t in range(7, 12):
+        step_logits, state = model.step(tokens[:, t], state)
+        stepped.append(step_logits)
+    np.testing.assert_allclose(jnp.stack(stepped, axis=1), model(tokens)[:, 7:], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -63,3 +63,19 @@ def test_plot_metrics_writes_next_to_the_runs(tmp_path):
     assert (sweep / "softmax" / "curves.png").stat().st_size > 0 and str(sweep / "softmax" / "curves.png") in out
     run_script("plot_metrics.py", str(sweep / "softmax"), str(sweep / "gla"))
     assert (sweep / "curves.png").stat().st_size > 0  # several runs: the directory they share
+
+
+def test_benchmark_decode_times_prefill_and_steps_and_sizes_the_state(tmp_path):
+    out = run_script("benchmark_decode.py", "--models", "tiny", "--lengths", "8,24,64", "--max-length", "24",
+                     "--new-tokens", "2", "--variants", "softmax", "gla", "softmax attn.method=cudnn",
+                     "--out", str(tmp_path / "decode.png"), "--json", str(tmp_path / "rows.json"))
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert [(row["variant"], row["T"]) for row in rows] == [("softmax", 8), ("softmax", 24), ("gla", 8), ("gla", 24)]
+    assert all(row["prefill_ms"] > 0 and row["ms_per_token"] > 0 for row in rows)
+    softmax, gla = rows[:2], rows[2:]
+    layers, d_model = 4, 128  # model=tiny: per layer float32 keys and values of T + 2 tokens, their int32 positions, t
+    per_layer = lambda t: 2 * (t + 2) * d_model * 4 + (t + 2) * 4 + 4
+    assert [row["state_mib"] for row in softmax] == [layers * per_layer(t) / 2**20 for t in (8, 24)]
+    assert gla[0]["state_mib"] == gla[1]["state_mib"]  # a recurrent state does not grow with the context
+    assert "softmax attn.method=cudnn" in out and "failed" in out
+    assert (tmp_path / "decode.png").stat().st_size > 0

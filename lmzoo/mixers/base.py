@@ -4,6 +4,9 @@ A mixer maps ``x [B, T, d_model] -> y [B, T, d_model]`` causally and also offers
 - ``init_state(batch_size, max_len)`` / ``step(x_t [B, d_model], state) -> (y_t, state)``:
   token-by-token decoding; stepping through a sequence equals ``__call__`` on it;
 - ``attention_matrix(x) -> [B, H, T, T]``: the causal weights the mixer effectively applies;
+- ``prefill(x, max_len, *, positions=None) -> (y, state)``: the parallel forward that also returns
+  the decoding state, equal to ``init_state(B, max_len)`` stepped through every token of x (same
+  structure, shapes and dtypes), so that decoding continues from it with ``step`` at position T;
 - ``state_size(max_len)``: floats of decoding state carried per sequence.
 """
 
@@ -80,6 +83,10 @@ class Mixer(nnx.Module):
         raise NotImplementedError
 
     def init_state(self, batch_size: int, max_len: int):
+        raise NotImplementedError
+
+    def prefill(self, x: jax.Array, max_len: int, *, positions: jax.Array | None = None):
+        """``(self(x, positions=positions), state after x)``; ``max_len`` sizes the state as in ``init_state``."""
         raise NotImplementedError
 
     def step(self, x_t: jax.Array, state):

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.mixers.base import Mixer, MixerContext, dense
-from lmzoo.mixers.family.attention import AttentionConfig, Scoring, cache_append, init_cache
+from lmzoo.mixers.base import MixerContext, dense
+from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, Scoring, cache_append, init_cache
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
 
@@ -39,7 +39,7 @@ class FoxConfig(AttentionConfig):
         return ForgettingAttention(self, ctx, rngs=rngs)
 
 
-class ForgettingAttention(Mixer):
+class ForgettingAttention(CacheMixer):
     def __init__(self, cfg: FoxConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
         d = ctx.d_model
         self.n_heads, self.head_dim = ctx.n_heads, d // ctx.n_heads
@@ -59,17 +59,23 @@ class ForgettingAttention(Mixer):
         return q, k, v, jax.nn.log_sigmoid(self.forget_proj(x).astype(jnp.float32))
 
     @staticmethod
-    def forget_bias(log_f) -> jax.Array:
-        """[B,H,T,T] ``c_i - c_j`` = the log decay from key j to query i (valid for j <= i)."""
-        c = jnp.cumsum(log_f, axis=1).swapaxes(1, 2)  # (B, H, T)
+    def forget_bias(c) -> jax.Array:
+        """[B,H,T,T] ``c_i - c_j`` = the log decay from key j to query i (valid for j <= i), from c [B,T,H]."""
+        c = c.swapaxes(1, 2)  # (B, H, T)
         return c[..., :, None] - c[..., None, :]
 
-    def __call__(self, x, *, positions=None):
+    def forward(self, x, positions=None):
         b, t, _ = x.shape
         positions = default_positions(b, t) if positions is None else positions
         q, k, v, log_f = self.project(x)
-        y = self.scoring.parallel(q, k, v, positions, bias=self.forget_bias(log_f))  # (B, T, H, D)
-        return self.o_proj(y.reshape(b, t, -1))
+        c = jnp.cumsum(log_f, axis=1)  # (B, T, H) cumulative log gates
+        y = self.scoring.parallel(q, k, v, positions, bias=self.forget_bias(c))  # (B, T, H, D)
+        return self.o_proj(y.reshape(b, t, -1)), {"k": k, "v": v, "c": c}
+
+    def prefill(self, x, max_len, *, positions=None):
+        y, state = super().prefill(x, max_len, positions=positions)
+        newest = (x.shape[1] - 1) % state["pos"].shape[0]  # the slot of the last token
+        return y, {**state, "c_now": state["c"][:, newest]}
 
     def init_state(self, batch_size, max_len):
         kv = ((self.n_heads, self.head_dim), self.k_proj.dtype or jnp.float32)
@@ -89,7 +95,7 @@ class ForgettingAttention(Mixer):
     def attention_matrix(self, x):
         b, t, _ = x.shape
         q, k, _, log_f = self.project(x)
-        return self.scoring.matrix(q, k, default_positions(b, t), bias=self.forget_bias(log_f))
+        return self.scoring.matrix(q, k, default_positions(b, t), bias=self.forget_bias(jnp.cumsum(log_f, axis=1)))
 
     def state_size(self, max_len):
         slots = self.scoring.cache_size(max_len)

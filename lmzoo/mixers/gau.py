@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.mixers.base import Mixer, MixerContext, dense
-from lmzoo.mixers.family.attention import AttentionConfig, Scoring, cache_append, init_cache
+from lmzoo.mixers.base import MixerContext, dense
+from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, Scoring, cache_append, init_cache
 from lmzoo.ops import causal_mask
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
@@ -52,7 +52,7 @@ class GAUConfig(AttentionConfig):
         return self.qk_dim, int(self.expansion * model.d_model)  # one head: s-wide scores, e-wide values
 
 
-class GatedAttentionUnit(Mixer):
+class GatedAttentionUnit(CacheMixer):
     def __init__(self, cfg: GAUConfig, ctx: MixerContext, *, rngs):
         self.n_heads = ctx.n_heads  # head slots of attention_matrix; the unit itself has one head
         self.e, self.s = int(cfg.expansion * ctx.d_model), cfg.qk_dim
@@ -85,7 +85,7 @@ class GatedAttentionUnit(Mixer):
         logits = self.scoring.logits(self.scoring.scale_queries(q, n_keys), k, positions, positions)
         return self.relu2_weights(logits, causal_mask(t, t, window=self.scoring.window), n_keys)
 
-    def __call__(self, x, *, positions=None):
+    def forward(self, x, positions=None):
         b, t, _ = x.shape
         positions = default_positions(b, t) if positions is None else positions
         u, q, k, v = self.project(x)
@@ -93,7 +93,7 @@ class GatedAttentionUnit(Mixer):
             y = jnp.einsum("bhts,bshd->bthd", self.weights(q, k, positions).astype(v.dtype), v)
         else:
             y = self.scoring.parallel(q, k, v, positions)
-        return self.o_proj(u * y[:, :, 0])  # (B, T, d)
+        return self.o_proj(u * y[:, :, 0]), {"k": k, "v": v}  # (B, T, d)
 
     def init_state(self, batch_size, max_len):
         dtype = self.in_proj.dtype or jnp.float32

@@ -30,7 +30,7 @@ from flax import nnx
 
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.mixers.family.ssm import CausalConv, check_dt_range
-from lmzoo.ops.lti import causal_toeplitz, diagonal_ssm, diagonal_ssm_kernel
+from lmzoo.ops.lti import causal_toeplitz, diagonal_ssm, diagonal_ssm_kernel, vandermonde
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 
@@ -102,13 +102,29 @@ class H3(Mixer):
         return jnp.einsum("bthp,bthpq->bthq", q, s), ssm_state
 
     def __call__(self, x, *, positions=None):  # the shift SSM gives order: positions are unused
+        return self.forward(x)[0]
+
+    def forward(self, x):
+        """y [B,T,d_model] in the configured form, the shifted keys and values [B,T,H,P], the shift window."""
         batch, length, _ = x.shape
-        q, k, v, _ = self.project(x)
+        q, k, v, shift = self.project(x)
         if self.method == "quadratic":
             y = jnp.einsum("bhij,bjhp->bihp", self.weights(q, k).astype(v.dtype), v)
         else:
             y, _ = self.recurrent(q, k, v, None, self.method)
-        return self.out_proj(y.reshape(batch, length, -1))
+        return self.out_proj(y.reshape(batch, length, -1)), k, v, shift
+
+    def prefill(self, x, max_len, *, positions=None):
+        y, k, v, shift = self.forward(x)
+        return y, {"shift": shift, "ssm": self.final_ssm_state(k, v)}
+
+    def final_ssm_state(self, k, v):
+        """The diagonal SSM's state after k'v^T [B,T,H,P,P] from zero, in closed form without forming k'v^T:
+        h_T = b Σ_t a^(T-1-t) k'_t v_t^T, [B,H,P,P,N/2] complex64."""
+        log_a, b, _ = self.ssm_params()
+        weights = b * jnp.flip(vandermonde(log_a, k.shape[1]), axis=0)  # (T, H, N/2): a^(T-1-t) b
+        k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
+        return jnp.einsum("thn,bthp,bthq->bhpqn", weights, k32, v32).astype(jnp.complex64)
 
     def init_state(self, batch_size, max_len):
         p = self.head_dim

@@ -95,6 +95,11 @@ class Mamba(Mixer):
         y, _ = self.scan(*self.ssm_inputs(x)[:5])
         return self.out_proj(y)
 
+    def prefill(self, x, max_len, *, positions=None):
+        *inputs, conv = self.ssm_inputs(x)
+        y, ssm = self.scan(*inputs)
+        return self.out_proj(y), {"conv": conv, "ssm": ssm}
+
     def init_state(self, batch_size, max_len):
         return {
             "conv": self.conv.init_state(batch_size, self.dtype),

@@ -110,6 +110,10 @@ class Mamba2(Mixer):
     def __call__(self, x, *, positions=None):  # SSMs carry order in their state: positions are unused
         return self.mix(x)[0]
 
+    def prefill(self, x, max_len, *, positions=None):
+        y, conv, ssm = self.mix(x)
+        return y, {"conv": conv, "ssm": ssm}
+
     def init_state(self, batch_size, max_len):
         return {
             "conv": self.conv.init_state(batch_size, self.dtype),

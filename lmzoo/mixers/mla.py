@@ -20,8 +20,8 @@ from typing import Optional
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.mixers.base import Mixer, MixerContext, dense
-from lmzoo.mixers.family.attention import AttentionConfig, Scoring, cache_append, init_cache
+from lmzoo.mixers.base import MixerContext, dense
+from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, Scoring, cache_append, init_cache
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, ModelConfig, positive
@@ -57,7 +57,7 @@ def ranks(cfg: MLAConfig, d_model: int, n_heads: int) -> tuple[int, int, int]:
     return head_dim, cfg.kv_rank or 4 * head_dim, cfg.rope_dim or head_dim // 2
 
 
-class MultiHeadLatentAttention(Mixer):
+class MultiHeadLatentAttention(CacheMixer):
     def __init__(self, cfg: MLAConfig, ctx: MixerContext, *, rngs):
         self.n_heads = ctx.n_heads
         self.head_dim, self.kv_rank, self.rope_dim = ranks(cfg, ctx.d_model, ctx.n_heads)
@@ -94,12 +94,13 @@ class MultiHeadLatentAttention(Mixer):
         k_rope = jnp.broadcast_to(rope_key[:, :, None, :], (b, t, h, self.rope_dim))  # one rope key for all heads
         return jnp.concatenate([k_content, k_rope.astype(k_content.dtype)], axis=-1), self.v_up(latent).reshape(b, t, h, hd)
 
-    def __call__(self, x, *, positions=None):
+    def forward(self, x, positions=None):
         b, t, _ = x.shape
         positions = default_positions(b, t) if positions is None else positions
-        k, v = self.keys_values(*self.latents(x))
+        latent, rope_key = self.latents(x)
+        k, v = self.keys_values(latent, rope_key)
         y = self.scoring.parallel(self.queries(x), k, v, positions)  # (B, T, H, head_dim)
-        return self.o_proj(y.reshape(b, t, -1))
+        return self.o_proj(y.reshape(b, t, -1)), {"latent": latent, "rope_key": rope_key}
 
     def init_state(self, batch_size, max_len):
         dtype = self.kv_down.dtype or jnp.float32

@@ -13,8 +13,8 @@ from typing import Optional
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.mixers.base import Mixer, MixerContext, dense
-from lmzoo.mixers.family.attention import AttentionConfig, Scoring, cache_append, init_cache
+from lmzoo.mixers.base import MixerContext, dense
+from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, Scoring, cache_append, init_cache
 from lmzoo.ops.attention import repeat_kv
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
@@ -38,7 +38,7 @@ class SoftmaxConfig(AttentionConfig):
         return SoftmaxAttention(self, ctx, rngs=rngs)
 
 
-class SoftmaxAttention(Mixer):
+class SoftmaxAttention(CacheMixer):
     def __init__(self, cfg: SoftmaxConfig, ctx: MixerContext, *, rngs):
         self.n_heads = ctx.n_heads
         self.n_kv_heads = cfg.n_kv_heads or ctx.n_heads
@@ -65,12 +65,12 @@ class SoftmaxAttention(Mixer):
             q, k = self.scoring.rotate(q, positions), self.scoring.rotate(k, positions)
         return q, k, v
 
-    def __call__(self, x, *, positions=None):
+    def forward(self, x, positions=None):
         b, t, _ = x.shape
         positions = default_positions(b, t) if positions is None else positions
         q, k, v = self.project(x)
         y = self.scoring.parallel(q, k, v, positions)  # (B, T, H, D)
-        return self.o_proj(y.reshape(b, t, -1))
+        return self.o_proj(y.reshape(b, t, -1)), {"k": k, "v": v}
 
     def init_state(self, batch_size, max_len):
         kv = ((self.n_kv_heads, self.head_dim), self.k_proj.dtype or jnp.float32)

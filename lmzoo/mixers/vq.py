@@ -26,7 +26,7 @@ from jax import lax
 
 from lmzoo.mixers.base import AuxLoss, Mixer, MixerContext, dense
 from lmzoo.ops import causal_mask
-from lmzoo.ops.vq import METHODS, gather_codewords, init_vq_cache, vq_attention, vq_cache_step
+from lmzoo.ops.vq import METHODS, gather_codewords, init_vq_cache, vq_attention, vq_cache_fill, vq_cache_step
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 
@@ -94,6 +94,14 @@ class VQAttention(Mixer):
         return q, rms_normalise(self.k_proj(x).reshape(shape)), self.v_proj(x).reshape(shape)
 
     def __call__(self, x, *, positions=None):  # positions unused: quantised keys carry no rotation
+        return self.forward(x)[0]
+
+    def prefill(self, x, max_len, *, positions=None):
+        y, codes, v = self.forward(x)
+        return y, vq_cache_fill(codes, v, self.n_codes)
+
+    def forward(self, x):
+        """y [B,T,d_model], each key's codeword index [B,T,H] and the values [B,T,H,D]."""
         b, t, _ = x.shape
         q, k, v = self.project(x)
         codebook = self.codebook()
@@ -105,7 +113,7 @@ class VQAttention(Mixer):
             self.sow(AuxLoss, "commitment", self.commitment_weight * error)
             self.update_codebook(lax.stop_gradient(k), codes)
         y = vq_attention(q, k_hat, codes, codebook.astype(q.dtype), v, block_size=self.block_size, method=self.method)
-        return self.o_proj(y.reshape(b, t, -1))
+        return self.o_proj(y.reshape(b, t, -1)), codes, v
 
     def update_codebook(self, k: jax.Array, codes: jax.Array) -> None:
         """One moving-average step of the per-codeword counts and key sums towards this batch's."""

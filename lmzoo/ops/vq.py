@@ -92,6 +92,12 @@ def init_vq_cache(batch: int, heads: int, n_codes: int, d_v: int) -> dict:
     }
 
 
+def vq_cache_fill(codes, v, n_codes: int) -> dict:
+    """The cache after every token of a sequence (codes [B,T,H], values v [B,T,H,Dv]) from empty."""
+    onehot = jax.nn.one_hot(codes, n_codes, dtype=jnp.float32)  # (B, T, H, S)
+    return {"counts": onehot.sum(axis=1), "sums": jnp.einsum("bths,bthd->bhsd", onehot, v.astype(jnp.float32))}
+
+
 def vq_cache_step(cache: dict, q, codes, codebook, v, *, scale=None):
     """Add one token (codes [B,H], values v [B,H,Dv]) to the cache, then attend with q [B,H,D]
     over every key so far -> ([B,H,Dv] in v's dtype, cache). Equals the last row of ``vq_attention``."""

@@ -1,7 +1,8 @@
 """Parts shared by the mixers of one family, kept apart from any single variant.
 
 - ``attention``: the softmax family's shared knobs (``AttentionConfig``), its scoring (position
-  method, scale, log-n, window) and its decoding cache;
+  method, scale, log-n, window), its decoding cache and its base (``CacheMixer``: one forward
+  for ``__call__`` and ``prefill``);
 - ``linear``: the linear-attention family's base (``LinearFamilyMixer``: heads / mix / output over
   a matrix state per head), its gated form (``GatedMixer``) and the gated head norm;
 - ``ssm``: the state-space family's causal conv block and the initialisation and checks of Δ.

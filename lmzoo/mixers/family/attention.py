@@ -5,7 +5,8 @@ and counts the family's FLOPs; ``Scoring`` applies the knobs identically in the 
 the decoding step and the probes: position method, logit scale, log-n factor, window. Decoding
 caches keys *before* any position method, together with each slot's position, so every method
 reads the same cache (ReRoPE rotates each key two ways); with a window the cache is a ring buffer
-of ``window`` slots.
+of ``window`` slots. ``CacheMixer`` is the family's base: a layer's ``forward`` returns its output
+together with what the cache keeps of every token, so ``__call__`` and ``prefill`` share one computation.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from lmzoo.mixers.base import MixerContext
+from lmzoo.mixers.base import Mixer, MixerContext
 from lmzoo.ops import causal_mask
 from lmzoo.ops.attention import METHODS, logn_scale, repeat_kv, softmax_attention
 from lmzoo.positions import Positions
@@ -205,3 +207,30 @@ def cache_append(cache: dict, **entries) -> dict:
         for name, value in entries.items()
     }
     return {**cache, **written, "pos": cache["pos"].at[slot].set(t), "t": t + 1}
+
+
+def cache_fill(cache: dict, **entries) -> dict:
+    """An empty cache after appending every token of ``entries`` [B, T, ...] in order: the last ``size``
+    tokens, token t in slot t mod size, exactly as ``cache_append`` leaves them."""
+    length, size = next(iter(entries.values())).shape[1], cache["pos"].shape[0]
+    kept = np.arange(max(length - size, 0), length)  # static: the prompt's length is known when tracing
+    slots = kept % size
+    written = {name: cache[name].at[:, slots].set(value[:, kept].astype(cache[name].dtype))
+               for name, value in entries.items()}
+    return {**cache, **written, "pos": cache["pos"].at[slots].set(kept), "t": jnp.full((), length, jnp.int32)}
+
+
+class CacheMixer(Mixer):
+    """Base of the softmax family's mixers: ``forward(x, positions) -> (y, entries)`` gives the output and
+    the per-token entries [B, T, ...] its cache holds (named as in ``init_state``); the base makes
+    ``__call__`` and ``prefill`` of it."""
+
+    def forward(self, x, positions) -> tuple[jax.Array, dict]:
+        raise NotImplementedError
+
+    def __call__(self, x, *, positions=None):
+        return self.forward(x, positions)[0]
+
+    def prefill(self, x, max_len, *, positions=None):
+        y, entries = self.forward(x, positions)
+        return y, cache_fill(self.init_state(x.shape[0], max_len), **entries)

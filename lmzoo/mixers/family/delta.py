@@ -98,6 +98,11 @@ class DeltaRuleMixer(LinearFamilyMixer):
     def output(self, x, o):
         return self.o_proj(self.out_gate(x, o))
 
+    def prefill(self, x, max_len, *, positions=None):  # the convs carry order: positions are unused
+        heads, conv = self.project(x)
+        o, s = self.mix(*heads)
+        return self.output(x, o), {"S": s, "conv": conv}
+
     def init_state(self, batch_size, max_len):
         return {"S": self.recurrent_state(batch_size), "conv": self.conv.init_state(batch_size, self.dtype or jnp.float32)}
 

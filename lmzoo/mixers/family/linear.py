@@ -9,7 +9,8 @@ A family mixer declares three parts,
     output(x, o) -> y                                   per-head o [.., H, Dv] to [.., d_model]
 
 plus ``mix_weights(*heads)``, the [B, H, T, T] weights the op applies to v, and the base does the
-rest: the forward is ``output(x, mix(*heads(x, positions))[0])``, decoding runs the same ``mix`` in
+rest: the forward is ``output(x, mix(*heads(x, positions))[0])`` and ``prefill`` keeps the op's
+final state from the same computation; decoding runs the same ``mix`` in
 its ``"scan"`` form one token at a time from a state of ``recurrent_state``'s shape, and
 ``state_size`` counts that state.
 
@@ -80,8 +81,12 @@ class LinearFamilyMixer(Mixer):
         return jnp.zeros((batch_size, self.n_heads, self.key_dim, self.value_dim), jnp.float32)
 
     def __call__(self, x, *, positions=None):
+        return self.prefill(x, x.shape[1], positions=positions)[0]
+
+    def prefill(self, x, max_len, *, positions=None):  # the op returns its final state whatever its form
         positions = default_positions(*x.shape[:2]) if positions is None else positions
-        return self.output(x, self.mix(*self.heads(x, positions))[0])
+        o, s = self.mix(*self.heads(x, positions))
+        return self.output(x, o), {"S": s, "t": jnp.full((), x.shape[1], jnp.int32)}
 
     def init_state(self, batch_size, max_len):
         return {"S": self.recurrent_state(batch_size), "t": jnp.zeros((), jnp.int32)}
