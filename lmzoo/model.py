@@ -68,7 +68,7 @@ class Block(nnx.Module):
         y_t, state = self.mixer.step(self.mixer_norm(x_t), state)
         return self.feed_forward(x_t + y_t), state
 
-    def prefill(self, x, max_len, positions=None):
+    def prefill(self, x, max_len=None, positions=None):
         y, state = self.mixer.prefill(self.mixer_norm(x), max_len, positions=positions)
         return self.feed_forward(x + y), state
 
@@ -116,9 +116,9 @@ class LM(nnx.Module):
     def init_state(self, batch_size: int, max_len: int) -> list:
         return [block.mixer.init_state(batch_size, max_len) for block in self.blocks]
 
-    def prefill(self, tokens, max_len: int, positions=None):
+    def prefill(self, tokens, max_len: int | None = None, positions=None):
         """The forward on tokens [B, T] that also returns the decoding state after them, sized for
-        ``max_len`` tokens in all: (logits [B, T, vocab], state), ready for ``step`` at position T."""
+        ``max_len`` tokens in all (None: T): (logits [B, T, vocab], state), ready for ``step`` at position T."""
         h, state = self.embed(tokens), []
         for block in self.blocks:
             h, s = block.prefill(h, max_len, positions)

@@ -114,6 +114,8 @@ def test_model_prefill_then_steps_equal_the_forward():
         step_logits, state = model.step(tokens[:, t], state)
         stepped.append(step_logits)
     np.testing.assert_allclose(jnp.stack(stepped, axis=1), model(tokens)[:, 7:], rtol=1e-4, atol=1e-4)
+    _, exact = model.prefill(tokens[:, :7])  # no max_len: a cache for the prompt alone
+    assert_same_state(exact, model.prefill(tokens[:, :7], 7)[1], "max_len=None")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

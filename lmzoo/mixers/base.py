@@ -4,9 +4,10 @@ A mixer maps ``x [B, T, d_model] -> y [B, T, d_model]`` causally and also offers
 - ``init_state(batch_size, max_len)`` / ``step(x_t [B, d_model], state) -> (y_t, state)``:
   token-by-token decoding; stepping through a sequence equals ``__call__`` on it;
 - ``attention_matrix(x) -> [B, H, T, T]``: the causal weights the mixer effectively applies;
-- ``prefill(x, max_len, *, positions=None) -> (y, state)``: the parallel forward that also returns
-  the decoding state, equal to ``init_state(B, max_len)`` stepped through every token of x (same
-  structure, shapes and dtypes), so that decoding continues from it with ``step`` at position T;
+- ``prefill(x, max_len=None, *, positions=None) -> (y, state)``: the parallel forward that also
+  returns the decoding state, equal to ``init_state(B, max_len)`` stepped through every token of x
+  (same structure, shapes and dtypes), so that decoding continues from it with ``step`` at position
+  T; ``max_len`` None sizes a cache for x alone;
 - ``state_size(max_len)``: floats of decoding state carried per sequence.
 """
 
@@ -85,8 +86,9 @@ class Mixer(nnx.Module):
     def init_state(self, batch_size: int, max_len: int):
         raise NotImplementedError
 
-    def prefill(self, x: jax.Array, max_len: int, *, positions: jax.Array | None = None):
-        """``(self(x, positions=positions), state after x)``; ``max_len`` sizes the state as in ``init_state``."""
+    def prefill(self, x: jax.Array, max_len: int | None = None, *, positions: jax.Array | None = None):
+        """``(self(x, positions=positions), state after x)``; ``max_len`` sizes the state as in ``init_state``
+        (None: x's length)."""
         raise NotImplementedError
 
     def step(self, x_t: jax.Array, state):

@@ -72,7 +72,7 @@ class ForgettingAttention(CacheMixer):
         y = self.scoring.parallel(q, k, v, positions, bias=self.forget_bias(c))  # (B, T, H, D)
         return self.o_proj(y.reshape(b, t, -1)), {"k": k, "v": v, "c": c}
 
-    def prefill(self, x, max_len, *, positions=None):
+    def prefill(self, x, max_len=None, *, positions=None):
         y, state = super().prefill(x, max_len, positions=positions)
         newest = (x.shape[1] - 1) % state["pos"].shape[0]  # the slot of the last token
         return y, {**state, "c_now": state["c"][:, newest]}

@@ -114,7 +114,7 @@ class H3(Mixer):
             y, _ = self.recurrent(q, k, v, None, self.method)
         return self.out_proj(y.reshape(batch, length, -1)), k, v, shift
 
-    def prefill(self, x, max_len, *, positions=None):
+    def prefill(self, x, max_len=None, *, positions=None):
         y, k, v, shift = self.forward(x)
         return y, {"shift": shift, "ssm": self.final_ssm_state(k, v)}
 

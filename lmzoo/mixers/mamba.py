@@ -95,7 +95,7 @@ class Mamba(Mixer):
         y, _ = self.scan(*self.ssm_inputs(x)[:5])
         return self.out_proj(y)
 
-    def prefill(self, x, max_len, *, positions=None):
+    def prefill(self, x, max_len=None, *, positions=None):
         *inputs, conv = self.ssm_inputs(x)
         y, ssm = self.scan(*inputs)
         return self.out_proj(y), {"conv": conv, "ssm": ssm}

@@ -110,7 +110,7 @@ class Mamba2(Mixer):
     def __call__(self, x, *, positions=None):  # SSMs carry order in their state: positions are unused
         return self.mix(x)[0]
 
-    def prefill(self, x, max_len, *, positions=None):
+    def prefill(self, x, max_len=None, *, positions=None):
         y, conv, ssm = self.mix(x)
         return y, {"conv": conv, "ssm": ssm}
 

@@ -96,7 +96,7 @@ class VQAttention(Mixer):
     def __call__(self, x, *, positions=None):  # positions unused: quantised keys carry no rotation
         return self.forward(x)[0]
 
-    def prefill(self, x, max_len, *, positions=None):
+    def prefill(self, x, max_len=None, *, positions=None):
         y, codes, v = self.forward(x)
         return y, vq_cache_fill(codes, v, self.n_codes)
 

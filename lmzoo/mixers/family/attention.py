@@ -231,6 +231,6 @@ class CacheMixer(Mixer):
     def __call__(self, x, *, positions=None):
         return self.forward(x, positions)[0]
 
-    def prefill(self, x, max_len, *, positions=None):
+    def prefill(self, x, max_len=None, *, positions=None):
         y, entries = self.forward(x, positions)
-        return y, cache_fill(self.init_state(x.shape[0], max_len), **entries)
+        return y, cache_fill(self.init_state(x.shape[0], max_len or x.shape[1]), **entries)

@@ -98,7 +98,7 @@ class DeltaRuleMixer(LinearFamilyMixer):
     def output(self, x, o):
         return self.o_proj(self.out_gate(x, o))
 
-    def prefill(self, x, max_len, *, positions=None):  # the convs carry order: positions are unused
+    def prefill(self, x, max_len=None, *, positions=None):  # the convs carry order: positions are unused
         heads, conv = self.project(x)
         o, s = self.mix(*heads)
         return self.output(x, o), {"S": s, "conv": conv}

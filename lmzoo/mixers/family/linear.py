@@ -83,7 +83,7 @@ class LinearFamilyMixer(Mixer):
     def __call__(self, x, *, positions=None):
         return self.prefill(x, x.shape[1], positions=positions)[0]
 
-    def prefill(self, x, max_len, *, positions=None):  # the op returns its final state whatever its form
+    def prefill(self, x, max_len=None, *, positions=None):  # the op returns its final state whatever its form
         positions = default_positions(*x.shape[:2]) if positions is None else positions
         o, s = self.mix(*self.heads(x, positions))
         return self.output(x, o), {"S": s, "t": jnp.full((), x.shape[1], jnp.int32)}
