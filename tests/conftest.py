@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from lmzoo.cli import compose_and_validate
-from lmzoo.config import variant_names
+
+def share_compiled_programs() -> None:
+    """One persistent XLA compilation cache for the test session: its workers and the training
+    processes they start. Dozens of tests compile the same tiny model's programs, and compiling
+    dominates the suite's time. Set before JAX is first imported, so the environment configures it;
+    made by the first process (the xdist controller, whose environment the workers inherit)."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    cache = tempfile.mkdtemp(prefix="lmzoo-test-xla-cache-")
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+share_compiled_programs()
+
+from lmzoo.cli import compose_and_validate  # noqa: E402  (after the cache is configured)
+from lmzoo.config import variant_names  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = variant_names()

@@ -2,7 +2,7 @@
 
 Outputs, final states and the gradients of every input (q, k, v, beta, log_g, initial state;
 ``jax.vjp`` with random cotangents on both outputs) must agree to a norm-relative error of 1e-5 in
-float32, at lengths 1, 63 and 257 with a chunk size (16) that divides neither, with and without an
+float32, at lengths 1 and 37 (two chunks of 16 and a remainder), with and without an
 initial state, without gates, with one gate per head and with one per key channel. Inputs are what
 the mixers feed the op: unit keys, beta in (0, 1), gates between ~0.5 and 1.
 """
@@ -21,6 +21,7 @@ from lmzoo.ops import delta_rule, delta_rule_weights
 
 B, H, DK, DV = 2, 2, 8, 16
 CHUNK = 16
+ODD = 37  # two whole chunks and a partial one
 TOLERANCE = 1e-5
 BF16_TOLERANCE = 2e-2  # bf16 inputs (8-bit mantissa) against the float32 reference, norm-relative
 GATES = ("none", "head", "channel")
@@ -73,7 +74,7 @@ def reference(gate, length, with_state):
     return args, cotangent, (out, {name: grads[name] for name in args})
 
 
-SETTINGS = [(gate, length, with_state) for gate in GATES for length in (1, 63, 257) for with_state in (False, True)]
+SETTINGS = [(gate, length, with_state) for gate in GATES for length in (1, ODD) for with_state in (False, True)]
 IDS = [f"{gate}-{length}-{'state' if with_state else 'no_state'}" for gate, length, with_state in SETTINGS]
 
 
@@ -97,14 +98,14 @@ def in_two_halves(method, args):
 @pytest.mark.parametrize("gate", GATES)
 @pytest.mark.parametrize("method", ("scan",) + FORMS)
 def test_two_halves_passing_the_state_equal_one_pass(method, gate):
-    args, _, (one_pass, _) = reference(gate, 63, True)
+    args, _, (one_pass, _) = reference(gate, ODD, True)
     assert_trees_close(in_two_halves(method, args), one_pass)
 
 
 @pytest.mark.parametrize("gate", GATES)
 @pytest.mark.parametrize("method", ("scan", "chunk"))
 def test_bfloat16_inputs_close_to_float32_reference(method, gate):
-    args, _, (expected, _) = reference(gate, 63, True)
+    args, _, (expected, _) = reference(gate, ODD, True)
     low = jax.tree.map(lambda x: x.astype(jnp.bfloat16), args)
     out, state = run_fast(method, low)
     assert out.dtype == jnp.bfloat16 and state.dtype == jnp.float32  # the state accumulates in float32
@@ -161,12 +162,12 @@ def test_weights_reproduce_the_outputs(gate):
 @pytest.mark.parametrize("gate", ("head", "channel"))
 def test_strong_decay_in_one_long_chunk_stays_exact(gate):
     """Hundreds of nats of decay inside one chunk: exp(b_i) exp(-b_j) would overflow."""
-    args = make_args(gate, 100, with_state=True, seed=21)
-    args["log_g"] = -jnp.exp(random_like(args["log_g"], seed=22) + 1.5)  # ~7 nats a step
+    args = make_args(gate, 48, with_state=True, seed=21)
+    args["log_g"] = -jnp.exp(random_like(args["log_g"], seed=22) + 2.0)  # ~12 nats a step
     assert float(jnp.sum(args["log_g"], axis=1).max()) < -300
     cotangent = random_like(jax.eval_shape(lambda a: run("scan", a), args), seed=8)
     expected = outputs_and_grads("scan", args, cotangent)
-    assert_trees_close(outputs_and_grads("chunk", args, cotangent, chunk_size=100), expected)
+    assert_trees_close(outputs_and_grads("chunk", args, cotangent, chunk_size=48), expected)
     assert_trees_close(outputs_and_grads("parallel", args, cotangent), expected)
 
 

@@ -99,13 +99,14 @@ def test_decode_cache_quick_run_trains_evaluates_and_reuses_its_runs(tmp_path):
 
 def test_entropy_growth_difference_pairs_windows():
     from lmzoo.experiments import logn_entropy
+    from lmzoo.experiments.runs import bucket_means
 
     keys_seen = np.arange(1, 65)
     noise = np.random.default_rng(0).normal(0, 0.01, (6, 64))  # the same windows' text in both conditions
     uniform = np.log(keys_seen) + noise  # entropy of uniform attention: grows with log n
     invariant = np.full(64, 2.0) + noise
     edges = [4, 8, 16, 32, 64]
-    assert logn_entropy.bucket_means(uniform[:1] * 0 + keys_seen, edges)[0].tolist() == [6.5, 12.5, 24.5, 48.5]
+    assert bucket_means(uniform[:1] * 0 + keys_seen, edges)[0].tolist() == [6.5, 12.5, 24.5, 48.5]
     flat_minus_growing = logn_entropy.growth_difference(invariant, uniform, edges)
     rise = np.log(np.arange(33, 65)).mean() - np.log(np.arange(5, 9)).mean()
     assert flat_minus_growing["ci"][1] < 0 and flat_minus_growing["value"] == pytest.approx(-rise, abs=0.01)
@@ -149,3 +150,25 @@ def test_position_extrapolation_refuses_an_unknown_extension_before_training(tmp
     with pytest.raises(ConfigError, match="extensions='alibi' is not valid"):
         run_experiment("position_extrapolation", tmp_path, quick=True, overrides=["extensions=[alibi]"])
     assert not (tmp_path / "position_extrapolation" / "runs").exists()
+
+
+def test_sparsity_exponent_is_the_slope_of_log_s_against_log_n():
+    from lmzoo.experiments.sparsity_vs_length import exponent
+
+    centres = np.array([12.0, 24.0, 48.0, 96.0])
+    one_hot_like = 3.0 * centres**-0.5  # S of a row keeping one key falls as n^(-1/2)
+    assert exponent(one_hot_like[None], np.ones((1, 4)), centres)[0] == pytest.approx(-0.5)
+    assert exponent(np.full((1, 4), 0.7), np.ones((1, 4)), centres)[0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_sparsity_vs_length_quick_run_fits_an_exponent_per_variant(tmp_path):
+    record = run_experiment("sparsity_vs_length", tmp_path, quick=True)
+    assert record["verdict"] in VERDICTS and record["runs"] == ["runs/softmax", "runs/linear_elu+1", "runs/gla"]
+    assert set(record["evidence"]["checks"]) == {"softmax: alpha", "linear elu+1: alpha - softmax's alpha", "gla: alpha"}
+    for name, curve in record["evidence"]["curves"].items():
+        assert curve["octaves"] == ["(8, 16]", "(16, 32]", "(32, 64]", "(64, 128]"]
+        assert all(0 < s <= 1 for s in curve["mean"]), name  # S of a row lies in (0, 1]
+    exponents = record["evidence"]["exponents"]
+    paired = record["evidence"]["checks"]["linear elu+1: alpha - softmax's alpha"]["value"]
+    assert paired == pytest.approx(exponents["linear elu+1"]["value"] - exponents["softmax"]["value"], abs=1e-9)
+    assert (tmp_path / "sparsity_vs_length" / record["figures"][0]).stat().st_size > 0

@@ -28,17 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List
 
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from lmzoo import eval as evaluation
-from lmzoo.data import build_data
 from lmzoo.experiments import Outcome, vote
-from lmzoo.experiments.runs import as_record, evaluate_run, ratio_difference, train_run
-from lmzoo.metrics.intervals import bootstrap, paired_difference_interval
+from lmzoo.experiments.runs import (as_record, bucket_means, evaluate_run, over_windows, paired_over_windows,
+                                    ratio_difference, row_statistic, train_run)
 from lmzoo.metrics.sparsity import attention_entropy
-from lmzoo.ops.common import causal_mask
 from lmzoo.plots import error_bars, new_axes, save_axes
 
 CLAIM = ("Scaling attention logits by log n / log T keeps attention entropy nearly constant as the context "
@@ -59,7 +54,8 @@ class Settings:
 
 
 QUICK = {"steps": 8, "seq_len": 32, "eval_tokens": 1024, "entropy_windows": 3,
-         "overrides": ["train.batch_size=4", "model.n_layers=2", "train.eval_every=8", "train.eval_tokens=512"]}
+         "overrides": ["train.batch_size=4", "model.n_layers=1", "model.d_model=64", "train.eval_every=8",
+                       "train.eval_tokens=512"]}
 
 
 @dataclass
@@ -83,7 +79,8 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
     for c in conditions:
         tag = "logn_entropy" + ("_switched" if c.overrides else "")
         c.results = evaluate_run(c.run_dir, tag=tag, lengths=lengths, tokens=settings.eval_tokens, overrides=c.overrides)
-        c.entropy = entropy_by_position(c.run_dir, c.overrides, lengths[-1], settings)
+        c.entropy = row_statistic(c.run_dir, c.overrides, attention_entropy, length=lengths[-1],
+                                  windows=settings.entropy_windows, tokens=settings.eval_tokens)
     plain, trained, switched = conditions
     edges = [settings.seq_len // 2, *lengths]
     longest = lengths[-1]
@@ -101,32 +98,6 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
     return Outcome(vote(sum(holds), len(holds)), evidence, figures, [runs["softmax"], runs["logn"]])
 
 
-def entropy_by_position(run_dir: Path, overrides: list[str], length: int, settings: Settings) -> np.ndarray:
-    """(windows, length): each query's attention entropy averaged over layers and heads, on the first
-    ``entropy_windows`` validation windows of ``length`` tokens."""
-    cfg = evaluation.run_config(run_dir, overrides)
-    data = build_data(cfg.data, seed=cfg.seed)
-    model, _ = evaluation.restore_model(cfg, data.tokenizer.vocab_size, run_dir, None)
-    windows = data.validation_windows([length], settings.eval_tokens)[length]
-    tokens = windows(np.arange(min(settings.entropy_windows, len(windows))))["inputs"]
-    return np.stack([np.asarray(row_entropy(model, jnp.asarray(tokens[i : i + 1])))[0] for i in range(len(tokens))])
-
-
-@nnx.jit
-def row_entropy(model, tokens):
-    """(B, T): entropy of each query's attention row, averaged over layers and heads."""
-    causal = causal_mask(tokens.shape[1])
-    per_layer = [attention_entropy(w, causal).mean(axis=1) for w in model.attention_matrices(tokens)]  # (B, T) each
-    return jnp.mean(jnp.stack(per_layer), axis=0)
-
-
-def bucket_means(entropy: np.ndarray, edges: list[int]) -> np.ndarray:
-    """(windows, buckets): mean entropy of the queries seeing n keys, n in (edges[b], edges[b + 1]]."""
-    keys_seen = np.arange(1, entropy.shape[1] + 1)
-    return np.stack([entropy[:, (keys_seen > lo) & (keys_seen <= hi)].mean(axis=1)
-                     for lo, hi in zip(edges[:-1], edges[1:])], axis=1)
-
-
 def growth(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Mean entropy of the last bucket minus the first, from per-window sums (resampled or not)."""
     means = sums / counts
@@ -139,19 +110,16 @@ def abs_growth(sums, counts):
 
 def growth_difference(first: np.ndarray, second: np.ndarray, edges: list[int]) -> dict:
     """|growth| of first minus |growth| of second, paired over the same windows, with its 95% interval."""
-    a, b = bucket_means(first, edges), bucket_means(second, edges)
-    ones = np.ones_like(a)
-    return as_record(paired_difference_interval([(a, ones)], [(b, ones)], abs_growth))
+    return paired_over_windows(bucket_means(first, edges), bucket_means(second, edges), abs_growth)
 
 
 def summary(c: Condition, edges: list[int], lengths: list[int]) -> dict:
     means = bucket_means(c.entropy, edges)
-    ones = np.ones_like(means)
-    per_bucket = bootstrap(lambda s, n: s / n, [means, ones])
+    per_bucket = over_windows(means)
     return {
         "entropy_by_keys_seen": {"buckets": [f"({lo}, {hi}]" for lo, hi in zip(edges[:-1], edges[1:])],
                                  "mean": np.asarray(per_bucket.estimate).tolist(), "ci": per_bucket.bounds()},
-        "entropy_growth": as_record(bootstrap(growth, [means, ones])),
+        "entropy_growth": as_record(over_windows(means, growth)),
         "bpb_ratio": {str(n): {"value": c.results["lengths"][str(n)]["ratio"],
                                "ci": c.results["lengths"][str(n)]["ratio_ci"]} for n in lengths},
     }
@@ -161,8 +129,7 @@ def plot_entropy(conditions: list[Condition], edges: list[int], path: Path) -> s
     fig, ax = new_axes((5.5, 3.8))
     centres = [np.sqrt(lo * hi) for lo, hi in zip(edges[:-1], edges[1:])]
     for c in conditions:
-        means = bucket_means(c.entropy, edges)
-        band = bootstrap(lambda s, n: s / n, [means, np.ones_like(means)])
+        band = over_windows(bucket_means(c.entropy, edges))
         error_bars(ax, centres, band.estimate, band.lo, band.hi, marker="o", label=c.name)
     ax.set_xscale("log")
     save_axes(fig, ax, path, train_len=edges[1], title="attention entropy against context",

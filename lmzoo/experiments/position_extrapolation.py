@@ -53,7 +53,8 @@ class Settings:
 
 QUICK = {"steps": 8, "seq_len": 32, "eval_tokens": 1024, "window": 16, "extensions": ["ntk", "rerope"],
          "trained_in": ["alibi"],
-         "overrides": ["train.batch_size=4", "model.n_layers=2", "train.eval_every=8", "train.eval_tokens=512"]}
+         "overrides": ["train.batch_size=4", "model.n_layers=1", "model.d_model=64", "train.eval_every=8",
+                       "train.eval_tokens=512"]}
 
 
 def extension_overrides(kind: str, settings: Settings) -> list[str]:

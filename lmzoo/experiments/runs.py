@@ -11,12 +11,16 @@ import contextlib
 import io
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from lmzoo import eval as evaluation
 from lmzoo.cli import compose_and_validate
 from lmzoo.config import Config
-from lmzoo.metrics.intervals import paired_difference_interval, ratio_of_sums, ratio_to_reference
+from lmzoo.data import build_data
+from lmzoo.metrics.intervals import Interval, bootstrap, paired_difference_interval, ratio_of_sums, ratio_to_reference
+from lmzoo.ops.common import causal_mask
 from lmzoo.train import train
 
 
@@ -67,3 +71,46 @@ def ratio_difference(first: dict, second: dict, length: int) -> dict:
     mine = [*blocks(first, length), *blocks(first, train_len)]
     theirs = [*blocks(second, length), *blocks(second, train_len)]
     return as_record(paired_difference_interval([mine], [theirs], ratio_to_reference))
+
+
+# ----------------------------------------------------------------------------- attention rows by context
+
+
+def row_statistic(run_dir: Path, overrides: list[str], statistic, *, length: int, windows: int, tokens: int) -> np.ndarray:
+    """(windows, length): ``statistic`` of each query's attention row (a function of weights and the causal
+    mask, one value per row, e.g. ``attention_entropy``), averaged over layers and heads, on the first
+    ``windows`` validation windows of ``length`` tokens cut from the first ``tokens`` validation targets."""
+    cfg = evaluation.run_config(run_dir, overrides)
+    data = build_data(cfg.data, seed=cfg.seed)
+    model, _ = evaluation.restore_model(cfg, data.tokenizer.vocab_size, run_dir, None)
+    cut = data.validation_windows([length], tokens)[length]
+    inputs = cut(np.arange(min(windows, len(cut))))["inputs"]
+    return np.stack([np.asarray(_rows(model, jnp.asarray(inputs[i : i + 1]), statistic))[0] for i in range(len(inputs))])
+
+
+@nnx.jit(static_argnums=2)
+def _rows(model, tokens, statistic):
+    causal = causal_mask(tokens.shape[1])
+    per_layer = [statistic(w, causal).mean(axis=1) for w in model.attention_matrices(tokens)]  # (B, T) each
+    return jnp.mean(jnp.stack(per_layer), axis=0)
+
+
+def bucket_means(values: np.ndarray, edges: list[int]) -> np.ndarray:
+    """(windows, buckets): mean of the queries seeing n keys, n in (edges[b], edges[b + 1]]."""
+    keys_seen = np.arange(1, values.shape[1] + 1)
+    return np.stack([values[:, (keys_seen > lo) & (keys_seen <= hi)].mean(axis=1)
+                     for lo, hi in zip(edges[:-1], edges[1:])], axis=1)
+
+
+def mean_of_windows(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    return sums / counts
+
+
+def over_windows(values: np.ndarray, statistic=mean_of_windows) -> Interval:
+    """``statistic`` of per-window values (windows, ...) with a bootstrap interval over the windows."""
+    return bootstrap(statistic, [values, np.ones_like(values)])
+
+
+def paired_over_windows(first: np.ndarray, second: np.ndarray, statistic) -> dict:
+    """statistic(first) - statistic(second) on the same windows, with its paired 95% interval."""
+    return as_record(paired_difference_interval([(first, np.ones_like(first))], [(second, np.ones_like(second))], statistic))
