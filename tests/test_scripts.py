@@ -63,3 +63,13 @@ def test_plot_metrics_writes_next_to_the_runs(tmp_path):
     assert (sweep / "softmax" / "curves.png").stat().st_size > 0 and str(sweep / "softmax" / "curves.png") in out
     run_script("plot_metrics.py", str(sweep / "softmax"), str(sweep / "gla"))
     assert (sweep / "curves.png").stat().st_size > 0  # several runs: the directory they share
+
+
+def test_benchmark_cpu_step_times_the_step_its_pieces_and_the_trainer(tmp_path):
+    out = run_script("benchmark_cpu_step.py", "--smoke", "--rounds", "1", "--steps", "1", "--breakdown", "1",
+                     "--trainer-steps", "4", "--json", str(tmp_path / "rows.json"))
+    (row,) = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert row["variant"] == "softmax" and row["params"] == 41_216 and row["lmzoo_ms"] > 0
+    assert set(row["phases"]) == {"fwd", "fwd+bwd", "opt"} and set(row["components"]) == {"mixer", "mlp", "norm", "head+loss"}
+    assert row["trainer_ms"] > 0
+    assert ("ratio" in row) != ("PyTorch half skipped" in out)  # CI has no torch: the lmzoo half runs alone
