@@ -221,16 +221,16 @@ def compare(variant: str, args, torch_python: str | None) -> dict:
 
     if args.breakdown:
         phases, parts = lmzoo.phases(args.breakdown), lmzoo.components(args.breakdown)
-        theirs_parts = worker.ask({"components": args.breakdown}) if worker else {}
-        theirs_phases = {"fwd": times["torch_fwd"], "fwd+bwd": [f + b for f, b in zip(times["torch_fwd"], times["torch_bwd"])],
-                         "opt": times["torch_opt"]}
-        print(f"{'breakdown (median ms)':<26}{'lmzoo':>9}{'PyTorch':>9}")
-        for name, ms in {**phases, **{f"{k} (one, fwd+bwd)": v for k, v in parts.items()}}.items():
-            key = name.split(" ")[0]
-            other = theirs_parts.get(key) if "(one" in name else (theirs_phases[key] or None)
-            other_ms = (1e3 * statistics.median(other) if isinstance(other, list) else 1e3 * other) if other else None
-            print(f"{name:<26}{ms:>9.1f}{other_ms:>9.1f}" if other_ms else f"{name:<26}{ms:>9.1f}{'-':>9}")
-        row.update(phases=phases, components=parts, torch_components={k: 1e3 * v for k, v in theirs_parts.items()})
+        theirs = {}
+        if worker:
+            median_ms = lambda seconds: 1e3 * statistics.median(seconds)  # noqa: E731
+            fwd_bwd = [f + b for f, b in zip(times["torch_fwd"], times["torch_bwd"])]
+            theirs = {"fwd": median_ms(times["torch_fwd"]), "fwd+bwd": median_ms(fwd_bwd), "opt": median_ms(times["torch_opt"]),
+                      **{k: 1e3 * v for k, v in worker.ask({"components": args.breakdown}).items()}}
+        print(f"{'breakdown (median ms)':<26}{'lmzoo':>9}{'PyTorch':>9}   (parts: one layer's, forward+backward)")
+        for name, ms in {**phases, **parts}.items():
+            print(f"{name:<26}{ms:>9.1f}" + (f"{theirs[name]:>9.1f}" if name in theirs else f"{'-':>9}"))
+        row.update(phases=phases, components=parts, torch_breakdown=theirs)
 
     if args.trainer_steps:
         bare = lmzoo.run(args.steps)

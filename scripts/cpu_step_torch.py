@@ -108,9 +108,9 @@ class Mamba(nn.Module):
         decay = (delta[..., None] * A).exp()  # (B, T, E, N)
         drive = (delta * u)[..., None] * B[:, :, None, :]
         h, ys = x.new_zeros(b, A.shape[0], self.n), []
-        for i in range(t):
-            h = decay[:, i] * h + drive[:, i]
-            ys.append((h * C[:, i, None, :]).sum(-1))
+        for decay_t, drive_t, c_t in zip(decay.unbind(1), drive.unbind(1), C.unbind(1)):  # unbind: one backward stack, not T scatters
+            h = decay_t * h + drive_t
+            ys.append((h * c_t[:, None, :]).sum(-1))
         y = torch.stack(ys, dim=1) + self.D * u
         return self.out_proj(y * F.silu(z))
 
