@@ -79,3 +79,13 @@ def test_benchmark_decode_times_prefill_and_steps_and_sizes_the_state(tmp_path):
     assert gla[0]["state_mib"] == gla[1]["state_mib"]  # a recurrent state does not grow with the context
     assert "softmax attn.method=cudnn" in out and "failed" in out
     assert (tmp_path / "decode.png").stat().st_size > 0
+
+
+def test_benchmark_cpu_step_times_the_step_its_pieces_and_the_trainer(tmp_path):
+    out = run_script("benchmark_cpu_step.py", "--smoke", "--rounds", "1", "--steps", "1", "--breakdown", "1",
+                     "--trainer-steps", "4", "--json", str(tmp_path / "rows.json"))
+    (row,) = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert row["variant"] == "softmax" and row["params"] == 41_216 and row["lmzoo_ms"] > 0
+    assert set(row["phases"]) == {"fwd", "fwd+bwd", "opt"} and set(row["components"]) == {"mixer", "mlp", "norm", "head+loss"}
+    assert row["trainer_ms"] > 0
+    assert ("ratio" in row) != ("PyTorch half skipped" in out)  # CI has no torch: the lmzoo half runs alone
