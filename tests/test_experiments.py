@@ -172,3 +172,20 @@ def test_sparsity_vs_length_quick_run_fits_an_exponent_per_variant(tmp_path):
     paired = record["evidence"]["checks"]["linear elu+1: alpha - softmax's alpha"]["value"]
     assert paired == pytest.approx(exponents["linear elu+1"]["value"] - exponents["softmax"]["value"], abs=1e-9)
     assert (tmp_path / "sparsity_vs_length" / record["figures"][0]).stat().st_size > 0
+
+
+def test_mqar_state_size_quick_run_grids_accuracy_against_state(tmp_path):
+    from lmzoo.experiments.mqar_state_size import above
+
+    record = run_experiment("mqar_state_size", tmp_path, quick=True)
+    grid = record["evidence"]["grid"]
+    assert set(grid) == {"softmax", "gla"} and set(grid["gla"]) == {"2", "4"}
+    for by_pairs in grid.values():
+        for by_width in by_pairs.values():
+            best = by_width["32"]
+            assert 0 <= best["ci"][0] <= best["accuracy"] <= best["ci"][1] <= 1 and best["lr"] == 3e-3
+    assert grid["gla"]["2"]["32"]["state_floats"] == grid["gla"]["4"]["32"]["state_floats"]  # pairs change no shape
+    assert grid["softmax"]["2"]["32"]["state_floats"] > grid["gla"]["2"]["32"]["state_floats"]  # a 32-token cache
+    assert set(record["evidence"]["holds"]) == {"softmax solves every setting", "gla: 2 pairs above 4 at width 32"}
+    assert len(record["runs"]) == 4 and (tmp_path / "mqar_state_size" / record["figures"][0]).stat().st_size > 0
+    assert above({"ci": [0.6, 0.7]}, {"ci": [0.2, 0.5]}) and not above({"ci": [0.4, 0.7]}, {"ci": [0.2, 0.5]})

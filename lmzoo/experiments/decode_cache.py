@@ -20,17 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List
 
-from flax import nnx
-
 from lmzoo.experiments import Outcome
-from lmzoo.experiments.runs import bpb_difference, evaluate_run, train_run
-from lmzoo.model import LM
+from lmzoo.experiments.runs import bpb_difference, evaluate_run, state_floats, train_run
 from lmzoo.plots import error_bars, new_axes, save_axes
 
 CLAIM = ("Going from MHA to GQA and MQA shrinks the decoding cache per token at some cost in quality, "
          "and MLA caches less than GQA while scoring better.")
 SEED = "003"
-BYTE_VOCAB = 259  # the byte-level tokenizer of the default data
 
 
 @dataclass
@@ -47,8 +43,7 @@ QUICK = {"steps": 8, "eval_tokens": 2048, "overrides": ["data.seq_len=64", "trai
 
 
 def cache_per_token(cfg) -> float:
-    model = nnx.eval_shape(lambda: LM(cfg, BYTE_VOCAB, rngs=nnx.Rngs(0)))
-    return model.state_size(cfg.data.seq_len) / cfg.data.seq_len
+    return state_floats(cfg) / cfg.data.seq_len
 
 
 def run(settings: Settings, out_dir: Path) -> Outcome:

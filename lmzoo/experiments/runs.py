@@ -20,6 +20,7 @@ from lmzoo.cli import compose_and_validate
 from lmzoo.config import Config
 from lmzoo.data import build_data
 from lmzoo.metrics.intervals import Interval, bootstrap, paired_difference_interval, ratio_of_sums, ratio_to_reference
+from lmzoo.model import LM
 from lmzoo.ops.common import causal_mask
 from lmzoo.train import train
 
@@ -31,6 +32,13 @@ def train_run(variant: str, run_dir: Path, *, seed: int, steps: int, overrides: 
     with contextlib.redirect_stdout(io.StringIO()):  # the experiment prints its own summary
         train(cfg)
     return cfg
+
+
+def state_floats(cfg: Config) -> int:
+    """Floats of decoding state per sequence at the training length (the model built without arrays;
+    the state does not depend on the vocabulary)."""
+    model = nnx.eval_shape(lambda: LM(cfg, 259, rngs=nnx.Rngs(0)))
+    return model.state_size(cfg.data.seq_len)
 
 
 def evaluate_run(run_dir: Path, *, tag: str, lengths: list[int], tokens: int, overrides: list[str] = ()) -> dict:
