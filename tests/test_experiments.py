@@ -85,7 +85,7 @@ def test_decode_cache_quick_run_trains_evaluates_and_reuses_its_runs(tmp_path):
     record = run_experiment("decode_cache", tmp_path, quick=True, overrides=overrides)
     variants = record["evidence"]["variants"]
     assert list(variants) == ["gqa", "mla"] and record["verdict"] in VERDICTS
-    d_model, layers = 128, 2  # the quick settings: 2 of the 4 heads' keys and values are cached
+    d_model, layers = 64, 1  # the quick settings: 2 of the 4 heads' keys and values are cached
     assert variants["gqa"]["cache_floats_per_token"] == layers * 2 * (2 * d_model // 4)
     for v in variants.values():
         lo, hi = v["bpb_ci"]

@@ -38,8 +38,9 @@ class Settings:
     overrides: List[str] = field(default_factory=list)  # more training settings, e.g. ["data.seq_len=128"]
 
 
-QUICK = {"steps": 8, "eval_tokens": 2048, "overrides": ["data.seq_len=64", "train.batch_size=4", "model.n_layers=2",
-                                                         "train.eval_every=8", "train.eval_tokens=512"]}
+QUICK = {"steps": 8, "eval_tokens": 2048, "overrides": ["data.seq_len=64", "train.batch_size=4", "model.n_layers=1",
+                                                         "model.d_model=64", "train.eval_every=8", "train.eval_tokens=512",
+                                                         "train.probe_batch=0"]}
 
 
 def cache_per_token(cfg) -> float:

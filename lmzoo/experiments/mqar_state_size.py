@@ -51,7 +51,8 @@ class Settings:
 
 
 QUICK = {"variants": ["softmax", "gla"], "widths": [32], "pairs": [2, 4], "lrs": [3e-3], "steps": 8, "seq_len": 32,
-         "eval_tokens": 2048, "overrides": ["train.batch_size=8", "train.eval_every=8", "train.eval_tokens=512"]}
+         "eval_tokens": 2048, "overrides": ["train.batch_size=8", "train.eval_every=8", "train.eval_tokens=512",
+                                                                   "train.probe_batch=0"]}
 
 
 def best_over_lrs(variant: str, width: int, pairs: int, settings: Settings, runs_dir: Path, runs: list) -> dict:

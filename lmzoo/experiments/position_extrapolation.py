@@ -54,7 +54,7 @@ class Settings:
 QUICK = {"steps": 8, "seq_len": 32, "eval_tokens": 1024, "window": 16, "extensions": ["ntk", "rerope"],
          "trained_in": ["alibi"],
          "overrides": ["train.batch_size=4", "model.n_layers=1", "model.d_model=64", "train.eval_every=8",
-                       "train.eval_tokens=512"]}
+                       "train.eval_tokens=512", "train.probe_batch=0"]}
 
 
 def extension_overrides(kind: str, settings: Settings) -> list[str]:
