@@ -29,7 +29,7 @@ from omegaconf import errors as oc_errors
 
 from lmzoo.checkpoint import split_model
 from lmzoo.cli import fail
-from lmzoo.config import ConfigError, explain, to_dataclass
+from lmzoo.config import ConfigError, to_dataclass
 from lmzoo.data import build_data
 from lmzoo.eval import check_overrides, device_memory, restore_model, run_config, trained_run_dir
 from lmzoo.faults import RunFault, debugging
