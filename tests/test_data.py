@@ -5,7 +5,6 @@ standard library; nothing is downloaded.
 """
 
 import json
-import os
 import re
 
 import numpy as np

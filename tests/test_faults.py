@@ -19,7 +19,6 @@ from functools import partial
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

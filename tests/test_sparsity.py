@@ -58,7 +58,6 @@ def test_empty_rows_are_nan():
 
 def test_probes_report_each_layer_of_the_model():
     import jax
-    import jax.numpy as jnp
     from flax import nnx
 
     from lmzoo.metrics.probes import attention_stats

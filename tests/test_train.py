@@ -180,7 +180,7 @@ def test_data_parallel_on_four_devices_matches_one_device(tmp_path):
 
 @pytest.mark.slow
 def test_multirun_sweeps_variants(tmp_path):
-    proc = run_lmzoo(
+    run_lmzoo(
         "-m", "lmzoo.train", "-m", "+attn=softmax,mqa", *TINY, "train.steps=2", "train.eval_every=2",
         f"hydra.sweep.dir={tmp_path}", check=True,
     )
