@@ -167,15 +167,15 @@ print(json.dumps({"devices": jax.device_count(), "losses": [r["loss"] for r in r
 
 
 @pytest.mark.slow
-def test_data_parallel_on_four_devices_matches_one_device(tmp_path):
+def test_data_parallel_on_two_devices_matches_one_device(tmp_path):
     def losses(devices: int):
         env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "PYTHONPATH": str(REPO / "tests")}
         proc = run_lmzoo("-c", DP_SNIPPET, str(tmp_path / f"d{devices}"), env=env, check=True)
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
-    one, four = losses(1), losses(4)
-    assert (one["devices"], four["devices"]) == (1, 4)
-    np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-5)
+    one, two = losses(1), losses(2)  # two devices split the batch as any number would
+    assert (one["devices"], two["devices"]) == (1, 2)
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
 
 
 @pytest.mark.slow
