@@ -10,12 +10,13 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+from contextlib import contextmanager
 from typing import NoReturn
 
 from omegaconf import OmegaConf
 
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, register_schemas, validate, variant_names
-from lmzoo.faults import EXIT_CONFIG
+from lmzoo.faults import EXIT_CONFIG, RunFault, debugging
 
 MAX_CHECKED_COMBINATIONS = 256
 _HYDRA_FLAGS_WITH_VALUES = ("-cp", "-cn", "-cd", "--config-path", "--config-name", "--config-dir")
@@ -25,6 +26,20 @@ _INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "-
 def fail(message: str, code: int = EXIT_CONFIG) -> NoReturn:
     print(f"lmzoo: error: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+@contextmanager
+def errors_in_one_line():
+    """A command's body: a ConfigError or RunFault ends it with its one line and exit code
+    (``LMZOO_DEBUG=1`` lets a RunFault's traceback through)."""
+    try:
+        yield
+    except ConfigError as e:
+        fail(str(e))
+    except RunFault as e:
+        if debugging():
+            raise
+        fail(str(e), e.exit_code)
 
 
 def group_options(group: str) -> list[str]:

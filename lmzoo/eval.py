@@ -37,11 +37,11 @@ from omegaconf import errors as oc_errors
 from tqdm.auto import tqdm
 
 from lmzoo.checkpoint import Checkpointer, split_model
-from lmzoo.cli import fail
+from lmzoo.cli import errors_in_one_line
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, explain, load_run_config, to_dataclass, validate
 from lmzoo.data import build_data
 from lmzoo.evaluator import Forward, LengthScores, score_length, token_scores, windows_per_batch
-from lmzoo.faults import RunFault, debugging
+from lmzoo.faults import RunFault
 from lmzoo.metrics.intervals import LEVEL, length_intervals
 from lmzoo.metrics.probes import attention_stats
 from lmzoo.model import LM
@@ -380,17 +380,11 @@ def plot_results(results: dict, out_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
+    with errors_in_one_line():
         run_dir, eval_cfg, overrides = parse_args(argv)
         cfg = run_config(run_dir, overrides)
         tag = eval_cfg.tag or default_tag(overrides)
         results = evaluate(cfg, eval_cfg, run_dir, tag, overrides)
-    except ConfigError as e:
-        fail(str(e))
-    except RunFault as e:
-        if debugging():
-            raise
-        fail(str(e), e.exit_code)
     out_dir = run_dir / "eval" / tag
     write_outputs(results, out_dir, run_dir)
     for length, r in results["lengths"].items():

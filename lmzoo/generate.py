@@ -28,11 +28,10 @@ from omegaconf import OmegaConf
 from omegaconf import errors as oc_errors
 
 from lmzoo.checkpoint import split_model
-from lmzoo.cli import fail
+from lmzoo.cli import errors_in_one_line
 from lmzoo.config import ConfigError, to_dataclass
 from lmzoo.data import build_data
 from lmzoo.eval import check_overrides, device_memory, restore_model, run_config, trained_run_dir
-from lmzoo.faults import RunFault, debugging
 from lmzoo.model import LM
 
 
@@ -191,19 +190,13 @@ class Stream:
 def main(argv: list[str] | None = None) -> list[str]:
     """The generated texts (without the prompt), also printed."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
+    with errors_in_one_line():
         run_dir, s, overrides = parse_args(argv)
         cfg = run_config(run_dir, overrides)
         tokenizer = build_data(cfg.data, seed=cfg.seed).tokenizer
         model, _ = restore_model(cfg, tokenizer.vocab_size, run_dir, None)
         prompt_ids = tokenizer.encode(s.prompt)
         check_fits(model, len(prompt_ids), s, device_memory())
-    except ConfigError as e:
-        fail(str(e))
-    except RunFault as e:
-        if debugging():
-            raise
-        fail(str(e), e.exit_code)
     eos = tokenizer.eos_id
     stream = Stream(tokenizer, eos) if s.num_samples == 1 else None
     if stream:
