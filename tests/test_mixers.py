@@ -36,21 +36,13 @@ def mixer_forward(mixer, x):
 
 
 @nnx.jit
+def model_step(model, token, state):
+    return model.step(token, state)
+
+
+@nnx.jit
 def mixer_step(mixer, x_t, state):  # compiled: op-by-op dispatch of every layer's steps is slow
     return mixer.step(x_t, state)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_mixer_step_equals_forward(variant):
-    _, model = build(variant)
-    x = jax.random.normal(jax.random.key(0), (2, 13, 32))
-    for layer, block in enumerate(model.blocks):
-        state, outputs = block.mixer.init_state(2, 13), []
-        for t in range(13):
-            y_t, state = mixer_step(block.mixer, x[:, t], state)
-            outputs.append(y_t)
-        full = mixer_forward(block.mixer, x)
-        np.testing.assert_allclose(jnp.stack(outputs, axis=1), full, rtol=1e-5, atol=1e-5, err_msg=f"layer {layer}")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -60,7 +52,7 @@ def test_model_decoding_equals_forward(variant):
     logits = model(tokens)
     state, stepped = model.init_state(2, 16), []
     for t in range(tokens.shape[1]):
-        step_logits, state = model.step(tokens[:, t], state)
+        step_logits, state = model_step(model, tokens[:, t], state)
         stepped.append(step_logits)
     np.testing.assert_allclose(jnp.stack(stepped, axis=1), logits, rtol=1e-4, atol=1e-4)
 
@@ -88,16 +80,19 @@ def step_through(mixer, x, state):
 
 @pytest.mark.parametrize("variant", [*VARIANTS, "softmax attn.window=4"])
 def test_prefill_equals_forward_and_stepping_then_decodes_on(variant):
-    """prefill's output is the forward's and its state the one stepping leaves (at an odd length, past
-    a window's ring buffer); stepping on from it gives the forward's outputs on the longer sequence."""
+    """Stepping from the initial state gives the forward's outputs; prefill's output is the forward's
+    and its state the one stepping leaves (at an odd length, past a window's ring buffer); stepping on
+    from it gives the forward's outputs on the longer sequence."""
     _, model = build(*variant.split())
     x = jax.random.normal(jax.random.key(0), (2, 17, 32))
     prompt, max_len = 13, 20
     for layer, block in enumerate(model.blocks):
         mixer, message = block.mixer, f"layer {layer}"
+        forward = mixer_forward(mixer, x[:, :prompt])
         y, state = mixer_prefill(mixer, x[:, :prompt], max_len)
-        np.testing.assert_allclose(y, mixer_forward(mixer, x[:, :prompt]), rtol=1e-5, atol=1e-5, err_msg=message)
-        _, stepped = step_through(mixer, x[:, :prompt], mixer.init_state(2, max_len))
+        np.testing.assert_allclose(y, forward, rtol=1e-5, atol=1e-5, err_msg=message)
+        y_stepped, stepped = step_through(mixer, x[:, :prompt], mixer.init_state(2, max_len))
+        np.testing.assert_allclose(y_stepped, forward, rtol=1e-5, atol=1e-5, err_msg=message)
         assert_same_state(state, stepped, message)
         continued, _ = step_through(mixer, x[:, prompt:], state)
         full = mixer_forward(mixer, x)

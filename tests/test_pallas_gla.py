@@ -158,7 +158,8 @@ def losses(tmp_path, variant, method):
     return np.array([row[key] for row in rows for key in ("loss", "val_loss") if key in row])
 
 
-@pytest.mark.parametrize("variant, reference_method", [("gla", "chunk"), ("mamba", "scan"), ("mamba2", "chunk")])
+# mamba2's kernel is the GLA kernel (ssd maps onto gla), so these two cover both kernels in a model
+@pytest.mark.parametrize("variant, reference_method", [("gla", "chunk"), ("mamba", "scan")])
 def test_trains_with_the_reference_loss_curve(tmp_path, variant, reference_method):
     """Four optimiser steps and a validation: the kernels' gradients drive the same training."""
     kernels, reference_losses = losses(tmp_path, variant, "pallas"), losses(tmp_path, variant, reference_method)

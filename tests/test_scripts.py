@@ -18,13 +18,13 @@ def run_script(name: str, *args: str) -> str:
 
 
 def test_benchmark_reports_rates_and_skips_what_cannot_run(tmp_path):
-    ops = "gla/pallas,simple_gla/chunk64,selective_scan/pallas,softmax/cudnn"
+    ops = "gla/pallas,simple_gla/chunk64,selective_scan/scan,softmax/cudnn"
     out = run_script("benchmark.py", "--ops", ops, "--shapes", "1x40x2x16", "--repeats", "1", "--copy-mb", "16", "--json", str(tmp_path / "rows.json"))
     assert "copy bandwidth" in out and "softmax/cudnn" in out and "skipped" in out
     rows = {row["op"]: row for row in json.loads((tmp_path / "rows.json").read_text())["rows"]}
-    assert set(rows) == {"softmax/xla", "gla/pallas", "simple_gla/chunk64", "selective_scan/pallas"}
+    assert set(rows) == {"softmax/xla", "gla/pallas", "simple_gla/chunk64", "selective_scan/scan"}
     assert all(row["fwd_ms"] > 0 and row["fwd_bwd_ms"] > 0 for row in rows.values())
-    assert rows["gla/pallas"]["fwd_bwd_tflops"] > 0 and rows["selective_scan/pallas"]["fwd_bwd_gbps"] > 0
+    assert rows["gla/pallas"]["fwd_bwd_tflops"] > 0 and rows["selective_scan/scan"]["fwd_bwd_gbps"] > 0
 
 
 def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
