@@ -1,4 +1,5 @@
-"""Pieces every op shares: the causal mask, chunk padding, segment sums of log decays, the form check.
+"""Pieces every op shares: the causal mask, chunk padding, segment sums of log decays, the form check,
+and document segments (``segment_ids [B, T]``, equal within a document).
 
 They live here, not in any one op, so that the general op and its special cases import from the
 same place and none of them from a sibling.
@@ -22,6 +23,36 @@ def causal_mask(t: int, s: Optional[int] = None, *, window: Optional[int] = None
     if window is not None:  # a window of w keys: the query itself and the w - 1 before it
         mask &= j > i - window
     return mask
+
+
+# A recurrence restarts at a segment start by forgetting with this log decay: exp(-40) ~ 4e-18 of
+# the old state survives, far below float32's resolution of what the new document adds, while every
+# sum of log decays stays finite (with -inf, differences of cumulative sums in the chunked forms
+# would be NaN, and so would the gates' gradients).
+RESET_LOG_DECAY = -40.0
+
+
+def segment_starts(segment_ids: jax.Array) -> jax.Array:
+    """[B, T] bool: True where step t opens a new segment (t > 0 and its id differs from step t - 1's).
+
+    Step 0 is never a start: an initial state belongs to the segment the sequence begins in."""
+    ids = jnp.asarray(segment_ids)
+    return jnp.concatenate([jnp.zeros_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], axis=1)
+
+
+def same_segment(q_ids: jax.Array, k_ids: Optional[jax.Array] = None) -> jax.Array:
+    """[B, T, S] bool: True where query i and key j lie in one segment (ids [B, T] and [B, S])."""
+    k_ids = q_ids if k_ids is None else k_ids
+    return q_ids[:, :, None] == k_ids[:, None, :]
+
+
+def reset_gates(log_g, segment_ids, key_shape) -> jax.Array:
+    """Log gates [B, T, H, Dg] float32 that also forget everything at each segment start.
+
+    ``log_g``: None (no decay; the result has one gate per head), [B, T, H] or [B, T, H, Dg]."""
+    gates = jnp.zeros((*key_shape[:3], 1), jnp.float32) if log_g is None else gate_layout(log_g, key_shape)
+    reset = jnp.where(segment_starts(segment_ids), RESET_LOG_DECAY, 0.0)[:, :, None, None]
+    return gates.astype(jnp.float32) + reset
 
 
 def check_form(method: str, methods: tuple[str, ...], chunk_size: Optional[int] = None) -> None:
