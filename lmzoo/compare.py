@@ -3,7 +3,8 @@
 Reads each run's ``config.yaml``, ``run_info.json``, ``metrics.jsonl`` and
 ``eval/<tag>/results.json`` and writes a markdown table (printed, and saved as ``comparison.md``)
 plus plots: bits per byte and its ratio to the training length against evaluation length,
-per-position loss at the longest length, and attention sparsity against length.
+per-position loss at the longest length, and attention sparsity against length. When some run
+kept packed documents apart (``data.document_boundaries=mask``) a "documents" column says which.
 
 Runs whose configs differ only in ``seed`` (and ``run_dir``) form one row: mean ± sd over the
 seeds, with ``n``. A row of one run shows its bootstrap 95% interval instead. With a baseline,
@@ -65,6 +66,11 @@ class Run:
         are seeds of one experiment."""
         settings = {k: v for k, v in self.config.items() if k not in NOT_IDENTITY}
         return json.dumps([settings, self.changes], sort_keys=True, default=str)
+
+    @property
+    def documents(self) -> str:
+        """``data.document_boundaries`` of the run: "mask" (documents mixed alone) or "none"."""
+        return self.info.get("document_boundaries", "none")
 
     @property
     def train_len(self) -> int | None:
@@ -131,6 +137,8 @@ def load_run(path: Path, tag: str) -> Run:
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     results = json.loads(results_path.read_text()) if results_path.exists() else None
     config = OmegaConf.to_container(OmegaConf.load(path / "config.yaml"))
+    if "tokenizer" in config.get("data", {}):  # a corpus; runs from before the setting packed without masks
+        config["data"].setdefault("document_boundaries", "none")
     return Run(path, config, info, read_metrics(path), results, read_resumes(path))
 
 
@@ -192,7 +200,8 @@ def table(groups: list[Group]) -> str:
     runs = [r for g in groups for r in g.runs]
     train_lengths = {r.train_len for r in runs if r.results}
     lengths = [n for n in evaluated_lengths(runs) if n not in train_lengths]
-    header = ["variant", "n", "params", "state size", "val bpb", "bpb@train"]
+    masked = any(r.documents == "mask" for r in runs)
+    header = ["variant", "n", "params", "state size", *(["documents"] if masked else []), "val bpb", "bpb@train"]
     header += [f"bpb@{n} / bpb@train" for n in lengths]
     header += ["mean S", "entropy", "accuracy", "tokens/s", "runs"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -200,6 +209,7 @@ def table(groups: list[Group]) -> str:
         first = group.runs[0]
         row = [group.label, str(len(group.runs))]
         row += [_fmt(first.info.get("params"), ","), _fmt(first.info.get("state_size"), ",")]
+        row += [first.documents] if masked else []
         row.append(summary_cell(group, lambda r: r.last("val_bpb")))
         row.append(summary_cell(group, lambda r: r.at_train.get("bpb"), lambda r: r.at_train.get("bpb_ci")))
         for n in lengths:

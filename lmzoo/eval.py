@@ -131,12 +131,18 @@ def validation_windows(data, eval_cfg: EvalConfig, lengths: list[int]) -> dict:
         raise ConfigError(f"eval.tokens={eval_cfg.tokens}, eval.lengths={lengths}: {e}") from None
 
 
-def compile_forward(model: LM, rows: int, length: int):
-    """``token_scores`` of ``model`` compiled for ``rows`` windows of ``length``, not yet run."""
+def compile_forward(model: LM, rows: int, length: int, segments: bool = False):
+    """``token_scores`` of ``model`` compiled for ``rows`` windows of ``length`` (with their segment ids
+    when ``segments``), not yet run."""
     graphdef, state = split_model(model)
-    scores = jax.jit(lambda s, inputs, targets: token_scores(nnx.merge(graphdef, s["params"], s["extra"]), inputs, targets))
+    scores = jax.jit(lambda s, *batch: token_scores(nnx.merge(graphdef, s["params"], s["extra"]), *batch))
     tokens = jax.ShapeDtypeStruct((rows, length), jnp.int32)
-    return scores.lower(state, tokens, tokens).compile(), state
+    return scores.lower(state, *[tokens] * (3 if segments else 2)).compile(), state
+
+
+def carries_segments(windows) -> bool:
+    """Whether batches of these windows carry segment ids (data.document_boundaries=mask)."""
+    return "segment_ids" in windows(np.arange(1))
 
 
 def compiled_bytes(compiled) -> int:
@@ -180,13 +186,13 @@ def largest_fitting_length(length: int, need: int, small: int, small_need: int, 
 
 
 def length_forwards(model: LM, n_heads: int, lengths: list[int], rows: dict[int, int],
-                    eval_cfg: EvalConfig) -> dict[int, Forward]:
+                    eval_cfg: EvalConfig, segments: bool = False) -> dict[int, Forward]:
     """A compiled forward per length; ConfigError in one line for a length whose forward or probes exceed
     the memory budget, before anything runs."""
     budget = memory_budget(eval_cfg)
     forwards, needs = {}, {}
     for n in lengths:
-        compiled, state = compile_forward(model, rows[n], n)
+        compiled, state = compile_forward(model, rows[n], n, segments)
         needs[n] = compiled_bytes(compiled)
         if eval_cfg.probe_batch and n <= eval_cfg.probe_max_len:
             needs[n] = max(needs[n], PROBE_COPIES * 4 * eval_cfg.probe_batch * n_heads * n * n)
@@ -196,8 +202,7 @@ def length_forwards(model: LM, n_heads: int, lengths: list[int], rows: dict[int,
             raise ConfigError(f"eval.lengths: length {n} needs about {needs[n] / 2**30:.1f} GiB for "
                               f"{rows[n]} window(s), over the {budget / 2**30:.1f} GiB budget (eval.memory_budget_gb); "
                               f"the largest length that fits is about {fits}")
-        forwards[n] = lambda inputs, targets, c=compiled, s=state: jax.device_get(
-            c(s, jnp.asarray(inputs, jnp.int32), jnp.asarray(targets, jnp.int32)))
+        forwards[n] = lambda *batch, c=compiled, s=state: jax.device_get(c(s, *(jnp.asarray(x, jnp.int32) for x in batch)))
     return forwards
 
 
@@ -216,8 +221,8 @@ def position_entry(scores: LengthScores, bootstrap_args: dict) -> dict:
 
 def probe_entries(model: LM, windows, eval_cfg: EvalConfig) -> tuple[dict, dict]:
     """Attention sparsity and entropy on the first windows: per layer and head, and per span of positions."""
-    tokens = windows(np.arange(min(eval_cfg.probe_batch, len(windows))))["inputs"]
-    stats = attention_stats(model, tokens, position_buckets=eval_cfg.position_buckets)
+    batch = windows(np.arange(min(eval_cfg.probe_batch, len(windows))))
+    stats = attention_stats(model, batch["inputs"], batch.get("segment_ids"), position_buckets=eval_cfg.position_buckets)
     return ({"sparsity": stats["sparsity"], "entropy": stats["entropy"]},
             {"sparsity": stats["sparsity_by_position"], "entropy": stats["entropy_by_position"]})
 
@@ -269,7 +274,7 @@ def evaluate(cfg: Config, eval_cfg: EvalConfig, run_dir: Path, tag: str, overrid
     bits = 1.0 / (math.log(2) * data.bytes_per_token)
     bootstrap_args = {"resamples": eval_cfg.resamples, "seed": eval_cfg.bootstrap_seed}
     rows = {n: min(windows_per_batch(eval_cfg.batch_tokens, n), len(w)) for n, w in windows.items()}
-    forwards = length_forwards(model, cfg.model.n_heads, lengths, rows, eval_cfg)
+    forwards = length_forwards(model, cfg.model.n_heads, lengths, rows, eval_cfg, carries_segments(windows[train_len]))
     warn_inert_overrides(run_dir, list(overrides), model, data.tokenizer.vocab_size,
                          windows[longest](np.arange(1))["inputs"])
     scores = score_lengths(forwards, windows, rows, eval_cfg, tag)

@@ -23,8 +23,10 @@ import optax
 
 from lmzoo.metrics import intervals
 
-# Host arrays inputs and targets [rows, L] -> per target "loss" (nats) and "correct" (0/1), [rows, L].
-Forward = Callable[[np.ndarray, np.ndarray], dict]
+# Host arrays inputs and targets [rows, L] (and segment_ids [rows, L] when the windows carry them)
+# -> per target "loss" (nats) and "correct" (0/1), [rows, L].
+Forward = Callable[..., dict]
+BATCH_ARGUMENTS = ("inputs", "targets", "segment_ids")  # what a Forward takes of a batch, in order
 
 
 def logit_scores(logits: jax.Array, targets: jax.Array) -> dict[str, jax.Array]:
@@ -33,9 +35,10 @@ def logit_scores(logits: jax.Array, targets: jax.Array) -> dict[str, jax.Array]:
     return {"loss": loss, "correct": (logits.argmax(-1) == targets).astype(jnp.float32)}
 
 
-def token_scores(model, inputs: jax.Array, targets: jax.Array) -> dict[str, jax.Array]:
-    """``logit_scores`` of the model's next-token predictions on ``inputs``."""
-    return logit_scores(model(inputs), targets)
+def token_scores(model, inputs: jax.Array, targets: jax.Array, segment_ids=None) -> dict[str, jax.Array]:
+    """``logit_scores`` of the model's next-token predictions on ``inputs`` (documents kept apart by
+    ``segment_ids`` when given)."""
+    return logit_scores(model(inputs, segment_ids=segment_ids), targets)
 
 
 def windows_per_batch(batch_tokens: int, length: int) -> int:
@@ -131,7 +134,8 @@ def score_length(
     scores = LengthScores.empty(windows.length, n_blocks, positions)
     for batch, real in padded_batches(windows, rows):
         weights = batch.get("weights", np.ones(batch["targets"].shape)) * real[:, None]  # (rows, L)
-        scores.add(forward(batch["inputs"], batch["targets"]), weights, block_of(batch["unit"]), bucket_of)
+        arguments = [batch[name] for name in BATCH_ARGUMENTS if name in batch]
+        scores.add(forward(*arguments), weights, block_of(batch["unit"]), bucket_of)
         scores.answers_only = "weights" in batch
         if on_batch:
             on_batch()

@@ -5,6 +5,8 @@ configured by ``cfg.attn.for_layer(layer, n_layers)`` (per-layer patterns such a
 ``model.mlp=false`` drops the SwiGLU half of every block (mixers with their own gating, e.g. GAU).
 ``model.remat=block|mixer`` recomputes each block's (or only each mixer's) activations in the
 backward pass instead of keeping them: the same gradients for less memory and more compute.
+With ``segment_ids [B, T]`` (documents packed into one window) every mixer keeps the documents
+apart, and positions restart at each document unless given.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from flax import nnx
 from lmzoo.config import Config
 from lmzoo.mixers import MixerContext, build_mixer
 from lmzoo.mixers.base import dense
-from lmzoo.positions import Positions
+from lmzoo.positions import Positions, segment_positions
 
 
 def ff_size(d_model: int) -> int:
@@ -44,8 +46,8 @@ class SwiGLU(nnx.Module):
         return self.down(jax.nn.silu(gate) * value)
 
 
-def _call(module, x, positions):
-    return module(x, positions=positions)
+def _call(module, x, positions, segment_ids):
+    return module(x, positions=positions, segment_ids=segment_ids)
 
 
 class Block(nnx.Module):
@@ -60,9 +62,9 @@ class Block(nnx.Module):
     def feed_forward(self, x):
         return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
 
-    def __call__(self, x, positions=None):
+    def __call__(self, x, positions=None, segment_ids=None):
         mix = nnx.remat(_call) if self.remat_mixer else _call
-        return self.feed_forward(x + mix(self.mixer, self.mixer_norm(x), positions))
+        return self.feed_forward(x + mix(self.mixer, self.mixer_norm(x), positions, segment_ids))
 
     def step(self, x_t, state):
         y_t, state = self.mixer.step(self.mixer_norm(x_t), state)
@@ -98,19 +100,21 @@ class LM(nnx.Module):
         out = self.embed.attend(h) if self.head is None else self.head(h)
         return out.astype(jnp.float32)
 
-    def __call__(self, tokens, positions=None):
+    def __call__(self, tokens, positions=None, segment_ids=None):
         h = self.embed(tokens)  # (B, T, d_model)
+        positions = document_positions(positions, segment_ids)
         run = nnx.remat(_call) if self.remat_blocks else _call  # remat: keep only each block's input
         for block in self.blocks:
-            h = run(block, h, positions)
+            h = run(block, h, positions, segment_ids)
         return self.logits(h)
 
-    def attention_matrices(self, tokens) -> list[jax.Array]:
+    def attention_matrices(self, tokens, positions=None, segment_ids=None) -> list[jax.Array]:
         """Each layer's effective causal weights [B, H, T, T] on this input, bottom layer first."""
         h, weights = self.embed(tokens), []
+        positions = document_positions(positions, segment_ids)
         for block in self.blocks:
-            weights.append(block.mixer.attention_matrix(block.mixer_norm(h)))
-            h = block(h)
+            weights.append(block.mixer.attention_matrix(block.mixer_norm(h), positions=positions, segment_ids=segment_ids))
+            h = block(h, positions, segment_ids)
         return weights
 
     def init_state(self, batch_size: int, max_len: int) -> list:
@@ -135,6 +139,11 @@ class LM(nnx.Module):
 
     def state_size(self, max_len: int) -> int:
         return sum(block.mixer.state_size(max_len) for block in self.blocks)
+
+
+def document_positions(positions, segment_ids):
+    """The positions given, else with segments each document's own (restarting at 0), else None."""
+    return segment_positions(segment_ids) if positions is None and segment_ids is not None else positions
 
 
 def count_params(model: nnx.Module) -> int:

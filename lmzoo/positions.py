@@ -190,3 +190,11 @@ def alibi_slopes(n_heads: int) -> jax.Array:
 def default_positions(batch: int, length: int, offset=0) -> jax.Array:
     """[B, T] int32 positions offset, offset + 1, ..."""
     return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32) + offset, (batch, length))
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """[B, T] int32 positions that restart at 0 where each segment (a run of equal ids) starts."""
+    steps = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)
+    new = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    starts = jax.lax.cummax(jnp.where(new, steps, 0), axis=1)  # where the current segment began
+    return steps - starts

@@ -68,7 +68,7 @@ def scored_mean(values: jax.Array, batch) -> jax.Array:
 
 def next_token_loss(model: LM, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Next-token cross-entropy, its accuracy, and the auxiliary losses mixers sowed in the forward."""
-    logits, sown = nnx.capture(model, AuxLoss)(batch["inputs"])  # (B, T, V) float32
+    logits, sown = nnx.capture(model, AuxLoss)(batch["inputs"], segment_ids=batch.get("segment_ids"))  # (B, T, V)
     scores = logit_scores(logits, batch["targets"])
     loss, accuracy = scored_mean(scores["loss"], batch), scored_mean(scores["correct"], batch)
     return loss, {"accuracy": accuracy, **sum_by_name(sown)}
@@ -153,13 +153,13 @@ def all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
 
 
-def eval_step(graphdef, state, inputs, targets):
-    return token_scores(nnx.merge(graphdef, state["params"], state["extra"]), inputs, targets)
+def eval_step(graphdef, state, inputs, targets, segment_ids=None):
+    return token_scores(nnx.merge(graphdef, state["params"], state["extra"]), inputs, targets, segment_ids)
 
 
-def probe_metrics(model: LM, tokens) -> dict:
+def probe_metrics(model: LM, tokens, segment_ids=None) -> dict:
     """Attention sparsity and entropy: overall means, and per layer (mean over heads) for TensorBoard."""
-    stats = attention_stats(model, tokens)
+    stats = attention_stats(model, tokens, segment_ids)
     metrics = {f"val_{k}": v for k, v in probe_summary(stats).items()}
     for name in ("sparsity", "entropy"):
         for layer, heads in enumerate(stats[name]):
@@ -248,6 +248,7 @@ def write_run_files(run_dir: Path, cfg: Config, data, model: LM, n_params: int) 
         "variant": cfg.attn.name, "params": n_params, "state_size": model.state_size(cfg.data.seq_len),
         "state_size_per_layer": [b.mixer.state_size(cfg.data.seq_len) for b in model.blocks],
         "devices": jax.device_count(), "platform": jax.default_backend(),
+        "document_boundaries": getattr(data, "document_boundaries", "none"),  # synthetic tasks: one sequence each
     })
 
 
@@ -300,7 +301,9 @@ class Trainer:
         rows = cfg.train.batch_size // jax.process_count()
         self.process_rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
         first_windows = self.val_windows(np.arange(max(1, cfg.train.probe_batch)))
-        self.probe_tokens = first_windows["inputs"][: cfg.train.probe_batch]
+        probed = slice(0, cfg.train.probe_batch)
+        self.probe_tokens = first_windows["inputs"][probed]
+        self.probe_segments = first_windows["segment_ids"][probed] if "segment_ids" in first_windows else None
         self.bits_per_byte = 1.0 / (math.log(2) * data.bytes_per_token)
         self.schedule = learning_rate_schedule(cfg.optim, cfg.train.steps)
         self.logger = open_logger(self.run_dir, cfg, n_params, start)
@@ -392,9 +395,10 @@ class Trainer:
                  row["grad_norm"], row["tokens_per_s"])
         return row
 
-    def score(self, inputs: np.ndarray, targets: np.ndarray) -> dict:
-        """Per-target loss and correctness of a global batch of validation windows; this process feeds its rows."""
-        local = [self.to_device(x[self.process_rows]) for x in (inputs, targets)]
+    def score(self, *arrays: np.ndarray) -> dict:
+        """Per-target loss and correctness of a global batch of validation windows (inputs, targets and any
+        segment ids); this process feeds its rows."""
+        local = [self.to_device(x[self.process_rows]) for x in arrays]
         return jax.device_get(self.eval_fn(self.state, *local))
 
     def validate(self) -> dict:
@@ -406,7 +410,7 @@ class Trainer:
         val.update(val_bpb_lo=interval.lo, val_bpb_hi=interval.hi)
         if len(self.probe_tokens):
             model = nnx.merge(self.graphdef, self.state["params"], self.state["extra"])
-            val.update(probe_metrics(model, self.probe_tokens))
+            val.update(probe_metrics(model, self.probe_tokens, self.probe_segments))
         self.last_val = val
         log.info("step %d: val_loss %.4f  val_bpb %.4f [%.4f, %.4f]", self.step, val["val_loss"], val["val_bpb"],
                  val["val_bpb_lo"], val["val_bpb_hi"])

@@ -158,3 +158,17 @@ def test_compare_without_runs_is_one_line(tmp_path, capsys):
         compare.main([str(tmp_path)])
     assert exit_info.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_run_with_masked_documents_trains_evaluates_and_says_so(tmp_path):
+    from lmzoo import eval as lmzoo_eval
+    from lmzoo.train import train
+
+    run_dir = tmp_path / "sweep" / "gla"
+    train(tiny_config("gla", "data.document_boundaries=mask", "train.steps=4", "train.eval_every=4", run_dir=run_dir))
+    assert json.loads((run_dir / "run_info.json").read_text())["document_boundaries"] == "mask"
+    lmzoo_eval.main([f"run_dir={run_dir}", "eval.lengths=[32,64]", "eval.tokens=1024", "eval.progress=false"])
+    results = json.loads((run_dir / "eval" / "default" / "results.json").read_text())
+    assert all(np.isfinite(results["lengths"][n]["bpb"]) for n in ("32", "64"))
+    header, rows = rows_of(compare.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]))
+    assert "documents" in header and rows["gla"]["documents"] == "mask"

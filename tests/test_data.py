@@ -220,6 +220,8 @@ def test_each_source_checks_its_own_settings(tmp_path):
         (HFConfig(), "data.hf_name must be set"),
         (HFConfig(hf_name="json", hf_data_files=str(tmp_path / "*.jsonl")), "data.hf_data_files: no file matches"),
         (HFConfig(hf_name="json", tokenizer=str(tmp_path / "no.json")), "data.tokenizer="),
+        (TextFilesConfig(paths=str(tmp_path / "*.txt"), document_boundaries="cut"),
+         "data.document_boundaries='cut' is not valid (choose from: none, mask)"),
     ]:
         with pytest.raises(ConfigError, match=f"^{message}"):
             cfg.check()
@@ -310,6 +312,30 @@ def test_windows_cross_documents_at_eos():
     batch = windows(np.array([0]))
     assert batch["inputs"].tolist() == [[97, 98, tokenizer.eos_id]]
     assert batch["targets"].tolist() == [[98, tokenizer.eos_id, 99]]
+
+
+def test_masked_windows_number_the_documents_an_eos_closes():
+    tokenizer = ByteTokenizer()
+    stream = pipeline.token_stream([b"ab", b"cde", b"f"], tokenizer)  # a b . c d e . f .
+    windows = pipeline.TokenWindows(stream, seq_len=4, eos_id=tokenizer.eos_id)
+    batch = windows(np.array([0, 1]))
+    assert batch["inputs"].tolist() == [[97, 98, 257, 99], [99, 100, 101, 257]]
+    assert batch["segment_ids"].tolist() == [[0, 0, 0, 1], [0, 0, 0, 0]]  # the EOS stays with its document
+    assert "segment_ids" not in pipeline.TokenWindows(stream, seq_len=4)(np.array([0]))
+
+
+def test_document_boundaries_mask_reaches_training_and_validation_batches(tmp_path):
+    for i in range(6):
+        write(tmp_path / f"{i}.txt", "doc\n" * (3 + i))
+    masked = build_data(text_config(str(tmp_path / "*.txt"), seq_len=8, document_boundaries="mask"), seed=0)
+    batch = next(masked.train_iterator(2))
+    assert batch["segment_ids"].shape == batch["inputs"].shape == (2, 8)
+    eos = batch["inputs"] == masked.tokenizer.eos_id
+    np.testing.assert_array_equal(np.diff(batch["segment_ids"], axis=1), eos[:, :-1])  # a new id after each EOS
+    assert "segment_ids" in masked.validation_windows([8], 16)[8](np.arange(1))
+    packed = build_data(text_config(str(tmp_path / "*.txt"), seq_len=8), seed=0)
+    assert "segment_ids" not in next(packed.train_iterator(2))
+    np.testing.assert_array_equal(next(packed.train_iterator(2))["inputs"], batch["inputs"])  # the same windows
 
 
 def test_bytes_per_token_counts_eos(tmp_path):

@@ -6,6 +6,10 @@ non-overlapping windows of ``seq_len + 1`` tokens taken every ``seq_len``
 tokens, so every token is a prediction target exactly once; a final partial
 window is dropped. A window gives ``inputs = w[:-1]`` and ``targets = w[1:]``.
 
+With ``data.document_boundaries=mask`` a batch also carries ``segment_ids`` [rows, L]: the number of
+EOS tokens before each input in its window, so each document (its closing EOS included) has its own
+id and the model keeps documents apart; positions restart with each document (``lmzoo.model``).
+
 Validation scores the first ``N`` targets of the validation stream, the same ``N`` at every
 evaluated length (``ValidationWindows``): only the context each target sees changes with the
 window length.
@@ -65,11 +69,12 @@ class TokenWindows:
     which is far cheaper than assembling a batch window by window.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int):
+    def __init__(self, tokens: np.ndarray, seq_len: int, eos_id: Optional[int] = None):
         if seq_len < 1:
             raise ValueError(f"data.seq_len must be positive, got {seq_len}")
         self.tokens = tokens
         self.seq_len = seq_len
+        self.eos_id = eos_id  # None: no segment ids
         self._offsets = np.arange(seq_len + 1)
 
     def __len__(self) -> int:
@@ -78,10 +83,19 @@ class TokenWindows:
     def __call__(self, window_indices: np.ndarray) -> Batch:
         starts = np.asarray(window_indices, dtype=np.int64) * self.seq_len
         windows = self.tokens[starts[:, None] + self._offsets]
-        return {
+        batch = {
             "inputs": np.ascontiguousarray(windows[:, :-1]),
             "targets": np.ascontiguousarray(windows[:, 1:]),
         }
+        if self.eos_id is not None:
+            batch["segment_ids"] = document_ids(batch["inputs"], self.eos_id)
+        return batch
+
+
+def document_ids(inputs: np.ndarray, eos_id: int) -> np.ndarray:
+    """int32 [rows, L]: how many EOS tokens precede each input in its window (an EOS ends its document)."""
+    ends = inputs == eos_id
+    return (np.cumsum(ends, axis=1) - ends).astype(np.int32)
 
 
 def _rows_per_process(batch_size: int, shard_count: int) -> int:
@@ -108,14 +122,16 @@ def train_iterator(
     seed: int,
     shard_index: int = 0,
     shard_count: int = 1,
+    eos_id: Optional[int] = None,
 ) -> grain.DatasetIterator:
-    """Endless shuffled batches of ``int32[batch_size // shard_count, seq_len]``.
+    """Endless shuffled batches of ``int32[batch_size // shard_count, seq_len]`` (with ``eos_id``, also
+    their ``segment_ids``).
 
     Every epoch is a fresh permutation of the windows (derived from ``seed``);
     a batch may straddle two epochs. The iterator's ``get_state()`` /
     ``set_state()`` resume exactly.
     """
-    windows = TokenWindows(tokens, seq_len)
+    windows = TokenWindows(tokens, seq_len, eos_id)
     if len(windows) < batch_size:
         raise ValueError(
             f"the training split has {len(windows)} windows of data.seq_len={seq_len}, "
@@ -142,10 +158,10 @@ class ValidationWindows:
     targets are blocks of units.
     """
 
-    def __init__(self, tokens: np.ndarray, length: int, n_targets: int):
+    def __init__(self, tokens: np.ndarray, length: int, n_targets: int, eos_id: Optional[int] = None):
         if n_targets % length:
             raise ValueError(f"{n_targets} scored targets do not fill windows of {length}")
-        self.windows = TokenWindows(tokens[: n_targets + 1], length)
+        self.windows = TokenWindows(tokens[: n_targets + 1], length, eos_id)
         self.length, self.units = length, n_targets
 
     def __len__(self) -> int:
@@ -185,11 +201,17 @@ class Data:
     # to get bits per byte, which is comparable across tokenizers.
     bytes_per_token: float
     fingerprint: dict[str, Any]
+    document_boundaries: str = "none"  # "mask": batches carry segment ids (see the module docstring)
+
+    @property
+    def eos_id(self) -> Optional[int]:
+        """The token that ends a document when batches carry segment ids, else None."""
+        return self.tokenizer.eos_id if self.document_boundaries == "mask" else None
 
     @classmethod
     def from_documents(
         cls, documents: "Documents", tokenizer: Tokenizer, *, seq_len: int, seed: int, shard_index: int,
-        shard_count: int,
+        shard_count: int, document_boundaries: str = "none",
     ) -> "Data":
         """Tokenise both splits of ``documents``; the fingerprint adds the tokenizer and token counts to theirs."""
         train_tokens = token_stream(documents.train, tokenizer)
@@ -212,15 +234,16 @@ class Data:
             shard_count=shard_count,
             bytes_per_token=val_bytes / val_tokens.size,
             fingerprint=fingerprint,
+            document_boundaries=document_boundaries,
         )
 
     def train_iterator(self, batch_size: int) -> grain.DatasetIterator:
         """Endless shuffled batches ``{"inputs", "targets"}: int32[batch_size // shard_count, seq_len]``."""
         return train_iterator(
-            self.train_tokens, self.seq_len, batch_size, self.seed, self.shard_index, self.shard_count
+            self.train_tokens, self.seq_len, batch_size, self.seed, self.shard_index, self.shard_count, self.eos_id
         )
 
     def validation_windows(self, lengths: Sequence[int], budget: Optional[int]) -> dict[int, ValidationWindows]:
         """The windows of each length over the same first validation targets (``budget`` tokens; None: all)."""
         n_targets = scored_targets(len(self.val_tokens) - 1, budget, lengths)
-        return {length: ValidationWindows(self.val_tokens, length, n_targets) for length in lengths}
+        return {length: ValidationWindows(self.val_tokens, length, n_targets, self.eos_id) for length in lengths}

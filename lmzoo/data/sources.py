@@ -45,7 +45,9 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 from lmzoo.data.pipeline import Data
 from lmzoo.data.tokenizers import build_tokenizer
 from lmzoo.registry import SOURCES
-from lmzoo.schema import ConfigError, DataConfig
+from lmzoo.schema import ConfigError, DataConfig, one_of
+
+DOCUMENT_BOUNDARIES = ("none", "mask")  # data.document_boundaries: see lmzoo.data.pipeline
 
 # Folders skipped in the stdlib corpus: third-party packages, and the test
 # suites, which are large, repetitive and would dominate the corpus.
@@ -334,9 +336,11 @@ class CorpusConfig(DataConfig):
 
     tokenizer: str = "byte"  # "byte" or a path to a tokenizer.json
     val_fraction: float = 0.05
+    document_boundaries: str = "none"  # none: packed documents see each other | mask: each is mixed alone
 
     def check(self) -> None:
         super().check()
+        one_of("data.document_boundaries", self.document_boundaries, DOCUMENT_BOUNDARIES)
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"data.val_fraction={self.val_fraction} must lie strictly between 0 and 1")
         if self.tokenizer != "byte" and not os.path.isfile(self.tokenizer):
@@ -349,7 +353,8 @@ class CorpusConfig(DataConfig):
         documents = self.documents()
         tokenizer = build_tokenizer(self.tokenizer)
         return Data.from_documents(
-            documents, tokenizer, seq_len=self.seq_len, seed=seed, shard_index=shard_index, shard_count=shard_count
+            documents, tokenizer, seq_len=self.seq_len, seed=seed, shard_index=shard_index, shard_count=shard_count,
+            document_boundaries=self.document_boundaries,
         )
 
 

@@ -1,7 +1,8 @@
 """Probes: every layer's effective attention matrix reduced to per-head sparsity and entropy.
 
 Row statistics are averaged over the batch and over query positions (each causal row i over its
-i + 1 visible keys); ``position_buckets`` also reports them per span of query positions, since
+i + 1 visible keys, or over its document's when documents are kept apart); ``position_buckets``
+also reports them per span of query positions (in the window), since
 how focused attention is depends on how much context a query has.
 """
 
@@ -13,26 +14,30 @@ import numpy as np
 from flax import nnx
 
 from lmzoo.metrics.sparsity import attention_entropy, l1_l2_sparsity
-from lmzoo.ops.common import causal_mask
+from lmzoo.ops.common import causal_mask, same_segment
 
 
 @nnx.jit(static_argnames="position_buckets")
-def _row_stats(model, tokens, position_buckets: int):
+def _row_stats(model, tokens, segment_ids, position_buckets: int):
     t = tokens.shape[1]
-    causal = causal_mask(t)
+    visible = causal_mask(t)
+    if segment_ids is not None:  # a row spans the keys of the query's own document
+        visible = visible & same_segment(segment_ids)[:, None]  # (B, 1, T, T)
     spans = np.array_split(np.arange(t), min(position_buckets, t))
     stats = {"sparsity": [], "entropy": [], "sparsity_by_position": [], "entropy_by_position": []}
-    for weights in model.attention_matrices(tokens):  # (B, H, T, T) per layer
+    for weights in model.attention_matrices(tokens, segment_ids=segment_ids):  # (B, H, T, T) per layer
         for name, fn in (("sparsity", l1_l2_sparsity), ("entropy", attention_entropy)):
-            rows = fn(weights, causal)  # (B, H, T)
+            rows = fn(weights, visible)  # (B, H, T)
             stats[name].append(jnp.nanmean(rows, axis=(0, 2)))  # (H,)
             stats[f"{name}_by_position"].append(jnp.stack([jnp.nanmean(rows[..., s]) for s in spans]))
     return {k: jnp.stack(v) for k, v in stats.items()}, [int(s[-1]) + 1 for s in spans]
 
 
-def attention_stats(model, tokens, *, position_buckets: int = 8) -> dict:
-    """{"sparsity", "entropy": [layer][head], "*_by_position": [layer][bucket], "positions": [bucket end]}."""
-    stats, ends = _row_stats(model, jnp.asarray(tokens), position_buckets)
+def attention_stats(model, tokens, segment_ids=None, *, position_buckets: int = 8) -> dict:
+    """{"sparsity", "entropy": [layer][head], "*_by_position": [layer][bucket], "positions": [bucket end]};
+    with ``segment_ids`` each document's rows over its own keys."""
+    segment_ids = None if segment_ids is None else jnp.asarray(segment_ids)
+    stats, ends = _row_stats(model, jnp.asarray(tokens), segment_ids, position_buckets)
     out = {k: np.asarray(jax.device_get(v)).tolist() for k, v in stats.items()}
     out["positions"] = ends
     return out

@@ -1,9 +1,13 @@
 """What every sequence mixer is: the protocol the model, decoder and probes rely on.
 
-A mixer maps ``x [B, T, d_model] -> y [B, T, d_model]`` causally and also offers
+A mixer maps ``x [B, T, d_model] -> y [B, T, d_model]`` causally (``__call__(x, *, positions=None,
+segment_ids=None)``; with ``segment_ids [B, T]``, equal within a document, each document is mixed as
+if it were alone: no weight crosses a boundary, recurrent state and convolution windows restart at
+each segment start, and ``positions`` restart there too) and also offers
 - ``init_state(batch_size, max_len)`` / ``step(x_t [B, d_model], state) -> (y_t, state)``:
   token-by-token decoding; stepping through a sequence equals ``__call__`` on it;
-- ``attention_matrix(x) -> [B, H, T, T]``: the causal weights the mixer effectively applies;
+- ``attention_matrix(x, *, positions=None, segment_ids=None) -> [B, H, T, T]``: the causal weights
+  the mixer effectively applies (0 across segments);
 - ``prefill(x, max_len=None, *, positions=None) -> (y, state)``: the parallel forward that also
   returns the decoding state, equal to ``init_state(B, max_len)`` stepped through every token of x
   (same structure, shapes and dtypes), so that decoding continues from it with ``step`` at position
@@ -80,7 +84,8 @@ class Mixer(nnx.Module):
         if training is not None:
             self.training = training
 
-    def __call__(self, x: jax.Array, *, positions: jax.Array | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array, *, positions: jax.Array | None = None,
+                 segment_ids: jax.Array | None = None) -> jax.Array:
         raise NotImplementedError
 
     def init_state(self, batch_size: int, max_len: int):
@@ -94,7 +99,8 @@ class Mixer(nnx.Module):
     def step(self, x_t: jax.Array, state):
         raise NotImplementedError
 
-    def attention_matrix(self, x: jax.Array) -> jax.Array:
+    def attention_matrix(self, x: jax.Array, *, positions: jax.Array | None = None,
+                         segment_ids: jax.Array | None = None) -> jax.Array:
         raise NotImplementedError
 
     def state_size(self, max_len: int) -> int:

@@ -64,12 +64,12 @@ class ForgettingAttention(CacheMixer):
         c = c.swapaxes(1, 2)  # (B, H, T)
         return c[..., :, None] - c[..., None, :]
 
-    def forward(self, x, positions=None):
+    def forward(self, x, positions=None, segment_ids=None):
         b, t, _ = x.shape
         positions = default_positions(b, t) if positions is None else positions
         q, k, v, log_f = self.project(x)
         c = jnp.cumsum(log_f, axis=1)  # (B, T, H) cumulative log gates
-        y = self.scoring.parallel(q, k, v, positions, bias=self.forget_bias(c))  # (B, T, H, D)
+        y = self.scoring.parallel(q, k, v, positions, bias=self.forget_bias(c), segment_ids=segment_ids)
         return self.o_proj(y.reshape(b, t, -1)), {"k": k, "v": v, "c": c}
 
     def prefill(self, x, max_len=None, *, positions=None):
@@ -92,10 +92,12 @@ class ForgettingAttention(CacheMixer):
         y = jnp.einsum("bhts,bshd->bthd", weights.astype(state["v"].dtype), state["v"])
         return self.o_proj(y.reshape(x_t.shape[0], -1)), state
 
-    def attention_matrix(self, x):
+    def attention_matrix(self, x, *, positions=None, segment_ids=None):
         b, t, _ = x.shape
         q, k, _, log_f = self.project(x)
-        return self.scoring.matrix(q, k, default_positions(b, t), bias=self.forget_bias(jnp.cumsum(log_f, axis=1)))
+        positions = default_positions(b, t) if positions is None else positions
+        bias = self.forget_bias(jnp.cumsum(log_f, axis=1))
+        return self.scoring.matrix(q, k, positions, bias=bias, segment_ids=segment_ids)
 
     def state_size(self, max_len):
         slots = self.scoring.cache_size(max_len)

@@ -25,6 +25,7 @@ from flax import nnx
 from lmzoo.mixers.base import MixerContext, dense
 from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, Scoring, cache_append, init_cache
 from lmzoo.ops import causal_mask
+from lmzoo.ops.common import same_segment
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
 from lmzoo.schema import ModelConfig, one_of, positive
@@ -72,27 +73,31 @@ class GatedAttentionUnit(CacheMixer):
         return u, q[:, :, None, :], k[:, :, None, :], v[:, :, None, :]
 
     def relu2_weights(self, logits, mask, n_keys):
-        """relu(logits)^2 / n, zero where masked; logits [B,1,T,S], n_keys [T]."""
-        a = jnp.square(jax.nn.relu(logits)) / n_keys[:, None].astype(jnp.float32)
-        return jnp.where(mask, a, 0.0)
+        """relu(logits)^2 / n, zero where masked; logits [B,1,T,S], n_keys [T] or [B, T]."""
+        n = jnp.asarray(n_keys, jnp.float32)
+        n = n[:, None] if n.ndim == 1 else n[:, None, :, None]
+        return jnp.where(mask, jnp.square(jax.nn.relu(logits)) / n, 0.0)
 
-    def weights(self, q, k, positions):
-        """[B, 1, T, T] float32 causal weights of the unit's single head."""
+    def weights(self, q, k, positions, segment_ids=None):
+        """[B, 1, T, T] float32 causal weights of the unit's single head (0 across segments)."""
         if not self.relu2:
-            return self.scoring.matrix(q, k, positions)
+            return self.scoring.matrix(q, k, positions, segment_ids=segment_ids)
         t = q.shape[1]
-        n_keys = self.scoring.keys_seen(jnp.arange(t))
+        n_keys = self.scoring.queries_keys_seen(positions, segment_ids)
         logits = self.scoring.logits(self.scoring.scale_queries(q, n_keys), k, positions, positions)
-        return self.relu2_weights(logits, causal_mask(t, t, window=self.scoring.window), n_keys)
+        mask = causal_mask(t, t, window=self.scoring.window)
+        if segment_ids is not None:
+            mask = mask & same_segment(segment_ids)[:, None]
+        return self.relu2_weights(logits, mask, n_keys)
 
-    def forward(self, x, positions=None):
+    def forward(self, x, positions=None, segment_ids=None):
         b, t, _ = x.shape
         positions = default_positions(b, t) if positions is None else positions
         u, q, k, v = self.project(x)
         if self.relu2:
-            y = jnp.einsum("bhts,bshd->bthd", self.weights(q, k, positions).astype(v.dtype), v)
+            y = jnp.einsum("bhts,bshd->bthd", self.weights(q, k, positions, segment_ids).astype(v.dtype), v)
         else:
-            y = self.scoring.parallel(q, k, v, positions)
+            y = self.scoring.parallel(q, k, v, positions, segment_ids=segment_ids)
         return self.o_proj(u * y[:, :, 0]), {"k": k, "v": v}  # (B, T, d)
 
     def init_state(self, batch_size, max_len):
@@ -112,10 +117,11 @@ class GatedAttentionUnit(CacheMixer):
         y = jnp.einsum("bhts,bshd->bthd", weights.astype(state["v"].dtype), state["v"])  # (B, 1, 1, e)
         return self.o_proj(u[:, 0] * y[:, 0, 0]), state
 
-    def attention_matrix(self, x):
+    def attention_matrix(self, x, *, positions=None, segment_ids=None):
         b, t, _ = x.shape
         _, q, k, _ = self.project(x)
-        w = self.weights(q, k, default_positions(b, t))  # (B, 1, T, T)
+        positions = default_positions(b, t) if positions is None else positions
+        w = self.weights(q, k, positions, segment_ids)  # (B, 1, T, T)
         return jnp.broadcast_to(w, (b, self.n_heads, t, t))
 
     def state_size(self, max_len):

@@ -61,7 +61,7 @@ class GatedLinearAttention(GatedMixer):
         self.gate_up = dense(ctx, cfg.gate_rank, self.n_heads * self.key_dim, rngs=rngs, bias=True)
         self.init_output(ctx, rngs=rngs)
 
-    def heads(self, x, positions=None):  # the gates carry order: positions are unused
+    def heads(self, x, positions=None, segment_ids=None):  # the gates carry order: positions are unused
         """q, k [B,T,H,Dk], v [B,T,H,Dv] and the float32 log gates [B,T,H,Dk] (<= 0)."""
         b, t, _ = x.shape
         keys = (b, t, self.n_heads, self.key_dim)

@@ -113,21 +113,21 @@ class LinearAttention(LinearFamilyMixer):
         logits = x @ self.projection[...].T - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)  # (..., m)
         return jnp.exp(logits) * self.key_dim**-0.5
 
-    def heads(self, x, positions=None):  # no position encoding: see the module docstring
+    def heads(self, x, positions=None, segment_ids=None):  # no position encoding: see the module docstring
         """phi(q), phi(k) [B,T,H,key_dim] float32 and v [B,T,H,head_dim]."""
         b, t, _ = x.shape
         split = (b, t, self.n_heads, self.head_dim)
         q, k = self.features(self.q_proj(x).reshape(split)), self.features(self.k_proj(x).reshape(split))
         return q, k, self.v_proj(x).reshape(split)
 
-    def mix(self, q, k, v, state=None, method=None):
+    def mix(self, q, k, v, state=None, method=None, segment_ids=None):
         return linear_attention(
             q, k, v, scale=self.scale, normalize=self.normalize, initial_state=state,
-            method=method or self.method, chunk_size=self.chunk_size,
+            method=method or self.method, chunk_size=self.chunk_size, segment_ids=segment_ids,
         )
 
-    def mix_weights(self, q, k, v):
-        return linear_attention_weights(q, k, scale=self.scale, normalize=self.normalize)
+    def mix_weights(self, q, k, v, segment_ids=None):
+        return linear_attention_weights(q, k, scale=self.scale, normalize=self.normalize, segment_ids=segment_ids)
 
     def output(self, x, o):
         return self.o_proj(o.reshape(*o.shape[:-2], -1))

@@ -94,12 +94,12 @@ class MultiHeadLatentAttention(CacheMixer):
         k_rope = jnp.broadcast_to(rope_key[:, :, None, :], (b, t, h, self.rope_dim))  # one rope key for all heads
         return jnp.concatenate([k_content, k_rope.astype(k_content.dtype)], axis=-1), self.v_up(latent).reshape(b, t, h, hd)
 
-    def forward(self, x, positions=None):
+    def forward(self, x, positions=None, segment_ids=None):
         b, t, _ = x.shape
         positions = default_positions(b, t) if positions is None else positions
         latent, rope_key = self.latents(x)
         k, v = self.keys_values(latent, rope_key)
-        y = self.scoring.parallel(self.queries(x), k, v, positions)  # (B, T, H, head_dim)
+        y = self.scoring.parallel(self.queries(x), k, v, positions, segment_ids=segment_ids)  # (B, T, H, head_dim)
         return self.o_proj(y.reshape(b, t, -1)), {"latent": latent, "rope_key": rope_key}
 
     def init_state(self, batch_size, max_len):
@@ -125,10 +125,11 @@ class MultiHeadLatentAttention(CacheMixer):
         y = jnp.einsum("bthc,chd->bthd", mixed, w_uv)  # (B, 1, H, hd)
         return self.o_proj(y.reshape(b, -1)), state
 
-    def attention_matrix(self, x):
+    def attention_matrix(self, x, *, positions=None, segment_ids=None):
         b, t, _ = x.shape
         k, _ = self.keys_values(*self.latents(x))
-        return self.scoring.matrix(self.queries(x), k, default_positions(b, t))
+        positions = default_positions(b, t) if positions is None else positions
+        return self.scoring.matrix(self.queries(x), k, positions, segment_ids=segment_ids)
 
     def state_size(self, max_len):
         return self.scoring.cache_size(max_len) * (self.kv_rank + self.rope_dim)

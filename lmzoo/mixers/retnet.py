@@ -50,7 +50,7 @@ class Retention(GatedMixer):
         self.v_proj = dense(ctx, d, d, rngs=rngs)
         self.init_output(ctx, rngs=rngs)
 
-    def heads(self, x, positions):
+    def heads(self, x, positions, segment_ids=None):
         """The retention inputs: rotated q, k [B,T,H,D], v [B,T,H,D] and log decays [B,T,H]."""
         b, t, _ = x.shape
         split = (b, t, self.n_heads, self.head_dim)

@@ -65,11 +65,11 @@ class SoftmaxAttention(CacheMixer):
             q, k = self.scoring.rotate(q, positions), self.scoring.rotate(k, positions)
         return q, k, v
 
-    def forward(self, x, positions=None):
+    def forward(self, x, positions=None, segment_ids=None):
         b, t, _ = x.shape
         positions = default_positions(b, t) if positions is None else positions
         q, k, v = self.project(x)
-        y = self.scoring.parallel(q, k, v, positions)  # (B, T, H, D)
+        y = self.scoring.parallel(q, k, v, positions, segment_ids=segment_ids)  # (B, T, H, D)
         return self.o_proj(y.reshape(b, t, -1)), {"k": k, "v": v}
 
     def init_state(self, batch_size, max_len):
@@ -85,10 +85,11 @@ class SoftmaxAttention(CacheMixer):
         y = jnp.einsum("bhts,bshd->bthd", weights.astype(values.dtype), values)
         return self.o_proj(y.reshape(x_t.shape[0], -1)), state
 
-    def attention_matrix(self, x):
+    def attention_matrix(self, x, *, positions=None, segment_ids=None):
         b, t, _ = x.shape
         q, k, _ = self.project(x)
-        return self.scoring.matrix(q, k, default_positions(b, t))
+        positions = default_positions(b, t) if positions is None else positions
+        return self.scoring.matrix(q, k, positions, segment_ids=segment_ids)
 
     def state_size(self, max_len):
         return 2 * self.scoring.cache_size(max_len) * self.n_kv_heads * self.head_dim

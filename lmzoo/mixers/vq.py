@@ -26,6 +26,7 @@ from jax import lax
 
 from lmzoo.mixers.base import AuxLoss, Mixer, MixerContext, dense
 from lmzoo.ops import causal_mask
+from lmzoo.ops.common import same_segment
 from lmzoo.ops.vq import METHODS, gather_codewords, init_vq_cache, vq_attention, vq_cache_fill, vq_cache_step
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
@@ -93,14 +94,14 @@ class VQAttention(Mixer):
         q = self.q_proj(x).reshape(shape)
         return q, rms_normalise(self.k_proj(x).reshape(shape)), self.v_proj(x).reshape(shape)
 
-    def __call__(self, x, *, positions=None):  # positions unused: quantised keys carry no rotation
-        return self.forward(x)[0]
+    def __call__(self, x, *, positions=None, segment_ids=None):  # positions unused: quantised keys carry no rotation
+        return self.forward(x, segment_ids)[0]
 
     def prefill(self, x, max_len=None, *, positions=None):
         y, codes, v = self.forward(x)
         return y, vq_cache_fill(codes, v, self.n_codes)
 
-    def forward(self, x):
+    def forward(self, x, segment_ids=None):
         """y [B,T,d_model], each key's codeword index [B,T,H] and the values [B,T,H,D]."""
         b, t, _ = x.shape
         q, k, v = self.project(x)
@@ -112,7 +113,8 @@ class VQAttention(Mixer):
             error = jnp.mean(jnp.square(k.astype(jnp.float32) - lax.stop_gradient(codewords.astype(jnp.float32))))
             self.sow(AuxLoss, "commitment", self.commitment_weight * error)
             self.update_codebook(lax.stop_gradient(k), codes)
-        y = vq_attention(q, k_hat, codes, codebook.astype(q.dtype), v, block_size=self.block_size, method=self.method)
+        y = vq_attention(q, k_hat, codes, codebook.astype(q.dtype), v, block_size=self.block_size, method=self.method,
+                         segment_ids=segment_ids)
         return self.o_proj(y.reshape(b, t, -1)), codes, v
 
     def update_codebook(self, k: jax.Array, codes: jax.Array) -> None:
@@ -135,13 +137,14 @@ class VQAttention(Mixer):
         y, state = vq_cache_step(state, q[:, 0], codes[:, 0], codebook.astype(q.dtype), v[:, 0])  # (B, H, D)
         return self.o_proj(y.reshape(x_t.shape[0], -1)), state
 
-    def attention_matrix(self, x):
+    def attention_matrix(self, x, *, positions=None, segment_ids=None):
         q, k, _ = self.project(x)
         codebook = self.codebook()
         keys = gather_codewords(codebook, self.quantise(k, codebook))
         t = x.shape[1]
         scores = jnp.einsum("bthd,bshd->bhts", q.astype(jnp.float32), keys) * self.head_dim**-0.5
-        return jax.nn.softmax(jnp.where(causal_mask(t, t), scores, -jnp.inf), axis=-1)
+        visible = causal_mask(t, t) if segment_ids is None else causal_mask(t, t) & same_segment(segment_ids)[:, None]
+        return jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
 
     def state_size(self, max_len):
         return self.n_heads * self.n_codes * (self.head_dim + 1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lmzoo.ops.common import causal_mask, check_form
+from lmzoo.ops.common import causal_mask, check_form, same_segment
 
 METHODS = ("naive", "xla", "cudnn")
 
@@ -18,8 +18,9 @@ def repeat_kv(x: jax.Array, n_rep: int) -> jax.Array:
     return x if n_rep == 1 else jnp.repeat(x, n_rep, axis=2)
 
 
-def attention_weights(q, k, *, scale=None, causal=True, window=None, bias=None) -> jax.Array:
-    """Softmax probabilities [B, H, T, S] in float32 (the reference path, and what probes read)."""
+def attention_weights(q, k, *, scale=None, causal=True, window=None, bias=None, segment_ids=None) -> jax.Array:
+    """Softmax probabilities [B, H, T, S] in float32 (the reference path, and what probes read);
+    ``segment_ids`` [B, T] (T = S): a query sees only keys of its own segment."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     k = repeat_kv(k, q.shape[2] // k.shape[2])
     scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
@@ -27,20 +28,23 @@ def attention_weights(q, k, *, scale=None, causal=True, window=None, bias=None) 
         scores = scores + bias
     if causal or window is not None:
         scores = jnp.where(causal_mask(q.shape[1], k.shape[1], window=window), scores, -jnp.inf)
+    if segment_ids is not None:
+        scores = jnp.where(same_segment(segment_ids)[:, None], scores, -jnp.inf)
     return jax.nn.softmax(scores, axis=-1)
 
 
-def softmax_attention(q, k, v, *, scale=None, causal=True, window=None, bias=None, method="xla"):
+def softmax_attention(q, k, v, *, scale=None, causal=True, window=None, bias=None, method="xla", segment_ids=None):
     """Multi-head softmax attention. q [B,T,H,D], k/v [B,S,K,D] with H a multiple of K -> [B,T,H,D].
 
     ``bias`` broadcasts to [B, H, T, S] and is added to the scaled scores (e.g. ALiBi or a
-    padding mask of -inf). ``method``: "naive" (einsum + softmax, float32 scores), "xla" or
-    "cudnn" (``jax.nn.dot_product_attention``).
+    padding mask of -inf). ``segment_ids`` [B, T] (T = S, equal within a document): no query
+    sees a key of another segment. ``method``: "naive" (einsum + softmax, float32 scores), "xla" or
+    "cudnn" (``jax.nn.dot_product_attention``, the segments as its boolean mask).
     """
     check_form(method, METHODS)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if method == "naive":
-        probs = attention_weights(q, k, scale=scale, causal=causal, window=window, bias=bias)
+        probs = attention_weights(q, k, scale=scale, causal=causal, window=window, bias=bias, segment_ids=segment_ids)
         v = repeat_kv(v, q.shape[2] // v.shape[2])
         return jnp.einsum("bhts,bshd->bthd", probs.astype(v.dtype), v)
     if q.shape[1] != k.shape[1] and causal:
@@ -48,8 +52,9 @@ def softmax_attention(q, k, v, *, scale=None, causal=True, window=None, bias=Non
     if bias is not None:
         bias = jnp.broadcast_to(bias, (q.shape[0], q.shape[2], q.shape[1], k.shape[1])).astype(q.dtype)
     local = None if window is None else (window - 1, 0)
+    mask = None if segment_ids is None else same_segment(segment_ids)[:, None]  # (B, 1, T, S)
     return jax.nn.dot_product_attention(
-        q, k, v, bias=bias, scale=scale, is_causal=causal, local_window_size=local, implementation=method
+        q, k, v, bias=bias, mask=mask, scale=scale, is_causal=causal, local_window_size=local, implementation=method
     )
 
 

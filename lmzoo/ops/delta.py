@@ -55,14 +55,20 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import check_form, decay_since, decay_until_end, from_chunks, gate_layout, to_chunks
+from lmzoo.ops.common import (
+    check_form, decay_since, decay_until_end, from_chunks, gate_layout, reset_gates, same_segment, to_chunks,
+)
 
 METHODS = ("scan", "parallel", "chunk")
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
-def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64):
+def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64,
+               segment_ids=None):
     """q, k [B,T,H,Dk], v [B,T,H,Dv], beta [B,T,H], log_g None, [B,T,H] (per head) or [B,T,H,Dk].
+
+    ``segment_ids`` [B,T]: the state restarts at each segment start, as a forget gate of zero
+    (``RESET_LOG_DECAY``), which every form already runs exactly however strong.
 
     Returns (o [B, T, H, Dv] in v's dtype, S_T [B, H, Dk, Dv] float32).
     """
@@ -75,15 +81,21 @@ def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, met
         initial_state = jnp.zeros((batch, heads, d_key, v.shape[-1]), jnp.float32)
     s0 = initial_state.astype(jnp.float32)
     g32 = None if log_g is None else gate_layout(log_g, k.shape).astype(jnp.float32)
+    if segment_ids is not None:
+        g32 = reset_gates(log_g, segment_ids, k.shape)
     q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
     out, state = _FORMS[method](q32 * scale, k32, v32, beta.astype(jnp.float32), g32, s0, chunk_size)
     return out.astype(v.dtype), state
 
 
 @functools.partial(jax.jit, static_argnames=("scale",))
-def delta_rule_weights(q, k, beta, log_g=None, *, scale=None) -> jax.Array:
+def delta_rule_weights(q, k, beta, log_g=None, *, scale=None, segment_ids=None) -> jax.Array:
     """The effective causal weights [B, H, T, S] float32 that ``delta_rule`` applies to v (zero
-    initial state): ``scale * P_<=(q, k) (I + diag(beta) P_<(k, k))^{-1} diag(beta)``."""
+    initial state): ``scale * P_<=(q, k) (I + diag(beta) P_<(k, k))^{-1} diag(beta)``; exactly 0
+    across segments."""
+    if segment_ids is not None:
+        weights = delta_rule_weights(q, k, beta, reset_gates(log_g, segment_ids, k.shape), scale=scale)
+        return jnp.where(same_segment(segment_ids)[:, None], weights, 0.0)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     log_g = None if log_g is None else heads_first(gate_layout(log_g, k.shape).astype(jnp.float32))
     q, k = (heads_first(a.astype(jnp.float32)) for a in (q, k))  # (B, H, T, Dk)

@@ -44,7 +44,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.ops.common import (
-    causal_mask, check_form, decay_since, decay_until_end, from_chunks, gate_layout, segment_sums, to_chunks,
+    causal_mask, check_form, decay_since, decay_until_end, from_chunks, gate_layout, reset_gates, same_segment,
+    segment_sums, to_chunks,
 )
 from lmzoo.ops.pallas.gla import gla_pallas
 
@@ -52,9 +53,11 @@ METHODS = ("naive", "parallel", "scan", "assoc", "chunk", "pallas")
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
-def gla(q, k, v, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64):
+def gla(q, k, v, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64, segment_ids=None):
     """q, k [B,T,H,Dk], v [B,T,H,Dv], log_g None, [B,T,H], [B,T,H,1] or [B,T,H,Dk].
 
+    ``segment_ids`` [B,T] (equal within a document): the state restarts at each segment start, a
+    forget gate of zero (``RESET_LOG_DECAY``) that every form, the Pallas kernels too, already runs.
     Returns (o [B, T, H, Dv] in v's dtype, S_T [B, H, Dk, Dv] float32).
     """
     check_form(method, METHODS, chunk_size)
@@ -64,6 +67,8 @@ def gla(q, k, v, log_g=None, *, scale=None, initial_state=None, method="chunk", 
         initial_state = jnp.zeros((batch, heads, d_key, v.shape[-1]), jnp.float32)
     s0 = initial_state.astype(jnp.float32)
     g32 = None if log_g is None else gate_layout(log_g, k.shape).astype(jnp.float32)
+    if segment_ids is not None:
+        g32 = reset_gates(log_g, segment_ids, k.shape)
     if method == "pallas":
         q_scaled = (q.astype(jnp.float32) * scale).astype(q.dtype)
         gates = jnp.zeros((*k.shape[:3], 1), jnp.float32) if g32 is None else g32
@@ -88,12 +93,13 @@ def decayed_scores(q, k, log_g) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("scale",))
-def gla_weights(q, k, log_g=None, *, scale=None) -> jax.Array:
+def gla_weights(q, k, log_g=None, *, scale=None, segment_ids=None) -> jax.Array:
     """The effective causal weights [B, H, T, S] float32 of ``gla`` (no initial state):
-    ``scale * (q_i * prod_{j<m<=i} g_m) . k_j`` for j <= i."""
+    ``scale * (q_i * prod_{j<m<=i} g_m) . k_j`` for j <= i; exactly 0 across segments."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     g32 = None if log_g is None else gate_layout(log_g, k.shape).astype(jnp.float32)
-    return decayed_scores(q.astype(jnp.float32) * scale, k.astype(jnp.float32), g32)
+    weights = decayed_scores(q.astype(jnp.float32) * scale, k.astype(jnp.float32), g32)
+    return weights if segment_ids is None else jnp.where(same_segment(segment_ids)[:, None], weights, 0.0)
 
 
 # ----------------------------------------------------------------------------- forms

@@ -26,12 +26,13 @@ __all__ = ["METHODS", "linear_attention", "linear_attention_weights"]
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "normalize", "eps"))
-def linear_attention_weights(q, k, *, scale=None, normalize=False, eps=1e-6) -> jax.Array:
+def linear_attention_weights(q, k, *, scale=None, normalize=False, eps=1e-6, segment_ids=None) -> jax.Array:
     """The causal weights [B, H, T, S] float32 the op applies to v (no initial state).
 
-    ``scale q_i . k_j`` for j <= i; normalised, each row divided by ``scale q_i . z_i + eps``.
+    ``scale q_i . k_j`` for j <= i (and in i's segment); normalised, each row divided by its sum
+    ``scale q_i . z_i + eps``.
     """
-    weights = gla_weights(q, k, scale=scale)
+    weights = gla_weights(q, k, scale=scale, segment_ids=segment_ids)
     if normalize:
         weights = weights / (weights.sum(-1, keepdims=True) + eps)
     return weights
@@ -39,11 +40,13 @@ def linear_attention_weights(q, k, *, scale=None, normalize=False, eps=1e-6) -> 
 
 @functools.partial(jax.jit, static_argnames=("scale", "normalize", "eps", "method", "chunk_size"))
 def linear_attention(
-    q, k, v, *, scale=None, normalize=False, eps=1e-6, initial_state=None, method="chunk", chunk_size=64
+    q, k, v, *, scale=None, normalize=False, eps=1e-6, initial_state=None, method="chunk", chunk_size=64,
+    segment_ids=None,
 ):
     """Causal linear attention. q, k [B, T, H, Dk], v [B, T, H, Dv] -> (o [B, T, H, Dv], final state).
 
-    See the module docstring for the state layout and ``lmzoo.ops.gated`` for the forms.
+    See the module docstring for the state layout and ``lmzoo.ops.gated`` for the forms; with
+    ``segment_ids`` [B, T] the sums (and key sums) restart at each segment start.
     """
     q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
     d_value = v.shape[-1]
@@ -53,7 +56,8 @@ def linear_attention(
         if initial_state is not None:
             s0, z0 = (s.astype(jnp.float32) for s in initial_state)
             state = jnp.concatenate([s0, z0[..., None]], axis=-1)  # (B, H, Dk, Dv + 1)
-    out, state = gla(q32, k32, v32, scale=scale, initial_state=state, method=method, chunk_size=chunk_size)
+    out, state = gla(q32, k32, v32, scale=scale, initial_state=state, method=method, chunk_size=chunk_size,
+                     segment_ids=segment_ids)
     if normalize:
         out = out[..., :d_value] / (out[..., d_value:] + eps)
         state = (state[..., :d_value], state[..., d_value])

@@ -21,6 +21,7 @@ from jax import lax
 
 from lmzoo.mixers.base import Mixer, MixerContext
 from lmzoo.ops import causal_mask
+from lmzoo.ops.common import same_segment
 from lmzoo.ops.attention import METHODS, logn_scale, repeat_kv, softmax_attention
 from lmzoo.positions import Positions
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
@@ -94,11 +95,16 @@ class Scoring:
         return None if self.logn_base is None else logn_scale(n_keys, self.logn_base, clamp=self.logn_clamp)
 
     def scale_queries(self, q: jax.Array, n_keys: jax.Array) -> jax.Array:
-        """Log-n scaling as a per-query factor on q [B,T,H,D]: it multiplies every dot product of the query."""
+        """Log-n scaling as a per-query factor on q [B,T,H,D] (n_keys [T] or [B, T]): it multiplies
+        every dot product of the query."""
         factor = self.logn_factor(n_keys)
         if factor is None:
             return q
-        return (q.astype(jnp.float32) * factor[None, :, None, None]).astype(q.dtype)
+        return (q.astype(jnp.float32) * factor[..., None, None]).astype(q.dtype)
+
+    def queries_keys_seen(self, positions: jax.Array, segment_ids) -> jax.Array:
+        """Keys each query sees: [T] by its index, or [B, T] by its position in its own document."""
+        return self.keys_seen(jnp.arange(positions.shape[1]) if segment_ids is None else positions)
 
     def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         r = self.rotary_dim
@@ -127,24 +133,30 @@ class Scoring:
         logits = self.logits(q, k, q_pos, k_pos, free=free, bias=bias)
         return jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1)
 
-    def matrix(self, q, k, positions, *, bias=None) -> jax.Array:
-        """Causal weights [B,H,T,T] of a whole sequence (the probes' view of ``parallel``)."""
+    def matrix(self, q, k, positions, *, bias=None, segment_ids=None) -> jax.Array:
+        """Causal weights [B,H,T,T] of a whole sequence (the probes' view of ``parallel``); with
+        ``segment_ids`` [B,T] each query sees its own document only, at ``positions`` within it."""
         t = q.shape[1]
-        q = self.scale_queries(q, self.keys_seen(jnp.arange(t)))
-        return self.weights(q, k, positions, positions, causal_mask(t, t, window=self.window), bias=bias)
+        q = self.scale_queries(q, self.queries_keys_seen(positions, segment_ids))
+        mask = causal_mask(t, t, window=self.window)
+        if segment_ids is not None:
+            mask = mask & same_segment(segment_ids)[:, None]
+        return self.weights(q, k, positions, positions, mask, bias=bias)
 
-    def parallel(self, q, k, v, positions, *, bias=None) -> jax.Array:
+    def parallel(self, q, k, v, positions, *, bias=None, segment_ids=None) -> jax.Array:
         """Causal attention: q [B,T,H,D], k [B,T,K,D], v [B,T,K,Dv] -> [B,T,H,Dv] in v's dtype;
-        ``bias`` [B,H,T,T] (or broadcasting to it) is added to the scaled logits."""
+        ``bias`` [B,H,T,T] (or broadcasting to it) is added to the scaled logits; ``segment_ids``
+        [B,T]: no query sees another document's keys."""
         if self.pos.clips_distance:  # two score matrices per pair: no fused kernel computes this
-            weights = self.matrix(q, k, positions, bias=bias)
+            weights = self.matrix(q, k, positions, bias=bias, segment_ids=segment_ids)
             return jnp.einsum("bhts,bshd->bthd", weights.astype(v.dtype), repeat_kv(v, q.shape[2] // v.shape[2]))
-        q = self.scale_queries(q, self.keys_seen(jnp.arange(q.shape[1])))
+        q = self.scale_queries(q, self.queries_keys_seen(positions, segment_ids))
         q, k = self.rotate(q, positions), self.rotate(k, positions)
         bias = add_bias(None, self.pos.bias(positions, positions, q.shape[2]), bias)
         d_v = v.shape[-1]
         q, k, v = pad_to_one_head_dim(q, k, v)
-        y = softmax_attention(q, k, v, scale=self.scale, window=self.window, bias=bias, method=self.method)
+        y = softmax_attention(q, k, v, scale=self.scale, window=self.window, bias=bias, method=self.method,
+                              segment_ids=segment_ids)
         return y[..., :d_v]
 
     def cache_logits(self, q, keys, slot_pos, t, *, free=None, bias=None):
@@ -221,15 +233,15 @@ def cache_fill(cache: dict, **entries) -> dict:
 
 
 class CacheMixer(Mixer):
-    """Base of the softmax family's mixers: ``forward(x, positions) -> (y, entries)`` gives the output and
-    the per-token entries [B, T, ...] its cache holds (named as in ``init_state``); the base makes
-    ``__call__`` and ``prefill`` of it."""
+    """Base of the softmax family's mixers: ``forward(x, positions, segment_ids) -> (y, entries)`` gives
+    the output and the per-token entries [B, T, ...] its cache holds (named as in ``init_state``); the
+    base makes ``__call__`` and ``prefill`` of it."""
 
-    def forward(self, x, positions) -> tuple[jax.Array, dict]:
+    def forward(self, x, positions, segment_ids=None) -> tuple[jax.Array, dict]:
         raise NotImplementedError
 
-    def __call__(self, x, *, positions=None):
-        return self.forward(x, positions)[0]
+    def __call__(self, x, *, positions=None, segment_ids=None):
+        return self.forward(x, positions, segment_ids)[0]
 
     def prefill(self, x, max_len=None, *, positions=None):
         y, entries = self.forward(x, positions)

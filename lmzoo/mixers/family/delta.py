@@ -76,24 +76,25 @@ class DeltaRuleMixer(LinearFamilyMixer):
         """float32 log decays [B, T, H] or [B, T, H, Dk] (<= 0), or None for no decay."""
         return None
 
-    def project(self, x, conv_state=None):
+    def project(self, x, conv_state=None, segment_ids=None):
         """The op's inputs (q, k [B,T,H,Dk] unit, v [B,T,H,Dv], beta [B,T,H], log_g) and the conv window."""
         b, t, _ = x.shape
-        mixed, conv_state = self.conv(self.qkv_proj(x), conv_state)
+        mixed, conv_state = self.conv(self.qkv_proj(x), conv_state, segment_ids=segment_ids)
         q, k, v = jnp.split(jax.nn.silu(mixed).reshape(b, t, 3, self.n_heads, -1), 3, axis=2)
         q, k = l2_normalize(q[:, :, 0]).astype(v.dtype), l2_normalize(k[:, :, 0]).astype(v.dtype)
         beta = jax.nn.sigmoid(self.beta_proj(x).astype(jnp.float32))
         return (q, k, v[:, :, 0], beta, self.gates(x)), conv_state
 
-    def heads(self, x, positions=None):  # the state and the convs carry order: positions are unused
-        return self.project(x)[0]
+    def heads(self, x, positions=None, segment_ids=None):  # the state and the convs carry order: positions are unused
+        return self.project(x, segment_ids=segment_ids)[0]
 
-    def mix(self, q, k, v, beta, log_g, state=None, method=None):
+    def mix(self, q, k, v, beta, log_g, state=None, method=None, segment_ids=None):
         method = method or self.method
-        return delta_rule(q, k, v, beta, log_g, initial_state=state, method=method, chunk_size=self.chunk_size)
+        return delta_rule(q, k, v, beta, log_g, initial_state=state, method=method, chunk_size=self.chunk_size,
+                          segment_ids=segment_ids)
 
-    def mix_weights(self, q, k, v, beta, log_g):
-        return delta_rule_weights(q, k, beta, log_g)
+    def mix_weights(self, q, k, v, beta, log_g, segment_ids=None):
+        return delta_rule_weights(q, k, beta, log_g, segment_ids=segment_ids)
 
     def output(self, x, o):
         return self.o_proj(self.out_gate(x, o))

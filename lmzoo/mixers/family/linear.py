@@ -4,12 +4,13 @@ GLA; the delta rule changes only the update).
 
 A family mixer declares three parts,
 
-    heads(x, positions) -> (q, k, v, *gates)           per-token inputs of its op, v third
-    mix(*heads, state=None, method=None) -> (o, S)     the op in any of its forms, from any state
-    output(x, o) -> y                                   per-head o [.., H, Dv] to [.., d_model]
+    heads(x, positions, segment_ids) -> (q, k, v, *gates)    per-token inputs of its op, v third
+    mix(*heads, state=None, method=None, segment_ids=None)   the op in any of its forms, from any
+        -> (o, S)                                            state, restarting at segment starts
+    output(x, o) -> y                                         per-head o [.., H, Dv] to [.., d_model]
 
-plus ``mix_weights(*heads)``, the [B, H, T, T] weights the op applies to v, and the base does the
-rest: the forward is ``output(x, mix(*heads(x, positions))[0])`` and ``prefill`` keeps the op's
+plus ``mix_weights(*heads, segment_ids=None)``, the [B, H, T, T] weights the op applies to v, and the
+base does the rest: the forward is ``output(x, mix(*heads(x, positions))[0])`` and ``prefill`` keeps the op's
 final state from the same computation; decoding runs the same ``mix`` in
 its ``"scan"`` form one token at a time from a state of ``recurrent_state``'s shape, and
 ``state_size`` counts that state.
@@ -60,15 +61,16 @@ class LinearFamilyMixer(Mixer):
     key_dim: int
     value_dim: int
 
-    def heads(self, x, positions) -> tuple:
-        """The op's inputs for x [B, T, d_model] at ``positions`` [B, T]: q, k, v, then any gates."""
+    def heads(self, x, positions, segment_ids=None) -> tuple:
+        """The op's inputs for x [B, T, d_model] at ``positions`` [B, T]: q, k, v, then any gates
+        (``segment_ids`` for inputs that mix nearby tokens, e.g. a short convolution)."""
         raise NotImplementedError
 
-    def mix(self, *heads, state=None, method=None):
+    def mix(self, *heads, state=None, method=None, segment_ids=None):
         """The op on ``heads``: per-head output [B, T, H, Dv] and the final state."""
         raise NotImplementedError
 
-    def mix_weights(self, *heads) -> jax.Array:
+    def mix_weights(self, *heads, segment_ids=None) -> jax.Array:
         """[B, H, T, T] float32: the causal weights ``mix`` applies to v from a zero state."""
         raise NotImplementedError
 
@@ -80,13 +82,18 @@ class LinearFamilyMixer(Mixer):
         """The op's state at the start of a sequence: S [B, H, Dk, Dv] float32."""
         return jnp.zeros((batch_size, self.n_heads, self.key_dim, self.value_dim), jnp.float32)
 
-    def __call__(self, x, *, positions=None):
-        return self.prefill(x, x.shape[1], positions=positions)[0]
-
-    def prefill(self, x, max_len=None, *, positions=None):  # the op returns its final state whatever its form
+    def forward(self, x, positions=None, segment_ids=None):
+        """(y, the op's final state): the op returns its state whatever its form."""
         positions = default_positions(*x.shape[:2]) if positions is None else positions
-        o, s = self.mix(*self.heads(x, positions))
-        return self.output(x, o), {"S": s, "t": jnp.full((), x.shape[1], jnp.int32)}
+        o, s = self.mix(*self.heads(x, positions, segment_ids), segment_ids=segment_ids)
+        return self.output(x, o), s
+
+    def __call__(self, x, *, positions=None, segment_ids=None):
+        return self.forward(x, positions, segment_ids)[0]
+
+    def prefill(self, x, max_len=None, *, positions=None):
+        y, s = self.forward(x, positions)
+        return y, {"S": s, "t": jnp.full((), x.shape[1], jnp.int32)}
 
     def init_state(self, batch_size, max_len):
         return {"S": self.recurrent_state(batch_size), "t": jnp.zeros((), jnp.int32)}
@@ -97,8 +104,9 @@ class LinearFamilyMixer(Mixer):
         o, s = self.mix(*self.heads(x, positions), state=state["S"], method="scan")
         return self.output(x, o)[:, 0], {"S": s, "t": state["t"] + 1}
 
-    def attention_matrix(self, x):
-        return self.mix_weights(*self.heads(x, default_positions(*x.shape[:2])))
+    def attention_matrix(self, x, *, positions=None, segment_ids=None):
+        positions = default_positions(*x.shape[:2]) if positions is None else positions
+        return self.mix_weights(*self.heads(x, positions, segment_ids), segment_ids=segment_ids)
 
     def state_size(self, max_len):
         return sum(leaf.size for leaf in jax.tree.leaves(jax.eval_shape(lambda: self.recurrent_state(1))))
@@ -127,11 +135,12 @@ class GatedMixer(LinearFamilyMixer):
         self.out_gate = GatedHeadNorm(ctx, self.n_heads, self.value_dim, rngs=rngs)
         self.o_proj = dense(ctx, self.n_heads * self.value_dim, ctx.d_model, rngs=rngs, residual=True)
 
-    def mix(self, q, k, v, log_g, state=None, method=None):
-        return gla(q, k, v, log_g, initial_state=state, method=method or self.method, chunk_size=self.chunk_size)
+    def mix(self, q, k, v, log_g, state=None, method=None, segment_ids=None):
+        return gla(q, k, v, log_g, initial_state=state, method=method or self.method, chunk_size=self.chunk_size,
+                   segment_ids=segment_ids)
 
-    def mix_weights(self, q, k, v, log_g):
-        return gla_weights(q, k, log_g)  # scale * (q_i * decay from j to i) . k_j
+    def mix_weights(self, q, k, v, log_g, segment_ids=None):
+        return gla_weights(q, k, log_g, segment_ids=segment_ids)  # scale * (q_i * decay from j to i) . k_j
 
     def output(self, x, o):
         return self.o_proj(self.out_gate(x, o))

@@ -1,0 +1,252 @@
+"""Document boundaries: with ``segment_ids`` every op form and every registered variant mixes each
+document as if it were alone -- outputs, final states and gradients (random upstream gradients,
+odd lengths, boundaries inside and across chunks); without them nothing changes."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import op_checks
+from lmzoo import ops
+from lmzoo.ops.common import segment_starts
+from lmzoo.positions import segment_positions
+from op_checks import assert_trees_close, compiled, random_like
+
+DOCS = (10, 14, 13)  # row 0's documents: T = 37, boundaries inside the first and second chunks of 16
+LENGTH = sum(DOCS)
+
+
+def packed_ids() -> jax.Array:
+    """[2, T]: row 0 holds DOCS, row 1 one document."""
+    row = np.concatenate([np.full(n, i) for i, n in enumerate(DOCS)])
+    return jnp.asarray(np.stack([row, np.zeros(LENGTH, int)]), jnp.int32)
+
+
+def test_segment_helpers():
+    ids = jnp.asarray([[3, 3, 5, 5, 5, 9], [0, 0, 0, 0, 0, 0]])
+    assert segment_starts(ids).tolist() == [[False, False, True, False, False, True], [False] * 6]
+    assert segment_positions(ids).tolist() == [[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]]
+
+
+# ----------------------------------------------------------------------------- recurrent ops
+
+
+def run_linear(case, method, args, segment_ids=None):
+    q, k, v, state = args["q"], args["k"], args["v"], args.get("state")
+    if case.startswith("gla"):
+        return ops.gla(q, k, v, args["log_g"], initial_state=state, method=method, chunk_size=op_checks.CHUNK,
+                       segment_ids=segment_ids)
+    return ops.linear_attention(q, k, v, normalize=case == "linear_normalized", initial_state=state, method=method,
+                                chunk_size=op_checks.CHUNK, segment_ids=segment_ids)
+
+
+def run_delta(gate, method, args, segment_ids=None):
+    return ops.delta_rule(args["q"], args["k"], args["v"], args["beta"], args.get("log_g"),
+                          initial_state=args.get("state"), method=method, chunk_size=op_checks.CHUNK,
+                          segment_ids=segment_ids)
+
+
+@functools.partial(compiled, static_argnums=(0, 1, 2))
+def pull_back(run, case, method, args, cotangent, segment_ids=None):
+    """(o, final state) and the gradients of <(o, S), cotangent> w.r.t. every input."""
+    out, vjp = jax.vjp(lambda a: run(case, method, a, segment_ids), args)
+    return out, vjp(cotangent)[0]
+
+
+def alone(run, case, method, args, cotangent):
+    """What the packed batch must give: row 0's documents each run alone (only the first from the
+    initial state, only the last passing its state on), row 1 as it is; in the packed layout."""
+    row = lambda tree, r: jax.tree.map(lambda x: x[r : r + 1], tree)
+    time = lambda tree, a, b: {n: (x if n == "state" else x[:, a:b]) for n, x in tree.items()}
+    zero_state = lambda tree: jax.tree.map(jnp.zeros_like, tree)
+    first, rest = row(args, 0), row(args, 1)
+    out_pieces, grad_pieces, state, state_grad = [], [], None, None
+    edges = np.cumsum((0,) + DOCS)
+    for d, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+        piece = time(first, a, b)
+        if d and "state" in piece:
+            piece["state"] = zero_state(piece["state"])
+        last = d == len(DOCS) - 1
+        ct_out, ct_state = row(cotangent, 0)
+        ct = (ct_out[:, a:b], ct_state if last else zero_state(ct_state))
+        (o, s), g = pull_back(run, case, method, piece, ct)
+        out_pieces.append(o)
+        grad_pieces.append({n: x for n, x in g.items() if n != "state"})
+        state = s if last else state
+        state_grad = g.get("state") if d == 0 else state_grad
+    grads0 = {n: jnp.concatenate([g[n] for g in grad_pieces], axis=1) for n in grad_pieces[0]}
+    if state_grad is not None:
+        grads0["state"] = state_grad
+    (o1, s1), grads1 = pull_back(run, case, method, rest, row(cotangent, 1))
+    both = lambda x, y: jnp.concatenate([x, y], axis=0)
+    out = (both(jnp.concatenate(out_pieces, axis=1), o1), jax.tree.map(both, state, s1))
+    return out, jax.tree.map(both, grads0, grads1)
+
+
+LINEAR = [(case, method) for case in op_checks.CASES for method in ("naive", "parallel", "scan", "assoc", "chunk", "pallas")]
+
+
+@pytest.mark.parametrize("case, method", LINEAR, ids=[f"{c}-{m}" for c, m in LINEAR])
+def test_linear_and_gated_forms_keep_documents_apart(case, method):
+    args = op_checks.make_args(case, LENGTH, with_state=True)
+    cotangent = random_like(jax.eval_shape(lambda a: run_linear(case, "naive", a), args), seed=7)
+    expected = alone(run_linear, case, "naive", args, cotangent)
+    assert_trees_close(pull_back(run_linear, case, method, args, cotangent, packed_ids()), expected)
+
+
+DELTA = [(gate, method) for gate in ("none", "head", "channel") for method in ("scan", "parallel", "chunk")]
+
+
+@pytest.mark.parametrize("gate, method", DELTA, ids=[f"{g}-{m}" for g, m in DELTA])
+def test_delta_rule_forms_keep_documents_apart(gate, method):
+    from test_delta_rule import make_args
+
+    args = make_args(gate, LENGTH, with_state=True)
+    cotangent = random_like(jax.eval_shape(lambda a: run_delta(gate, "scan", a), args), seed=7)
+    expected = alone(run_delta, gate, "scan", args, cotangent)
+    assert_trees_close(pull_back(run_delta, gate, method, args, cotangent, packed_ids()), expected)
+
+
+def test_the_weights_are_zero_across_documents_and_the_op_inside_them():
+    ids, rng = packed_ids(), np.random.default_rng(3)
+    q, k = (jnp.asarray(rng.standard_normal((2, LENGTH, 2, 8)), jnp.float32) for _ in range(2))
+    log_g = -jnp.asarray(rng.uniform(0.05, 1.0, (2, LENGTH, 2)), jnp.float32)
+    beta = jnp.asarray(rng.uniform(0.1, 0.9, (2, LENGTH, 2)), jnp.float32)
+    across = ~np.asarray(ids[:, :, None] == ids[:, None, :])[:, None]  # (B, 1, T, T)
+    for packed, whole in (
+        (ops.gla_weights(q, k, log_g, segment_ids=ids), ops.gla_weights(q, k, log_g)),
+        (ops.linear_attention_weights(q, k, segment_ids=ids), ops.linear_attention_weights(q, k)),
+        (ops.delta_rule_weights(q, k / jnp.linalg.norm(k, axis=-1, keepdims=True), beta, log_g, segment_ids=ids),
+         ops.delta_rule_weights(q, k / jnp.linalg.norm(k, axis=-1, keepdims=True), beta, log_g)),
+    ):
+        assert np.all(np.asarray(packed)[np.broadcast_to(across, packed.shape)] == 0)
+        np.testing.assert_allclose(packed[1], whole[1], rtol=1e-5, atol=1e-6)  # one document: unchanged
+        np.testing.assert_allclose(packed[0, :, :10, :10], whole[0, :, :10, :10], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def attention_inputs(seed=0, heads=4, kv_heads=2):
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.standard_normal((2, LENGTH, heads, 8)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((2, LENGTH, kv_heads, 8)), jnp.float32) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("method", ["naive", "xla"])
+@pytest.mark.parametrize("window", [None, 6])
+def test_softmax_attention_keeps_documents_apart(method, window):
+    q, k, v = attention_inputs()
+    ct = random_like(jax.ShapeDtypeStruct(q.shape, q.dtype), seed=5)
+    attend = lambda q, k, v, ids=None: ops.softmax_attention(q, k, v, window=window, method=method, segment_ids=ids)
+    _, pull = jax.vjp(lambda *a: attend(*a, packed_ids()), q, k, v)
+    packed, packed_grads = attend(q, k, v, packed_ids()), pull(ct)
+    edges = np.cumsum((0,) + DOCS)
+    for a, b in zip(edges[:-1], edges[1:]):
+        doc = lambda x: x[:1, a:b]
+        out, pull = jax.vjp(attend, doc(q), doc(k), doc(v))
+        np.testing.assert_allclose(packed[:1, a:b], out, rtol=1e-5, atol=1e-6)
+        for got, want in zip(packed_grads, pull(doc(ct))):
+            np.testing.assert_allclose(got[:1, a:b], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(packed[1:], attend(q, k, v)[1:], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["naive", "blockwise"])
+def test_vq_attention_keeps_documents_apart(method):
+    """In value a document attends as it would alone; blocks stay aligned to the window (see ops.vq)."""
+    rng = np.random.default_rng(4)
+    codebook = jnp.asarray(rng.standard_normal((2, 5, 8)), jnp.float32)
+    q, v = (jnp.asarray(rng.standard_normal((2, LENGTH, 2, 8)), jnp.float32) for _ in range(2))
+    codes = jnp.asarray(rng.integers(0, 5, (2, LENGTH, 2)), jnp.int32)
+    k_hat = ops.vq.gather_codewords(codebook, codes)
+    attend = lambda q, v, ids=None, sl=slice(None): ops.vq_attention(
+        q, k_hat[:, sl], codes[:, sl], codebook, v, block_size=4, method=method, segment_ids=ids)
+    packed = attend(q, v, packed_ids())
+    ct = random_like(jax.ShapeDtypeStruct(packed.shape, packed.dtype), seed=6)
+    _, pull = jax.vjp(lambda q, v: attend(q, v, packed_ids()), q, v)
+    packed_grads = pull(ct)
+    edges = np.cumsum((0,) + DOCS)
+    for a, b in zip(edges[:-1], edges[1:]):
+        out, pull = jax.vjp(lambda q, v: attend(q, v, sl=slice(a, b)), q[:, a:b], v[:, a:b])
+        np.testing.assert_allclose(packed[:1, a:b], out[:1], rtol=1e-5, atol=1e-6)
+        for got, want in zip(packed_grads, pull(ct[:, a:b] * jnp.asarray([1.0, 0.0])[:, None, None, None])):
+            np.testing.assert_allclose(got[:1, a:b], want[:1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(packed[1:], attend(q, v)[1:], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- every variant's model
+
+VOCAB, FIRST = 259, 16  # documents of 16 and 13 tokens: an odd window of 29
+
+
+def model_of(variant: str):
+    from conftest import covering_layers, tiny_config
+    from lmzoo.model import LM
+
+    cfg = tiny_config(variant, f"model.n_layers={covering_layers(variant)}")
+    return LM(cfg, VOCAB, rngs=nnx.Rngs(0))
+
+
+@nnx.jit
+def logits_and_grads(model, tokens, cotangent, segment_ids=None):
+    """Logits and the parameter gradients of <logits, cotangent>."""
+    def pulled(m):
+        logits = m(tokens, segment_ids=segment_ids)
+        return jnp.sum(logits * cotangent), logits
+
+    grads, logits = nnx.grad(pulled, has_aux=True)(model)
+    return logits, grads
+
+
+@nnx.jit
+def logits_and_weights(model, tokens, segment_ids=None):
+    return model(tokens, segment_ids=segment_ids), model.attention_matrices(tokens, segment_ids=segment_ids)
+
+
+def documents_and_cotangent(seed=0):
+    """Two windows of documents of 16 and 13 tokens (an odd 29), their ids, and a random cotangent."""
+    rng = np.random.default_rng(seed)
+    tokens = jnp.asarray(rng.integers(0, VOCAB, (2, FIRST + 13)), jnp.int32)
+    cotangent = jnp.asarray(rng.standard_normal((2, FIRST + 13, VOCAB)), jnp.float32)
+    ids = jnp.asarray(np.repeat([[0] * FIRST + [1] * 13], 2, axis=0), jnp.int32)
+    return tokens, cotangent, ids
+
+
+DOCUMENTS = (slice(0, FIRST), slice(FIRST, None))
+
+
+@pytest.mark.parametrize("variant", __import__("conftest").VARIANTS)
+def test_every_variant_mixes_each_document_as_if_alone(variant):
+    """Logits per document equal the model's on that document alone (every layer, positions
+    restarting), and every layer's attention matrix is zero across documents and the document's
+    own inside them."""
+    model = model_of(variant)
+    tokens, _, ids = documents_and_cotangent()
+    logits, weights = logits_and_weights(model, tokens, ids)
+    documents = [logits_and_weights(model, tokens[:, s]) for s in DOCUMENTS]
+    np.testing.assert_allclose(logits, jnp.concatenate([d[0] for d in documents], axis=1), rtol=2e-5, atol=2e-5)
+    for layer, w in enumerate(weights):
+        assert np.all(np.asarray(w)[..., FIRST:, :FIRST] == 0), f"layer {layer}"
+        for s, (_, alone) in zip(DOCUMENTS, documents):
+            np.testing.assert_allclose(w[..., s, s], alone[layer], rtol=1e-4, atol=1e-5, err_msg=f"layer {layer}")
+
+
+@pytest.mark.parametrize("variant", ["gla_softmax", "gated_deltanet_softmax", "mamba2", "h3", "vq", "logn"])
+def test_parameter_gradients_are_the_sum_over_documents_alone(variant):
+    """With a random upstream gradient on the logits: the packed batch's parameter gradients equal
+    the sum of each document's alone (families whose ops' gradients are checked form by form in
+    their own tests, here through the whole model: convolutions, positions, hybrids)."""
+    model = model_of(variant)
+    tokens, cotangent, ids = documents_and_cotangent()
+    _, grads = logits_and_grads(model, tokens, cotangent, ids)
+    alone = jax.tree.map(jnp.add, *(logits_and_grads(model, tokens[:, s], cotangent[:, s])[1] for s in DOCUMENTS))
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(alone)):
+        scale = float(np.abs(want).max()) + 1e-6
+        np.testing.assert_allclose(got / scale, want / scale, atol=2e-4, err_msg=jax.tree_util.keystr(path))
