@@ -168,6 +168,7 @@ def _by_document(u, log_a, b, c, h0, segment_ids):
     length = u.shape[1]
     powers = vandermonde(log_a, length)  # (T, ..., N)
     kernel = diagonal_ssm_kernel(log_a, b, c, length, powers=powers)  # (T, ...)
+    u = jnp.broadcast_to(u, (*u.shape[:2], *jnp.broadcast_shapes(u.shape[2:], kernel.shape[1:])))  # y's channels
     y = _masked_convolution(u, kernel, same_segment(segment_ids))
     opened = jnp.cumsum(segment_starts(segment_ids), axis=1)  # (B, T) documents begun after the first
     in_last = (opened == opened[:, -1:]).reshape(*opened.shape, *([1] * (u.ndim - 2)))
@@ -182,11 +183,10 @@ def _by_document(u, log_a, b, c, h0, segment_ids):
 
 def _masked_convolution(u, kernel, same):
     """``y_i = Σ_{j≤i, same[i, j]} kernel_{i-j} u_j``: u ``[B,T,...]``, kernel ``[T,...]`` (broadcasting),
-    same ``[B,T,T]`` bool. Kernel channels of size 1 stay out of the [T, T] matrices (H3's P x P
-    entries share one per head): its other channels and the batch are the matmul's batch axes."""
-    length = u.shape[1]
-    channels = jnp.broadcast_shapes(u.shape[2:], kernel.shape[1:])
-    u = jnp.broadcast_to(u, (*u.shape[:2], *channels))
+    same ``[B,T,T]`` bool; u has every channel axis of the output. Kernel channels of size 1 stay out of
+    the [T, T] matrices (H3's P x P entries share one per head): its other channels and the batch are
+    the matmul's batch axes."""
+    length, channels = u.shape[1], u.shape[2:]
     kernel = kernel.reshape(length, *([1] * (len(channels) - kernel.ndim + 1)), *kernel.shape[1:])
     varying = [axis for axis, size in enumerate(kernel.shape[1:]) if size > 1]
     matrix = causal_toeplitz(kernel.reshape(length, *(kernel.shape[1 + axis] for axis in varying)))  # (*varying, T, T)
