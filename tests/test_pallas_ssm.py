@@ -75,6 +75,16 @@ def test_tpu_interpreter_matches_naive():
     assert_forms_agree(fast, reference_recurrence, prepared, ["u", "delta", "A", "B", "C", "h0"])
 
 
+def test_tpu_interpreter_with_document_starts_matches_naive():
+    """The keep factors' block (one row per sequence) under the TPU interpreter: starts inside a chunk and on its edge."""
+    args = inputs(29, 24, 5, groups=2)
+    prepared = (args["u"], jax.nn.softplus(args["delta"]), args["A"], args["B"], args["C"], args["initial_state"])
+    starts = jnp.zeros((BATCH, 29), bool).at[0, 11].set(True).at[1, 16].set(True)
+    fast = lambda *a: selective_scan_pallas(*a, starts=starts, chunk_size=CHUNK, platform="tpu_interpret")
+    reference = lambda *a: reference_recurrence(*a, keep=1.0 - starts.astype(jnp.float32))
+    assert_forms_agree(fast, reference, prepared, ["u", "delta", "A", "B", "C", "h0"])
+
+
 def test_bfloat16_inputs_close_to_float32_reference():
     args = inputs(37, 16, 8, groups=2)
     y_ref, h_ref = selective_scan(**args, delta_softplus=True, method="naive")
@@ -113,13 +123,16 @@ def test_block_channels_must_be_a_power_of_two():
 # ----------------------------------------------------------------------------- lowering and devices
 
 
+@pytest.mark.parametrize("documents", [False, True])
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
-def test_kernels_lower_for_accelerators(platform):
-    """Forward and backward lower to Triton / Mosaic here, without the device (D = 24, N = 5: padded)."""
+def test_kernels_lower_for_accelerators(platform, documents):
+    """Forward and backward lower to Triton / Mosaic here, without the device (D = 24, N = 5: padded),
+    also with document starts (the keep factors' extra input)."""
     b, t, d, g, n = 2, 100, 24, 2, 5
     struct = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     shapes = (struct(b, t, d), struct(b, t, d), struct(d, n), struct(b, t, g, n), struct(b, t, g, n), struct(b, d, n))
-    forward = lambda *a: selective_scan_pallas(*a, chunk_size=16, platform=platform)
+    starts = jnp.zeros((b, t), bool).at[:, 37].set(True) if documents else None
+    forward = lambda *a: selective_scan_pallas(*a, starts=starts, chunk_size=16, platform=platform)
     backward = jax.grad(lambda *a: sum(jnp.sum(x * x) for x in forward(*a)), argnums=tuple(range(6)))
     assert "selective_scan_forward" in lower_for(platform, forward, *shapes)
     assert "selective_scan_backward" in lower_for(platform, backward, *shapes)
@@ -135,6 +148,21 @@ def test_compiled_on_gpu_matches_naive(length, channels, state, groups, softplus
     (y_ref, h_ref), grads_ref = values_and_grads(selective_fn(names, softplus=softplus, method="naive"), values)
     for name, a, b in [("y", y, y_ref), ("state", h, h_ref), *zip(names, grads, grads_ref)]:
         assert rel_err(a, b) <= 1e-4, name  # the GPU's exp is not bit-identical to XLA's
+
+
+@pytest.mark.gpu
+def test_compiled_on_gpu_with_documents_matches_naive():
+    args = inputs(37, 24, 5, groups=2)
+    segment_ids = jnp.asarray(np.repeat([[0, 1, 2]], BATCH, axis=0).repeat([10, 6, 21], axis=1))  # starts at 10, 16
+
+    def form(method):
+        return lambda *a: selective_scan(**dict(zip(args, a)), delta_softplus=True, method=method, chunk_size=CHUNK,
+                                         segment_ids=segment_ids)
+
+    (y, h), grads = values_and_grads(form("pallas"), list(args.values()))
+    (y_ref, h_ref), grads_ref = values_and_grads(form("naive"), list(args.values()))
+    for name, a, b in [("y", y, y_ref), ("state", h, h_ref), *zip(args, grads, grads_ref)]:
+        assert rel_err(a, b) <= 1e-4, name
 
 
 # ----------------------------------------------------------------------------- in the model

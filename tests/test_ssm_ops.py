@@ -16,7 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from op_checks import BF16_TOL, F32_TOL, assert_forms_agree, normal, rel_err, selective_fn, uniform, values_and_grads
+from op_checks import (
+    BF16_TOL, F32_TOL, assert_forms_agree, assert_trees_close, normal, rel_err, selective_fn, uniform, values_and_grads,
+)
 
 from lmzoo import ops
 from lmzoo.ops import diagonal_ssm
@@ -356,6 +358,163 @@ def test_causal_conv1d_matches_definition_and_chains():
     y2, s2 = causal_conv1d(x[:, 6:], weight, bias, initial_state=s1)
     np.testing.assert_allclose(jnp.concatenate([y1, y2], axis=1), y, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(s2, state)
+
+
+# ----------------------------------------------------------------------------- documents (segment ids)
+# Five documents packed in 37 steps. With chunks of 16 (8 for Pallas) one starts inside a chunk,
+# one on a chunk's edge, two run across an edge, and the last is shorter than the conv's window.
+# On the packed batch every form must give what the reference gives on each document alone (the
+# first from the initial state, the others from zero): outputs, the final state (the last
+# document's), and the gradients of every input for one random cotangent.
+
+DOCUMENTS = (10, 6, 13, 6, 2)
+SEGMENT_IDS = jnp.asarray(np.repeat([[3, 4, 6, 7, 9]], BATCH, axis=0).repeat(DOCUMENTS, axis=1))  # (B, 37)
+
+
+def document_runs(fn, inputs, steps, states):
+    """``fn(inputs, segment_ids) -> (y [B,T,...], final state)``: its cotangent, then (values, grads) on the
+    packed documents and the same assembled from runs on each document alone (``segment_ids=None``).
+
+    ``steps`` name the inputs with a time axis (1), ``states`` those that start the first document only;
+    the rest are shared, their gradients summed over the documents."""
+    rng = np.random.default_rng(7)
+    shapes = jax.eval_shape(lambda a: fn(a, SEGMENT_IDS), inputs)
+    dy, dh = (jnp.asarray(rng.standard_normal(o.shape), o.dtype) for o in shapes)
+
+    @jax.jit
+    def pull_back(args, segment_ids, cotangent):
+        out, vjp = jax.vjp(lambda a: fn(a, segment_ids), args)
+        return out, vjp(cotangent)[0]
+
+    edges = np.cumsum((0, *DOCUMENTS))
+    outputs, grads = [], []
+    for i, (start, end) in enumerate(zip(edges[:-1], edges[1:])):
+        doc = {k: v[:, start:end] if k in steps else (jnp.zeros_like(v) if i and k in states else v) for k, v in inputs.items()}
+        last = end == edges[-1]
+        (y, h), g = pull_back(doc, None, (dy[:, start:end], dh if last else jnp.zeros_like(dh)))
+        outputs.append(y)
+        grads.append(g)
+
+    def assembled(name):
+        if name in steps:
+            return jnp.concatenate([g[name] for g in grads], axis=1)
+        return grads[0][name] if name in states else sum(g[name] for g in grads)
+
+    alone = ((jnp.concatenate(outputs, axis=1), h), {name: assembled(name) for name in inputs})
+    return (dy, dh), alone
+
+
+def assert_documents_independent(fn, inputs, steps, states, alone):
+    """``alone``: document_runs' (cotangent, values and grads) of the reference."""
+    cotangent, expected = alone
+    out, vjp = jax.vjp(lambda a: fn(a, SEGMENT_IDS), inputs)
+    assert_trees_close((out, vjp(cotangent)[0]), expected, tol=F32_TOL)
+
+
+def selective_segments_fn(method):
+    chunk = 8 if method == "pallas" else 16
+    return lambda a, segment_ids: selective_scan(
+        **a, delta_softplus=True, method=method, chunk_size=chunk, segment_ids=segment_ids
+    )
+
+
+SELECTIVE_STEPS, SSD_STEPS, STATES = ("u", "delta", "B", "C", "z"), ("x", "dt", "B", "C"), ("initial_state",)
+
+
+@functools.lru_cache
+def selective_alone():
+    inputs = selective_inputs(37, groups=2)
+    return inputs, document_runs(selective_segments_fn("naive"), inputs, SELECTIVE_STEPS, STATES)
+
+
+@pytest.mark.parametrize("method", ["naive", "scan", "assoc", "chunk", "pallas"])
+def test_selective_scan_documents_are_independent(method):
+    inputs, alone = selective_alone()
+    assert_documents_independent(selective_segments_fn(method), inputs, SELECTIVE_STEPS, STATES, alone)
+
+
+@functools.lru_cache
+def ssd_alone():
+    inputs = ssd_inputs(37, groups=2)
+    return inputs, document_runs(ssd_segments_fn("naive"), inputs, SSD_STEPS, STATES)
+
+
+def ssd_segments_fn(method):
+    return lambda a, segment_ids: ssd(**a, method=method, chunk_size=16, segment_ids=segment_ids)
+
+
+@pytest.mark.parametrize("method", ["naive", "scan", "chunk", "pallas"])
+def test_ssd_documents_are_independent(method):
+    inputs, alone = ssd_alone()
+    assert_documents_independent(ssd_segments_fn(method), inputs, SSD_STEPS, STATES, alone)
+
+
+def lti_segments_fn(method):
+    def fn(a, segment_ids):
+        log_a, b, c = lti_params(*(a[k] for k in ("log_dt", "a_real", "a_imag", "c_real", "c_imag")))
+        h0 = a["h0_real"] + 1j * a["h0_imag"]
+        y, h = diagonal_ssm(a["u"], log_a, b, c, initial_state=h0, method=method, segment_ids=segment_ids)
+        return y, jnp.stack([h.real, h.imag])
+
+    return fn
+
+
+@functools.lru_cache
+def lti_alone():
+    inputs = lti_inputs(37)
+    return inputs, document_runs(lti_segments_fn("naive"), inputs, ("u",), ("h0_real", "h0_imag"))
+
+
+@pytest.mark.parametrize("method", ["naive", "scan", "fft"])
+def test_diagonal_ssm_documents_are_independent(method):
+    inputs, alone = lti_alone()
+    assert_documents_independent(lti_segments_fn(method), inputs, ("u",), ("h0_real", "h0_imag"), alone)
+
+
+def test_causal_conv1d_documents_are_independent():
+    """Width 4: the last document (2 steps) leaves a final window of one zero and its two inputs."""
+    rng = np.random.default_rng(6)
+    inputs = {"x": normal(rng, (BATCH, 37, 5)), "weight": normal(rng, (4, 5)), "bias": normal(rng, (5,)),
+              "initial_state": normal(rng, (BATCH, 3, 5))}
+
+    def fn(a, segment_ids):
+        return ops.causal_conv1d(a["x"], a["weight"], a["bias"], initial_state=a["initial_state"], segment_ids=segment_ids)
+
+    alone = document_runs(fn, inputs, ("x",), STATES)
+    assert_documents_independent(fn, inputs, ("x",), STATES, alone)
+    _, final = causal_conv1d(inputs["x"], inputs["weight"], inputs["bias"], segment_ids=SEGMENT_IDS)
+    np.testing.assert_array_equal(final[:, 0], 0.0)
+    np.testing.assert_array_equal(final[:, 1:], inputs["x"][:, -2:])
+
+
+def document_blocks(alpha, alone_alphas):
+    """alpha [B,H,T,T] is zero between documents and, on each document's block, its own matrix."""
+    edges = np.cumsum((0, *DOCUMENTS))
+    inside = np.zeros((37, 37), bool)
+    for (start, end), alone in zip(zip(edges[:-1], edges[1:]), alone_alphas):
+        inside[start:end, start:end] = True
+        assert rel_err(alpha[..., start:end, start:end], alone) <= F32_TOL
+    assert np.all(np.asarray(alpha)[..., ~inside] == 0)
+
+
+def test_hidden_attention_of_documents():
+    inputs = selective_inputs(37, groups=2, extras=False)
+    delta = jax.nn.softplus(inputs["delta"])
+    alpha = selective_attention(delta, inputs["A"], inputs["B"], inputs["C"], heads=4, block_size=16, segment_ids=SEGMENT_IDS)
+    edges = np.cumsum((0, *DOCUMENTS))
+    alone = [
+        selective_attention(delta[:, a:b], inputs["A"], inputs["B"][:, a:b], inputs["C"][:, a:b], heads=4, block_size=16)
+        for a, b in zip(edges[:-1], edges[1:])
+    ]
+    document_blocks(alpha, alone)
+
+
+def test_ssd_attention_of_documents():
+    inputs = ssd_inputs(37, groups=2, extras=False)
+    dt, A, B, C = (inputs[k] for k in ("dt", "A", "B", "C"))
+    alpha = ssd_attention(dt, A, B, C, segment_ids=SEGMENT_IDS)
+    edges = np.cumsum((0, *DOCUMENTS))
+    document_blocks(alpha, [ssd_attention(dt[:, a:b], A, B[:, a:b], C[:, a:b]) for a, b in zip(edges[:-1], edges[1:])])
 
 
 # ----------------------------------------------------------------------------- argument errors

@@ -17,6 +17,10 @@ those weights per head. Three forms compute it (``method``):
 - "fft": the long convolution of k'v^T with K by FFT, O(T log T) but P^2 channels per head; its
   outputs carry ~1e-7 of rounding from every position, future ones included;
 - "scan": the recurrence, which decoding always uses.
+
+With ``segment_ids [B,T]`` (packed documents) the shift SSM's taps stay inside a document and the
+weights between documents are zero (for "fft", ``ops.diagonal_ssm`` then convolves by a masked
+matrix, O(T^2) like "quadratic"; for "scan", the state restarts at each document start).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from flax import nnx
 
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.mixers.family.ssm import CausalConv, check_dt_range
+from lmzoo.ops.common import same_segment
 from lmzoo.ops.lti import causal_toeplitz, diagonal_ssm, diagonal_ssm_kernel, vandermonde
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
@@ -86,32 +91,32 @@ class H3(Mixer):
         c = 2 * (self.C[..., 0] + 1j * self.C[..., 1])
         return dt * a, b, c
 
-    def project(self, x, shift_state=None):
+    def project(self, x, shift_state=None, segment_ids=None):
         """q, shifted k, v as [B,T,H,P], and the shift SSM's window."""
         batch, length, _ = x.shape
-        k, shift_state = self.shift(self.k_proj(x), shift_state)
+        k, shift_state = self.shift(self.k_proj(x), shift_state, segment_ids=segment_ids)
         heads = (batch, length, self.n_heads, self.head_dim)
         return self.q_proj(x).reshape(heads), k.reshape(heads), self.v_proj(x).reshape(heads), shift_state
 
-    def recurrent(self, q, k, v, ssm_state, method):
+    def recurrent(self, q, k, v, ssm_state, method, segment_ids=None):
         """y [B,T,H,P] through the SSM on k'v^T ("fft" or "scan"), and its final state."""
         kv = k[..., :, None] * v[..., None, :]  # (B, T, H, P, P)
         per_head = tuple(p[:, None, None, :] for p in self.ssm_params())  # (H, 1, 1, N/2): shared by P x P entries
-        s, ssm_state = diagonal_ssm(kv, *per_head, initial_state=ssm_state, method=method)
+        s, ssm_state = diagonal_ssm(kv, *per_head, initial_state=ssm_state, method=method, segment_ids=segment_ids)
         s = s + self.D[...].astype(kv.dtype)[:, None, None] * kv
         return jnp.einsum("bthp,bthpq->bthq", q, s), ssm_state
 
-    def __call__(self, x, *, positions=None):  # the shift SSM gives order: positions are unused
-        return self.forward(x)[0]
+    def __call__(self, x, *, positions=None, segment_ids=None):  # the shift SSM gives order: positions are unused
+        return self.forward(x, segment_ids)[0]
 
-    def forward(self, x):
+    def forward(self, x, segment_ids=None):
         """y [B,T,d_model] in the configured form, the shifted keys and values [B,T,H,P], the shift window."""
         batch, length, _ = x.shape
-        q, k, v, shift = self.project(x)
+        q, k, v, shift = self.project(x, segment_ids=segment_ids)
         if self.method == "quadratic":
-            y = jnp.einsum("bhij,bjhp->bihp", self.weights(q, k).astype(v.dtype), v)
+            y = jnp.einsum("bhij,bjhp->bihp", self.weights(q, k, segment_ids).astype(v.dtype), v)
         else:
-            y, _ = self.recurrent(q, k, v, None, self.method)
+            y, _ = self.recurrent(q, k, v, None, self.method, segment_ids)
         return self.out_proj(y.reshape(batch, length, -1)), k, v, shift
 
     def prefill(self, x, max_len=None, *, positions=None):
@@ -138,16 +143,19 @@ class H3(Mixer):
         y, ssm = self.recurrent(q, k, v, state["ssm"], "scan")
         return self.out_proj(y.reshape(x_t.shape[0], -1)), {"shift": shift, "ssm": ssm}
 
-    def weights(self, q, k):
-        """(K_{i-j} + D δ_ij) (q_i · k'_j): [B,H,T,T] float32."""
+    def weights(self, q, k, segment_ids=None):
+        """(K_{i-j} + D δ_ij) (q_i · k'_j): [B,H,T,T] float32, zero between documents."""
         length = q.shape[1]
         kernel = diagonal_ssm_kernel(*self.ssm_params(), length)  # (T, H): the SSM's impulse response
         toeplitz = causal_toeplitz(kernel) + jnp.eye(length) * self.D[...][:, None, None]  # (H, T, T)
-        return jnp.einsum("bihp,bjhp->bhij", q, k, preferred_element_type=jnp.float32) * toeplitz
+        weights = jnp.einsum("bihp,bjhp->bhij", q, k, preferred_element_type=jnp.float32) * toeplitz
+        if segment_ids is not None:
+            weights = jnp.where(same_segment(segment_ids)[:, None], weights, 0.0)
+        return weights
 
-    def attention_matrix(self, x):
-        q, k, _, _ = self.project(x)
-        return self.weights(q, k)
+    def attention_matrix(self, x, *, positions=None, segment_ids=None):
+        q, k, _, _ = self.project(x, segment_ids=segment_ids)
+        return self.weights(q, k, segment_ids)
 
     def state_size(self, max_len):
         complex_entries = self.n_heads * self.head_dim**2 * self.modes

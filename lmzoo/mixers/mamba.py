@@ -8,6 +8,7 @@ The initialisations follow the paper: A = -(1..N) per channel (S4D-real) kept as
 Decoding carries the conv window (d_conv - 1 inputs) and the SSM state ``[E, N]`` per sequence.
 ``attention_matrix`` is the "hidden attention" of the selective scan (``ops.selective_attention``):
 the d_inner channels are split into ``model.n_heads`` contiguous groups, averaged per group.
+With ``segment_ids [B,T]`` (packed documents) the conv and the scan restart at every document start.
 
 The conv block and the Δ initialisation are the family's (``lmzoo.mixers.family.ssm``).
 """
@@ -77,22 +78,23 @@ class Mamba(Mixer):
     def A(self) -> jax.Array:
         return -jnp.exp(self.A_log[...].reshape(self.d_inner, self.d_state))  # (E, N)
 
-    def ssm_inputs(self, x, conv_state=None):
+    def ssm_inputs(self, x, conv_state=None, segment_ids=None):
         """The scan's inputs for x [B,T,d_model]: u, raw Δ [B,T,E], B, C [B,T,N], gate z [B,T,E], conv window."""
         u, z = jnp.split(self.in_proj(x), 2, axis=-1)  # (B, T, E) each
-        u, conv_state = self.conv(u, conv_state)
+        u, conv_state = self.conv(u, conv_state, segment_ids=segment_ids)
         u = jax.nn.silu(u)
         dt_low, b, c = jnp.split(self.x_proj(u), [self.dt_rank, self.dt_rank + self.d_state], axis=-1)
         return u, self.dt_proj(dt_low), b, c, z, conv_state
 
-    def scan(self, u, delta, b, c, z, *, initial_state=None, method=None):
+    def scan(self, u, delta, b, c, z, *, initial_state=None, method=None, segment_ids=None):
         return selective_scan(
             u, delta, self.A(), b, c, D=self.D[...], z=z, delta_bias=self.dt_bias[...], delta_softplus=True,
             initial_state=initial_state, method=method or self.method, chunk_size=self.chunk_size,
+            segment_ids=segment_ids,
         )
 
-    def __call__(self, x, *, positions=None):  # SSMs carry order in their state: positions are unused
-        y, _ = self.scan(*self.ssm_inputs(x)[:5])
+    def __call__(self, x, *, positions=None, segment_ids=None):  # SSMs carry order in their state: positions are unused
+        y, _ = self.scan(*self.ssm_inputs(x, segment_ids=segment_ids)[:5], segment_ids=segment_ids)
         return self.out_proj(y)
 
     def prefill(self, x, max_len=None, *, positions=None):
@@ -111,10 +113,10 @@ class Mamba(Mixer):
         y, ssm = self.scan(u, delta, b, c, z, initial_state=state["ssm"], method="scan")
         return self.out_proj(y[:, 0]), {"conv": conv, "ssm": ssm}
 
-    def attention_matrix(self, x):
-        _, delta, b, c, _, _ = self.ssm_inputs(x)
+    def attention_matrix(self, x, *, positions=None, segment_ids=None):
+        _, delta, b, c, _, _ = self.ssm_inputs(x, segment_ids=segment_ids)
         delta = effective_delta(delta, self.dt_bias[...], True)
-        return selective_attention(delta, self.A(), b, c, heads=self.n_heads)
+        return selective_attention(delta, self.A(), b, c, heads=self.n_heads, segment_ids=segment_ids)
 
     def state_size(self, max_len):
         return (self.conv.width - 1) * self.d_inner + self.d_inner * self.d_state

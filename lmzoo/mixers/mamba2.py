@@ -8,7 +8,8 @@ in groups, the projections B and C (like grouped-query attention's keys). The ga
 normalises each group of d_inner / n_groups channels. Decoding carries the conv window over
 x, B and C and the state ``[H, P, N]``. ``attention_matrix`` is SSD's own per-head matrix
 (``ops.ssd_attention``); when there are more SSM heads than ``model.n_heads`` they are averaged
-in contiguous groups.
+in contiguous groups. With ``segment_ids [B,T]`` (packed documents) the conv and SSD restart at
+every document start.
 """
 
 from __future__ import annotations
@@ -76,12 +77,12 @@ class Mamba2(Mixer):
         self.norm_weight = nnx.Param(jnp.ones((e,), jnp.float32))
         self.out_proj = dense(ctx, e, ctx.d_model, rngs=rngs, residual=True)
 
-    def ssm_inputs(self, x, conv_state=None):
+    def ssm_inputs(self, x, conv_state=None, segment_ids=None):
         """x [B,T,H,P], dt [B,T,H] (positive, float32), B and C [B,T,G,N], gate z [B,T,E], conv window."""
         batch, length, _ = x.shape
         e, bc = self.d_inner, self.n_groups * self.d_state
         z, xbc, dt = jnp.split(self.in_proj(x), [e, 2 * e + 2 * bc], axis=-1)
-        xbc, conv_state = self.conv(xbc, conv_state)
+        xbc, conv_state = self.conv(xbc, conv_state, segment_ids=segment_ids)
         xs, b, c = jnp.split(jax.nn.silu(xbc), [e, e + bc], axis=-1)
         groups = (batch, length, self.n_groups, self.d_state)
         dt = jax.nn.softplus(dt.astype(jnp.float32) + self.dt_bias[...])  # (B, T, H)
@@ -97,18 +98,18 @@ class Mamba2(Mixer):
         normed = gated * jax.lax.rsqrt(jnp.mean(gated**2, axis=-1, keepdims=True) + 1e-5)
         return (normed.reshape(y.shape) * self.norm_weight[...]).astype(y.dtype)
 
-    def mix(self, x, conv_state=None, ssm_state=None, method=None):
+    def mix(self, x, conv_state=None, ssm_state=None, method=None, segment_ids=None):
         batch, length, _ = x.shape
-        xs, dt, b, c, z, conv_state = self.ssm_inputs(x, conv_state)
+        xs, dt, b, c, z, conv_state = self.ssm_inputs(x, conv_state, segment_ids)
         y, ssm_state = ssd(
             xs, dt, self.A(), b, c, D=self.D[...], initial_state=ssm_state,
-            chunk_size=self.chunk_size, method=method or self.method,
+            chunk_size=self.chunk_size, method=method or self.method, segment_ids=segment_ids,
         )
         y = self.gated_norm(y.reshape(batch, length, self.d_inner), z)
         return self.out_proj(y), conv_state, ssm_state
 
-    def __call__(self, x, *, positions=None):  # SSMs carry order in their state: positions are unused
-        return self.mix(x)[0]
+    def __call__(self, x, *, positions=None, segment_ids=None):  # SSMs carry order in their state: positions are unused
+        return self.mix(x, segment_ids=segment_ids)[0]
 
     def prefill(self, x, max_len=None, *, positions=None):
         y, conv, ssm = self.mix(x)
@@ -124,9 +125,9 @@ class Mamba2(Mixer):
         y, conv, ssm = self.mix(x_t[:, None], state["conv"], state["ssm"], method="scan")
         return y[:, 0], {"conv": conv, "ssm": ssm}
 
-    def attention_matrix(self, x):
-        _, dt, b, c, _, _ = self.ssm_inputs(x)
-        weights = ssd_attention(dt, self.A(), b, c)  # (B, H_ssm, T, T)
+    def attention_matrix(self, x, *, positions=None, segment_ids=None):
+        _, dt, b, c, _, _ = self.ssm_inputs(x, segment_ids=segment_ids)
+        weights = ssd_attention(dt, self.A(), b, c, segment_ids=segment_ids)  # (B, H_ssm, T, T)
         batch, _, length, _ = weights.shape
         return weights.reshape(batch, self.n_heads, -1, length, length).mean(axis=2)
 

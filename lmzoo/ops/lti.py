@@ -11,6 +11,13 @@ product computed in closed form for all lags at once. ``diagonal_ssm`` applies i
 A short FIR filter is the other LTI layer here: ``causal_conv1d`` is the depthwise causal
 convolution of Mamba's blocks, and also H3's shift SSM (a state that holds the last K-1 inputs).
 
+Documents: with ``segment_ids [B,T]`` (equal within a document) both ops treat every document as
+if it ran alone, the initial state (window) feeding only the first. The recurrence forgets its
+state where a document starts (its decay times 0 there); the convolution drops every tap whose input
+lies in another document. A long convolution cannot be restarted inside an FFT, so "fft" with
+documents applies the impulse response as a materialised [T, T] matrix masked to each document:
+exact, but O(T^2) per kernel channel like H3's "quadratic" form.
+
 Axes: B batch, T time, then any channel axes ``...``; N modes. Parameters broadcast against
 the channel axes (e.g. one SSM per head ``[H, 1, 1, N]`` for inputs ``[B, T, H, P, P]``).
 Parameters may be complex (S4D modes); inputs and outputs are real, computed in float32.
@@ -24,27 +31,50 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import causal_mask, check_form
+from lmzoo.ops.common import causal_mask, check_form, same_segment, segment_starts
 
 METHODS = ("naive", "fft", "scan")
 
 
-def causal_conv1d(x, weight, bias=None, *, initial_state=None):
+def causal_conv1d(x, weight, bias=None, *, initial_state=None, segment_ids=None):
     """Depthwise causal convolution: x ``[B,T,C]``, weight ``[K,C]``, bias ``[C]``.
 
     ``y_t = Σ_k weight[k] x_{t-K+1+k} (+ bias)``; ``initial_state`` holds the K-1 inputs before
     ``x`` (zeros if None). Returns ``(y [B,T,C], final_state [B,K-1,C])``: the last K-1 inputs,
     so that feeding a sequence in pieces equals feeding it whole. Computed in ``x``'s dtype.
+    With ``segment_ids [B,T]`` an input counts only for outputs of its own document (the initial
+    state belongs to the first), and the final state holds the last document's inputs only.
     """
     width, length = weight.shape[0], x.shape[1]
     if initial_state is None:
         initial_state = jnp.zeros((x.shape[0], width - 1, x.shape[2]), x.dtype)
     window = jnp.concatenate([initial_state.astype(x.dtype), x], axis=1)  # (B, K-1+T, C)
+    if segment_ids is None:
+        taps = [window[:, k : k + length] for k in range(width)]
+        final = window[:, window.shape[1] - (width - 1) :]
+    else:
+        taps, final = _taps_within_documents(window, segment_ids, width)
     weight = weight.astype(x.dtype)
-    y = sum(weight[k] * window[:, k : k + length] for k in range(width))
+    y = sum(weight[k] * taps[k] for k in range(width))
     if bias is not None:
         y = y + bias.astype(x.dtype)
-    return y, window[:, window.shape[1] - (width - 1) :]
+    return y, final
+
+
+def _taps_within_documents(window, segment_ids, width: int):
+    """The K shifted views of ``window`` [B, K-1+T, C], each zero where its input lies in another document
+    than the output it feeds, and the last K-1 inputs, zero where not in the last document."""
+    length = segment_ids.shape[1]
+    first = jnp.repeat(segment_ids[:, :1], width - 1, axis=1)  # the initial window: the first document's
+    window_ids = jnp.concatenate([first, segment_ids], axis=1)  # (B, K-1+T)
+
+    def within(x, ids, owner):  # x where ids == owner (ids and owner [B, S]), else 0
+        return jnp.where((ids == owner)[..., None], x, jnp.zeros((), x.dtype))
+
+    taps = [within(window[:, k : k + length], window_ids[:, k : k + length], segment_ids) for k in range(width)]
+    rest = window.shape[1] - (width - 1)
+    final = within(window[:, rest:], window_ids[:, rest:], segment_ids[:, -1:])
+    return taps, final
 
 
 def vandermonde(log_a, length: int) -> jax.Array:
@@ -81,31 +111,42 @@ def fft_conv(u, kernel) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("method",))
-def diagonal_ssm(u, log_a, b, c, *, initial_state=None, method="fft"):
+def diagonal_ssm(u, log_a, b, c, *, initial_state=None, method="fft", segment_ids=None):
     """u ``[B,T,...]`` real; log_a, b, c ``[..., N]`` (real or complex, broadcasting against u's channels).
 
     ``h_t = exp(log_a) h_t-1 + b u_t``, ``y_t = Re Σ_n c_n h_t[n]``. Returns ``(y [B,T,...] in u's
-    dtype, final_state [B,...,N])``, the state complex when the parameters are.
+    dtype, final_state [B,...,N])``, the state complex when the parameters are. ``segment_ids
+    [B,T]`` (int) restart the state at every document start ("fft" then convolves by matrix).
     """
     check_form(method, METHODS)
     state_dtype = jnp.result_type(log_a, b, c, jnp.float32)
     h0 = None if initial_state is None else initial_state.astype(state_dtype)
-    form = _fft if method == "fft" else _recurrence
-    y, h = form(u.astype(jnp.float32), log_a, b, c, h0)
+    u32 = u.astype(jnp.float32)
+    if segment_ids is None:
+        form = _fft if method == "fft" else _recurrence
+        y, h = form(u32, log_a, b, c, h0)
+    elif method == "fft":
+        y, h = _by_document(u32, log_a, b, c, h0, segment_ids)
+    else:
+        y, h = _recurrence(u32, log_a, b, c, h0, keep=1.0 - segment_starts(segment_ids).astype(jnp.float32))
     return y.astype(u.dtype), h.astype(state_dtype)
 
 
-def _recurrence(u, log_a, b, c, h0):
+def _recurrence(u, log_a, b, c, h0, keep=None):
+    """``keep`` [B,T]: 0 where a document starts (its decay forgets the state), else 1; None: one document."""
     decay = jnp.exp(log_a)
     if h0 is None:
         state_shape = (u.shape[0], *jnp.broadcast_shapes(u.shape[2:], log_a.shape[:-1]), log_a.shape[-1])
         h0 = jnp.zeros(state_shape, jnp.result_type(log_a, b, c, jnp.float32))
 
-    def step(h, u_t):
-        h = decay * h + b * u_t[..., None]
+    def step(h, inputs):
+        u_t, *keep_t = inputs
+        forget = decay if not keep_t else decay * keep_t[0].reshape(-1, *([1] * (h.ndim - 1)))
+        h = forget * h + b * u_t[..., None]
         return h, jnp.real(jnp.sum(c * h, axis=-1))
 
-    h, y = lax.scan(step, h0, u.swapaxes(0, 1))
+    steps = (u,) if keep is None else (u, keep)
+    h, y = lax.scan(step, h0, tuple(a.swapaxes(0, 1) for a in steps))
     return y.swapaxes(0, 1), h
 
 
@@ -118,3 +159,38 @@ def _fft(u, log_a, b, c, h0):
         y = y + jnp.real(jnp.sum(c * decayed, axis=-1))
         h = h + decayed[:, -1]
     return y, h
+
+
+def _by_document(u, log_a, b, c, h0, segment_ids):
+    """The "fft" form's impulse-response products, restarted at document starts: the convolution as a
+    [T, T] matrix masked to each document, the initial state reaching the first document only and
+    the final state summing the last one's inputs only."""
+    length = u.shape[1]
+    powers = vandermonde(log_a, length)  # (T, ..., N)
+    kernel = diagonal_ssm_kernel(log_a, b, c, length, powers=powers)  # (T, ...)
+    u = jnp.broadcast_to(u, (*u.shape[:2], *jnp.broadcast_shapes(u.shape[2:], kernel.shape[1:])))  # y's channels
+    y = _masked_convolution(u, kernel, same_segment(segment_ids))
+    opened = jnp.cumsum(segment_starts(segment_ids), axis=1)  # (B, T) documents begun after the first
+    in_last = (opened == opened[:, -1:]).reshape(*opened.shape, *([1] * (u.ndim - 2)))
+    h = b * jnp.sum(powers * jnp.flip(jnp.where(in_last, u, 0.0), axis=1)[..., None], axis=1)
+    if h0 is not None:
+        in_first = (opened == 0).reshape(in_last.shape)
+        decayed = jnp.exp(log_a) * powers * h0[:, None]  # (B, T, ..., N)
+        y = y + jnp.where(in_first, jnp.real(jnp.sum(c * decayed, axis=-1)), 0.0)
+        h = h + jnp.where(in_first[:, -1, ..., None], decayed[:, -1], 0.0)
+    return y, h
+
+
+def _masked_convolution(u, kernel, same):
+    """``y_i = Σ_{j≤i, same[i, j]} kernel_{i-j} u_j``: u ``[B,T,...]``, kernel ``[T,...]`` (broadcasting),
+    same ``[B,T,T]`` bool; u has every channel axis of the output. Kernel channels of size 1 stay out of
+    the [T, T] matrices (H3's P x P entries share one per head): its other channels and the batch are
+    the matmul's batch axes."""
+    length, channels = u.shape[1], u.shape[2:]
+    kernel = kernel.reshape(length, *([1] * (len(channels) - kernel.ndim + 1)), *kernel.shape[1:])
+    varying = [axis for axis, size in enumerate(kernel.shape[1:]) if size > 1]
+    matrix = causal_toeplitz(kernel.reshape(length, *(kernel.shape[1 + axis] for axis in varying)))  # (*varying, T, T)
+    matrix = jnp.where(same.reshape(same.shape[0], *([1] * len(varying)), length, length), matrix[None], 0.0)
+    letters = "klmnopqrsuvwxyz"[: len(channels)]
+    kept = "".join(letters[axis] for axis in varying)
+    return jnp.einsum(f"b{kept}ij,bj{letters}->bi{letters}", matrix, u)

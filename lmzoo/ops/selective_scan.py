@@ -19,6 +19,13 @@ per channel d (``h_t[d]`` has N entries), with ``Δ = softplus(delta + delta_bia
   Mosaic on a TPU, interpret mode (slow, for checking) on a CPU. Δ's bias and softplus, D and the
   gate stay in XLA around it.
 
+Documents: with ``segment_ids [B,T]`` (equal within a document) the state restarts at each segment
+start, ``h_t = Δ_t B_t u_t`` there, as if every document ran alone from a zero state (the initial
+state belongs to the first). Every form forgets exactly: "naive", "scan", "assoc" and "pallas"
+multiply the decay by a keep factor (0 at a start, 1 elsewhere); "chunk" masks the pairs of steps in
+two documents (rather than adding ``RESET_LOG_DECAY`` to its cumulative log decays, whose rounding
+would then grow with the reset's 40 nats). Without ``segment_ids`` nothing of this is computed.
+
 Axes: B batch, T time, D channels (Mamba's d_inner), N state size, G groups sharing B and C
 (channel d reads group d // (D / G)). Everything is computed in float32; ``y`` is returned in
 ``u``'s dtype and the state ``[B, D, N]`` in float32.
@@ -32,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import causal_mask, check_form, to_chunks
+from lmzoo.ops.common import causal_mask, check_form, same_segment, segment_starts, to_chunks
 from lmzoo.ops.pallas.selective_scan import selective_scan_pallas
 
 METHODS = ("naive", "scan", "assoc", "chunk", "pallas")
@@ -66,11 +73,12 @@ def effective_delta(delta, delta_bias=None, delta_softplus=False) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("delta_softplus", "method", "chunk_size"))
 def selective_scan(
     u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_softplus=False,
-    initial_state=None, method="scan", chunk_size=64,
+    initial_state=None, method="scan", chunk_size=64, segment_ids=None,
 ):
     """u, delta, z ``[B,T,D]``; A ``[D,N]``; B, C ``[B,T,N]`` or ``[B,T,G,N]``; D, delta_bias ``[D]``.
 
-    Returns ``(y [B,T,D], final_state [B,D,N] float32)``; ``initial_state`` is ``[B,D,N]``.
+    Returns ``(y [B,T,D], final_state [B,D,N] float32)``; ``initial_state`` is ``[B,D,N]``;
+    ``segment_ids [B,T]`` (int) restart the state at every document start.
     """
     check_form(method, METHODS, chunk_size)
     batch, _, channels = u.shape
@@ -78,17 +86,22 @@ def selective_scan(
     delta = effective_delta(delta, delta_bias, delta_softplus)
     B, C = grouped(B, channels), grouped(C, channels)
     h0 = jnp.zeros((batch, channels, A.shape[-1]), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
+    starts = None if segment_ids is None else segment_starts(segment_ids)  # (B, T) bool
+    keep = None if starts is None else 1.0 - starts.astype(jnp.float32)  # multiplies the decay: 0 forgets
     if method == "naive":
-        y, h = _naive(u32, delta, A, B, C, h0)
+        y, h = _naive(u32, delta, A, B, C, h0, keep)
     elif method == "scan":
-        y, h = _scan(u32, delta, A, B, C, h0)
+        y, h = _scan(u32, delta, A, B, C, h0, keep)
     elif method == "pallas":
-        y, h = selective_scan_pallas(u32, delta, A, B, C, h0, chunk_size=chunk_size)
+        y, h = selective_scan_pallas(u32, delta, A, B, C, h0, starts=starts, chunk_size=chunk_size)
     else:  # the parallel forms work on the discretised sequence
         log_a = delta[..., None] * A  # (B, T, D, N) log of the per-step decay
         bu = (delta * u32)[..., None] * per_channel(B, channels)  # (B, T, D, N)
-        form = _assoc if method == "assoc" else _chunked
-        y, h = form(log_a, bu, per_channel(C, channels), h0, chunk_size)  # (B, T, D), (B, D, N)
+        c = per_channel(C, channels)
+        if method == "assoc":
+            y, h = _assoc(log_a, bu, c, h0, keep)
+        else:
+            y, h = _chunked(log_a, bu, c, h0, chunk_size, starts)  # (B, T, D), (B, D, N)
     if D is not None:
         y = y + D.astype(jnp.float32) * u32
     if z is not None:
@@ -96,73 +109,97 @@ def selective_scan(
     return y.astype(u.dtype), h
 
 
-def _naive(u, delta, A, B, C, h0):
+# The recurrent forms take keep [B,T] float32 (0 where a document starts) or None (one document).
+
+
+def _naive(u, delta, A, B, C, h0, keep=None):
     """The definition, one step at a time: u, delta [B,T,D], A [D,N], B, C [B,T,G,N], h0 [B,D,N]."""
     channels, groups = u.shape[-1], B.shape[2]
     group = jnp.arange(channels) // (channels // groups)  # the group each channel reads
 
     def step(h, inputs):
-        u_t, delta_t, b_t, c_t = inputs  # (B, D), (B, D), (B, G, N), (B, G, N)
+        u_t, delta_t, b_t, c_t, *keep_t = inputs  # (B, D), (B, D), (B, G, N), (B, G, N), [(B,)]
         decay = jnp.exp(delta_t[..., None] * A)  # (B, D, N)
+        if keep_t:
+            decay = decay * keep_t[0][:, None, None]
         h = decay * h + delta_t[..., None] * b_t[:, group] * u_t[..., None]
         return h, jnp.sum(c_t[:, group] * h, axis=-1)
 
-    h, y = lax.scan(step, h0, tuple(a.swapaxes(0, 1) for a in (u, delta, B, C)))
+    steps = (u, delta, B, C) if keep is None else (u, delta, B, C, keep)
+    h, y = lax.scan(step, h0, tuple(a.swapaxes(0, 1) for a in steps))
     return y.swapaxes(0, 1), h
 
 
-def _scan(u, delta, A, B, C, h0):
+def _scan(u, delta, A, B, C, h0, keep=None):
     channels = u.shape[-1]
 
     def step(h, inputs):
-        u_t, delta_t, b_t, c_t = inputs  # (B, D), (B, D), (B, G, N), (B, G, N)
-        h = jnp.exp(delta_t[..., None] * A) * h + (delta_t * u_t)[..., None] * per_channel(b_t, channels)
+        u_t, delta_t, b_t, c_t, *keep_t = inputs  # (B, D), (B, D), (B, G, N), (B, G, N), [(B,)]
+        decay = jnp.exp(delta_t[..., None] * A)
+        if keep_t:
+            decay = decay * keep_t[0][:, None, None]
+        h = decay * h + (delta_t * u_t)[..., None] * per_channel(b_t, channels)
         return h, jnp.sum(per_channel(c_t, channels) * h, axis=-1)
 
-    h, y = lax.scan(step, h0, tuple(a.swapaxes(0, 1) for a in (u, delta, B, C)))
+    steps = (u, delta, B, C) if keep is None else (u, delta, B, C, keep)
+    h, y = lax.scan(step, h0, tuple(a.swapaxes(0, 1) for a in steps))
     return y.swapaxes(0, 1), h
 
 
-def _assoc(log_a, bu, c, h0, chunk_size):
+def _assoc(log_a, bu, c, h0, keep=None):
     def combine(earlier, later):  # compose h -> a h + b: first `earlier`, then `later`
         a1, b1 = earlier
         a2, b2 = later
         return a1 * a2, a2 * b1 + b2
 
-    bu = bu.at[:, 0].add(jnp.exp(log_a[:, 0]) * h0)  # the initial state enters with the first step
-    _, h = lax.associative_scan(combine, (jnp.exp(log_a), bu), axis=1)  # (B, T, D, N)
+    bu = bu.at[:, 0].add(jnp.exp(log_a[:, 0]) * h0)  # the initial state enters with the first step (never a start)
+    decay = jnp.exp(log_a) if keep is None else jnp.exp(log_a) * keep[:, :, None, None]  # (B, T, D, N)
+    _, h = lax.associative_scan(combine, (decay, bu), axis=1)  # (B, T, D, N)
     return jnp.sum(c * h, axis=-1), h[:, -1]
 
 
-def _chunked(log_a, bu, c, h0, chunk_size):
+def _chunked(log_a, bu, c, h0, chunk_size, starts=None):
+    """``starts`` [B,T] bool or None: where documents start."""
     length = log_a.shape[1]
 
     def time_last(x):  # (B, T, D, N) -> (chunks, B, D, N, L): pairwise decays become L x L matrices
         return to_chunks(x, chunk_size).transpose(1, 0, 3, 4, 2)  # padded steps decay by 1 and add nothing
 
+    chunks = (time_last(log_a), time_last(bu), time_last(c))
+    if starts is not None:  # (chunks, B, L); padded steps start nothing
+        chunks += (to_chunks(starts.astype(jnp.int32), chunk_size).swapaxes(0, 1),)
     body = jax.checkpoint(_within_chunk)  # keep only chunk boundaries for the backward pass
-    h, y = lax.scan(body, h0, (time_last(log_a), time_last(bu), time_last(c)))  # y: (chunks, B, D, L)
+    h, y = lax.scan(body, h0, chunks)  # y: (chunks, B, D, L)
     y = y.transpose(1, 0, 3, 2)  # (B, chunks, L, D)
     return y.reshape(y.shape[0], -1, y.shape[-1])[:, :length], h
 
 
 def _within_chunk(h, chunk):
-    log_a, bu, c = chunk  # (B, D, N, L)
+    log_a, bu, c, *starts = chunk  # (B, D, N, L) each, and [(B, L)] with documents
     size = log_a.shape[-1]
     cum = jnp.cumsum(log_a, axis=-1)  # log decay from the chunk's start through step t
-    pair = jnp.where(causal_mask(size), cum[..., :, None] - cum[..., None, :], -jnp.inf)  # (B, D, N, L_t, L_s)
-    states = jnp.einsum("bdnts,bdns->bdnt", jnp.exp(pair), bu) + jnp.exp(cum) * h[..., None]
+    visible = causal_mask(size)  # the pairs (t, s) that add
+    if starts:  # steps t, s share a document when no start lies in (s, t]
+        opened = jnp.cumsum(starts[0], axis=-1)[:, None, None]  # (B, 1, 1, L) documents begun in this chunk so far
+        visible = visible & (opened[..., :, None] == opened[..., None, :])
+    pair = jnp.where(visible, cum[..., :, None] - cum[..., None, :], -jnp.inf)  # (B, D, N, L_t, L_s)
+    within = jnp.einsum("bdnts,bdns->bdnt", jnp.exp(pair), bu)
+    carried = jnp.exp(cum)  # the entering state's decay (computed here, as before documents, for the same rounding)
+    if starts:  # the entering state reaches the chunk's first document only
+        carried = jnp.where(opened == 0, carried, 0.0)
+    states = within + carried * h[..., None]
     return states[..., -1], jnp.sum(c * states, axis=2)  # (B, D, N), (B, D, L)
 
 
 @functools.partial(jax.jit, static_argnames=("heads", "block_size"))
-def selective_attention(delta, A, B, C, *, heads=None, block_size=64) -> jax.Array:
+def selective_attention(delta, A, B, C, *, heads=None, block_size=64, segment_ids=None) -> jax.Array:
     """Mamba's "hidden attention": the causal weights with ``y_i[d] = Σ_j α_ij[d] u_j[d]``.
 
     ``α_ij[d] = Σ_n C_i[n] exp(Σ_{j<m≤i} Δ_m[d] A[d,n]) Δ_j[d] B_j[n]`` for j ≤ i, zero above;
     ``y`` is the scan's output before the D skip and the gate. ``delta`` is Δ itself (after any
     bias and softplus). Returns ``[B,D,T,T]``; with ``heads=H`` the channels are split into H
-    contiguous groups of D / H and averaged within each group: ``[B,H,T,T]``.
+    contiguous groups of D / H and averaged within each group: ``[B,H,T,T]``. With ``segment_ids``
+    the weights between two documents are zero (within one they do not depend on the others).
 
     Computed one channel of every head at a time (memory O(B H T^2)) in blocks of ``block_size``:
     diagonal blocks pairwise, off-diagonal blocks as matmuls over the state entries with the
@@ -189,7 +226,10 @@ def selective_attention(delta, A, B, C, *, heads=None, block_size=64) -> jax.Arr
     total = jnp.zeros((batch, heads, padded, padded), jnp.float32)
     inputs = tuple(map(by_channel_in_group, (cum, b_in, per_channel(C, channels))))
     total, _ = lax.scan(add_channel, total, inputs)
-    return total[..., :length, :length] / per_head
+    alpha = total[..., :length, :length] / per_head
+    if segment_ids is not None:
+        alpha = jnp.where(same_segment(segment_ids)[:, None], alpha, 0.0)
+    return alpha
 
 
 def _channel_attention(cum, b_in, c, block):

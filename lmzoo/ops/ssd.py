@@ -11,6 +11,11 @@ arguments onto it, so it has GLA's forms except the per-dimension ones (``method
 - "chunk":  GLA's chunk form, whose one-gate-per-head path is the [C, C] decay matrix per chunk;
 - "pallas": GLA's Pallas kernels (one gate per head).
 
+Documents: with ``segment_ids [B,T]`` the state restarts at each document start: the op adds
+``RESET_LOG_DECAY`` to the log decay ``dt A`` there (exp(-40): nothing of the old state survives in
+float32, and every sum of log decays stays finite), in every form, before the mapping onto GLA, so it
+needs nothing of GLA beyond its gates. ``ssd_attention`` zeroes the weights between documents.
+
 Axes: B batch, T time, H heads, P head size, G groups sharing B and C (head h reads group
 h // (H / G)), N state size. Computed in float32; ``y`` comes back in ``x``'s dtype and the
 state ``[B, H, P, N]`` in float32.
@@ -24,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import check_form
+from lmzoo.ops.common import RESET_LOG_DECAY, check_form, same_segment, segment_starts
 from lmzoo.ops.gated import gla, gla_weights
 
 METHODS = ("naive", "scan", "chunk", "pallas")
@@ -39,10 +44,11 @@ def per_head(x: jax.Array, heads: int) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("method", "chunk_size"))
-def ssd(x, dt, A, B, C, *, D=None, initial_state=None, method="chunk", chunk_size=64):
+def ssd(x, dt, A, B, C, *, D=None, initial_state=None, method="chunk", chunk_size=64, segment_ids=None):
     """x ``[B,T,H,P]``; dt ``[B,T,H]`` (positive); A ``[H]`` (negative); B, C ``[B,T,G,N]``; D ``[H]``.
 
-    Returns ``(y [B,T,H,P], final_state [B,H,P,N] float32)``; ``initial_state`` is ``[B,H,P,N]``.
+    Returns ``(y [B,T,H,P], final_state [B,H,P,N] float32)``; ``initial_state`` is ``[B,H,P,N]``;
+    ``segment_ids [B,T]`` (int) restart the state at every document start.
     """
     check_form(method, METHODS, chunk_size)
     batch, _, heads, p = x.shape
@@ -52,6 +58,8 @@ def ssd(x, dt, A, B, C, *, D=None, initial_state=None, method="chunk", chunk_siz
         initial_state = jnp.zeros((batch, heads, p, b.shape[-1]), jnp.float32)
     h0 = initial_state.astype(jnp.float32)
     log_a = dt * A.astype(jnp.float32)  # (B, T, H)
+    if segment_ids is not None:  # forget the state where a document starts
+        log_a = log_a + jnp.where(segment_starts(segment_ids), RESET_LOG_DECAY, 0.0)[..., None]
     if method == "naive":
         y, h = _naive(dt[..., None] * x32, log_a, b, c, h0)
     else:
@@ -76,13 +84,17 @@ def _naive(x, log_a, b, c, h0):
 
 
 @jax.jit
-def ssd_attention(dt, A, B, C) -> jax.Array:
+def ssd_attention(dt, A, B, C, *, segment_ids=None) -> jax.Array:
     """The causal weights ``[B,H,T,T]`` with ``y_i = Σ_j α_ij x_j`` per head (before the D skip).
 
     ``α_ij[h] = (C_i · B_j) exp(Σ_{j<m≤i} dt_m A_h) dt_j`` for j ≤ i, zero above: GLA's weights
-    with q = C, k = B and log_g = dt A, times dt_j (which v = dt x carries in the op).
+    with q = C, k = B and log_g = dt A, times dt_j (which v = dt x carries in the op). With
+    ``segment_ids`` the weights between two documents are zero.
     """
     heads = dt.shape[-1]
     dt = dt.astype(jnp.float32)
     weights = gla_weights(per_head(C, heads), per_head(B, heads), dt * A.astype(jnp.float32), scale=1.0)
-    return weights * dt.swapaxes(1, 2)[:, :, None, :]
+    weights = weights * dt.swapaxes(1, 2)[:, :, None, :]
+    if segment_ids is not None:
+        weights = jnp.where(same_segment(segment_ids)[:, None], weights, 0.0)
+    return weights

@@ -39,10 +39,10 @@ class CausalConv(nnx.Module):
         self.weight = nnx.Param(init(rngs.params(), (width, channels)))
         self.bias = nnx.Param(init(rngs.params(), (channels,))) if bias else None
 
-    def __call__(self, x, state=None):
-        """(y [B,T,C], the last width-1 inputs [B,width-1,C])."""
+    def __call__(self, x, state=None, *, segment_ids=None):
+        """(y [B,T,C], the last width-1 inputs [B,width-1,C]); ``segment_ids [B,T]``: no tap reaches into another document."""
         bias = None if self.bias is None else self.bias[...]
-        return causal_conv1d(x, self.weight[...], bias, initial_state=state)
+        return causal_conv1d(x, self.weight[...], bias, initial_state=state, segment_ids=segment_ids)
 
     def init_state(self, batch_size: int, dtype) -> jax.Array:
         return jnp.zeros((batch_size, self.width - 1, self.weight.shape[1]), dtype)
