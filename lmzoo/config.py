@@ -8,6 +8,7 @@ dataclass (see ``lmzoo.registry``), picked by ``attn.mixer`` and ``data.source``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -165,10 +166,13 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 
 def load_run_config(path: str | os.PathLike) -> DictConfig:
     """A run directory's saved ``config.yaml``; the one flat data config of older runs, which held every
-    source's settings, loses those its source does not have while they hold their defaults."""
+    source's settings, loses those its source does not have while they hold their defaults, and data
+    settings added since the run was saved hold theirs (the run trained as they describe)."""
     saved = OmegaConf.load(path)
     data = OmegaConf.to_container(saved.data)
-    saved.data = drop_flat_leftovers(data, data_spec(data.get("source")))
+    spec = data_spec(data.get("source"))
+    added = {f.name: f.default for f in dataclasses.fields(spec) if f.name not in data and f.default is not dataclasses.MISSING}
+    saved.data = {**drop_flat_leftovers(data, spec), **added}
     return saved
 
 

@@ -127,6 +127,32 @@ def strong_gates(length: int):
     return args, cotangent
 
 
+# ----------------------------------------------------------------------------- the delta rule
+
+
+def delta_args(gate: str, length: int, *, with_state: bool, seed: int = 0) -> dict:
+    """Random delta-rule inputs: unit keys, beta in (0, 1), gates (none, per head or per channel) ~0.5 .. 1."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    k = normal(B, length, H, DK)
+    args = {
+        "q": normal(B, length, H, DK),
+        "k": k / np.linalg.norm(k, axis=-1, keepdims=True),
+        "v": normal(B, length, H, DV),
+        "beta": 1 / (1 + np.exp(-normal(B, length, H))),
+    }
+    if gate != "none":
+        logits = normal(B, length, H, *((DK,) if gate == "channel" else ()))
+        args["log_g"] = -np.log1p(np.exp(-(logits + 2.0)))  # log sigmoid: gates ~0.5 .. 1
+    if with_state:
+        args["state"] = normal(B, H, DK, DV)
+    return jax.tree.map(jnp.asarray, args)
+
+
+
 # ----------------------------------------------------------------------------- state-space ops
 
 F32_TOL = 1e-5

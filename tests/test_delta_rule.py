@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from op_checks import assert_trees_close, compiled, random_like, rel_err
+from op_checks import assert_trees_close, compiled, delta_args as make_args, random_like, rel_err
 
 from lmzoo.ops import delta_rule, delta_rule_weights
 
@@ -26,27 +26,6 @@ TOLERANCE = 1e-5
 BF16_TOLERANCE = 2e-2  # bf16 inputs (8-bit mantissa) against the float32 reference, norm-relative
 GATES = ("none", "head", "channel")
 FORMS = ("chunk", "parallel")
-
-
-def make_args(gate: str, length: int, *, with_state: bool, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-
-    def normal(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    k = normal(B, length, H, DK)
-    args = {
-        "q": normal(B, length, H, DK),
-        "k": k / np.linalg.norm(k, axis=-1, keepdims=True),
-        "v": normal(B, length, H, DV),
-        "beta": 1 / (1 + np.exp(-normal(B, length, H))),
-    }
-    if gate != "none":
-        logits = normal(B, length, H, *((DK,) if gate == "channel" else ()))
-        args["log_g"] = -np.log1p(np.exp(-(logits + 2.0)))  # log sigmoid: gates ~0.5 .. 1
-    if with_state:
-        args["state"] = normal(B, H, DK, DV)
-    return jax.tree.map(jnp.asarray, args)
 
 
 def run(method: str, args: dict, chunk_size: int = CHUNK):

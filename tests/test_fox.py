@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_linear_mixers import compiled, first_mixer, inputs
+from mixer_checks import compiled, first_mixer, inputs
 
 from lmzoo.ops import softmax_attention
 

@@ -20,41 +20,16 @@ from flax import nnx
 from lmzoo.mixers.family.linear import LinearFamilyConfig
 from lmzoo.mixers.linear import RandomFeatures
 from lmzoo.mixers.retnet import retention_log_decays
-from lmzoo.model import LM
 from lmzoo.positions import default_positions
 
 from conftest import VARIANTS, tiny_config
+from mixer_checks import VOCAB, build, compiled, first_mixer, inputs
 
-VOCAB = 259
 LINEAR_FAMILY = [v for v in VARIANTS if isinstance(tiny_config(v).attn, LinearFamilyConfig)]
 FEATURE_MAPS = [("linear", "attn.feature_map=favor+"), ("linear", "attn.feature_map=relu"),
                 ("linear", "attn.feature_map=identity", "attn.normalize=false")]
 FAMILY = [(variant,) for variant in LINEAR_FAMILY] + FEATURE_MAPS
 IDS = [" ".join(config) for config in FAMILY]
-
-
-def compiled(fn, module):
-    """``fn(module, *args)`` as a compiled function of ``*args``."""
-    graphdef, state = nnx.split(module)
-
-    @functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
-    def run(state, *args):
-        return fn(nnx.merge(graphdef, state), *args)
-
-    return lambda *args: run(state, *args)
-
-
-def build(variant, *overrides, seed=0):
-    cfg = tiny_config(variant, *overrides)
-    return cfg, LM(cfg, VOCAB, rngs=nnx.Rngs(seed))
-
-
-def first_mixer(*config):
-    return build(*config)[1].blocks[0].mixer
-
-
-def inputs(length=11, seed=2):
-    return jax.random.normal(jax.random.key(seed), (2, length, 32))
 
 
 def mixing_three_ways(mixer, x):

@@ -1,0 +1,38 @@
+"""Helpers the mixer tests share: a tiny model of a variant, its first mixer, inputs, compiling."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from flax import nnx
+
+from lmzoo.model import LM
+
+from conftest import tiny_config
+
+VOCAB = 259
+
+
+def compiled(fn, module):
+    """``fn(module, *args)`` as a compiled function of ``*args``."""
+    graphdef, state = nnx.split(module)
+
+    @functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+    def run(state, *args):
+        return fn(nnx.merge(graphdef, state), *args)
+
+    return lambda *args: run(state, *args)
+
+
+def build(variant, *overrides, seed=0):
+    cfg = tiny_config(variant, *overrides)
+    return cfg, LM(cfg, VOCAB, rngs=nnx.Rngs(seed))
+
+
+def first_mixer(*config):
+    return build(*config)[1].blocks[0].mixer
+
+
+def inputs(length=11, seed=2):
+    return jax.random.normal(jax.random.key(seed), (2, length, 32))
