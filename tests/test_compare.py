@@ -137,13 +137,16 @@ def test_compare_tabulates_and_plots_a_sweep(tmp_path, capsys):
     from lmzoo import eval as lmzoo_eval
     from lmzoo.train import train
 
-    for variant in ("softmax", "mqa"):
+    for variant, documents in (("softmax", "none"), ("mqa", "mask")):  # mqa keeps packed documents apart
         run_dir = tmp_path / "sweep" / variant
-        train(tiny_config(variant, "train.steps=4", "train.eval_every=4", run_dir=run_dir))
+        train(tiny_config(variant, "train.steps=4", "train.eval_every=4", f"data.document_boundaries={documents}",
+                          run_dir=run_dir))
+        assert json.loads((run_dir / "run_info.json").read_text())["document_boundaries"] == documents
         lmzoo_eval.main([f"run_dir={run_dir}", "eval.lengths=[32,64]", "eval.tokens=1024", "eval.progress=false"])
     header, rows = rows_of(compare.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]))
-    assert header[:7] == ["variant", "n", "params", "state size", "val bpb", "bpb@train", "bpb@64 / bpb@train"]
-    assert set(rows) == {"softmax", "mqa"}
+    assert header[:8] == ["variant", "n", "params", "state size", "documents", "val bpb", "bpb@train",
+                          "bpb@64 / bpb@train"]
+    assert set(rows) == {"softmax", "mqa"} and (rows["softmax"]["documents"], rows["mqa"]["documents"]) == ("none", "mask")
     results = json.loads((tmp_path / "sweep" / "softmax" / "eval" / "default" / "results.json").read_text())
     assert float(rows["softmax"]["bpb@train"].split()[0]) == pytest.approx(results["lengths"]["32"]["bpb"], abs=5e-4)
     assert float(rows["mqa"]["bpb@64 / bpb@train"].split()[0]) > 0
@@ -159,16 +162,3 @@ def test_compare_without_runs_is_one_line(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
-
-def test_a_run_with_masked_documents_trains_evaluates_and_says_so(tmp_path):
-    from lmzoo import eval as lmzoo_eval
-    from lmzoo.train import train
-
-    run_dir = tmp_path / "sweep" / "gla"
-    train(tiny_config("gla", "data.document_boundaries=mask", "train.steps=4", "train.eval_every=4", run_dir=run_dir))
-    assert json.loads((run_dir / "run_info.json").read_text())["document_boundaries"] == "mask"
-    lmzoo_eval.main([f"run_dir={run_dir}", "eval.lengths=[32,64]", "eval.tokens=1024", "eval.progress=false"])
-    results = json.loads((run_dir / "eval" / "default" / "results.json").read_text())
-    assert all(np.isfinite(results["lengths"][n]["bpb"]) for n in ("32", "64"))
-    header, rows = rows_of(compare.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]))
-    assert "documents" in header and rows["gla"]["documents"] == "mask"

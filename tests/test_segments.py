@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import mixer_checks
 import op_checks
 from lmzoo import ops
 from lmzoo.ops.common import segment_starts
@@ -89,7 +90,10 @@ def alone(run, case, method, args, cotangent):
     return out, jax.tree.map(both, grads0, grads1)
 
 
-LINEAR = [(case, method) for case in op_checks.CASES for method in ("naive", "parallel", "scan", "assoc", "chunk", "pallas")]
+# A reset is a forget gate, so every form of per-dimension GLA is checked; the ungated and per-head
+# layouts take their own in-chunk path (one gate per head) in the chunk form and the kernels.
+LINEAR = [("gla", method) for method in ("naive", "parallel", "scan", "assoc", "chunk", "pallas")]
+LINEAR += [("gla_scalar", "chunk"), ("gla_scalar", "pallas"), ("linear", "chunk"), ("linear_normalized", "chunk")]
 
 
 @pytest.mark.parametrize("case, method", LINEAR, ids=[f"{c}-{m}" for c, m in LINEAR])
@@ -100,7 +104,7 @@ def test_linear_and_gated_forms_keep_documents_apart(case, method):
     assert_trees_close(pull_back(run_linear, case, method, args, cotangent, packed_ids()), expected)
 
 
-DELTA = [(gate, method) for gate in ("none", "head", "channel") for method in ("scan", "parallel", "chunk")]
+DELTA = [("channel", method) for method in ("scan", "parallel", "chunk")] + [("none", "chunk"), ("head", "chunk")]
 
 
 @pytest.mark.parametrize("gate, method", DELTA, ids=[f"{g}-{m}" for g, m in DELTA])
@@ -138,45 +142,53 @@ def attention_inputs(seed=0, heads=4, kv_heads=2):
     return q, k, v
 
 
-@pytest.mark.parametrize("method", ["naive", "xla"])
-@pytest.mark.parametrize("window", [None, 6])
+def out_and_grads(fn, *args, cotangent):
+    """fn(*args) and the gradients of <fn(*args), cotangent> w.r.t. args, compiled."""
+    def pulled(args, cotangent):
+        out, vjp = jax.vjp(fn, *args)
+        return out, vjp(cotangent)
+
+    return compiled(pulled)(args, cotangent)
+
+
+def assert_each_document_alone(attend, args, ct, ids):
+    """attend(*args, ids) on row 0 equals attend(*args) on each of its documents alone (values and
+    gradients), and on row 1 (one document) equals attend without ids."""
+    packed, packed_grads = out_and_grads(lambda *a: attend(*a, ids), *args, cotangent=ct)
+    edges = np.cumsum((0,) + DOCS)
+    for a, b in zip(edges[:-1], edges[1:]):
+        doc = lambda x: x[:1, a:b]
+        out, grads = out_and_grads(lambda *x: attend(*x), *map(doc, args), cotangent=doc(ct))
+        np.testing.assert_allclose(packed[:1, a:b], out, rtol=1e-5, atol=1e-6)
+        for got, want in zip(packed_grads, grads):
+            if got.dtype != jax.dtypes.float0:  # integer inputs (VQ's codes) have no gradient
+                np.testing.assert_allclose(got[:1, a:b], want, rtol=1e-5, atol=1e-6)
+    whole, _ = out_and_grads(lambda *a: attend(*a), *args, cotangent=ct)
+    np.testing.assert_allclose(packed[1:], whole[1:], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method, window", [("xla", None), ("naive", 6)])
 def test_softmax_attention_keeps_documents_apart(method, window):
     q, k, v = attention_inputs()
     ct = random_like(jax.ShapeDtypeStruct(q.shape, q.dtype), seed=5)
     attend = lambda q, k, v, ids=None: ops.softmax_attention(q, k, v, window=window, method=method, segment_ids=ids)
-    _, pull = jax.vjp(lambda *a: attend(*a, packed_ids()), q, k, v)
-    packed, packed_grads = attend(q, k, v, packed_ids()), pull(ct)
-    edges = np.cumsum((0,) + DOCS)
-    for a, b in zip(edges[:-1], edges[1:]):
-        doc = lambda x: x[:1, a:b]
-        out, pull = jax.vjp(attend, doc(q), doc(k), doc(v))
-        np.testing.assert_allclose(packed[:1, a:b], out, rtol=1e-5, atol=1e-6)
-        for got, want in zip(packed_grads, pull(doc(ct))):
-            np.testing.assert_allclose(got[:1, a:b], want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(packed[1:], attend(q, k, v)[1:], rtol=1e-5, atol=1e-6)
+    assert_each_document_alone(attend, (q, k, v), ct, packed_ids())
 
 
-@pytest.mark.parametrize("method", ["naive", "blockwise"])
-def test_vq_attention_keeps_documents_apart(method):
-    """In value a document attends as it would alone; blocks stay aligned to the window (see ops.vq)."""
+def test_vq_attention_keeps_documents_apart():
+    """In value a document attends as it would alone; blocks stay aligned to the window (see ops.vq).
+    Blocks of 4 put document starts inside blocks and on their edges; the caches restart."""
     rng = np.random.default_rng(4)
     codebook = jnp.asarray(rng.standard_normal((2, 5, 8)), jnp.float32)
     q, v = (jnp.asarray(rng.standard_normal((2, LENGTH, 2, 8)), jnp.float32) for _ in range(2))
     codes = jnp.asarray(rng.integers(0, 5, (2, LENGTH, 2)), jnp.int32)
-    k_hat = ops.vq.gather_codewords(codebook, codes)
-    attend = lambda q, v, ids=None, sl=slice(None): ops.vq_attention(
-        q, k_hat[:, sl], codes[:, sl], codebook, v, block_size=4, method=method, segment_ids=ids)
-    packed = attend(q, v, packed_ids())
-    ct = random_like(jax.ShapeDtypeStruct(packed.shape, packed.dtype), seed=6)
-    _, pull = jax.vjp(lambda q, v: attend(q, v, packed_ids()), q, v)
-    packed_grads = pull(ct)
-    edges = np.cumsum((0,) + DOCS)
-    for a, b in zip(edges[:-1], edges[1:]):
-        out, pull = jax.vjp(lambda q, v: attend(q, v, sl=slice(a, b)), q[:, a:b], v[:, a:b])
-        np.testing.assert_allclose(packed[:1, a:b], out[:1], rtol=1e-5, atol=1e-6)
-        for got, want in zip(packed_grads, pull(ct[:, a:b] * jnp.asarray([1.0, 0.0])[:, None, None, None])):
-            np.testing.assert_allclose(got[:1, a:b], want[:1], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(packed[1:], attend(q, v)[1:], rtol=1e-5, atol=1e-6)
+
+    def attend(q, v, codes, ids=None):  # gradients w.r.t. q and v; the codes ride along (no gradient)
+        k_hat = ops.vq.gather_codewords(codebook, codes)
+        return ops.vq_attention(q, k_hat, codes, codebook, v, block_size=4, method="blockwise", segment_ids=ids)
+
+    ct = random_like(jax.ShapeDtypeStruct(q.shape, q.dtype), seed=6)
+    assert_each_document_alone(attend, (q, v, codes), ct, packed_ids())
 
 
 # ----------------------------------------------------------------------------- every variant's model
@@ -192,7 +204,6 @@ def model_of(variant: str):
     return LM(cfg, VOCAB, rngs=nnx.Rngs(0))
 
 
-@nnx.jit
 def logits_and_grads(model, tokens, cotangent, segment_ids=None):
     """Logits and the parameter gradients of <logits, cotangent>."""
     def pulled(m):
@@ -203,7 +214,6 @@ def logits_and_grads(model, tokens, cotangent, segment_ids=None):
     return logits, grads
 
 
-@nnx.jit
 def logits_and_weights(model, tokens, segment_ids=None):
     return model(tokens, segment_ids=segment_ids), model.attention_matrices(tokens, segment_ids=segment_ids)
 
@@ -217,11 +227,11 @@ def documents_and_cotangent(seed=0):
     return tokens, cotangent, ids
 
 
-def alone(fn, model, tokens, *args):
+def documents_alone(fn, tokens, *args):
     """``fn`` on each document alone, each run first in a window of the packed shape (one compiled
     program; a causal model's outputs there do not see what follows): [(first's, second's)]."""
-    first = fn(model, tokens, *args)
-    second = fn(model, jnp.roll(tokens, -FIRST, axis=1), *(jnp.roll(a, -FIRST, axis=1) for a in args))
+    first = fn(tokens, *args)
+    second = fn(jnp.roll(tokens, -FIRST, axis=1), *(jnp.roll(a, -FIRST, axis=1) for a in args))
     return first, second
 
 
@@ -232,8 +242,9 @@ def test_every_variant_mixes_each_document_as_if_alone(variant):
     own inside them."""
     model = model_of(variant)
     tokens, _, ids = documents_and_cotangent()
-    logits, weights = logits_and_weights(model, tokens, ids)
-    (first, first_weights), (second, second_weights) = alone(logits_and_weights, model, tokens)
+    logits, weights = mixer_checks.compiled(logits_and_weights, model)(tokens, ids)
+    whole = mixer_checks.compiled(logits_and_weights, model)
+    (first, first_weights), (second, second_weights) = documents_alone(whole, tokens)
     np.testing.assert_allclose(logits[:, :FIRST], first[:, :FIRST], rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(logits[:, FIRST:], second[:, :13], rtol=2e-5, atol=2e-5)
     for layer, w in enumerate(weights):
@@ -251,11 +262,12 @@ def test_parameter_gradients_are_the_sum_over_documents_alone(variant):
     state-space tests; here through the whole model: convolutions, positions, hybrids)."""
     model = model_of(variant)
     tokens, cotangent, ids = documents_and_cotangent()
-    _, grads = logits_and_grads(model, tokens, cotangent, ids)
+    _, grads = mixer_checks.compiled(logits_and_grads, model)(tokens, cotangent, ids)
+    whole = mixer_checks.compiled(logits_and_grads, model)
     first_only = cotangent.at[:, FIRST:].set(0.0)  # the window's tail, after the document, gets no gradient
     second_only = jnp.roll(cotangent.at[:, :FIRST].set(0.0), -FIRST, axis=1)
-    first = logits_and_grads(model, tokens, first_only)[1]
-    second = logits_and_grads(model, jnp.roll(tokens, -FIRST, axis=1), second_only)[1]
+    first = whole(tokens, first_only)[1]
+    second = whole(jnp.roll(tokens, -FIRST, axis=1), second_only)[1]
     for (path, got), a, b in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(first), jax.tree.leaves(second)):
         want = a + b
         scale = float(np.abs(want).max()) + 1e-6

@@ -208,9 +208,9 @@ def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
             return Penalised(self, ctx, rngs=rngs)
 
     class Penalised(SoftmaxAttention):
-        def __call__(self, x, *, positions=None):
+        def __call__(self, x, *, positions=None, segment_ids=None):
             self.sow(AuxLoss, "penalty", jnp.float32(0.25))
-            return super().__call__(x, positions=positions)
+            return super().__call__(x, positions=positions, segment_ids=segment_ids)
 
     monkeypatch.setitem(registry.MIXERS._specs, "penalised", PenaltyConfig)
     cfg = tiny_config("softmax")
