@@ -3,7 +3,6 @@ layer of its model: a hybrid's model has enough layers to build each of its sub-
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +14,7 @@ from lmzoo.mixers.softmax import SoftmaxAttention, SoftmaxConfig
 from lmzoo.model import LM
 
 from conftest import VARIANTS, covering_layers, layer_specs, tiny_config
+from mixer_checks import compiled
 
 VOCAB = 259
 WITH_SOFTMAX_LAYERS = [v for v in VARIANTS if any(isinstance(spec, SoftmaxConfig) for spec in layer_specs(v))]
@@ -30,36 +30,26 @@ def random_tokens(batch: int, length: int, seed: int = 1):
     return jax.random.randint(jax.random.key(seed), (batch, length), 0, VOCAB)
 
 
-@nnx.jit
-def mixer_forward(mixer, x):
-    return mixer(x)
+# Every call compiled (op-by-op dispatch of every layer's steps is slow), at XLA's lowest backend
+# optimisation, which changes compile time, not results (mixer_checks.compiled).
+def forward(module, *args):
+    return module(*args)
 
 
-@nnx.jit
-def model_step(model, token, state):
-    return model.step(token, state)
-
-
-@nnx.jit
-def mixer_step(mixer, x_t, state):  # compiled: op-by-op dispatch of every layer's steps is slow
-    return mixer.step(x_t, state)
+def step(module, x_t, state):
+    return module.step(x_t, state)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_model_decoding_equals_forward(variant):
     _, model = build(variant)
     tokens = random_tokens(2, 11)
-    logits = model(tokens)
-    state, stepped = model.init_state(2, 16), []
+    logits = compiled(forward, model)(tokens)
+    state, stepped, model_step = model.init_state(2, 16), [], compiled(step, model)
     for t in range(tokens.shape[1]):
-        step_logits, state = model_step(model, tokens[:, t], state)
+        step_logits, state = model_step(tokens[:, t], state)
         stepped.append(step_logits)
     np.testing.assert_allclose(jnp.stack(stepped, axis=1), logits, rtol=1e-4, atol=1e-4)
-
-
-@functools.partial(nnx.jit, static_argnames="max_len")
-def mixer_prefill(mixer, x, max_len):
-    return mixer.prefill(x, max_len)
 
 
 def assert_same_state(state, expected, message):
@@ -70,10 +60,10 @@ def assert_same_state(state, expected, message):
         np.testing.assert_allclose(leaf, want, rtol=1e-5, atol=1e-5, err_msg=message)
 
 
-def step_through(mixer, x, state):
+def step_through(mixer_step, x, state):
     outputs = []
     for t in range(x.shape[1]):
-        y_t, state = mixer_step(mixer, x[:, t], state)
+        y_t, state = mixer_step(x[:, t], state)
         outputs.append(y_t)
     return jnp.stack(outputs, axis=1), state
 
@@ -88,29 +78,31 @@ def test_prefill_equals_forward_and_stepping_then_decodes_on(variant):
     prompt, max_len = 13, 20
     for layer, block in enumerate(model.blocks):
         mixer, message = block.mixer, f"layer {layer}"
-        forward = mixer_forward(mixer, x[:, :prompt])
-        y, state = mixer_prefill(mixer, x[:, :prompt], max_len)
-        np.testing.assert_allclose(y, forward, rtol=1e-5, atol=1e-5, err_msg=message)
-        y_stepped, stepped = step_through(mixer, x[:, :prompt], mixer.init_state(2, max_len))
-        np.testing.assert_allclose(y_stepped, forward, rtol=1e-5, atol=1e-5, err_msg=message)
+        mixer_forward, mixer_step = compiled(forward, mixer), compiled(step, mixer)
+        expected = mixer_forward(x[:, :prompt])
+        y, state = compiled(lambda m, x: m.prefill(x, max_len), mixer)(x[:, :prompt])
+        np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5, err_msg=message)
+        y_stepped, stepped = step_through(mixer_step, x[:, :prompt], mixer.init_state(2, max_len))
+        np.testing.assert_allclose(y_stepped, expected, rtol=1e-5, atol=1e-5, err_msg=message)
         assert_same_state(state, stepped, message)
-        continued, _ = step_through(mixer, x[:, prompt:], state)
-        full = mixer_forward(mixer, x)
+        continued, _ = step_through(mixer_step, x[:, prompt:], state)
+        full = mixer_forward(x)
         np.testing.assert_allclose(continued, full[:, prompt:], rtol=1e-5, atol=1e-5, err_msg=message)
 
 
 def test_model_prefill_then_steps_equal_the_forward():
     _, model = build("gla_softmax")
     tokens = random_tokens(2, 12)
-    logits, state = model.prefill(tokens[:, :7], 12)
-    np.testing.assert_allclose(logits, model(tokens[:, :7]), rtol=1e-5, atol=1e-5)
+    model_forward, model_step = compiled(forward, model), compiled(step, model)
+    logits, state = compiled(lambda m, t: m.prefill(t, 12), model)(tokens[:, :7])
+    np.testing.assert_allclose(logits, model_forward(tokens[:, :7]), rtol=1e-5, atol=1e-5)
     stepped = []
     for t in range(7, 12):
-        step_logits, state = model.step(tokens[:, t], state)
+        step_logits, state = model_step(tokens[:, t], state)
         stepped.append(step_logits)
-    np.testing.assert_allclose(jnp.stack(stepped, axis=1), model(tokens)[:, 7:], rtol=1e-4, atol=1e-4)
-    _, exact = model.prefill(tokens[:, :7])  # no max_len: a cache for the prompt alone
-    assert_same_state(exact, model.prefill(tokens[:, :7], 7)[1], "max_len=None")
+    np.testing.assert_allclose(jnp.stack(stepped, axis=1), model_forward(tokens)[:, 7:], rtol=1e-4, atol=1e-4)
+    _, exact = compiled(lambda m, t: m.prefill(t), model)(tokens[:, :7])  # no max_len: a cache for the prompt alone
+    assert_same_state(exact, compiled(lambda m, t: m.prefill(t, 7), model)(tokens[:, :7])[1], "max_len=None")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -118,20 +110,10 @@ def test_causality(variant):
     _, model = build(variant)
     tokens = random_tokens(2, 17)
     changed = tokens.at[:, 9].set((tokens[:, 9] + 1) % VOCAB)
-    before, after = model(tokens), model(changed)
+    model_forward = compiled(forward, model)
+    before, after = model_forward(tokens), model_forward(changed)
     np.testing.assert_array_equal(before[:, :9], after[:, :9])
     assert not np.allclose(before[:, 9:], after[:, 9:])
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_attention_matrix_is_causal_per_head(variant):
-    cfg, model = build(variant)
-    weights = model.attention_matrices(random_tokens(2, 15))
-    assert len(weights) == cfg.model.n_layers
-    for w in weights:
-        assert w.shape == (2, cfg.model.n_heads, 15, 15)
-        upper = np.triu(np.ones((15, 15), bool), k=1)
-        assert np.all(np.asarray(w)[..., upper] == 0)
 
 
 @pytest.mark.parametrize("variant", WITH_SOFTMAX_LAYERS)

@@ -14,7 +14,9 @@ from flax import nnx
 
 import mixer_checks
 import op_checks
+from conftest import VARIANTS, covering_layers, tiny_config
 from lmzoo import ops
+from lmzoo.model import LM
 from lmzoo.ops.common import segment_starts
 from lmzoo.positions import segment_positions
 from op_checks import assert_trees_close, compiled, random_like
@@ -197,9 +199,6 @@ VOCAB, FIRST = 259, 16  # documents of 16 and 13 tokens: an odd window of 29
 
 
 def model_of(variant: str):
-    from conftest import covering_layers, tiny_config
-    from lmzoo.model import LM
-
     cfg = tiny_config(variant, f"model.n_layers={covering_layers(variant)}")
     return LM(cfg, VOCAB, rngs=nnx.Rngs(0))
 
@@ -235,11 +234,11 @@ def documents_alone(fn, tokens, *args):
     return first, second
 
 
-@pytest.mark.parametrize("variant", __import__("conftest").VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_every_variant_mixes_each_document_as_if_alone(variant):
     """Logits per document equal the model's on that document alone (every layer, positions
-    restarting), and every layer's attention matrix is zero across documents and the document's
-    own inside them."""
+    restarting), and every layer's attention matrix [B, H, T, T] is causal, zero across documents,
+    and the document's own inside them."""
     model = model_of(variant)
     tokens, _, ids = documents_and_cotangent()
     logits, weights = mixer_checks.compiled(logits_and_weights, model)(tokens, ids)
@@ -247,7 +246,11 @@ def test_every_variant_mixes_each_document_as_if_alone(variant):
     (first, first_weights), (second, second_weights) = documents_alone(whole, tokens)
     np.testing.assert_allclose(logits[:, :FIRST], first[:, :FIRST], rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(logits[:, FIRST:], second[:, :13], rtol=2e-5, atol=2e-5)
+    assert len(weights) == len(model.blocks)
+    upper = np.triu(np.ones((FIRST + 13, FIRST + 13), bool), k=1)
     for layer, w in enumerate(weights):
+        assert w.shape == (2, tiny_config(variant).model.n_heads, FIRST + 13, FIRST + 13)
+        assert np.all(np.asarray(w)[..., upper] == 0), f"layer {layer}: not causal"
         assert np.all(np.asarray(w)[..., FIRST:, :FIRST] == 0), f"layer {layer}"
         np.testing.assert_allclose(w[..., :FIRST, :FIRST], first_weights[layer][..., :FIRST, :FIRST], rtol=1e-4,
                                    atol=1e-5, err_msg=f"layer {layer}")
