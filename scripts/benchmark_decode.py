@@ -74,23 +74,26 @@ def describe_model(model: str) -> str:
 def plot(rows: list[dict], out: Path) -> None:
     from lmzoo.plots import label_log_axis, plt
 
-    fig, (speed, memory) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (speed, memory) = plt.subplots(1, 2, figsize=(10, 4.4))
     models = sorted({row["model"] for row in rows}, key=[r["model"] for r in rows].index)
-    for variant in dict.fromkeys(row["variant"] for row in rows):
+    variants = list(dict.fromkeys(row["variant"] for row in rows))
+    for variant in variants:  # a colour per variant, a line style per model preset
         for model in models:
             mine = [row for row in rows if row["variant"] == variant and row["model"] == model]
             if not mine:
                 continue
-            style = {"marker": "o", "linestyle": ["-", "--", ":"][models.index(model) % 3], "label": f"{variant} ({model})"}
-            line, = speed.plot([r["T"] for r in mine], [r["ms_per_token"] for r in mine], **style)
-            memory.plot([r["T"] for r in mine], [r["state_mib"] for r in mine], color=line.get_color(), **style)
+            style = {"marker": "o", "linestyle": ["-", "--", ":"][models.index(model) % 3], "label": f"{variant} ({model})",
+                     "color": plt.cm.tab10(variants.index(variant) % 10)}
+            speed.plot([r["T"] for r in mine], [r["ms_per_token"] for r in mine], **style)
+            memory.plot([r["T"] for r in mine], [r["state_mib"] for r in mine], **style)
     lengths = sorted({row["T"] for row in rows})
     for ax, ylabel in ((speed, "ms per generated token (median)"), (memory, "decoding state (MiB)")):
         ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel=ylabel)
         label_log_axis(ax, lengths)
         ax.grid(alpha=0.3)
-    memory.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
+    handles, labels = memory.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=min(len(labels), 6), frameon=False)
+    fig.tight_layout(rect=(0, 0.06 * -(-len(labels) // 6), 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -93,28 +93,22 @@ def alone(run, case, method, args, cotangent):
 
 
 # A reset is a forget gate, so every form of per-dimension GLA is checked; the ungated and per-head
-# layouts take their own in-chunk path (one gate per head) in the chunk form and the kernels.
+# layouts take their own in-chunk path (one gate per head) in the chunk form and the kernels. Each
+# op is checked against its reference form ("naive", the delta rule's "scan") on each document alone.
 LINEAR = [("gla", method) for method in ("naive", "parallel", "scan", "assoc", "chunk", "pallas")]
 LINEAR += [("gla_scalar", "chunk"), ("gla_scalar", "pallas"), ("linear", "chunk"), ("linear_normalized", "chunk")]
-
-
-@pytest.mark.parametrize("case, method", LINEAR, ids=[f"{c}-{m}" for c, m in LINEAR])
-def test_linear_and_gated_forms_keep_documents_apart(case, method):
-    args = op_checks.make_args(case, LENGTH, with_state=True)
-    cotangent = random_like(jax.eval_shape(lambda a: run_linear(case, "naive", a), args), seed=7)
-    expected = alone(run_linear, case, "naive", args, cotangent)
-    assert_trees_close(pull_back(run_linear, case, method, args, cotangent, packed_ids()), expected)
-
-
 DELTA = [("channel", method) for method in ("scan", "parallel", "chunk")] + [("none", "chunk"), ("head", "chunk")]
+RECURRENT = [(run_linear, op_checks.make_args, "naive", *case) for case in LINEAR]
+RECURRENT += [(run_delta, op_checks.delta_args, "scan", *case) for case in DELTA]
 
 
-@pytest.mark.parametrize("gate, method", DELTA, ids=[f"{g}-{m}" for g, m in DELTA])
-def test_delta_rule_forms_keep_documents_apart(gate, method):
-    args = op_checks.delta_args(gate, LENGTH, with_state=True)
-    cotangent = random_like(jax.eval_shape(lambda a: run_delta(gate, "scan", a), args), seed=7)
-    expected = alone(run_delta, gate, "scan", args, cotangent)
-    assert_trees_close(pull_back(run_delta, gate, method, args, cotangent, packed_ids()), expected)
+@pytest.mark.parametrize("run, inputs, reference, case, method", RECURRENT,
+                         ids=[f"{r.__name__[4:]}-{c}-{m}" for r, _, _, c, m in RECURRENT])
+def test_recurrent_forms_keep_documents_apart(run, inputs, reference, case, method):
+    args = inputs(case, LENGTH, with_state=True)
+    cotangent = random_like(jax.eval_shape(lambda a: run(case, reference, a), args), seed=7)
+    expected = alone(run, case, reference, args, cotangent)
+    assert_trees_close(pull_back(run, case, method, args, cotangent, packed_ids()), expected)
 
 
 def test_the_weights_are_zero_across_documents_and_the_op_inside_them():
