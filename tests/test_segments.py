@@ -197,18 +197,14 @@ def model_of(variant: str):
     return LM(cfg, VOCAB, rngs=nnx.Rngs(0))
 
 
-def logits_and_grads(model, tokens, cotangent, segment_ids=None):
-    """Logits and the parameter gradients of <logits, cotangent>."""
+def forward_and_pull_back(model, tokens, cotangent, segment_ids=None):
+    """Logits, the parameter gradients of <logits, cotangent>, and every layer's attention matrix."""
     def pulled(m):
         logits = m(tokens, segment_ids=segment_ids)
         return jnp.sum(logits * cotangent), logits
 
     grads, logits = nnx.grad(pulled, has_aux=True)(model)
-    return logits, grads
-
-
-def logits_and_weights(model, tokens, segment_ids=None):
-    return model(tokens, segment_ids=segment_ids), model.attention_matrices(tokens, segment_ids=segment_ids)
+    return logits, grads, model.attention_matrices(tokens, segment_ids=segment_ids)
 
 
 def documents_and_cotangent(seed=0):
@@ -220,26 +216,27 @@ def documents_and_cotangent(seed=0):
     return tokens, cotangent, ids
 
 
-def documents_alone(fn, tokens, *args):
-    """``fn`` on each document alone, each run first in a window of the packed shape (one compiled
-    program; a causal model's outputs there do not see what follows): [(first's, second's)]."""
-    first = fn(tokens, *args)
-    second = fn(jnp.roll(tokens, -FIRST, axis=1), *(jnp.roll(a, -FIRST, axis=1) for a in args))
-    return first, second
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_variant_mixes_each_document_as_if_alone(variant):
-    """Logits per document equal the model's on that document alone (every layer, positions
-    restarting), and every layer's attention matrix [B, H, T, T] is causal, zero across documents,
-    and the document's own inside them."""
+    """Against each document run alone -- first in a window of the packed shape, so one compiled
+    program serves both, a causal model's outputs there not seeing what follows -- with a random
+    upstream gradient on the logits: each document's logits are its own, the parameter gradients
+    are the sum of the documents', and every layer's attention matrix [B, H, T, T] is causal, zero
+    across documents, and the document's own inside them (positions restarting, every layer)."""
     model = model_of(variant)
-    tokens, _, ids = documents_and_cotangent()
-    logits, weights = mixer_checks.compiled(logits_and_weights, model)(tokens, ids)
-    whole = mixer_checks.compiled(logits_and_weights, model)
-    (first, first_weights), (second, second_weights) = documents_alone(whole, tokens)
+    tokens, cotangent, ids = documents_and_cotangent()
+    logits, grads, weights = mixer_checks.compiled(forward_and_pull_back, model)(tokens, cotangent, ids)
+    alone = mixer_checks.compiled(forward_and_pull_back, model)
+    first, first_grads, first_weights = alone(tokens, cotangent.at[:, FIRST:].set(0.0))  # no gradient after it
+    rolled = lambda x: jnp.roll(x, -FIRST, axis=1)
+    second, second_grads, second_weights = alone(rolled(tokens), rolled(cotangent.at[:, :FIRST].set(0.0)))
+
     np.testing.assert_allclose(logits[:, :FIRST], first[:, :FIRST], rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(logits[:, FIRST:], second[:, :13], rtol=2e-5, atol=2e-5)
+    for (path, got), a, b in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(first_grads),
+                                 jax.tree.leaves(second_grads)):
+        scale = float(np.abs(a + b).max()) + 1e-6
+        np.testing.assert_allclose(got / scale, (a + b) / scale, atol=2e-4, err_msg=jax.tree_util.keystr(path))
     assert len(weights) == len(model.blocks)
     upper = np.triu(np.ones((FIRST + 13, FIRST + 13), bool), k=1)
     for layer, w in enumerate(weights):
@@ -250,22 +247,3 @@ def test_every_variant_mixes_each_document_as_if_alone(variant):
                                    atol=1e-5, err_msg=f"layer {layer}")
         np.testing.assert_allclose(w[..., FIRST:, FIRST:], second_weights[layer][..., :13, :13], rtol=1e-4,
                                    atol=1e-5, err_msg=f"layer {layer}")
-
-
-@pytest.mark.parametrize("variant", ["mamba2", "h3", "vq", "logn"])  # convolutions, a long conv, blocks, positions
-def test_parameter_gradients_are_the_sum_over_documents_alone(variant):
-    """With a random upstream gradient on the logits: the packed batch's parameter gradients equal
-    the sum of each document's alone (the ops' gradients are checked form by form above and in the
-    state-space tests; here through the whole model: convolutions, positions, hybrids)."""
-    model = model_of(variant)
-    tokens, cotangent, ids = documents_and_cotangent()
-    _, grads = mixer_checks.compiled(logits_and_grads, model)(tokens, cotangent, ids)
-    whole = mixer_checks.compiled(logits_and_grads, model)
-    first_only = cotangent.at[:, FIRST:].set(0.0)  # the window's tail, after the document, gets no gradient
-    second_only = jnp.roll(cotangent.at[:, :FIRST].set(0.0), -FIRST, axis=1)
-    first = whole(tokens, first_only)[1]
-    second = whole(jnp.roll(tokens, -FIRST, axis=1), second_only)[1]
-    for (path, got), a, b in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(first), jax.tree.leaves(second)):
-        want = a + b
-        scale = float(np.abs(want).max()) + 1e-6
-        np.testing.assert_allclose(got / scale, want / scale, atol=2e-4, err_msg=jax.tree_util.keystr(path))
