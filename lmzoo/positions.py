@@ -28,6 +28,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from lmzoo.ops.common import segment_starts
 from lmzoo.schema import ConfigError, one_of, positive
 
 ROTARY = ("rope", "pi", "ntk", "yarn", "rerope", "leaky_rerope")
@@ -195,6 +196,5 @@ def default_positions(batch: int, length: int, offset=0) -> jax.Array:
 def segment_positions(segment_ids: jax.Array) -> jax.Array:
     """[B, T] int32 positions that restart at 0 where each segment (a run of equal ids) starts."""
     steps = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)
-    new = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
-    starts = jax.lax.cummax(jnp.where(new, steps, 0), axis=1)  # where the current segment began
-    return steps - starts
+    began = jax.lax.cummax(jnp.where(segment_starts(segment_ids), steps, 0), axis=1)  # where the current one began
+    return steps - began
