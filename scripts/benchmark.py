@@ -292,7 +292,7 @@ for _form in LINEAR_FORMS:
 
 # The delta rule (lmzoo.ops.delta_rule): DeltaNet (no gate), Gated DeltaNet (one gate per head) and
 # per-channel gates (KDA), each in every form, with the mixers' inputs: unit keys, beta in (0, 1).
-DELTA_FORMS = ("scan", "parallel", "chunk")
+DELTA_FORMS = ("scan", "parallel", "chunk", "pallas")
 
 
 def delta_args(shape: Shape, dtype, key, *, gate: str):
@@ -339,8 +339,9 @@ def delta_chunk_flops(chunk: int):
 
 for _gate, _op in (("none", "delta_rule"), ("head", "gated_delta_rule"), ("channel", "channel_delta_rule")):
     for _form in DELTA_FORMS:
-        _label = f"{_form}64" if _form == "chunk" else _form
-        case(f"{_op}/{_label}", flops=delta_chunk_flops(64) if _form == "chunk" else None)(delta_rule_case(_form, gate=_gate))
+        _chunked = _form in ("chunk", "pallas")
+        _label = f"{_form}64" if _chunked else _form
+        case(f"{_op}/{_label}", flops=delta_chunk_flops(64) if _chunked else None)(delta_rule_case(_form, gate=_gate))
 
 
 def fox_case(shape, dtype, key):

@@ -1,6 +1,6 @@
 """Sweep the Pallas kernels' GPU launch settings, one kernel at a time, and print the best of each.
 
-    python scripts/tune_pallas.py                          # GLA and selective scan, 4x2048x16x128 bf16
+    python scripts/tune_pallas.py                          # GLA, delta rule, selective scan, 4x2048x16x128 bf16
     python scripts/tune_pallas.py --shape 1x8192x16x128 --budget-s 300 --json tune.json
     python scripts/tune_pallas.py --smoke                  # tiny shapes and grid: checks the script on a CPU
 
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmark import milliseconds  # scripts/benchmark.py: the same timing as the benchmark rows
-from lmzoo.ops.pallas import common, gla, selective_scan as scan
+from lmzoo.ops.pallas import common, delta, gla, selective_scan as scan
 
 
 def gla_inputs(b, t, h, d, chunk, per_dimension, dtype, key):
@@ -33,7 +33,7 @@ def gla_inputs(b, t, h, d, chunk, per_dimension, dtype, key):
     q, k, v, do = (jax.random.normal(kk, (b * h, t, d), dtype) for kk in ks[:4])
     width = d if per_dimension else 1
     log_g = jax.nn.log_sigmoid(jax.random.normal(ks[4], (b * h, t, width))) / 16
-    cumulated = gla._chunk_cumsum(log_g, chunk)
+    cumulated = gla.chunk_cumsum(log_g, chunk)
     state = jax.random.normal(ks[5], (b * h, d, d), jnp.float32)
     states = jnp.broadcast_to(state[:, None], (b * h, t // chunk, d, d))
     return dict(q=q, k=k, v=v, do=do, b=cumulated, s0=state, states=states)
@@ -45,7 +45,17 @@ GLA_KERNELS = {  # kernel name -> the launch, as gla_pallas makes it, on inputs 
     "gla_outputs": lambda c, x: gla._outputs(c, x["q"], x["k"], x["v"], x["b"], x["states"]),
     "gla_key_grads": lambda c, x: gla._key_grads(c, x["q"], x["k"], x["v"], x["b"], x["do"], x["states"], x["states"]),
     "gla_value_grads": lambda c, x: gla._value_grads(c, x["q"], x["k"], x["b"], x["do"], x["states"]),
+    # the delta rule's pass across chunks (its outputs run on gla_outputs and the gradient kernels above)
+    "delta_states": lambda c, x: delta._launch(delta._states_kernel, "delta_states", c, delta_key_side(c, x), (x["v"],),
+                                               x["s0"], values_out=1),
+    "delta_state_grads": lambda c, x: delta._launch(delta._state_grads_kernel, "delta_state_grads", c, delta_key_side(c, x),
+                                                    (x["do"],), x["s0"], values_out=1, chunk_values=x["states"]),
 }
+
+
+def delta_key_side(config, x):
+    """(w_k, keys to the chunk's end, decay across each chunk) from the sweep's inputs."""
+    return x["k"], x["k"], jnp.exp(x["b"][:, config.chunk - 1 :: config.chunk])
 
 
 def timed_setting(kernel_name, run, settings, repeats):
@@ -83,7 +93,7 @@ def sweep_gla(sweep, shape, dtype, per_dimension, chunks, blocks, warps, stages)
             for block, w, s in itertools.product(blocks, [None, *warps], [None, *stages]):
                 if (w is None) != (s is None) or sweep.out_of_time():
                     continue
-                config = gla._Config(chunk, 16, min(block, d), min(block, d), common.current_platform())
+                config = gla.KernelConfig(chunk, 16, min(block, d), min(block, d), common.current_platform())
                 settings = {} if w is None else {"num_warps": w, "num_stages": s}
                 ms = timed_setting(name, lambda c=config: kernel(c, inputs), settings, sweep.repeats)
                 row = {"op": label, "kernel": name, "chunk": chunk, "block": config.block_k, **settings, "ms": ms,

@@ -18,11 +18,14 @@ import pytest
 from op_checks import assert_trees_close, compiled, delta_args as make_args, random_like, rel_err
 
 from lmzoo.ops import delta_rule, delta_rule_weights
+from lmzoo.ops.pallas.common import lower_for
+from lmzoo.ops.pallas.delta import delta_rule_pallas
 
 B, H, DK, DV = 2, 2, 8, 16
 CHUNK = 16
 ODD = 37  # two whole chunks and a partial one
 TOLERANCE = 1e-5
+PALLAS_STRONG_TOLERANCE = 3e-5  # see test_strong_decay_in_one_long_chunk_stays_exact
 BF16_TOLERANCE = 2e-2  # bf16 inputs (8-bit mantissa) against the float32 reference, norm-relative
 GATES = ("none", "head", "channel")
 FORMS = ("chunk", "parallel")
@@ -148,9 +151,12 @@ def test_strong_decay_in_one_long_chunk_stays_exact(gate):
     expected = outputs_and_grads("scan", args, cotangent)
     assert_trees_close(outputs_and_grads("chunk", args, cotangent, chunk_size=48), expected)
     assert_trees_close(outputs_and_grads("parallel", args, cotangent), expected)
+    # The kernels take pair decays as differences of sums from the chunk's start, as GLA's kernels
+    # do: rounding of ~1e-7 of the chunk's log decay (here ~570 nats), hence a looser bound.
+    assert_trees_close(outputs_and_grads("pallas", args, cotangent, chunk_size=48), expected, tol=PALLAS_STRONG_TOLERANCE)
 
 
-@pytest.mark.parametrize("method", ("scan",) + FORMS)
+@pytest.mark.parametrize("method", ("scan", "pallas") + FORMS)
 def test_zero_beta_leaves_the_state_unchanged(method):
     args = make_args("none", 21, with_state=True, seed=31)
     args["beta"] = jnp.zeros_like(args["beta"])
@@ -160,7 +166,7 @@ def test_zero_beta_leaves_the_state_unchanged(method):
     np.testing.assert_allclose(out, read_out, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ("scan",) + FORMS)
+@pytest.mark.parametrize("method", ("scan", "pallas") + FORMS)
 def test_full_beta_overwrites_the_stored_association(method):
     """beta = 1, unit key: afterwards the state recalls exactly v for that key, and nothing changes
     for directions orthogonal to it."""
@@ -177,9 +183,87 @@ def test_full_beta_overwrites_the_stored_association(method):
 
 def test_unknown_method_and_bad_shapes_fail_clearly():
     args = make_args("channel", 5, with_state=False)
-    with pytest.raises(ValueError, match="scan, parallel, chunk"):
+    with pytest.raises(ValueError, match="scan, parallel, chunk, pallas"):
         run("fused", args)
     with pytest.raises(ValueError, match="beta"):
         delta_rule(args["q"], args["k"], args["v"], args["beta"][..., None])
     with pytest.raises(ValueError, match="log_g"):
         delta_rule(args["q"], args["k"], args["v"], args["beta"], args["log_g"][..., :3])
+
+
+# ----------------------------------------------------------------------------- the Pallas kernels
+# Interpret mode on a CPU. Chunk 16 is one sub-block of GLA's output kernels, chunk 32 two.
+
+PALLAS_SETTINGS = [("none", ODD, True), ("head", ODD, True), ("channel", ODD, True), ("channel", ODD, False),
+                   ("head", 1, False), ("channel", 1, True)]
+
+
+@pytest.mark.parametrize("gate, length, with_state", PALLAS_SETTINGS,
+                         ids=[f"{g}-{n}-{'state' if s else 'no_state'}" for g, n, s in PALLAS_SETTINGS])
+def test_pallas_matches_scan(gate, length, with_state):
+    args, cotangent, expected = reference(gate, length, with_state)
+    assert_trees_close(outputs_and_grads("pallas", args, cotangent), expected)
+
+
+@pytest.mark.parametrize("gate", ("head", "channel"))
+def test_pallas_with_two_sub_blocks_per_chunk_matches_scan(gate):
+    args, cotangent, expected = reference(gate, ODD, True)
+    assert_trees_close(outputs_and_grads("pallas", args, cotangent, chunk_size=32), expected)
+
+
+def test_pallas_two_halves_passing_the_state_equal_one_pass():
+    args, _, (one_pass, _) = reference("channel", ODD, True)
+    assert_trees_close(in_two_halves("pallas", args), one_pass)
+
+
+def test_pallas_bfloat16_inputs_close_to_float32_reference():
+    args, _, (expected, _) = reference("channel", ODD, True)
+    out, state = run_fast("pallas", jax.tree.map(lambda x: x.astype(jnp.bfloat16), args))
+    assert out.dtype == jnp.bfloat16 and state.dtype == jnp.float32
+    assert_trees_close((out.astype(jnp.float32), state), expected, tol=BF16_TOLERANCE)
+
+
+@pytest.mark.parametrize("platform, options", [("tpu_interpret", {}), ("cpu", {"block": 8})],
+                         ids=["tpu_interpreter", "two_value_blocks"])
+def test_pallas_on_the_tpu_interpreter_and_in_value_blocks_matches_scan(platform, options):
+    """Mosaic's execution model (grid order, memory spaces), and the state split into two programs
+    of 8 value columns each."""
+    args, cotangent, expected = reference("channel", ODD, True)
+
+    @compiled
+    def kernels(a):  # what delta_rule(method="pallas") does around them: scale q
+        fn = lambda a: delta_rule_pallas(a["q"] * DK**-0.5, a["k"], a["v"], a["beta"], a["log_g"], a["state"],  # noqa: E731
+                                         chunk_size=CHUNK, platform=platform, **options)
+        out, vjp = jax.vjp(fn, a)
+        return out, vjp(cotangent)[0]
+
+    assert_trees_close(kernels(args), expected)
+
+
+def pallas_shapes(gate_width):
+    b, t, h, dk, dv = 2, 100, 2, 48, 80  # head dims padded to 64 and 128 for Triton
+    struct = jax.ShapeDtypeStruct
+    gates = None if gate_width is None else struct((b, t, h, gate_width), jnp.float32)
+    return (struct((b, t, h, dk), jnp.float32), struct((b, t, h, dk), jnp.float32), struct((b, t, h, dv), jnp.float32),
+            struct((b, t, h), jnp.float32), gates, struct((b, h, dk, dv), jnp.float32))
+
+
+@pytest.mark.parametrize("gate_width", [48, 1, None], ids=["per_channel", "per_head", "none"])
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_pallas_kernels_lower_for_accelerators(platform, gate_width):
+    """Forward and backward lower to Triton / Mosaic here, without the device."""
+    forward = lambda *a: delta_rule_pallas(*a, chunk_size=64, platform=platform)  # noqa: E731
+    inputs = (0, 1, 2, 3, 5) if gate_width is None else (0, 1, 2, 3, 4, 5)  # every input that is an array
+    backward = jax.grad(lambda *a: sum(jnp.sum(x) for x in forward(*a)), argnums=inputs)
+    target = {"gpu": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}[platform]
+    for fn, kernels in ((forward, ("delta_states", "gla_outputs")),
+                        (backward, ("delta_state_grads", "gla_key_grads", "gla_value_grads"))):
+        text = lower_for(platform, fn, *pallas_shapes(gate_width))
+        assert target in text and all(f'name = "{kernel}"' in text for kernel in kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", GATES)
+def test_pallas_compiled_on_gpu_matches_scan(gate):
+    args, cotangent, expected = reference(gate, ODD, True)
+    assert_trees_close(outputs_and_grads("pallas", args, cotangent), expected, tol=1e-4)

@@ -1,4 +1,4 @@
-"""The Pallas kernels of the GLA family (and both kernel families in training) against the reference forms (interpret mode on a CPU).
+"""The Pallas kernels of the GLA family (and every kernel family in training) against the reference forms (interpret mode on a CPU).
 
 ``method="pallas"`` must give the "naive" reference's outputs, final states and gradients
 (random cotangents on both) to 1e-5 norm-relative error, at odd lengths, with and without an
@@ -158,8 +158,8 @@ def losses(tmp_path, variant, method):
     return np.array([row[key] for row in rows for key in ("loss", "val_loss") if key in row])
 
 
-# mamba2's kernel is the GLA kernel (ssd maps onto gla), so these two cover both kernels in a model
-@pytest.mark.parametrize("variant, reference_method", [("gla", "chunk"), ("mamba", "scan")])
+# mamba2's kernel is the GLA kernel (ssd maps onto gla), so these cover every kernel family in a model
+@pytest.mark.parametrize("variant, reference_method", [("gla", "chunk"), ("mamba", "scan"), ("gated_deltanet", "chunk")])
 def test_trains_with_the_reference_loss_curve(tmp_path, variant, reference_method):
     """Four optimiser steps and a validation: the kernels' gradients drive the same training."""
     kernels, reference_losses = losses(tmp_path, variant, "pallas"), losses(tmp_path, variant, reference_method)

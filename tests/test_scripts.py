@@ -47,7 +47,8 @@ def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
 def test_tune_pallas_times_every_kernel_setting(tmp_path):
     out = run_script("tune_pallas.py", "--smoke", "--ops", "simple_gla", "--json", str(tmp_path / "rows.json"))
     rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
-    kernels = {"gla_states", "gla_state_grads", "gla_outputs", "gla_key_grads", "gla_value_grads"}
+    kernels = {"gla_states", "gla_state_grads", "gla_outputs", "gla_key_grads", "gla_value_grads", "delta_states",
+               "delta_state_grads"}
     assert {row["kernel"] for row in rows} == kernels and all(row["ms"] > 0 for row in rows)
     assert len(rows) == 2 * len(kernels)  # the defaults and the one smoke setting, per kernel
     assert "best per kernel" in out

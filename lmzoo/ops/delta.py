@@ -16,8 +16,11 @@ Forms (``method``):
   recurrence across them (derived below);
 - ``"parallel"``: the same representation over the whole sequence as one chunk: quadratic in T,
   no recurrence at all; it is also how ``delta_rule_weights`` gets the effective attention matrix.
+- ``"pallas"``:   the chunk form with its sequential pass across chunks and its outputs as Pallas
+  kernels with their own backward (``lmzoo.ops.pallas.delta``): compiled on a GPU or TPU,
+  interpret mode on a CPU.
 
-Gradients of every form are JAX's own (autodiff through the scan, the matmuls and the inverse).
+Gradients of the other forms are JAX's own (autodiff through the scan, the matmuls and the inverse).
 
 The UT representation. Inside a chunk that starts from state S_0, let b_t = sum_{m<=t} log_g_m
 (per channel, from the chunk's start) and ``u_t = beta_t (v_t - S'_t^T k_t)`` the value actually
@@ -55,11 +58,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import (
-    check_form, decay_since, decay_until_end, from_chunks, gate_layout, reset_gates, same_segment, to_chunks,
-)
+from lmzoo.ops.common import check_form, from_chunks, gate_layout, reset_gates, same_segment, to_chunks
+from lmzoo.ops.pallas.delta import delta_rule_pallas
+from lmzoo.ops.ut import chunk_terms, decayed_pairs, invert_unit_lower, unit_lower
 
-METHODS = ("scan", "parallel", "chunk")
+METHODS = ("scan", "parallel", "chunk", "pallas")
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
@@ -109,74 +112,6 @@ def heads_first(x):
     return jnp.swapaxes(x, -3, -2)
 
 
-# ----------------------------------------------------------------------------- the UT representation
-
-
-def decayed_pairs(x, y, log_g, *, diagonal: bool) -> jax.Array:
-    """``P(x, y)_ij = sum_d x_id y_jd exp(sum_{j<m<=i} log_g_md)`` for j < i (and j = i when
-    ``diagonal``), 0 above: x, y [..., C, D], log_g [..., C, Dg] or None -> [..., C, C].
-
-    Built by halving, as GLA's chunks are: in a block of 2h steps, a late row i reaches an early
-    row j through the gates of the early half after j and of the late half up to i, so the block's
-    lower-left quarter is the matmul ``(x_i exp(since the middle)) . (y_j exp(until the middle))``,
-    both factors <= 1 and summed over at most h steps. Blocks of 1 (the diagonal) grow to the whole
-    chunk in log2(C) rounds, each placing that quarter beside the two halves' own blocks.
-    """
-    size = x.shape[-2]
-    if log_g is None:
-        tril = jnp.tril(jnp.ones((size, size), bool), 0 if diagonal else -1)
-        return jnp.where(tril, x @ jnp.swapaxes(y, -1, -2), 0.0)
-    width = 1 << (size - 1).bit_length()  # padded rows are zero: they add nothing
-    pad = [(0, 0)] * (x.ndim - 2) + [(0, width - size), (0, 0)]
-    x, y, log_g = (jnp.pad(a, pad) for a in (x, y, log_g))
-    same_step = jnp.sum(x * y, axis=-1) if diagonal else jnp.zeros(x.shape[:-1])
-    blocks = same_step[..., None, None]  # (..., W, 1, 1): W blocks of one step
-    half = 1
-    while half < width:
-        xb, yb, gb = (a.reshape(*a.shape[:-2], width // (2 * half), 2, half, a.shape[-1]) for a in (x, y, log_g))
-        steps = gb.ndim - 2  # the axis of the h steps in each half
-        late = xb[..., 1, :, :] * jnp.exp(decay_since(gb[..., 1, :, :], axis=steps - 1))
-        early = yb[..., 0, :, :] * jnp.exp(decay_until_end(gb[..., 0, :, :], axis=steps - 1))
-        across = late @ jnp.swapaxes(early, -1, -2)  # (..., L, h, h) late rows against early columns
-        halves = blocks.reshape(*blocks.shape[:-3], width // (2 * half), 2, half, half)
-        upper = jnp.concatenate([halves[..., 0, :, :], jnp.zeros_like(across)], axis=-1)
-        lower = jnp.concatenate([across, halves[..., 1, :, :]], axis=-1)
-        blocks = jnp.concatenate([upper, lower], axis=-2)  # (..., L / 2, 2h, 2h)
-        half *= 2
-    return blocks[..., 0, :size, :size]
-
-
-def unit_lower(k, beta, log_g) -> jax.Array:
-    """``I + diag(beta) P_<(k, k)`` [..., C, C]: k [..., C, Dk], beta [..., C]."""
-    eye = jnp.eye(k.shape[-2], dtype=k.dtype)
-    return eye + beta[..., :, None] * decayed_pairs(k, k, log_g, diagonal=False)
-
-
-def invert_unit_lower(lower) -> jax.Array:
-    """The inverse of a unit lower-triangular ``lower`` [..., C, C], by halving:
-    ``[[A, 0], [B, D]]^{-1} = [[A^{-1}, 0], [-D^{-1} B A^{-1}, D^{-1}]]`` from blocks of one step up,
-    log2(C) rounds of batched matmuls. (XLA's CPU triangular solve, a LAPACK call, stalled inside
-    the compiled training step; matmuls also suit accelerators better than forward substitution.)
-    """
-    size = lower.shape[-1]
-    width = 1 << (size - 1).bit_length()
-    padded = jnp.pad(lower, [(0, 0)] * (lower.ndim - 2) + [(0, width - size)] * 2)
-    padded = padded + jnp.diag(jnp.arange(width) >= size).astype(lower.dtype)  # padded steps: identity
-    inverse = jnp.ones(lower.shape[:-2] + (width, 1, 1), lower.dtype)  # the inverses of 1 x 1 unit blocks
-    half = 1
-    while half < width:
-        blocks = width // (2 * half)
-        grid = padded.reshape(*padded.shape[:-2], blocks, 2, half, blocks, 2, half)
-        across = jnp.moveaxis(jnp.diagonal(grid[..., :, 1, :, :, 0, :], axis1=-4, axis2=-2), -1, -3)  # (..., L, h, h)
-        halves = inverse.reshape(*inverse.shape[:-3], blocks, 2, half, half)
-        early, late = halves[..., 0, :, :], halves[..., 1, :, :]
-        upper = jnp.concatenate([early, jnp.zeros_like(early)], axis=-1)
-        lower_half = jnp.concatenate([-(late @ across @ early), late], axis=-1)
-        inverse = jnp.concatenate([upper, lower_half], axis=-2)  # (..., L / 2, 2h, 2h)
-        half *= 2
-    return inverse[..., 0, :size, :size]
-
-
 # ----------------------------------------------------------------------------- forms
 # Each takes float32 q (already scaled), k [B,T,H,Dk], v [B,T,H,Dv], beta [B,T,H], log_g [B,T,H,Dg] or None, S0.
 
@@ -215,28 +150,23 @@ def ut_chunks(q, k, v, beta, log_g, s0):
 
     Returns (o [B,N,H,C,Dv], S after the last chunk).
     """
-    if log_g is None:
-        from_start = to_end = jnp.ones_like(k[..., :1])
-        across = jnp.ones(k.shape[:3] + (1,))
-    else:
-        from_start = jnp.exp(decay_since(log_g, axis=3))  # (B, N, H, C, Dg) decay since the chunk's start
-        to_end = jnp.exp(decay_until_end(log_g, axis=3))  # decay from each step to the chunk's end
-        across = jnp.exp(jnp.sum(log_g, axis=3))  # (B, N, H, Dg) decay across the chunk
-    d_value = v.shape[-1]
-    weighted = beta[..., None] * jnp.concatenate([v, k * from_start], axis=-1)  # (B, N, H, C, Dv + Dk)
-    solved = invert_unit_lower(unit_lower(k, beta, log_g)) @ weighted
-    w_v, w_k = solved[..., :d_value], solved[..., d_value:]
+    terms = chunk_terms(k, v, beta, log_g)
 
     def carry(s, chunk):  # S before a chunk -> S after it, and the values the chunk writes
         w_v, w_k, keys_to_end, decay = chunk  # (B, H, C, Dv), (B, H, C, Dk), (B, H, C, Dk), (B, H, Dg)
         u = w_v - w_k @ s  # (B, H, C, Dv)
         return decay[..., None] * s + jnp.swapaxes(keys_to_end, -1, -2) @ u, (s, u)
 
-    chunks = tuple(a.swapaxes(0, 1) for a in (w_v, w_k, k * to_end, across))  # chunk axis first
+    chunks = tuple(a.swapaxes(0, 1) for a in (terms.w_v, terms.w_k, terms.keys_to_end, terms.across))  # chunk axis first
     final, (starts, u) = lax.scan(carry, s0, chunks)
     starts, u = starts.swapaxes(0, 1), u.swapaxes(0, 1)  # (B, N, H, Dk, Dv), (B, N, H, C, Dv)
-    out = (q * from_start) @ starts + decayed_pairs(q, k, log_g, diagonal=True) @ u
+    out = (q * terms.from_start) @ starts + decayed_pairs(q, k, log_g, diagonal=True) @ u
     return out, final
 
 
-_FORMS = {"scan": _scan, "parallel": _parallel, "chunk": _chunk}
+def _pallas(q, k, v, beta, log_g, s0, chunk_size):
+    """The chunk form with its sequential pass and outputs as Pallas kernels (``lmzoo.ops.pallas.delta``)."""
+    return delta_rule_pallas(q, k, v, beta, log_g, s0, chunk_size=chunk_size)
+
+
+_FORMS = {"scan": _scan, "parallel": _parallel, "chunk": _chunk, "pallas": _pallas}

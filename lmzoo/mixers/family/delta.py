@@ -39,7 +39,7 @@ class DeltaRuleConfig(LinearFamilyConfig):
 
     forms = METHODS  # the op's forms; a class attribute, not a config key
 
-    method: str = "chunk"  # scan | parallel | chunk (see lmzoo.ops.delta)
+    method: str = "chunk"  # scan | parallel | chunk | pallas (see lmzoo.ops.delta)
     conv_size: int = 4  # taps of the causal depthwise conv on q, k and v (1: a per-channel scale)
 
     def check(self, model: ModelConfig) -> None:

@@ -19,8 +19,11 @@ run as ``lax.fori_loop`` inside one program.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
 PLATFORMS = ("cpu", "gpu", "tpu", "tpu_interpret")
@@ -90,6 +93,46 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def feature_width(d: int) -> int:
+    """A feature dimension as the kernels hold it: a power of two, at least 16 (Triton's smallest matmul)."""
+    return max(16, pl.next_power_of_2(d))
+
+
+class HeadMajor(NamedTuple):
+    """[B, T, H, D] arrays laid out for the chunked kernels: [B*H, T', D'] with T' whole chunks.
+
+    Zero padding of time and features changes nothing in the recurrences: a padded step has zero
+    queries, keys, values and log gates."""
+
+    batch: int
+    length: int
+    heads: int
+    padded: int  # T rounded up to whole chunks
+
+    @classmethod
+    def of(cls, x, chunk: int) -> "HeadMajor":
+        batch, length, heads = x.shape[:3]
+        return cls(batch, length, heads, round_up(length, chunk))
+
+    def pack(self, x, width: int) -> jax.Array:
+        """[B, T, H, D] -> [BH, T', width]."""
+        x = x.transpose(0, 2, 1, 3).reshape(self.batch * self.heads, self.length, -1)
+        return pad_axis(pad_axis(x, 1, self.padded), 2, width)
+
+    def unpack(self, x, width: int) -> jax.Array:
+        """[BH, T', D'] -> [B, T, H, width]."""
+        x = x[:, : self.length, :width]
+        return x.reshape(self.batch, self.heads, self.length, width).transpose(0, 2, 1, 3)
+
+    def pack_state(self, s, dk: int, dv: int) -> jax.Array:
+        """[B, H, Dk, Dv] -> [BH, dk, dv]."""
+        return pad_axis(pad_axis(s.reshape(self.batch * self.heads, *s.shape[2:]), 1, dk), 2, dv)
+
+    def unpack_state(self, s, d_key: int, d_value: int) -> jax.Array:
+        """[BH, Dk', Dv'] -> [B, H, d_key, d_value]."""
+        return s[:, :d_key, :d_value].reshape(self.batch, self.heads, d_key, d_value)
+
+
 _EXPORT_TARGETS = {"gpu": "cuda", "tpu": "tpu"}
 
 
@@ -104,3 +147,15 @@ def lower_for(platform: str, fn, *args):
     triton_calls = [jax.export.DisabledSafetyCheck.custom_call(name) for name in ("__gpu$xla.gpu.triton", "triton_kernel_call")]
     exported = jax.export.export(jax.jit(fn), platforms=[_EXPORT_TARGETS[platform]], disabled_checks=triton_calls)
     return exported(*args).mlir_module()
+
+
+def dot(a, b, dtype, contract=((1,), (0,))):
+    """a . b contracting the given axes, operands in ``dtype`` and a float32 result."""
+    precision = lax.Precision.HIGHEST if dtype == jnp.float32 else None
+    return lax.dot_general(
+        a.astype(dtype), b.astype(dtype), (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32
+    )
+
+
+AT_B = ((0,), (0,))  # a^T b
+A_BT = ((1,), (1,))  # a b^T

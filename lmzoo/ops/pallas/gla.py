@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from lmzoo.ops.pallas.common import launch, pad_axis, resolve_platform, round_up
+from lmzoo.ops.pallas.common import A_BT, AT_B, HeadMajor, dot, feature_width, launch, resolve_platform
 
 
 @functools.partial(jax.jit, static_argnames=("chunk_size", "sub_size", "block", "platform"))
@@ -58,28 +58,27 @@ def gla_pallas(q, k, v, log_g, s0, *, chunk_size=64, sub_size=None, block=None, 
     ``sub_size`` (>= 16 for GPU matmuls); ``block`` splits the state's Dk and Dv across programs in
     the sequential kernels (default: 64 on GPU, whole elsewhere).
     """
-    sub_size = sub_size or (16 if chunk_size % 16 == 0 else chunk_size)  # 16 rows: the smallest GPU matmul
+    d_key, d_value = k.shape[-1], v.shape[-1]
+    layout = HeadMajor.of(k, chunk_size)
+    dk, dv = feature_width(d_key), feature_width(d_value)
+    config = kernel_config(chunk_size, sub_size, block, platform, dk, dv)
+    log_g = log_g.astype(jnp.float32)
+    gate_width = dk if log_g.shape[-1] > 1 else 1  # one gate per head stays one column
+    o, final = _gla(config, layout.pack(q, dk), layout.pack(k, dk), layout.pack(v, dv), layout.pack(log_g, gate_width),
+                    layout.pack_state(s0, dk, dv))
+    return layout.unpack(o, d_value), layout.unpack_state(final, d_key, d_value)
+
+
+def kernel_config(chunk_size, sub_size, block, platform, dk, dv) -> "KernelConfig":
+    """The static options of the chunked kernels, checked: chunks split into sub-blocks of
+    ``sub_size`` rows (16 by default: the smallest GPU matmul), state blocks of ``block``."""
+    sub_size = sub_size or (16 if chunk_size % 16 == 0 else chunk_size)
     if chunk_size % sub_size or sub_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be a multiple of sub_size={sub_size}")
     platform = resolve_platform(platform)
     if platform == "gpu" and sub_size < 16:
         raise ValueError(f"chunk_size={chunk_size}: GPU matmuls need sub-blocks of 16 rows (use a multiple of 16)")
-    batch, length, heads, d_key = k.shape
-    d_value = v.shape[-1]
-    padded = round_up(length, chunk_size)
-    dk, dv = (max(16, pl.next_power_of_2(d)) for d in (d_key, d_value))
-    log_g = log_g.astype(jnp.float32)
-    gate_width = dk if log_g.shape[-1] > 1 else 1  # one gate per head stays one column
-
-    def head_major(x, width):  # [B, T, H, D] -> [BH, T', D']
-        x = x.transpose(0, 2, 1, 3).reshape(batch * heads, length, -1)
-        return pad_axis(pad_axis(x, 1, padded), 2, width)
-
-    s0 = pad_axis(pad_axis(s0.reshape(batch * heads, d_key, d_value), 1, dk), 2, dv)
-    config = _Config(chunk_size, sub_size, _block(block, platform, dk), _block(block, platform, dv), platform)
-    o, final = _gla(config, head_major(q, dk), head_major(k, dk), head_major(v, dv), head_major(log_g, gate_width), s0)
-    o = o[:, :length, :d_value].reshape(batch, heads, length, d_value).transpose(0, 2, 1, 3)
-    return o, final[:, :d_key, :d_value].reshape(batch, heads, d_key, d_value)
+    return KernelConfig(chunk_size, sub_size, _block(block, platform, dk), _block(block, platform, dv), platform)
 
 
 def _block(block, platform, width):
@@ -87,7 +86,7 @@ def _block(block, platform, width):
     return min(size, width)
 
 
-class _Config(NamedTuple):
+class KernelConfig(NamedTuple):
     """Static kernel options (hashable, for custom_vjp's nondiff argument)."""
 
     chunk: int
@@ -106,7 +105,7 @@ def _gla(config, q, k, v, g, s0):
 
 
 def _forward(config, q, k, v, g, s0):
-    b = _chunk_cumsum(g, config.chunk)
+    b = chunk_cumsum(g, config.chunk)
     states, final = _states(config, k, v, b, s0)
     return _outputs(config, q, k, v, b, states), final, (q, k, v, b, states, final)
 
@@ -134,10 +133,41 @@ def _gla_bwd(config, residuals, cotangents):
 _gla.defvjp(_gla_fwd, _gla_bwd)
 
 
-def _chunk_cumsum(g, chunk):
+def chunk_cumsum(g, chunk):
     """Cumulative log gate from each chunk's start (inclusive), float32 [BH, T, D]."""
     heads, length, width = g.shape
     return jnp.cumsum(g.reshape(heads, length // chunk, chunk, width), axis=2).reshape(g.shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def chunk_outputs(config, q, k, v, b, states):
+    """The output stage alone, for a recurrence that finds its own states (the delta rule):
+    ``o = (q exp(b)) S_n`` plus the causal sum inside each chunk, from head-major q, k [BH,T,Dk],
+    v [BH,T,Dv], b (``chunk_cumsum``) and the state before every chunk [BH,N,Dk,Dv]."""
+    return _outputs(config, q, k, v, b, states)
+
+
+def _chunk_outputs_fwd(config, q, k, v, b, states):
+    return _outputs(config, q, k, v, b, states), (q, k, v, b, states)
+
+
+def _chunk_outputs_bwd(config, residuals, do):
+    q, k, v, b, states = residuals
+    no_later_state = jnp.zeros_like(states)  # nothing flows back from states after a chunk here
+    dq, dk = _key_grads(config, q, k, v, b, do, states, no_later_state)
+    dv = _value_grads(config, q, k, b, do, no_later_state)
+    heads, length, _ = q.shape
+    per_chunk = lambda x: x.reshape(heads, length // config.chunk, config.chunk, x.shape[-1])
+    queries = per_chunk(q.astype(jnp.float32) * jnp.exp(b))
+    d_states = jnp.einsum("hncd,hnce->hnde", queries, per_chunk(do), precision=lax.Precision.HIGHEST)
+    # o sees b only through q exp(b) and k exp(-b), as the whole recurrence sees its gates
+    db = q.astype(jnp.float32) * dq - k.astype(jnp.float32) * dk
+    if b.shape[-1] == 1:
+        db = db.sum(axis=-1, keepdims=True)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), db, d_states
+
+
+chunk_outputs.defvjp(_chunk_outputs_fwd, _chunk_outputs_bwd)
 
 
 # ----------------------------------------------------------------------------- launches
@@ -266,18 +296,6 @@ def _value_grads(config, q, k, b, do, d_states):
 # ----------------------------------------------------------------------------- kernels
 
 
-def _dot(a, b, dtype, contract=((1,), (0,))):
-    """a . b contracting the given axes, operands in ``dtype`` and a float32 result."""
-    precision = lax.Precision.HIGHEST if dtype == jnp.float32 else None
-    return lax.dot_general(
-        a.astype(dtype), b.astype(dtype), (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32
-    )
-
-
-_AT_B = ((0,), (0,))  # a^T b
-_A_BT = ((1,), (1,))  # a b^T
-
-
 def _states_kernel(chunk, chunks, k_ref, v_ref, b_ref, s0_ref, states_ref, final_ref):
     dtype = k_ref.dtype
 
@@ -287,7 +305,7 @@ def _states_kernel(chunk, chunks, k_ref, v_ref, b_ref, s0_ref, states_ref, final
         rows = pl.ds(start, chunk)
         b, total = b_ref[rows, :], b_ref[pl.ds(start + chunk - 1, 1), :]  # (C, bk), (1, bk)
         keys = k_ref[rows, :].astype(jnp.float32) * jnp.exp(total - b)  # decayed to the chunk's end
-        return jnp.exp(total).T * s + _dot(keys, v_ref[rows, :], dtype, _AT_B)
+        return jnp.exp(total).T * s + dot(keys, v_ref[rows, :], dtype, AT_B)
 
     final_ref[...] = lax.fori_loop(0, chunks, step, s0_ref[...])
 
@@ -302,7 +320,7 @@ def _state_grads_kernel(chunk, chunks, q_ref, do_ref, b_ref, d_final_ref, d_stat
         rows = pl.ds(start, chunk)
         b, total = b_ref[rows, :], b_ref[pl.ds(start + chunk - 1, 1), :]
         queries = q_ref[rows, :].astype(jnp.float32) * jnp.exp(b)  # decayed from the chunk's start
-        return jnp.exp(total).T * ds + _dot(queries, do_ref[rows, :], dtype, _AT_B)
+        return jnp.exp(total).T * ds + dot(queries, do_ref[rows, :], dtype, AT_B)
 
     d_s0_ref[...] = lax.fori_loop(0, chunks, step, d_final_ref[...])
 
@@ -337,11 +355,11 @@ def _outputs_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, s_ref, o_ref):
     blocks = [_SubBlock(b_ref, i, sub) for i in range(chunk // sub)]
     for i, late in enumerate(blocks):
         q = q_ref[late.rows, :].astype(jnp.float32)
-        out = _dot(q * jnp.exp(late.b), s_ref[...], dtype)  # from the state before the chunk
+        out = dot(q * jnp.exp(late.b), s_ref[...], dtype)  # from the state before the chunk
         q_hat = q * jnp.exp(late.b - late.r)
         for early in blocks[:i]:
             k_hat = k_ref[early.rows, :].astype(jnp.float32) * jnp.exp(late.r - early.b)
-            out += _dot(_dot(q_hat, k_hat, dtype, _A_BT), v_ref[early.rows, :], dtype)
+            out += dot(dot(q_hat, k_hat, dtype, A_BT), v_ref[early.rows, :], dtype)
 
         def diagonal(j, out, late=late, q=q):  # the diagonal sub-block, one key at a time
             decay, row = late.pair_decay(b_ref, j)
@@ -363,17 +381,17 @@ def _key_grads_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, do_ref, s_ref, ds_
     dtype = q_ref.dtype
     blocks = [_SubBlock(b_ref, i, sub) for i in range(chunk // sub)]
     total = b_ref[pl.ds(chunk - 1, 1), :]
-    dq = [_dot(_f32(do_ref, block.rows), s_ref[...], dtype, _A_BT) * jnp.exp(block.b) for block in blocks]
-    dk = [_dot(_f32(v_ref, block.rows), ds_ref[...], dtype, _A_BT) * jnp.exp(total - block.b) for block in blocks]
+    dq = [dot(_f32(do_ref, block.rows), s_ref[...], dtype, A_BT) * jnp.exp(block.b) for block in blocks]
+    dk = [dot(_f32(v_ref, block.rows), ds_ref[...], dtype, A_BT) * jnp.exp(total - block.b) for block in blocks]
     for i, late in enumerate(blocks):
         q, do = _f32(q_ref, late.rows), _f32(do_ref, late.rows)
         from_r = jnp.exp(late.b - late.r)  # decay from just before sub-block I to each of its rows
         q_hat = q * from_r
         for j, early in enumerate(blocks[:i]):
             to_r = jnp.exp(late.r - early.b)  # decay from each row of J to just before I
-            d_scores = _dot(do, _f32(v_ref, early.rows), dtype, _A_BT)  # D over (I, J)
-            dq[i] += _dot(d_scores, _f32(k_ref, early.rows) * to_r, dtype) * from_r
-            dk[j] += _dot(d_scores, q_hat, dtype, _AT_B) * to_r
+            d_scores = dot(do, _f32(v_ref, early.rows), dtype, A_BT)  # D over (I, J)
+            dq[i] += dot(d_scores, _f32(k_ref, early.rows) * to_r, dtype) * from_r
+            dk[j] += dot(d_scores, q_hat, dtype, AT_B) * to_r
 
         def diagonal(j, grads, late=late, q=q, do=do):  # the diagonal sub-block, one key at a time
             gq, gk = grads
@@ -393,13 +411,13 @@ def _value_grads_kernel(chunk, sub, q_ref, k_ref, b_ref, do_ref, ds_ref, dv_ref)
     dtype = q_ref.dtype
     blocks = [_SubBlock(b_ref, i, sub) for i in range(chunk // sub)]
     total = b_ref[pl.ds(chunk - 1, 1), :]
-    dv = [_dot(_f32(k_ref, block.rows) * jnp.exp(total - block.b), ds_ref[...], dtype) for block in blocks]
+    dv = [dot(_f32(k_ref, block.rows) * jnp.exp(total - block.b), ds_ref[...], dtype) for block in blocks]
     for i, late in enumerate(blocks):
         q, do = _f32(q_ref, late.rows), _f32(do_ref, late.rows)
         q_hat = q * jnp.exp(late.b - late.r)
         for j, early in enumerate(blocks[:i]):
             k_hat = _f32(k_ref, early.rows) * jnp.exp(late.r - early.b)
-            dv[j] += _dot(_dot(q_hat, k_hat, dtype, _A_BT), do, dtype, _AT_B)  # A over (I, J), transposed
+            dv[j] += dot(dot(q_hat, k_hat, dtype, A_BT), do, dtype, AT_B)  # A over (I, J), transposed
 
         def diagonal(j, gv, late=late, q=q, do=do):
             decay, row = late.pair_decay(b_ref, j)
@@ -425,8 +443,8 @@ def _decay_matrix(b):
 def _outputs_scalar_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, s_ref, o_ref):
     dtype = q_ref.dtype
     q, b = q_ref[...].astype(jnp.float32), b_ref[...]
-    scores = _dot(q, k_ref[...], dtype, _A_BT) * _decay_matrix(b)
-    o_ref[...] = _dot(q * jnp.exp(b), s_ref[...], dtype) + _dot(scores, v_ref[...], dtype)
+    scores = dot(q, k_ref[...], dtype, A_BT) * _decay_matrix(b)
+    o_ref[...] = dot(q * jnp.exp(b), s_ref[...], dtype) + dot(scores, v_ref[...], dtype)
 
 
 def _key_grads_scalar_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, do_ref, s_ref, ds_ref, dq_ref, dk_ref):
@@ -434,9 +452,9 @@ def _key_grads_scalar_kernel(chunk, sub, q_ref, k_ref, v_ref, b_ref, do_ref, s_r
     dtype = q_ref.dtype
     q, k, v, do, b = (ref[...].astype(jnp.float32) for ref in (q_ref, k_ref, v_ref, do_ref, b_ref))
     decay, to_end = _decay_matrix(b), jnp.exp(b_ref[pl.ds(chunk - 1, 1), :] - b)
-    d_scores = _dot(do, v, dtype, _A_BT) * decay
-    dq_ref[...] = _dot(d_scores, k, dtype) + _dot(do, s_ref[...], dtype, _A_BT) * jnp.exp(b)
-    dk_ref[...] = _dot(d_scores, q, dtype, _AT_B) + _dot(v, ds_ref[...], dtype, _A_BT) * to_end
+    d_scores = dot(do, v, dtype, A_BT) * decay
+    dq_ref[...] = dot(d_scores, k, dtype) + dot(do, s_ref[...], dtype, A_BT) * jnp.exp(b)
+    dk_ref[...] = dot(d_scores, q, dtype, AT_B) + dot(v, ds_ref[...], dtype, A_BT) * to_end
 
 
 def _value_grads_scalar_kernel(chunk, sub, q_ref, k_ref, b_ref, do_ref, ds_ref, dv_ref):
@@ -444,4 +462,4 @@ def _value_grads_scalar_kernel(chunk, sub, q_ref, k_ref, b_ref, do_ref, ds_ref, 
     dtype = q_ref.dtype
     q, k, do, b = (ref[...].astype(jnp.float32) for ref in (q_ref, k_ref, do_ref, b_ref))
     decay, to_end = _decay_matrix(b), jnp.exp(b_ref[pl.ds(chunk - 1, 1), :] - b)
-    dv_ref[...] = _dot(_dot(q, k, dtype, _A_BT) * decay, do, dtype, _AT_B) + _dot(k * to_end, ds_ref[...], dtype)
+    dv_ref[...] = dot(dot(q, k, dtype, A_BT) * decay, do, dtype, AT_B) + dot(k * to_end, ds_ref[...], dtype)

@@ -1,0 +1,109 @@
+"""The UT representation of a chunk of delta-rule steps (derived in ``lmzoo.ops.delta``): what the
+chunk form and its Pallas kernels (``lmzoo.ops.pallas.delta``) share.
+
+Everything here works on one chunk per leading index, ``[..., C, D]``, in float32.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from lmzoo.ops.common import decay_since, decay_until_end
+
+
+class ChunkTerms(NamedTuple):
+    """What a chunk contributes to the recurrence across chunks, whatever state it starts from.
+
+    The chunk writes ``U = w_v - w_k S`` from the state S before it, and leaves
+    ``across * S + keys_to_end^T U``; its queries read ``from_start * q`` from S.
+    """
+
+    w_v: jax.Array  # [..., C, Dv]
+    w_k: jax.Array  # [..., C, Dk]
+    keys_to_end: jax.Array  # [..., C, Dk]: k decayed to the chunk's end
+    across: jax.Array  # [..., Dg]: the decay across the whole chunk
+    from_start: jax.Array  # [..., C, Dg]: the decay from the chunk's start to each step
+
+
+def chunk_terms(k, v, beta, log_g) -> ChunkTerms:
+    """k [..., C, Dk], v [..., C, Dv], beta [..., C], log_g [..., C, Dg] or None (no decay)."""
+    steps = k.ndim - 2
+    if log_g is None:
+        from_start = to_end = jnp.ones_like(k[..., :1])
+        across = jnp.ones(k.shape[:-2] + (1,))
+    else:
+        from_start = jnp.exp(decay_since(log_g, axis=steps))  # decay since the chunk's start
+        to_end = jnp.exp(decay_until_end(log_g, axis=steps))  # decay from each step to the chunk's end
+        across = jnp.exp(jnp.sum(log_g, axis=steps))
+    d_value = v.shape[-1]
+    weighted = beta[..., None] * jnp.concatenate([v, k * from_start], axis=-1)  # (..., C, Dv + Dk)
+    solved = invert_unit_lower(unit_lower(k, beta, log_g)) @ weighted
+    return ChunkTerms(solved[..., :d_value], solved[..., d_value:], k * to_end, across, from_start)
+
+
+def decayed_pairs(x, y, log_g, *, diagonal: bool) -> jax.Array:
+    """``P(x, y)_ij = sum_d x_id y_jd exp(sum_{j<m<=i} log_g_md)`` for j < i (and j = i when
+    ``diagonal``), 0 above: x, y [..., C, D], log_g [..., C, Dg] or None -> [..., C, C].
+
+    Built by halving, as GLA's chunks are: in a block of 2h steps, a late row i reaches an early
+    row j through the gates of the early half after j and of the late half up to i, so the block's
+    lower-left quarter is the matmul ``(x_i exp(since the middle)) . (y_j exp(until the middle))``,
+    both factors <= 1 and summed over at most h steps. Blocks of 1 (the diagonal) grow to the whole
+    chunk in log2(C) rounds, each placing that quarter beside the two halves' own blocks.
+    """
+    size = x.shape[-2]
+    if log_g is None:
+        tril = jnp.tril(jnp.ones((size, size), bool), 0 if diagonal else -1)
+        return jnp.where(tril, x @ jnp.swapaxes(y, -1, -2), 0.0)
+    width = 1 << (size - 1).bit_length()  # padded rows are zero: they add nothing
+    pad = [(0, 0)] * (x.ndim - 2) + [(0, width - size), (0, 0)]
+    x, y, log_g = (jnp.pad(a, pad) for a in (x, y, log_g))
+    same_step = jnp.sum(x * y, axis=-1) if diagonal else jnp.zeros(x.shape[:-1])
+    blocks = same_step[..., None, None]  # (..., W, 1, 1): W blocks of one step
+    half = 1
+    while half < width:
+        xb, yb, gb = (a.reshape(*a.shape[:-2], width // (2 * half), 2, half, a.shape[-1]) for a in (x, y, log_g))
+        steps = gb.ndim - 2  # the axis of the h steps in each half
+        late = xb[..., 1, :, :] * jnp.exp(decay_since(gb[..., 1, :, :], axis=steps - 1))
+        early = yb[..., 0, :, :] * jnp.exp(decay_until_end(gb[..., 0, :, :], axis=steps - 1))
+        across = late @ jnp.swapaxes(early, -1, -2)  # (..., L, h, h) late rows against early columns
+        halves = blocks.reshape(*blocks.shape[:-3], width // (2 * half), 2, half, half)
+        upper = jnp.concatenate([halves[..., 0, :, :], jnp.zeros_like(across)], axis=-1)
+        lower = jnp.concatenate([across, halves[..., 1, :, :]], axis=-1)
+        blocks = jnp.concatenate([upper, lower], axis=-2)  # (..., L / 2, 2h, 2h)
+        half *= 2
+    return blocks[..., 0, :size, :size]
+
+
+def unit_lower(k, beta, log_g) -> jax.Array:
+    """``I + diag(beta) P_<(k, k)`` [..., C, C]: k [..., C, Dk], beta [..., C]."""
+    eye = jnp.eye(k.shape[-2], dtype=k.dtype)
+    return eye + beta[..., :, None] * decayed_pairs(k, k, log_g, diagonal=False)
+
+
+def invert_unit_lower(lower) -> jax.Array:
+    """The inverse of a unit lower-triangular ``lower`` [..., C, C], by halving:
+    ``[[A, 0], [B, D]]^{-1} = [[A^{-1}, 0], [-D^{-1} B A^{-1}, D^{-1}]]`` from blocks of one step up,
+    log2(C) rounds of batched matmuls. (XLA's CPU triangular solve, a LAPACK call, stalled inside
+    the compiled training step; matmuls also suit accelerators better than forward substitution.)
+    """
+    size = lower.shape[-1]
+    width = 1 << (size - 1).bit_length()
+    padded = jnp.pad(lower, [(0, 0)] * (lower.ndim - 2) + [(0, width - size)] * 2)
+    padded = padded + jnp.diag(jnp.arange(width) >= size).astype(lower.dtype)  # padded steps: identity
+    inverse = jnp.ones(lower.shape[:-2] + (width, 1, 1), lower.dtype)  # the inverses of 1 x 1 unit blocks
+    half = 1
+    while half < width:
+        blocks = width // (2 * half)
+        grid = padded.reshape(*padded.shape[:-2], blocks, 2, half, blocks, 2, half)
+        across = jnp.moveaxis(jnp.diagonal(grid[..., :, 1, :, :, 0, :], axis1=-4, axis2=-2), -1, -3)  # (..., L, h, h)
+        halves = inverse.reshape(*inverse.shape[:-3], blocks, 2, half, half)
+        early, late = halves[..., 0, :, :], halves[..., 1, :, :]
+        upper = jnp.concatenate([early, jnp.zeros_like(early)], axis=-1)
+        lower_half = jnp.concatenate([-(late @ across @ early), late], axis=-1)
+        inverse = jnp.concatenate([upper, lower_half], axis=-2)  # (..., L / 2, 2h, 2h)
+        half *= 2
+    return inverse[..., 0, :size, :size]
