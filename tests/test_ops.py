@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,6 +57,32 @@ def test_fused_gradients_match_reference(window):
     fused = jax.grad(lambda *a: loss("xla", *a), argnums=(0, 1, 2))(q, k, v)
     for r, f in zip(ref, fused):
         np.testing.assert_allclose(f, r, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("window, with_bias, with_segments", [(None, False, False), (40, True, False), (None, True, True)],
+                         ids=["causal", "window_and_bias", "bias_and_documents"])
+def test_blocked_form_matches_reference_values_and_gradients(window, with_bias, with_segments):
+    """150 queries: blocks of 64, 64 and 22; a window of 40 reaches back across block edges."""
+    q, k, v = qkv(t=150)
+    bias = jax.random.normal(jax.random.key(3), (1, q.shape[2], 150, 150)) if with_bias else None
+    segments = jnp.asarray(np.repeat([[0, 1, 2], [0, 0, 1]], [50, 70, 30], axis=1)) if with_segments else None
+    upstream = jax.random.normal(jax.random.key(9), q.shape)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def out_and_grads(method, q, k, v):
+        run = lambda *a: softmax_attention(*a, window=window, bias=bias, segment_ids=segments, method=method)  # noqa: E731
+        out, vjp = jax.vjp(run, q, k, v)
+        return out, vjp(upstream)
+
+    for blocked, reference in zip(jax.tree.leaves(out_and_grads("blocked", q, k, v)),
+                                  jax.tree.leaves(out_and_grads("naive", q, k, v))):
+        np.testing.assert_allclose(blocked, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_blocked_form_needs_a_causal_mask():
+    q, k, v = qkv(t=8)
+    with pytest.raises(ValueError, match="causal"):
+        softmax_attention(q, k, v, causal=False, method="blocked")
 
 
 def test_bfloat16_inputs_close_to_float32():
