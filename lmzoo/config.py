@@ -22,6 +22,7 @@ from lmzoo.positions import PosConfig
 from lmzoo.schema import (  # noqa: F401 (re-exported)
     ConfigError, DataConfig, MixerConfig, ModelConfig, explain, one_of, positive, to_dataclass,
 )
+from lmzoo.sharding import MeshConfig
 
 
 @dataclass
@@ -50,6 +51,7 @@ class TrainConfig:
     probe_batch: int = 2  # sequences whose attention sparsity/entropy is logged at each validation; 0: off
     max_nonfinite: int = 5  # consecutive steps with a non-finite loss or gradient (each skipped) that stop the run
     distributed: bool = False  # multi-host: jax.distributed.initialize() (reads SLURM/cloud settings)
+    mesh: MeshConfig = field(default_factory=MeshConfig)  # devices per mesh axis and where parameters go (lmzoo.sharding)
 
 
 @dataclass
@@ -147,6 +149,7 @@ def check(cfg: Config) -> None:
     positive("train.grad_accum", t.grad_accum)
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size={t.batch_size} does not split into train.grad_accum={t.grad_accum} equal micro-batches")
+    t.mesh.check()
     positive("optim.lr", o.lr)
     positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
     positive("optim.weight_decay", o.weight_decay, allow_zero=True)

@@ -19,6 +19,7 @@ from lmzoo.config import Config
 from lmzoo.mixers import MixerContext, build_mixer
 from lmzoo.mixers.base import dense
 from lmzoo.positions import Positions, segment_positions
+from lmzoo.sharding import EMBED, MLP, VOCAB, constrain_rows, partitioned
 
 
 def ff_size(d_model: int) -> int:
@@ -30,7 +31,8 @@ class RMSNorm(nnx.Module):
     """RMSNorm computed in float32 whatever the activations' dtype, returned in that dtype."""
 
     def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs):
-        self.norm = nnx.RMSNorm(dim, epsilon=eps, dtype=jnp.float32, rngs=rngs)
+        self.norm = nnx.RMSNorm(dim, epsilon=eps, dtype=jnp.float32, scale_init=partitioned(nnx.initializers.ones, EMBED),
+                                rngs=rngs)
 
     def __call__(self, x):
         return self.norm(x.astype(jnp.float32)).astype(x.dtype)
@@ -38,8 +40,8 @@ class RMSNorm(nnx.Module):
 
 class SwiGLU(nnx.Module):
     def __init__(self, ctx: MixerContext, d_ff: int, *, rngs: nnx.Rngs):
-        self.up = dense(ctx, ctx.d_model, 2 * d_ff, rngs=rngs)
-        self.down = dense(ctx, d_ff, ctx.d_model, rngs=rngs, residual=True)
+        self.up = dense(ctx, ctx.d_model, 2 * d_ff, rngs=rngs, axes=(EMBED, MLP))
+        self.down = dense(ctx, d_ff, ctx.d_model, rngs=rngs, residual=True, axes=(MLP, EMBED))
 
     def __call__(self, x):
         gate, value = jnp.split(self.up(x), 2, axis=-1)
@@ -82,7 +84,8 @@ class LM(nnx.Module):
         m = cfg.model
         self.dtype = jnp.dtype(m.dtype)
         self.embed = nnx.Embed(
-            vocab_size, m.d_model, dtype=self.dtype, embedding_init=nnx.initializers.normal(m.init_std), rngs=rngs
+            vocab_size, m.d_model, dtype=self.dtype, embedding_init=partitioned(nnx.initializers.normal(m.init_std), VOCAB, EMBED),
+            rngs=rngs,
         )
         train_len = cfg.data.seq_len  # evaluation at other lengths keeps the training config's seq_len
         pos = Positions.from_config(cfg.pos, train_len=train_len)
@@ -92,7 +95,7 @@ class LM(nnx.Module):
         self.norm = RMSNorm(m.d_model, eps=m.norm_eps, rngs=rngs)
         self.head = None if m.tie_embeddings else nnx.Linear(
             m.d_model, vocab_size, use_bias=False, dtype=self.dtype,
-            kernel_init=nnx.initializers.normal(m.init_std), rngs=rngs,
+            kernel_init=partitioned(nnx.initializers.normal(m.init_std), EMBED, VOCAB), rngs=rngs,
         )
 
     def logits(self, h):
@@ -101,11 +104,11 @@ class LM(nnx.Module):
         return out.astype(jnp.float32)
 
     def __call__(self, tokens, positions=None, segment_ids=None):
-        h = self.embed(tokens)  # (B, T, d_model)
+        h = constrain_rows(self.embed(tokens))  # (B, T, d_model), split by rows on a mesh
         positions = document_positions(positions, segment_ids)
         run = nnx.remat(_call) if self.remat_blocks else _call  # remat: keep only each block's input
         for block in self.blocks:
-            h = run(block, h, positions, segment_ids)
+            h = constrain_rows(run(block, h, positions, segment_ids))
         return self.logits(h)
 
     def attention_matrices(self, tokens, positions=None, segment_ids=None) -> list[jax.Array]:

@@ -29,7 +29,7 @@ from jax import lax
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -49,6 +49,7 @@ from lmzoo.mixers.base import AuxLoss
 from lmzoo.model import LM, count_params
 from lmzoo.optim import learning_rate_schedule, make_optimizer
 from lmzoo.rundir import IDENTITY_SECTIONS, describe_changes, prepare_run_dir, record_settings  # noqa: F401
+from lmzoo.sharding import batch_sharding, make_mesh, state_shardings
 
 log = logging.getLogger("lmzoo.train")
 logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax reports every file it writes at INFO
@@ -232,13 +233,14 @@ def open_data(cfg: Config):
     return data, train_iter, val_windows
 
 
-def data_parallel_shardings(batch_size: int) -> tuple[NamedSharding, NamedSharding]:
-    """(replicated, split along the batch) over every device; the batch must split evenly."""
-    n_devices = jax.device_count()
-    if batch_size % n_devices:
-        raise ConfigError(f"train.batch_size={batch_size} is not divisible by the {n_devices} devices")
-    mesh = jax.make_mesh((n_devices,), ("data",), axis_types=(AxisType.Auto,))  # GSPMD propagates the rest
-    return NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+def training_mesh(cfg: Config) -> Mesh:
+    """``train.mesh`` over every device; the batch must split evenly over its row axes."""
+    mesh = make_mesh(cfg.train.mesh)
+    row_groups = mesh.shape["data"] * mesh.shape["fsdp"]
+    if cfg.train.batch_size % row_groups:
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not divisible by the {row_groups} devices that "
+                          f"split the batch (train.mesh.data x train.mesh.fsdp)")
+    return mesh
 
 
 def write_run_files(run_dir: Path, cfg: Config, data, model: LM, n_params: int) -> None:
@@ -280,15 +282,17 @@ class Trainer:
             raise
 
     def _start(self, cfg: Config) -> None:
-        replicated, batch_sharding = data_parallel_shardings(cfg.train.batch_size)
-        self.to_device = partial(jax.make_array_from_process_local_data, batch_sharding)
+        self.mesh = training_mesh(cfg)
+        replicated = NamedSharding(self.mesh, P())
+        self.to_device = partial(jax.make_array_from_process_local_data, batch_sharding(self.mesh))
         data, self.train_iter, self.val_windows = open_data(cfg)
         model = LM(cfg, data.tokenizer.vocab_size, rngs=nnx.Rngs(cfg.seed))
         n_params = count_params(model)
         write_run_files(self.run_dir, cfg, data, model, n_params)
 
         self.graphdef, state, tx = init_train_state(cfg, model)
-        self.state = jax.device_put(state, replicated)
+        self.shardings = state_shardings(state, self.mesh, cfg.train.mesh.rules)
+        self.state = jax.device_put(state, self.shardings)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
         self.held.callback(self.checkpointer.close)
         start = self.resume()
@@ -296,7 +300,8 @@ class Trainer:
             log.info("resumed with changed settings: %s (recorded in %s)", describe_changes(changes),
                      self.run_dir / "resumes.jsonl")
 
-        self.step_fn = jax.jit(partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum), donate_argnums=0)
+        self.step_fn = jax.jit(partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum), donate_argnums=0,
+                               out_shardings=(self.shardings, replicated))  # the state keeps its layout
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
         rows = cfg.train.batch_size // jax.process_count()
         self.process_rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
@@ -350,7 +355,8 @@ class Trainer:
     def advance(self) -> dict:
         """One optimizer step on the next training batch; its metrics stay on the device."""
         batch = jax.tree.map(self.to_device, next(self.train_iter))
-        self.state, metrics = self.step_fn(self.state, batch)
+        with jax.set_mesh(self.mesh):  # the model keeps activations split by rows (sharding.constrain_rows)
+            self.state, metrics = self.step_fn(self.state, batch)
         self.step += 1
         self.check_finite(bool(metrics["finite"]))  # one scalar read per step, so divergence stops at once
         self.window_losses.append(metrics["loss"])
@@ -399,7 +405,8 @@ class Trainer:
         """Per-target loss and correctness of a global batch of validation windows (inputs, targets and any
         segment ids); this process feeds its rows."""
         local = [self.to_device(x[self.process_rows]) for x in arrays]
-        return jax.device_get(self.eval_fn(self.state, *local))
+        with jax.set_mesh(self.mesh):
+            return jax.device_get(self.eval_fn(self.state, *local))
 
     def validate(self) -> dict:
         """Loss, bits per byte (with its 95% interval) and accuracy on the first ``train.eval_tokens``

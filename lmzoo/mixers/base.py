@@ -27,6 +27,7 @@ from flax import nnx
 from lmzoo.ops.pallas import CHUNK_MULTIPLE
 from lmzoo.positions import Positions
 from lmzoo.schema import ConfigError, one_of, positive
+from lmzoo.sharding import EMBED, INNER, partitioned
 
 
 class AuxLoss(nnx.Variable):
@@ -60,11 +61,18 @@ def chunked_form(method: str, chunk_size: int, methods: tuple | list) -> None:
                           "(its kernels' matmul blocks)")
 
 
-def dense(ctx: MixerContext, d_in: int, d_out: int, *, rngs: nnx.Rngs, residual: bool = False, bias: bool = False):
-    """A projection in the model's compute dtype; residual outputs start smaller with depth (GPT-2)."""
+def dense(ctx: MixerContext, d_in: int, d_out: int, *, rngs: nnx.Rngs, residual: bool = False, bias: bool = False,
+          axes: tuple = None):
+    """A projection in the model's compute dtype; residual outputs start smaller with depth (GPT-2).
+
+    ``axes``: the kernel's logical axis names (``lmzoo.sharding``); by default a projection from the
+    model width into the layer's own (``EMBED, INNER``), or back for a residual output.
+    """
+    axes = axes or ((INNER, EMBED) if residual else (EMBED, INNER))
     std = ctx.init_std / math.sqrt(2 * ctx.n_layers) if residual else ctx.init_std
     return nnx.Linear(
-        d_in, d_out, use_bias=bias, dtype=ctx.dtype, kernel_init=nnx.initializers.normal(std), rngs=rngs
+        d_in, d_out, use_bias=bias, dtype=ctx.dtype, kernel_init=partitioned(nnx.initializers.normal(std), *axes),
+        bias_init=partitioned(nnx.initializers.zeros_init(), axes[1]), rngs=rngs,
     )
 
 

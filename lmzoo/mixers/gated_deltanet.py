@@ -28,6 +28,7 @@ from lmzoo.mixers.family.delta import DeltaRuleConfig, DeltaRuleMixer
 from lmzoo.mixers.family.ssm import check_dt_range, dt_bias_init
 from lmzoo.registry import register
 from lmzoo.schema import ModelConfig, one_of, positive
+from lmzoo.sharding import EMBED, INNER, param
 
 GATES = ("head", "channel")
 
@@ -58,11 +59,12 @@ class GatedDeltaNet(DeltaRuleMixer):
         width = heads * self.key_dim if self.per_channel else heads
         if self.per_channel:
             rank = cfg.gate_rank or self.key_dim
-            self.gate_proj = nnx.Sequential(dense(ctx, d, rank, rngs=rngs), dense(ctx, rank, width, rngs=rngs))
+            self.gate_proj = nnx.Sequential(dense(ctx, d, rank, rngs=rngs, axes=(EMBED, None)),
+                                            dense(ctx, rank, width, rngs=rngs, axes=(None, INNER)))
         else:
             self.gate_proj = dense(ctx, d, width, rngs=rngs)
-        self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), width, cfg.dt_min, cfg.dt_max))
-        self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (heads,), jnp.float32, 1.0, 16.0)))
+        self.dt_bias = param(dt_bias_init(rngs.params(), width, cfg.dt_min, cfg.dt_max), None)
+        self.A_log = param(jnp.log(jax.random.uniform(rngs.params(), (heads,), jnp.float32, 1.0, 16.0)), None)
 
     def gates(self, x):
         """log g = -exp(A_log) * softplus(x W + dt_bias): [B, T, H] or [B, T, H, Dk], float32, <= 0."""

@@ -29,6 +29,7 @@ from lmzoo.ops.common import same_segment
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
 from lmzoo.schema import ModelConfig, one_of, positive
+from lmzoo.sharding import param
 
 WEIGHTS = ("relu2", "softmax")
 
@@ -62,7 +63,7 @@ class GatedAttentionUnit(CacheMixer):
         self.in_proj = dense(ctx, ctx.d_model, 2 * self.e + self.s, rngs=rngs)
         # q and k start as z itself (gamma near 1, beta 0) so the first steps already attend
         gamma = 1.0 + ctx.init_std * jax.random.normal(rngs.params(), (2, self.s))
-        self.gamma, self.beta = nnx.Param(gamma), nnx.Param(jnp.zeros((2, self.s)))
+        self.gamma, self.beta = param(gamma, None, None), param(jnp.zeros((2, self.s)), None, None)
         self.o_proj = dense(ctx, self.e, ctx.d_model, rngs=rngs, residual=True)
 
     def project(self, x):

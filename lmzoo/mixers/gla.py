@@ -24,6 +24,7 @@ from lmzoo.mixers.base import MixerContext, dense
 from lmzoo.mixers.family.linear import GatedMixer, LinearFamilyConfig
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, ModelConfig, positive
+from lmzoo.sharding import EMBED, INNER
 
 
 @register("gla")
@@ -57,8 +58,8 @@ class GatedLinearAttention(GatedMixer):
         self.q_proj = dense(ctx, d, self.n_heads * self.key_dim, rngs=rngs)
         self.k_proj = dense(ctx, d, self.n_heads * self.key_dim, rngs=rngs)
         self.v_proj = dense(ctx, d, d, rngs=rngs)
-        self.gate_down = dense(ctx, d, cfg.gate_rank, rngs=rngs)
-        self.gate_up = dense(ctx, cfg.gate_rank, self.n_heads * self.key_dim, rngs=rngs, bias=True)
+        self.gate_down = dense(ctx, d, cfg.gate_rank, rngs=rngs, axes=(EMBED, None))
+        self.gate_up = dense(ctx, cfg.gate_rank, self.n_heads * self.key_dim, rngs=rngs, bias=True, axes=(None, INNER))
         self.init_output(ctx, rngs=rngs)
 
     def heads(self, x, positions=None, segment_ids=None):  # the gates carry order: positions are unused

@@ -38,6 +38,7 @@ from lmzoo.ops.common import same_segment
 from lmzoo.ops.lti import causal_toeplitz, diagonal_ssm, diagonal_ssm_kernel, vandermonde
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.sharding import param
 
 METHODS = ("quadratic", "fft", "scan")
 
@@ -74,11 +75,11 @@ class H3(Mixer):
         self.shift = CausalConv(d, cfg.shift_size, bias=False, rngs=rngs)
         # S4D-Lin. A and Δ are vectors so that the optimiser leaves them out of weight decay, as S4 does.
         log_dt = jax.random.uniform(rngs.params(), (h,), jnp.float32, math.log(cfg.dt_min), math.log(cfg.dt_max))
-        self.log_dt = nnx.Param(log_dt)  # (H,)
-        self.log_neg_a_real = nnx.Param(jnp.full((h * m,), math.log(0.5), jnp.float32))  # Re A = -1/2
-        self.a_imag = nnx.Param(jnp.tile(math.pi * jnp.arange(m, dtype=jnp.float32), h))  # Im A = πn
-        self.C = nnx.Param(jax.random.normal(rngs.params(), (h, m, 2), jnp.float32) * math.sqrt(0.5))  # (re, im)
-        self.D = nnx.Param(jnp.ones((h,), jnp.float32))
+        self.log_dt = param(log_dt, None)  # (H,)
+        self.log_neg_a_real = param(jnp.full((h * m,), math.log(0.5), jnp.float32), None)  # Re A = -1/2
+        self.a_imag = param(jnp.tile(math.pi * jnp.arange(m, dtype=jnp.float32), h), None)  # Im A = πn
+        self.C = param(jax.random.normal(rngs.params(), (h, m, 2), jnp.float32) * math.sqrt(0.5), None, None, None)  # (re, im)
+        self.D = param(jnp.ones((h,), jnp.float32), None)
         self.out_proj = dense(ctx, d, d, rngs=rngs, residual=True)
 
     def ssm_params(self):

@@ -28,6 +28,7 @@ from lmzoo.mixers.family.ssm import CausalConv, check_dt_range, dt_bias_init, sy
 from lmzoo.ops.selective_scan import METHODS, effective_delta, selective_attention, selective_scan
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.sharding import INNER, param, partitioned
 
 
 @register("mamba")
@@ -66,13 +67,13 @@ class Mamba(Mixer):
         e, n, r = self.d_inner, self.d_state, self.dt_rank
         self.in_proj = dense(ctx, ctx.d_model, 2 * e, rngs=rngs)
         self.conv = CausalConv(e, cfg.d_conv, bias=True, rngs=rngs)
-        self.x_proj = dense(ctx, e, r + 2 * n, rngs=rngs)
-        self.dt_proj = nnx.Linear(r, e, use_bias=False, dtype=ctx.dtype, kernel_init=symmetric_uniform(r**-0.5), rngs=rngs)
-        self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), e, cfg.dt_min, cfg.dt_max))
+        self.x_proj = dense(ctx, e, r + 2 * n, rngs=rngs, axes=(INNER, None))
+        self.dt_proj = nnx.Linear(r, e, use_bias=False, dtype=ctx.dtype, kernel_init=partitioned(symmetric_uniform(r**-0.5), None, INNER), rngs=rngs)
+        self.dt_bias = param(dt_bias_init(rngs.params(), e, cfg.dt_min, cfg.dt_max), INNER)
         # A = -exp(A_log) = -(1, 2, ..., N) for every channel (S4D-real). Stored flat: the optimiser
         # decays matrices only, and Mamba keeps A (like D and dt_bias) out of weight decay.
-        self.A_log = nnx.Param(jnp.log(jnp.tile(jnp.arange(1, n + 1, dtype=jnp.float32), e)))  # (E * N,)
-        self.D = nnx.Param(jnp.ones((e,), jnp.float32))
+        self.A_log = param(jnp.log(jnp.tile(jnp.arange(1, n + 1, dtype=jnp.float32), e)), INNER)  # (E * N,)
+        self.D = param(jnp.ones((e,), jnp.float32), INNER)
         self.out_proj = dense(ctx, e, ctx.d_model, rngs=rngs, residual=True)
 
     def A(self) -> jax.Array:

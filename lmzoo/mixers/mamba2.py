@@ -26,6 +26,7 @@ from lmzoo.mixers.family.ssm import CausalConv, check_dt_range, dt_bias_init
 from lmzoo.ops.ssd import METHODS, ssd, ssd_attention
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, positive
+from lmzoo.sharding import INNER, param
 
 
 @register("mamba2")
@@ -71,10 +72,10 @@ class Mamba2(Mixer):
         e, h, bc = self.d_inner, self.ssm_heads, cfg.n_groups * cfg.d_state
         self.in_proj = dense(ctx, ctx.d_model, 2 * e + 2 * bc + h, rngs=rngs)  # z, x, B, C, dt
         self.conv = CausalConv(e + 2 * bc, cfg.d_conv, bias=True, rngs=rngs)
-        self.dt_bias = nnx.Param(dt_bias_init(rngs.params(), h, cfg.dt_min, cfg.dt_max))
-        self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (h,), jnp.float32, 1.0, 16.0)))
-        self.D = nnx.Param(jnp.ones((h,), jnp.float32))
-        self.norm_weight = nnx.Param(jnp.ones((e,), jnp.float32))
+        self.dt_bias = param(dt_bias_init(rngs.params(), h, cfg.dt_min, cfg.dt_max), None)
+        self.A_log = param(jnp.log(jax.random.uniform(rngs.params(), (h,), jnp.float32, 1.0, 16.0)), None)
+        self.D = param(jnp.ones((h,), jnp.float32), None)
+        self.norm_weight = param(jnp.ones((e,), jnp.float32), INNER)
         self.out_proj = dense(ctx, e, ctx.d_model, rngs=rngs, residual=True)
 
     def ssm_inputs(self, x, conv_state=None, segment_ids=None):

@@ -25,6 +25,7 @@ from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, Scoring, 
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, ModelConfig, positive
+from lmzoo.sharding import EMBED, INNER, partitioned
 
 
 @register("mla")
@@ -64,16 +65,16 @@ class MultiHeadLatentAttention(CacheMixer):
         h, hd, dr, d = ctx.n_heads, self.head_dim, self.rope_dim, ctx.d_model
         self.scoring = Scoring(cfg, ctx, head_dim=hd + dr, rotary_dim=dr)
         if cfg.q_rank:
-            self.q_down = dense(ctx, d, cfg.q_rank, rngs=rngs)
-            self.q_norm = nnx.RMSNorm(cfg.q_rank, dtype=ctx.dtype, rngs=rngs)
+            self.q_down = dense(ctx, d, cfg.q_rank, rngs=rngs, axes=(EMBED, None))
+            self.q_norm = nnx.RMSNorm(cfg.q_rank, dtype=ctx.dtype, scale_init=partitioned(nnx.initializers.ones, None), rngs=rngs)
         else:
             self.q_down = self.q_norm = None
-        self.q_up = dense(ctx, cfg.q_rank or d, h * (hd + dr), rngs=rngs)
-        self.kv_down = dense(ctx, d, self.kv_rank, rngs=rngs)
-        self.kv_norm = nnx.RMSNorm(self.kv_rank, dtype=ctx.dtype, rngs=rngs)
-        self.k_up = dense(ctx, self.kv_rank, h * hd, rngs=rngs)
-        self.v_up = dense(ctx, self.kv_rank, h * hd, rngs=rngs)
-        self.k_rope = dense(ctx, d, dr, rngs=rngs)
+        self.q_up = dense(ctx, cfg.q_rank or d, h * (hd + dr), rngs=rngs, axes=(None if cfg.q_rank else EMBED, INNER))
+        self.kv_down = dense(ctx, d, self.kv_rank, rngs=rngs, axes=(EMBED, None))
+        self.kv_norm = nnx.RMSNorm(self.kv_rank, dtype=ctx.dtype, scale_init=partitioned(nnx.initializers.ones, None), rngs=rngs)
+        self.k_up = dense(ctx, self.kv_rank, h * hd, rngs=rngs, axes=(None, INNER))
+        self.v_up = dense(ctx, self.kv_rank, h * hd, rngs=rngs, axes=(None, INNER))
+        self.k_rope = dense(ctx, d, dr, rngs=rngs, axes=(EMBED, None))
         self.o_proj = dense(ctx, h * hd, d, rngs=rngs, residual=True)
 
     def queries(self, x):

@@ -32,6 +32,7 @@ from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
 from lmzoo.ops.gated import METHODS, gla, gla_weights
 from lmzoo.positions import default_positions
 from lmzoo.schema import MixerConfig, ModelConfig
+from lmzoo.sharding import partitioned
 
 
 @dataclass
@@ -117,7 +118,8 @@ class GatedHeadNorm(nnx.Module):
 
     def __init__(self, ctx: MixerContext, heads: int, head_dim: int, *, rngs: nnx.Rngs, eps: float = 1e-5):
         self.gate = dense(ctx, ctx.d_model, heads * head_dim, rngs=rngs)
-        self.norm = nnx.RMSNorm(head_dim, epsilon=eps, dtype=jnp.float32, rngs=rngs)
+        self.norm = nnx.RMSNorm(head_dim, epsilon=eps, dtype=jnp.float32, scale_init=partitioned(nnx.initializers.ones, None),
+                                rngs=rngs)
 
     def __call__(self, x, o):
         """x [..., d_model], o [..., H, Dv] -> [..., H * Dv] in x's dtype."""

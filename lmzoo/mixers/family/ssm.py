@@ -11,6 +11,7 @@ from flax import nnx
 
 from lmzoo.ops.lti import causal_conv1d
 from lmzoo.schema import ConfigError, positive
+from lmzoo.sharding import INNER, param
 
 
 def check_dt_range(dt_min: float, dt_max: float) -> None:
@@ -36,8 +37,8 @@ class CausalConv(nnx.Module):
     def __init__(self, channels: int, width: int, *, bias: bool, rngs: nnx.Rngs):
         init = symmetric_uniform(1 / math.sqrt(width))
         self.width = width
-        self.weight = nnx.Param(init(rngs.params(), (width, channels)))
-        self.bias = nnx.Param(init(rngs.params(), (channels,))) if bias else None
+        self.weight = param(init(rngs.params(), (width, channels)), None, INNER)
+        self.bias = param(init(rngs.params(), (channels,)), INNER) if bias else None
 
     def __call__(self, x, state=None, *, segment_ids=None):
         """(y [B,T,C], the last width-1 inputs [B,width-1,C]); ``segment_ids [B,T]``: no tap reaches into another document."""

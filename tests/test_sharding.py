@@ -1,0 +1,144 @@
+"""Sharding: every parameter names its logical axes, the rules place them on a mesh, and the mesh
+settings fail clearly. (The layouts' losses and restores are in ``test_train.py``.)"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from conftest import REPO, VARIANTS, covering_layers, run_lmzoo, tiny_config
+from lmzoo.model import LM
+from lmzoo.schema import ConfigError
+from lmzoo.sharding import LOGICAL_AXES, MeshConfig, logical_names, partition_spec
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_parameter_names_its_logical_axes(variant):
+    """Every kind of layer the variant has built (a hybrid's too), shapes only."""
+    cfg = tiny_config(variant, f"model.n_layers={covering_layers(variant)}")
+    model = nnx.eval_shape(lambda: LM(cfg, 259, rngs=nnx.Rngs(0)))
+    for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        names = logical_names(variable)
+        where = "/".join(map(str, path))
+        assert names is not None, f"{variant}: parameter {where} has no logical axis names"
+        assert len(names) == variable.get_value().ndim, f"{variant}: {where} names {names} for shape {variable.shape}"
+        assert set(names) <= set(LOGICAL_AXES) | {None}, f"{variant}: {where} has unknown names {names}"
+
+
+class FakeMesh:
+    shape = {"data": 2, "fsdp": 2, "tensor": 2}
+
+
+RULES = MeshConfig().rules
+
+
+@pytest.mark.parametrize("shape, names, expected", [
+    ((128, 384), ("embed", "inner"), P("fsdp", "tensor")),
+    ((384, 128), ("inner", "embed"), P("tensor", "fsdp")),
+    ((3, 128), (None, "inner"), P(None, "tensor")),
+    ((4, 7), ("embed", "inner"), P("fsdp", None)),  # 7 columns do not split over 2 devices: whole
+    ((8, 8), ("inner", "mlp"), P("tensor", None)),  # tensor splits one dimension of an array only
+])
+def test_logical_names_map_to_mesh_axes(shape, names, expected):
+    assert partition_spec(shape, names, RULES, FakeMesh) == expected
+
+
+@pytest.mark.parametrize("mesh, devices, message", [
+    (MeshConfig(data=-1, fsdp=-1), 8, "only one axis"),
+    (MeshConfig(data=3), 8, "data x fsdp x tensor = 3"),
+    (MeshConfig(data=-1, tensor=3), 8, "groups of 3"),
+    (MeshConfig(fsdp=0), 8, "train.mesh.fsdp=0"),
+])
+def test_bad_mesh_sizes_fail_in_one_line(mesh, devices, message):
+    with pytest.raises(ConfigError, match=message):
+        mesh.sizes(devices)
+
+
+def test_bad_rules_fail_in_one_line():
+    with pytest.raises(ConfigError, match="train.mesh.rules.embed='model'"):
+        MeshConfig(rules={"embed": "model"}).check()
+    with pytest.raises(ConfigError, match="not a logical axis"):
+        MeshConfig(rules={"width": "tensor"}).check()
+
+
+def test_the_rest_of_the_devices_go_to_the_free_axis():
+    assert MeshConfig().sizes(8) == (8, 1, 1)
+    assert MeshConfig(data=1, fsdp=-1, tensor=2).sizes(8) == (1, 4, 2)
+
+
+# ----------------------------------------------------------------------------- layouts on 8 simulated devices
+
+LAYOUTS = {  # train.mesh overrides: data, fsdp, tensor and all three at once
+    "data": ["train.mesh.data=-1"],
+    "fsdp": ["train.mesh.data=1", "train.mesh.fsdp=-1"],
+    "tensor": ["train.mesh.data=1", "train.mesh.tensor=-1"],
+    "mixed": ["train.mesh.data=2", "train.mesh.fsdp=2", "train.mesh.tensor=-1"],
+}
+LAYOUT_VARIANTS = ("softmax", "gla", "mamba", "gla_softmax")
+
+LAYOUT_SNIPPET = """
+import json, shutil, sys
+import jax
+from conftest import tiny_config
+from lmzoo.logger import read_metrics
+from lmzoo.train import Trainer, train
+
+layouts, variants, out = json.loads(sys.argv[1]), sys.argv[2].split(","), sys.argv[3]
+result = {"devices": jax.device_count(), "losses": {}, "split": {}}
+
+def config(variant, layout, run, *extra):
+    return tiny_config(variant, "train.steps=3", "train.log_every=1", "train.probe_batch=0", *layouts[layout], *extra,
+                       run_dir=f"{out}/{run}")
+
+def losses(run):
+    return [r["loss"] for r in read_metrics(f"{out}/{run}") if "loss" in r]
+
+runs = [(variant, "mixed" if "mixed" in layouts else "data") for variant in variants]  # every axis at once
+runs = list(dict.fromkeys(runs + [("softmax", layout) for layout in layouts if layout != "mixed"]))  # each axis alone
+for variant, layout in runs:
+    train(config(variant, layout, f"{variant}-{layout}"))
+    result["losses"][f"{variant}/{layout}"] = losses(f"{variant}-{layout}")
+for layout in layouts:  # how the first mixer's input projection and its optimizer moment are split
+    trainer = Trainer(config("softmax", layout, f"softmax-{layout}"))
+    kernel = trainer.state["params"]["blocks"][0]["mixer"]["q_proj"]["kernel"].get_value()
+    moment = trainer.state["opt"][1][0].mu["blocks"][0]["mixer"]["q_proj"]["kernel"].get_value()
+    result["split"][layout] = [str(kernel.sharding.spec), kernel.sharding.shard_shape(kernel.shape),
+                               moment.sharding.shard_shape(moment.shape)]
+    trainer.close()
+if "mixed" in layouts:  # written under one layout, resumed under another: step 3 again, from step 2's checkpoint
+    train(config("softmax", "data", "moved", "train.checkpoint_every=2"))
+    shutil.rmtree(f"{out}/moved/checkpoints/3")
+    train(config("softmax", "mixed", "moved", "train.checkpoint_every=2"))
+    result["losses"]["moved"] = losses("moved")
+print(json.dumps(result))
+"""
+
+
+def run_layouts(tmp_path, devices: int, layouts: dict) -> dict:
+    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "PYTHONPATH": str(REPO / "tests")}
+    proc = run_lmzoo("-c", LAYOUT_SNIPPET, json.dumps(layouts), ",".join(LAYOUT_VARIANTS), str(tmp_path / str(devices)),
+                     env=env, check=True, timeout=900)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_layouts_on_eight_devices_give_the_one_device_losses(tmp_path):
+    """Every variant with the three axes at once (2 x 2 x 2), softmax along each axis alone; the
+    parameters and their optimizer moments really split; a checkpoint moves between layouts."""
+    one = run_layouts(tmp_path, 1, {"data": LAYOUTS["data"]})
+    eight = run_layouts(tmp_path, 8, LAYOUTS)
+    assert (one["devices"], eight["devices"]) == (1, 8)
+    assert len(eight["losses"]) == len(LAYOUT_VARIANTS) + len(LAYOUTS) - 1 + 1  # the runs below and "moved"
+    for run, losses in eight["losses"].items():
+        variant = "softmax" if run == "moved" else run.split("/")[0]
+        np.testing.assert_allclose(losses, one["losses"][f"{variant}/data"], rtol=1e-5, err_msg=run)
+    np.testing.assert_allclose(eight["losses"]["moved"], one["losses"]["softmax/data"], rtol=1e-5)
+    # q_proj [32, 32]: (embed, inner) -> whole, (fsdp), (tensor), (fsdp, tensor); its Adam moment alike
+    assert eight["split"]["data"][1:] == [[32, 32], [32, 32]]
+    assert eight["split"]["fsdp"][1:] == [[4, 32], [4, 32]]
+    assert eight["split"]["tensor"][1:] == [[32, 4], [32, 4]]
+    assert eight["split"]["mixed"][1:] == [[16, 16], [16, 16]]
