@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 
 import pytest
 
 from conftest import REPO
+from lmzoo.cli import compose_and_validate
 
 
 def run_script(name: str, *args: str) -> str:
@@ -90,3 +92,13 @@ def test_benchmark_cpu_step_times_the_step_its_pieces_and_the_trainer(tmp_path):
     assert set(row["phases"]) == {"fwd", "fwd+bwd", "opt"} and set(row["components"]) == {"mixer", "mlp", "norm", "head+loss"}
     assert row["trainer_ms"] > 0
     assert ("ratio" in row) != ("PyTorch half skipped" in out)  # CI has no torch: the lmzoo half runs alone
+
+
+def test_slurm_example_command_is_a_valid_config(tmp_path):
+    """The overrides scripts/slurm_train.sbatch passes to every process compose and validate."""
+    text = (REPO / "scripts" / "slurm_train.sbatch").read_text()
+    command = " ".join(line.strip().rstrip("\\") for line in text[text.index("srun "):].splitlines())
+    overrides = [arg for arg in shlex.split(command.split("lmzoo.train", 1)[1]) if "=" in arg and "$" not in arg]
+    assert "train.distributed=true" in overrides and "train.mesh.fsdp=8" in overrides
+    cfg = compose_and_validate([*overrides, f"run_dir={tmp_path}"])
+    assert cfg.train.mesh.fsdp == 8 and cfg.model.d_model == 1024

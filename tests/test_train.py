@@ -191,6 +191,17 @@ def test_multirun_sweeps_variants(tmp_path):
         assert (run_dir / "checkpoints" / "2").exists()
 
 
+@pytest.mark.slow
+def test_submitit_local_launcher_runs_a_sweep(tmp_path):
+    """hydra/launcher=local: the SLURM launcher's code path, each run a local submitit job."""
+    run_lmzoo("-m", "lmzoo.train", "-m", "hydra/launcher=local", "+attn=softmax,gla", *TINY, "train.steps=2",
+              f"hydra.sweep.dir={tmp_path}", check=True)
+    run_dirs = sorted(p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert [p.name for p in run_dirs] == ["0-softmax", "1-gla"]
+    for run_dir in run_dirs:
+        assert read_metrics(run_dir)[-1]["step"] == 2
+
+
 def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
     """A mixer that sows an AuxLoss has it added to the objective and reported by name."""
     from dataclasses import dataclass
