@@ -50,7 +50,10 @@ class TrainConfig:
     progress: bool = True
     probe_batch: int = 2  # sequences whose attention sparsity/entropy is logged at each validation; 0: off
     max_nonfinite: int = 5  # consecutive steps with a non-finite loss or gradient (each skipped) that stop the run
-    distributed: bool = False  # multi-host: jax.distributed.initialize() (reads SLURM/cloud settings)
+    distributed: bool = False  # one run over several processes: jax.distributed.initialize() (reads SLURM's settings)
+    coordinator_address: Optional[str] = None  # distributed: host:port of process 0; None: from the cluster
+    num_processes: Optional[int] = None  # distributed: None: from the cluster
+    process_id: Optional[int] = None  # distributed: this process's index; None: from the cluster
     mesh: MeshConfig = field(default_factory=MeshConfig)  # devices per mesh axis and where parameters go (lmzoo.sharding)
 
 

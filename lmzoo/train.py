@@ -233,6 +233,15 @@ def open_data(cfg: Config):
     return data, train_iter, val_windows
 
 
+def join_processes(cfg: Config) -> None:
+    """Connect this process to the others of one run (before JAX touches a device). On a cluster
+    JAX reads where and who from its environment (SLURM's); ``train.coordinator_address``,
+    ``num_processes`` and ``process_id`` say it explicitly (e.g. several processes on one machine)."""
+    t = cfg.train
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of different processes talk through gloo
+    jax.distributed.initialize(t.coordinator_address, t.num_processes, t.process_id)
+
+
 def training_mesh(cfg: Config) -> Mesh:
     """``train.mesh`` over every device; the batch must split evenly over its row axes."""
     mesh = make_mesh(cfg.train.mesh)
@@ -269,7 +278,7 @@ class Trainer:
 
     def __init__(self, cfg: Config):
         if cfg.train.distributed:
-            jax.distributed.initialize()
+            join_processes(cfg)
         self.cfg = cfg
         self.run_dir = prepare_run_dir(cfg)
         self.held = ExitStack()  # what ``close`` gives back: the run lock first of all

@@ -4,6 +4,10 @@ settings fail clearly. (The layouts' losses and restores are in ``test_train.py`
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from conftest import REPO, VARIANTS, covering_layers, run_lmzoo, tiny_config
+from lmzoo.logger import read_metrics
 from lmzoo.model import LM
 from lmzoo.schema import ConfigError
 from lmzoo.sharding import LOGICAL_AXES, MeshConfig, logical_names, partition_spec
@@ -142,3 +147,72 @@ def test_layouts_on_eight_devices_give_the_one_device_losses(tmp_path):
     assert eight["split"]["fsdp"][1:] == [[4, 32], [4, 32]]
     assert eight["split"]["tensor"][1:] == [[32, 4], [32, 4]]
     assert eight["split"]["mixed"][1:] == [[16, 16], [16, 16]]
+
+
+# ----------------------------------------------------------------------------- several processes on one machine
+
+PROCESS_SNIPPET = """
+import os, sys
+from conftest import tiny_config
+from lmzoo import train as training
+
+run_dir, port, processes, index, killed_at = sys.argv[1:6]
+overrides = ["train.steps=4", "train.log_every=1", "train.eval_every=4", "train.checkpoint_every=2", "train.probe_batch=0"]
+if int(processes) > 1:
+    overrides += ["train.distributed=true", f"train.coordinator_address=127.0.0.1:{port}",
+                  f"train.num_processes={processes}", f"train.process_id={index}"]
+if killed_at != "never":
+    save = training.Trainer.save
+
+    def save_then_die(self):  # killed right after the checkpoint: nothing after it reaches the disk
+        save(self)
+        if self.step == int(killed_at):
+            os._exit(137)
+
+    training.Trainer.save = save_then_die
+training.train(tiny_config("softmax", *overrides, run_dir=run_dir))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(run_dir, processes: int, devices_each: int, killed_at="never") -> list[int]:
+    """``processes`` trainers of one run, each with its own CPU devices; their exit codes."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO / "tests"),
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_each}"}
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", PROCESS_SNIPPET, str(run_dir), str(port), str(processes), str(i),
+                               str(killed_at)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in range(processes)]
+    codes = []
+    for proc in procs:
+        output, _ = proc.communicate(timeout=600)
+        codes.append(proc.returncode)
+        if proc.returncode not in (0, 137):
+            raise AssertionError(f"exit {proc.returncode}\n{output[-3000:]}")
+    return codes
+
+
+def step_losses(run_dir) -> list[float]:
+    return [row["loss"] for row in read_metrics(run_dir) if "loss" in row]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes, devices_each, killed_at", [(2, 2, 2), (4, 1, "never")],
+                         ids=["two_processes_killed_and_resumed", "four_processes"])
+def test_processes_of_one_run_give_the_one_process_losses(tmp_path, processes, devices_each, killed_at):
+    """Each process feeds its own rows; two processes killed right after step 2's checkpoint resume
+    to the end; the losses are the one-process run's."""
+    assert run_processes(tmp_path / "one", 1, 1) == [0]
+    run_dir = tmp_path / "many"
+    if killed_at != "never":
+        assert run_processes(run_dir, processes, devices_each, killed_at) == [137] * processes
+        assert [row["step"] for row in read_metrics(run_dir) if "loss" in row] == [1, 2]
+    assert run_processes(run_dir, processes, devices_each) == [0] * processes
+    assert read_metrics(run_dir)[-1]["step"] == 4
+    assert json.loads((run_dir / "run_info.json").read_text())["devices"] == processes * devices_each
+    np.testing.assert_allclose(step_losses(run_dir), step_losses(tmp_path / "one"), rtol=1e-5)

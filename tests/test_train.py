@@ -154,30 +154,6 @@ def test_resume_after_kill_reproduces_uninterrupted_parameters(tmp_path, sig):
         np.testing.assert_array_equal(a, b)
 
 
-DP_SNIPPET = """
-import json, sys
-import jax
-from conftest import tiny_config
-from lmzoo.train import train
-from lmzoo.logger import read_metrics
-cfg = tiny_config("softmax", "train.steps=3", "train.log_every=1", "train.eval_every=3", run_dir=sys.argv[1])
-train(cfg)
-print(json.dumps({"devices": jax.device_count(), "losses": [r["loss"] for r in read_metrics(sys.argv[1])]}))
-"""
-
-
-@pytest.mark.slow
-def test_data_parallel_on_two_devices_matches_one_device(tmp_path):
-    def losses(devices: int):
-        env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "PYTHONPATH": str(REPO / "tests")}
-        proc = run_lmzoo("-c", DP_SNIPPET, str(tmp_path / f"d{devices}"), env=env, check=True)
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    one, two = losses(1), losses(2)  # two devices split the batch as any number would
-    assert (one["devices"], two["devices"]) == (1, 2)
-    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
-
-
 @pytest.mark.slow
 def test_multirun_sweeps_variants(tmp_path):
     run_lmzoo(
