@@ -3,19 +3,22 @@
     python scripts/throughput.py                                     # small model; softmax, gla, mamba
     python scripts/throughput.py --variants softmax "gla attn.method=pallas" "mamba attn.method=pallas"
     python scripts/throughput.py --model tiny --lengths 128 --batch-tokens 4096   # a CPU smoke run
+    python scripts/throughput.py --variants "gla train.mesh.fsdp=-1 train.mesh.data=1"  # a mesh layout (lmzoo.sharding)
 
 Each entry of ``--variants`` is a variant name followed by config overrides for it. It is built
 from the same configs as ``lmzoo.train`` (``+attn=<variant> model=<model> data.seq_len=<T>`` plus
 its overrides) and runs the trainer's own jitted ``train_step`` (AdamW update included) on random
-tokens; the batch holds ``--batch-tokens`` tokens at every length.
+tokens; the batch holds ``--batch-tokens`` tokens at every length. The state and batch are placed on
+the training mesh exactly as ``lmzoo.train`` places them (``train.mesh.*`` overrides choose the
+layout; by default data-parallel over every device), and the row says which layout it measured.
 
 MFU = model FLOPs per second / the device's peak dense bf16 FLOP/s (``--peak-tflops``, or a table
 of known devices). Model FLOPs per token are 6 x parameters for the matmuls, plus layers x what the
 attn spec's ``flops_per_token`` counts for the token-token mixing the 6N rule misses (forward +
 backward): softmax attention's causal scores and values, 6 x T x d_model per layer without a
 window; 0 for the recurrent mixers, whose MFU therefore understates the hardware's work. GiB is
-what the compiled step holds at once (XLA's memory analysis: train state, batch, outputs and
-temporaries), comparable across variants and devices. A variant that fails (out of memory, a
+what the compiled step holds at once on one device (XLA's memory analysis: train state, batch,
+outputs and temporaries), comparable across variants, layouts and devices. A variant that fails (out of memory, a
 method the device lacks) prints one line and the sweep goes on.
 """
 
@@ -30,9 +33,12 @@ from functools import partial
 import jax
 from flax import nnx
 
+from jax.sharding import NamedSharding, PartitionSpec as P
+
 from lmzoo.cli import compose_and_validate
 from lmzoo.model import LM, count_params
-from lmzoo.train import init_train_state, train_step
+from lmzoo.sharding import batch_sharding, state_shardings
+from lmzoo.train import init_train_state, train_step, training_mesh
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v5": 197.0, "TPU v4": 275.0}  # dense bf16
 VOCAB = 259  # the byte-level tokenizer
@@ -50,25 +56,33 @@ def model_flops_per_token(cfg, params: int, length: int) -> float:
 
 
 def measure(variant: str, overrides: list[str], model: str, length: int, batch_tokens: int, steps: int) -> dict:
-    cfg = compose_and_validate([f"+attn={variant}", f"model={model}", f"data.seq_len={length}", "train.progress=false", *overrides])
+    batch_size = max(1, batch_tokens // length)
+    cfg = compose_and_validate([f"+attn={variant}", f"model={model}", f"data.seq_len={length}", f"train.batch_size={batch_size}",
+                                "train.progress=false", *overrides])
+    mesh = training_mesh(cfg)
     lm = LM(cfg, VOCAB, rngs=nnx.Rngs(0))
     params = count_params(lm)
     graphdef, state, tx = init_train_state(cfg, lm)
-    batch_size = max(1, batch_tokens // length)
+    shardings = state_shardings(state, mesh, cfg.train.mesh.rules)
+    state = jax.device_put(state, shardings)
     tokens = jax.random.randint(jax.random.key(0), (batch_size, length + 1), 0, VOCAB)
-    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
-    step = jax.jit(partial(train_step, graphdef, tx), donate_argnums=0).lower(state, batch).compile()
-    state, metrics = step(state, batch)  # warm up
-    jax.block_until_ready(metrics)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        state, metrics = step(state, batch)
+    batch = jax.device_put({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, batch_sharding(mesh))
+    with jax.set_mesh(mesh):
+        step = jax.jit(partial(train_step, graphdef, tx), donate_argnums=0,
+                       out_shardings=(shardings, NamedSharding(mesh, P()))).lower(state, batch).compile()
+        state, metrics = step(state, batch)  # warm up
         jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - start)
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            state, metrics = step(state, batch)
+            jax.block_until_ready(metrics)
+            times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
     tokens_per_s = batch_size * length / seconds
-    return {"variant": " ".join([variant, *overrides]), "T": length, "batch": batch_size, "params": params, "step_ms": 1e3 * seconds,
+    layout = "x".join(str(mesh.shape[axis]) for axis in mesh.axis_names)
+    return {"variant": " ".join([variant, *overrides]), "mesh": layout, "T": length, "batch": batch_size, "params": params,
+            "step_ms": 1e3 * seconds,
             "tokens_per_s": tokens_per_s, "model_tflops": tokens_per_s * model_flops_per_token(cfg, params, length) / 1e12,
             "memory_gib": compiled_gib(step)}
 
@@ -97,7 +111,8 @@ def main() -> None:
     peak = peak_tflops(device.device_kind, args.peak_tflops)
     print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}; model={args.model}, "
           f"{args.batch_tokens} tokens per step; peak {peak or '?'} TFLOP/s")
-    print(f"{'variant':<32}{'T':>7}{'batch':>7}{'params':>12}{'step ms':>10}{'tokens/s':>12}{'TFLOP/s':>9}{'MFU':>7}{'GiB':>7}")
+    print(f"{'variant':<32}{'mesh d x f x t':>15}{'T':>7}{'batch':>7}{'params':>12}{'step ms':>10}{'tokens/s':>12}"
+          f"{'TFLOP/s':>9}{'MFU':>7}{'GiB':>7}")
     rows = []
     for entry in args.variants:
         variant, *overrides = entry.split()
@@ -109,7 +124,7 @@ def main() -> None:
                 continue
             rows.append(row)
             mfu = f"{100 * row['model_tflops'] / peak:.1f}%" if peak else "?"
-            print(f"{row['variant']:<32}{length:>7}{row['batch']:>7}{row['params']:>12,}{row['step_ms']:>10.1f}"
+            print(f"{row['variant']:<32}{row['mesh']:>15}{length:>7}{row['batch']:>7}{row['params']:>12,}{row['step_ms']:>10.1f}"
                   f"{row['tokens_per_s']:>12,.0f}{row['model_tflops']:>9.2f}{mfu:>7}{row['memory_gib']:>7.2f}", flush=True)
 
     if args.json:

@@ -35,7 +35,7 @@ def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
                      "--json", str(tmp_path / "rows.json"))
     rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
     assert [row["variant"] for row in rows] == ["softmax", "gla attn.method=pallas attn.chunk_size=16"]
-    assert all(row["tokens_per_s"] > 0 and row["batch"] == 2 and row["memory_gib"] > 0 for row in rows)
+    assert all(row["tokens_per_s"] > 0 and row["batch"] == 2 and row["memory_gib"] > 0 and row["mesh"] == "1x1x1" for row in rows)
     assert "gla attn.method=pallas" in out
     assert "softmax attn.method=cudnn" in out and "failed" in out  # no cuDNN on a CPU: one line, the rest still runs
     softmax, gla = rows
