@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from lmzoo.faults import Diverged, RunFault, debugging, first_line
 
@@ -49,6 +50,14 @@ def restore_args(like: Any, *, partial: bool = False) -> ocp.args.PyTreeRestore:
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     per_leaf = ocp.checkpoint_utils.construct_restore_args(abstract)
     return ocp.args.PyTreeRestore(abstract, restore_args=per_leaf, partial_restore=partial)
+
+
+def to_host(tree: Any) -> Any:
+    """Every array of ``tree`` whole, as NumPy, on this process: gathered from the other processes
+    where the mesh splits it across them (fsdp or tensor over several hosts)."""
+    if all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(tree)):
+        return jax.device_get(tree)
+    return multihost_utils.process_allgather(tree, tiled=True)
 
 
 def digest(tree: Any) -> str:
@@ -104,7 +113,7 @@ class Checkpointer:
     def save(self, step: int, train_state: Any, data_state: dict) -> None:
         if step in self.manager.all_steps():
             return
-        host = jax.device_get(train_state)
+        host = to_host(train_state)
         if not all_finite(host):
             raise Diverged(f"step {step}: the training state holds NaN or inf; not saving it")
         sums = {part: digest(value) for part, value in host.items()}
@@ -142,7 +151,7 @@ class Checkpointer:
             raise CorruptCheckpoint(f"checkpoint {step} cannot be restored ({first_line(e)})") from e
         if has_digest:
             for part in parts:
-                if digest(restored["train"][part]) != restored["digest"].get(part):
+                if digest(to_host(restored["train"][part])) != restored["digest"].get(part):
                     raise CorruptCheckpoint(f"checkpoint {step} is damaged: its '{part}' differ from the digest saved with them")
         return restored
 

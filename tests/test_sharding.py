@@ -156,8 +156,9 @@ import os, sys
 from conftest import tiny_config
 from lmzoo import train as training
 
-run_dir, port, processes, index, killed_at = sys.argv[1:6]
-overrides = ["train.steps=4", "train.log_every=1", "train.eval_every=4", "train.checkpoint_every=2", "train.probe_batch=0"]
+run_dir, port, processes, index, killed_at, layout = sys.argv[1:7]
+overrides = ["train.steps=4", "train.log_every=1", "train.eval_every=4", "train.checkpoint_every=2", "train.probe_batch=0",
+             *layout.split()]
 if int(processes) > 1:
     overrides += ["train.distributed=true", f"train.coordinator_address=127.0.0.1:{port}",
                   f"train.num_processes={processes}", f"train.process_id={index}"]
@@ -180,13 +181,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_processes(run_dir, processes: int, devices_each: int, killed_at="never") -> list[int]:
+def run_processes(run_dir, processes: int, devices_each: int, killed_at="never", layout="") -> list[int]:
     """``processes`` trainers of one run, each with its own CPU devices; their exit codes."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO / "tests"),
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_each}"}
     port = free_port()
     procs = [subprocess.Popen([sys.executable, "-c", PROCESS_SNIPPET, str(run_dir), str(port), str(processes), str(i),
-                               str(killed_at)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               str(killed_at), layout], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for i in range(processes)]
     codes = []
     for proc in procs:
@@ -202,17 +203,19 @@ def step_losses(run_dir) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("processes, devices_each, killed_at", [(2, 2, 2), (4, 1, "never")],
-                         ids=["two_processes_killed_and_resumed", "four_processes"])
-def test_processes_of_one_run_give_the_one_process_losses(tmp_path, processes, devices_each, killed_at):
+@pytest.mark.parametrize("processes, devices_each, killed_at, layout", [
+    (2, 2, 2, "train.mesh.data=1 train.mesh.fsdp=-1"),  # parameters split across the processes
+    (4, 1, "never", ""),
+], ids=["two_processes_fsdp_killed_and_resumed", "four_processes"])
+def test_processes_of_one_run_give_the_one_process_losses(tmp_path, processes, devices_each, killed_at, layout):
     """Each process feeds its own rows; two processes killed right after step 2's checkpoint resume
     to the end; the losses are the one-process run's."""
     assert run_processes(tmp_path / "one", 1, 1) == [0]
     run_dir = tmp_path / "many"
     if killed_at != "never":
-        assert run_processes(run_dir, processes, devices_each, killed_at) == [137] * processes
+        assert run_processes(run_dir, processes, devices_each, killed_at, layout) == [137] * processes
         assert [row["step"] for row in read_metrics(run_dir) if "loss" in row] == [1, 2]
-    assert run_processes(run_dir, processes, devices_each) == [0] * processes
+    assert run_processes(run_dir, processes, devices_each, layout=layout) == [0] * processes
     assert read_metrics(run_dir)[-1]["step"] == 4
     assert json.loads((run_dir / "run_info.json").read_text())["devices"] == processes * devices_each
     np.testing.assert_allclose(step_losses(run_dir), step_losses(tmp_path / "one"), rtol=1e-5)
