@@ -111,14 +111,20 @@ class LM(nnx.Module):
             h = constrain_rows(run(block, h, positions, segment_ids))
         return self.logits(h)
 
-    def attention_matrices(self, tokens, positions=None, segment_ids=None) -> list[jax.Array]:
-        """Each layer's effective causal weights [B, H, T, T] on this input, bottom layer first."""
-        h, weights = self.embed(tokens), []
+    def mixer_inputs(self, tokens, positions=None, segment_ids=None) -> list[jax.Array]:
+        """What each layer's mixer sees on this input (the block's normalised stream), bottom layer first."""
+        h, inputs = self.embed(tokens), []
         positions = document_positions(positions, segment_ids)
         for block in self.blocks:
-            weights.append(block.mixer.attention_matrix(block.mixer_norm(h), positions=positions, segment_ids=segment_ids))
+            inputs.append(block.mixer_norm(h))
             h = block(h, positions, segment_ids)
-        return weights
+        return inputs
+
+    def attention_matrices(self, tokens, positions=None, segment_ids=None) -> list[jax.Array]:
+        """Each layer's effective causal weights [B, H, T, T] on this input, bottom layer first."""
+        positions = document_positions(positions, segment_ids)
+        return [block.mixer.attention_matrix(x, positions=positions, segment_ids=segment_ids)
+                for block, x in zip(self.blocks, self.mixer_inputs(tokens, positions, segment_ids))]
 
     def init_state(self, batch_size: int, max_len: int) -> list:
         return [block.mixer.init_state(batch_size, max_len) for block in self.blocks]

@@ -1,13 +1,17 @@
-"""Time flash-linear-attention's Triton ``chunk_gla`` / ``chunk_simple_gla`` (PyTorch) at the shapes
-``scripts/benchmark.py --gpu`` uses, so the Pallas kernels can be compared on the same device.
+"""Time flash-linear-attention's Triton ``chunk_gla`` / ``chunk_simple_gla`` and its delta-rule kernels
+(``chunk_delta_rule``, ``chunk_gated_delta_rule``; PyTorch) at the shapes ``scripts/benchmark.py
+--gpu`` uses, so the Pallas kernels can be compared on the same device.
 
     pip install torch flash-linear-attention          # a separate environment is fine
     python scripts/benchmark_fla.py                    # rows in benchmark.py's format
     python scripts/benchmark_fla.py --shapes 4x2048x16x128 --json fla.json
+    python scripts/benchmark_fla.py --ops chunk_delta_rule,chunk_gated_delta_rule
 
 Inputs mirror benchmark.py's cases: normal q, k, v in bfloat16, gates logsigmoid(normal) / 16 in
 float32, layout [B, T, H, D], no initial state; forward returns the output, forward+backward
-takes the gradient of <o, random cotangent> w.r.t. q, k, v and g. Timing: CUDA events around
+takes the gradient of <o, random cotangent> w.r.t. q, k, v and g. The delta-rule ops get what lmzoo's
+mixers feed theirs: unit keys and beta = sigmoid(normal), and per-head gates for the gated one (the
+gradient also w.r.t. beta). Timing: CUDA events around
 ``repeats`` calls after a warm-up (which also runs Triton's autotuning), median reported.
 """
 
@@ -36,6 +40,8 @@ def main() -> None:
 
     import fla
     import torch
+    from fla.ops.delta_rule import chunk_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.gla import chunk_gla
     from fla.ops.simple_gla import chunk_simple_gla
 
@@ -60,15 +66,30 @@ def main() -> None:
         b, t, h, d = map(int, text.split("x"))
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, t, h, d, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        cases = {"chunk_gla": (chunk_gla, (b, t, h, d)), "chunk_simple_gla": (chunk_simple_gla, (b, t, h))}
+        unit_k = torch.nn.functional.normalize(k.detach().float(), dim=-1).to(torch.bfloat16).requires_grad_()
+        beta = torch.sigmoid(torch.randn(b, t, h, device=device)).to(torch.bfloat16).requires_grad_()
+
+        def log_gates(shape):
+            return (torch.nn.functional.logsigmoid(torch.randn(shape, device=device)) / 16).requires_grad_()
+
+        cases = {  # label -> (call, the inputs its gradient is taken for)
+            "chunk_gla": lambda g: (lambda: chunk_gla(q=q, k=k, v=v, g=g, scale=d**-0.5, output_final_state=False)[0],
+                                    (q, k, v, g)),
+            "chunk_simple_gla": lambda g: (lambda: chunk_simple_gla(q=q, k=k, v=v, g=g, scale=d**-0.5,
+                                                                    output_final_state=False)[0], (q, k, v, g)),
+            "chunk_delta_rule": lambda g: (lambda: chunk_delta_rule(q=q, k=unit_k, v=v, beta=beta, scale=d**-0.5,
+                                                                    output_final_state=False)[0], (q, unit_k, v, beta)),
+            "chunk_gated_delta_rule": lambda g: (lambda: chunk_gated_delta_rule(
+                q=q, k=unit_k, v=v, g=g, beta=beta, scale=d**-0.5, output_final_state=False)[0], (q, unit_k, v, g, beta)),
+        }
+        gate_shapes = {"chunk_gla": (b, t, h, d)}
         for label in args.ops.split(","):
-            (op, gate_shape), name = cases[label], f"fla/{label}"
-            g = (torch.nn.functional.logsigmoid(torch.randn(gate_shape, device=device)) / 16).requires_grad_()
+            name = f"fla/{label}"
+            forward, inputs = cases[label](log_gates(gate_shapes.get(label, (b, t, h))))
             cotangent = torch.randn(b, t, h, d, device=device, dtype=torch.bfloat16)
-            forward = lambda: op(q=q, k=k, v=v, g=g, scale=d**-0.5, output_final_state=False)[0]  # noqa: E731
 
             def both():
-                torch.autograd.grad((forward() * cotangent).sum(), (q, k, v, g))
+                torch.autograd.grad((forward() * cotangent).sum(), inputs)
 
             with torch.no_grad():
                 fwd_ms = timed(forward)

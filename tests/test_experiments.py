@@ -7,6 +7,8 @@ import math
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -172,6 +174,42 @@ def test_sparsity_vs_length_quick_run_fits_an_exponent_per_variant(tmp_path):
     paired = record["evidence"]["checks"]["linear elu+1: alpha - softmax's alpha"]["value"]
     assert paired == pytest.approx(exponents["linear elu+1"]["value"] - exponents["softmax"]["value"], abs=1e-9)
     assert (tmp_path / "sparsity_vs_length" / record["figures"][0]).stat().st_size > 0
+
+
+def test_sparsity_predicted_quick_run_puts_a_point_per_head(tmp_path):
+    record = run_experiment("sparsity_predicted", tmp_path, quick=True)
+    assert record["runs"] == ["runs/softmax", "runs/gau_relu2", "runs/linear_identity"]
+    assert len(record["evidence"]["holds"]) == 6
+    for name, heads in record["evidence"]["heads"].items():
+        assert len(heads["predicted"]) == len(heads["measured"]) == (2 if name == "gau relu2" else 8)  # 2 layers
+        assert all(0 < s <= 1 for s in heads["measured"]), name
+    gap = record["evidence"]["checks"]["softmax"]["mean_abs_gap"]
+    heads = record["evidence"]["heads"]["softmax"]
+    assert gap["value"] == pytest.approx(np.mean(np.abs(np.subtract(heads["predicted"], heads["measured"]))))
+    assert (tmp_path / "sparsity_predicted" / record["figures"][0]).stat().st_size > 0
+
+
+@pytest.mark.parametrize("variant, overrides, weights", [
+    ("softmax", [], lambda logits, n: jax.nn.softmax(logits, axis=-1)),
+    ("gau", ["attn.weights=relu2"], lambda logits, n: jnp.square(jax.nn.relu(logits)) / n),
+    ("linear", ["attn.feature_map=identity", "attn.normalize=false"], lambda logits, n: logits),
+])
+def test_scored_vectors_give_each_layers_weights(variant, overrides, weights):
+    """Their dot products times the scale, put through the layer's weighting, are its attention matrix."""
+    from flax import nnx
+
+    from conftest import tiny_config
+    from lmzoo.model import LM
+    from lmzoo.ops.common import causal_mask
+
+    model = LM(tiny_config(variant, *overrides), 259, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (2, 12, 32))
+    mixer = model.blocks[0].mixer
+    q, k, scale = mixer.scored_vectors(x)
+    mask = causal_mask(12)
+    logits = jnp.where(mask, scale * jnp.einsum("bthd,bshd->bhts", q, k), -jnp.inf if variant == "softmax" else 0.0)
+    expected = jnp.where(mask, weights(logits, jnp.arange(1, 13)[:, None]), 0.0)
+    np.testing.assert_allclose(expected, mixer.attention_matrix(x)[:, : q.shape[2]], rtol=1e-5, atol=1e-6)
 
 
 def test_mqar_state_size_quick_run_grids_accuracy_against_state(tmp_path):

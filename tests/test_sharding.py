@@ -203,19 +203,20 @@ def step_losses(run_dir) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("processes, devices_each, killed_at, layout", [
-    (2, 2, 2, "train.mesh.data=1 train.mesh.fsdp=-1"),  # parameters split across the processes
-    (4, 1, "never", ""),
-], ids=["two_processes_fsdp_killed_and_resumed", "four_processes"])
-def test_processes_of_one_run_give_the_one_process_losses(tmp_path, processes, devices_each, killed_at, layout):
-    """Each process feeds its own rows; two processes killed right after step 2's checkpoint resume
-    to the end; the losses are the one-process run's."""
+def test_processes_of_one_run_give_the_one_process_losses(tmp_path):
+    """Each process feeds its own rows. Two processes with the parameters split across them (fsdp),
+    killed right after step 2's checkpoint, resume to the end; four processes run it whole; both
+    give the one-process run's losses."""
     assert run_processes(tmp_path / "one", 1, 1) == [0]
-    run_dir = tmp_path / "many"
-    if killed_at != "never":
-        assert run_processes(run_dir, processes, devices_each, killed_at, layout) == [137] * processes
-        assert [row["step"] for row in read_metrics(run_dir) if "loss" in row] == [1, 2]
-    assert run_processes(run_dir, processes, devices_each, layout=layout) == [0] * processes
-    assert read_metrics(run_dir)[-1]["step"] == 4
-    assert json.loads((run_dir / "run_info.json").read_text())["devices"] == processes * devices_each
-    np.testing.assert_allclose(step_losses(run_dir), step_losses(tmp_path / "one"), rtol=1e-5)
+    expected = step_losses(tmp_path / "one")
+    fsdp = "train.mesh.data=1 train.mesh.fsdp=-1"
+    two = tmp_path / "two"
+    assert run_processes(two, 2, 2, killed_at=2, layout=fsdp) == [137, 137]
+    assert [row["step"] for row in read_metrics(two) if "loss" in row] == [1, 2]
+    assert run_processes(two, 2, 2, layout=fsdp) == [0, 0]
+    four = tmp_path / "four"
+    assert run_processes(four, 4, 1) == [0] * 4
+    for run_dir, devices in ((two, 4), (four, 4)):
+        assert read_metrics(run_dir)[-1]["step"] == 4
+        assert json.loads((run_dir / "run_info.json").read_text())["devices"] == devices
+        np.testing.assert_allclose(step_losses(run_dir), expected, rtol=1e-5, err_msg=str(run_dir))

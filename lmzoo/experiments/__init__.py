@@ -27,8 +27,8 @@ from omegaconf import OmegaConf
 
 from lmzoo.schema import ConfigError, one_of, to_dataclass
 
-MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "decode_cache", "logn_entropy", "position_extrapolation",
-           "mqar_state_size")
+MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "sparsity_predicted", "decode_cache", "logn_entropy",
+           "position_extrapolation", "mqar_state_size")
 VERDICTS = ("reproduced", "partly", "not reproduced")
 
 

@@ -113,3 +113,8 @@ class Mixer(nnx.Module):
 
     def state_size(self, max_len: int) -> int:
         raise NotImplementedError
+
+    # Optional, for mixers whose weights are a function of query-key dot products (the sparsity
+    # experiments read it where a mixer has it):
+    #   scored_vectors(x, *, positions=None) -> (q [B,T,H,D], k [B,T,H,D] float32, scale): the vectors
+    #   whose dot products times ``scale`` are the layer's logits, before masks and biases.

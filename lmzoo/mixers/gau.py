@@ -118,6 +118,16 @@ class GatedAttentionUnit(CacheMixer):
         y = jnp.einsum("bhts,bshd->bthd", weights.astype(state["v"].dtype), state["v"])  # (B, 1, 1, e)
         return self.o_proj(u[:, 0] * y[:, 0, 0]), state
 
+    def scored_vectors(self, x, *, positions=None):
+        """Queries and keys [B,T,1,s] float32 whose dot products times ``scale`` are the unit's logits
+        (rotated by RoPE-like position methods), and ``scale``."""
+        b, t, _ = x.shape
+        positions = default_positions(b, t) if positions is None else positions
+        _, q, k, _ = self.project(x)
+        q = self.scoring.scale_queries(q, self.scoring.queries_keys_seen(positions, None))
+        rotate = lambda a: self.scoring.rotate(a, positions).astype(jnp.float32)  # noqa: E731
+        return rotate(q), rotate(k), self.scoring.scale
+
     def attention_matrix(self, x, *, positions=None, segment_ids=None):
         b, t, _ = x.shape
         _, q, k, _ = self.project(x)

@@ -120,6 +120,12 @@ class LinearAttention(LinearFamilyMixer):
         q, k = self.features(self.q_proj(x).reshape(split)), self.features(self.k_proj(x).reshape(split))
         return q, k, self.v_proj(x).reshape(split)
 
+    def scored_vectors(self, x, *, positions=None):
+        """Feature-mapped queries and keys [B,T,H,key_dim] whose dot products times ``scale`` are the
+        layer's unnormalised weights, and ``scale``."""
+        q, k, _ = self.heads(x)
+        return q, k, self.scale
+
     def mix(self, q, k, v, state=None, method=None, segment_ids=None):
         return linear_attention(
             q, k, v, scale=self.scale, normalize=self.normalize, initial_state=state,

@@ -1,0 +1,157 @@
+"""The closed forms of attention sparsity fed with real queries and keys, against the sparsity
+trained attention rows actually have.
+
+For every layer and head of a trained softmax, GAU (relu^2) and identity-linear model, on
+validation windows of the training length: the keys' mean mu and isotropic spread sigma
+(sigma^2 = the mean over dimensions of each dimension's variance over the window), and each
+query's vector, give beta_i = scale q_i . mu and gamma_i = scale sigma ||q_i|| (``scored_vectors``:
+the vectors whose dot products times ``scale`` are the layer's logits). The seed article's closed
+form for that weighting (``sparsity_closed_forms``: exp for softmax, relu^2, identity) turns them
+into a predicted S for row i; the measured S is that row's own S = E|a| / sqrt(E a^2). Both are
+averaged over the rows that see at least half the window (the closed forms describe many keys),
+then over windows: one (predicted, measured) point per layer and head.
+
+The closed forms assume the keys are isotropic Gaussian around their mean; this says how far that
+carries in trained layers. Judged, as fixed before running, per model, with 95% bootstrap
+intervals over heads:
+- the correlation across heads of predicted and measured S is above 0 (the assumption orders
+  heads rightly);
+- the mean |predicted - measured| is below ``tolerance`` = 0.1 (it gets their level right).
+All hold: reproduced; at least half: partly; fewer: not reproduced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from lmzoo import eval as evaluation
+from lmzoo.data import build_data
+from lmzoo.experiments import Outcome, vote
+from lmzoo.experiments.runs import as_record, train_run
+from lmzoo.experiments.sparsity_closed_forms import closed_exp, closed_identity, closed_relu2
+from lmzoo.metrics.intervals import bootstrap
+from lmzoo.metrics.sparsity import l1_l2_sparsity
+from lmzoo.ops.common import causal_mask
+from lmzoo.plots import new_axes, save_axes
+from lmzoo.schema import one_of
+
+CLAIM = ("The closed forms of attention sparsity, fed with the mean and spread of a trained layer's keys and the "
+         "norms of its queries (isotropic Gaussian keys), predict the sparsity of its attention rows.")
+SEED = "001"
+# name: (+attn variant, training overrides, the closed form of its weighting)
+MODELS = {
+    "softmax": ("softmax", [], closed_exp),
+    "gau relu2": ("gau", ["attn.weights=relu2"], closed_relu2),
+    "linear identity": ("linear", ["attn.feature_map=identity", "attn.normalize=false"], closed_identity),
+}
+
+
+@dataclass
+class Settings:
+    models: List[str] = field(default_factory=lambda: list(MODELS))
+    steps: int = 600
+    seed: int = 0
+    seq_len: int = 128  # the training length T: the windows measured
+    eval_tokens: int = 65536  # validation targets the windows are cut from
+    windows: int = 8
+    tolerance: float = 0.1  # the largest mean |predicted - measured| S that counts as the right level
+    overrides: List[str] = field(default_factory=list)  # more training settings
+
+
+QUICK = {"steps": 8, "seq_len": 32, "eval_tokens": 1024, "windows": 2,
+         "overrides": ["train.batch_size=4", "model.n_layers=2", "model.d_model=64", "train.eval_every=8",
+                       "train.eval_tokens=512", "train.probe_batch=0"]}
+
+
+@nnx.jit
+def scored_layers(model, tokens):
+    """Per layer: the scored queries and keys [B,T,H,D], their scale, and the weights [B,H,T,T]."""
+    return [(*block.mixer.scored_vectors(x), block.mixer.attention_matrix(x))
+            for block, x in zip(model.blocks, model.mixer_inputs(tokens))]
+
+
+def predicted_and_measured(q, k, scale, weights, closed) -> tuple[np.ndarray, np.ndarray]:
+    """Per head [H]: the closed form's S and the measured S, averaged over the rows that see at
+    least half the window; q, k [T, H, D], weights [H, T, T] of one window."""
+    length = q.shape[0]
+    weights = weights[: q.shape[1]]  # a single-head unit (GAU) broadcasts its weights over the model's heads
+    mu = k.mean(axis=0)  # (H, D)
+    sigma = np.sqrt(k.var(axis=0).mean(axis=-1))  # (H,) isotropic spread
+    beta = scale * np.einsum("thd,hd->ht", q, mu)
+    gamma = scale * sigma[:, None] * np.linalg.norm(q, axis=-1).T  # (H, T)
+    late = slice(length // 2, length)
+    predicted = np.vectorize(closed)(gamma[:, late], beta[:, late]).mean(axis=-1)
+    measured = np.asarray(l1_l2_sparsity(jnp.asarray(weights), causal_mask(length)))[:, late].mean(axis=-1)
+    return predicted, measured
+
+
+def head_points(run_dir: Path, closed, *, length: int, windows: int, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted, measured) S per layer and head, averaged over the first ``windows`` validation windows."""
+    cfg = evaluation.run_config(run_dir, [])
+    data = build_data(cfg.data, seed=cfg.seed)
+    model, _ = evaluation.restore_model(cfg, data.tokenizer.vocab_size, run_dir, None)
+    cut = data.validation_windows([length], tokens)[length]
+    inputs = cut(np.arange(min(windows, len(cut))))["inputs"]
+    points = []
+    for window in inputs:
+        layers = scored_layers(model, jnp.asarray(window[None]))
+        per_layer = [predicted_and_measured(np.asarray(q[0], np.float64), np.asarray(k[0], np.float64), float(scale),
+                                            np.asarray(w[0], np.float64), closed) for q, k, scale, w in layers]
+        points.append(np.stack([np.concatenate(p) for p in zip(*per_layer)]))  # (2, layers x heads)
+    predicted, measured = np.mean(points, axis=0)
+    return predicted, measured
+
+
+def correlation(x, y, xx, yy, xy, n):
+    """Pearson's r from sums over heads (each argument a sum, with any leading resample axis)."""
+    return (n * xy - x * y) / np.sqrt((n * xx - x * x) * (n * yy - y * y))
+
+
+def mean_gap(gap, n):
+    return gap / n
+
+
+def judge(predicted: np.ndarray, measured: np.ndarray) -> dict:
+    """Correlation and mean absolute gap across heads, each with a bootstrap interval over heads."""
+    sums = [predicted, measured, predicted**2, measured**2, predicted * measured, np.ones_like(predicted)]
+    return {"correlation": as_record(bootstrap(correlation, sums)),
+            "mean_abs_gap": as_record(bootstrap(mean_gap, [np.abs(predicted - measured), np.ones_like(predicted)]))}
+
+
+def run(settings: Settings, out_dir: Path) -> Outcome:
+    for name in settings.models:
+        one_of("models", name, list(MODELS))
+    points, runs, records, holds = {}, [], {}, {}
+    for name in settings.models:
+        variant, extra, closed = MODELS[name]
+        run_dir = out_dir / "runs" / name.replace(" ", "_")
+        train_run(variant, run_dir, seed=settings.seed, steps=settings.steps,
+                  overrides=[f"data.seq_len={settings.seq_len}", *extra, *settings.overrides])
+        points[name] = head_points(run_dir, closed, length=settings.seq_len, windows=settings.windows,
+                                   tokens=settings.eval_tokens)
+        records[name] = judge(*points[name])
+        holds[f"{name}: correlation > 0"] = records[name]["correlation"]["ci"][0] > 0
+        holds[f"{name}: mean |gap| < {settings.tolerance}"] = records[name]["mean_abs_gap"]["ci"][1] < settings.tolerance
+        runs.append(run_dir)
+    evidence = {"checks": records, "holds": holds,
+                "heads": {name: {"predicted": p.tolist(), "measured": m.tolist()} for name, (p, m) in points.items()}}
+    figure = plot(points, out_dir / "predicted_vs_measured.png")
+    return Outcome(vote(sum(holds.values()), len(holds)), evidence, [figure], runs)
+
+
+def plot(points: dict, path: Path) -> str:
+    fig, ax = new_axes((5, 5))
+    for name, (predicted, measured) in points.items():
+        ax.scatter(predicted, measured, s=18, label=name)
+    ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle="--", label="predicted = measured")
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(0, 1.02)
+    save_axes(fig, ax, path, title="attention sparsity: closed form against trained heads",
+              xlabel="predicted S (isotropic Gaussian keys)", ylabel="measured S of the rows")
+    return str(path)
