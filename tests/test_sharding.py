@@ -102,9 +102,7 @@ def config(variant, layout, run, *extra):
 def losses(run):
     return [r["loss"] for r in read_metrics(f"{out}/{run}") if "loss" in r]
 
-runs = [(variant, "mixed" if "mixed" in layouts else "data") for variant in variants]  # every axis at once
-runs = list(dict.fromkeys(runs + [("softmax", layout) for layout in layouts if layout != "mixed"]))  # each axis alone
-for variant, layout in runs:
+for variant, layout in [(variant, layout) for variant in variants for layout in layouts]:
     train(config(variant, layout, f"{variant}-{layout}"))
     result["losses"][f"{variant}/{layout}"] = losses(f"{variant}-{layout}")
 for layout in layouts:  # how the first mixer's input projection and its optimizer moment are split
@@ -132,12 +130,12 @@ def run_layouts(tmp_path, devices: int, layouts: dict) -> dict:
 
 @pytest.mark.slow
 def test_layouts_on_eight_devices_give_the_one_device_losses(tmp_path):
-    """Every variant with the three axes at once (2 x 2 x 2), softmax along each axis alone; the
-    parameters and their optimizer moments really split; a checkpoint moves between layouts."""
+    """Every variant along each axis alone and with all three at once (2 x 2 x 2); the parameters
+    and their optimizer moments really split; a checkpoint moves between layouts."""
     one = run_layouts(tmp_path, 1, {"data": LAYOUTS["data"]})
     eight = run_layouts(tmp_path, 8, LAYOUTS)
     assert (one["devices"], eight["devices"]) == (1, 8)
-    assert len(eight["losses"]) == len(LAYOUT_VARIANTS) + len(LAYOUTS) - 1 + 1  # the runs below and "moved"
+    assert len(eight["losses"]) == len(LAYOUT_VARIANTS) * len(LAYOUTS) + 1  # every variant and layout, and "moved"
     for run, losses in eight["losses"].items():
         variant = "softmax" if run == "moved" else run.split("/")[0]
         np.testing.assert_allclose(losses, one["losses"][f"{variant}/data"], rtol=1e-5, err_msg=run)
