@@ -11,12 +11,25 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 from tensorboardX import SummaryWriter
 from tensorboardX.summary import hparams
+
+
+def open_in_a_later_second(tb_dir: Path) -> None:
+    """Wait, if need be, until the clock has passed the second of the newest event file already in
+    ``tb_dir``. TensorBoard reads event files in name order and a name starts with the second the
+    file was opened in, so a process resuming a run within a second of the last one (whose files
+    may sort after its own by process id) would otherwise have its purge read before the events
+    it purges."""
+    opened = [int(p.name.split(".")[3]) for p in tb_dir.glob("events.out.tfevents.*") if p.name.split(".")[3].isdigit()]
+    delay = max(opened, default=0) + 1 - time.time()
+    if delay > 0:
+        time.sleep(delay)
 
 
 class MetricsLogger:
@@ -35,6 +48,8 @@ class MetricsLogger:
     def tb(self) -> SummaryWriter:
         """The open writer; a new event file after each ``flush`` (named to sort in the order written)."""
         if self._tb is None:
+            if self.segment == 0:
+                open_in_a_later_second(self.run_dir / "tb")
             self.segment += 1
             suffix = f".{os.getpid()}.{self.segment:06d}"
             self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.purge_step, filename_suffix=suffix)
