@@ -122,11 +122,8 @@ class GatedAttentionUnit(CacheMixer):
         """Queries and keys [B,T,1,s] float32 whose dot products times ``scale`` are the unit's logits
         (rotated by RoPE-like position methods), and ``scale``."""
         b, t, _ = x.shape
-        positions = default_positions(b, t) if positions is None else positions
         _, q, k, _ = self.project(x)
-        q = self.scoring.scale_queries(q, self.scoring.queries_keys_seen(positions, None))
-        rotate = lambda a: self.scoring.rotate(a, positions).astype(jnp.float32)  # noqa: E731
-        return rotate(q), rotate(k), self.scoring.scale
+        return self.scoring.scored_vectors(q, k, default_positions(b, t) if positions is None else positions)
 
     def attention_matrix(self, x, *, positions=None, segment_ids=None):
         b, t, _ = x.shape

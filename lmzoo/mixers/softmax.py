@@ -95,11 +95,8 @@ class SoftmaxAttention(CacheMixer):
         """Queries and keys [B,T,H,D] float32 whose dot products times ``scale`` are this layer's
         logits before masks and biases (rotated by RoPE-like position methods), and ``scale``."""
         b, t, _ = x.shape
-        positions = default_positions(b, t) if positions is None else positions
-        q, k, _ = self.project(x, positions)
-        q = self.scoring.scale_queries(q, self.scoring.queries_keys_seen(positions, None))
-        k = repeat_kv(k, self.n_heads // self.n_kv_heads)
-        return q.astype(jnp.float32), k.astype(jnp.float32), self.scoring.scale
+        q, k, _ = self.project(x)
+        return self.scoring.scored_vectors(q, k, default_positions(b, t) if positions is None else positions)
 
     def state_size(self, max_len):
         return 2 * self.scoring.cache_size(max_len) * self.n_kv_heads * self.head_dim

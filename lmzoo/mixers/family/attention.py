@@ -133,6 +133,15 @@ class Scoring:
         logits = self.logits(q, k, q_pos, k_pos, free=free, bias=bias)
         return jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1)
 
+    def scored_vectors(self, q, k, positions):
+        """(q, k float32, scale): q [B,T,H,D] and k (one head per query head) as the logits see them,
+        log-n scaled and rotated, so that their dot products times ``scale`` are the logits before
+        masks and biases (for position methods that rotate; see ``Mixer.scored_vectors``)."""
+        q = self.scale_queries(q, self.queries_keys_seen(positions, None))
+        k = repeat_kv(k, q.shape[2] // k.shape[2])
+        rotate = lambda a: self.rotate(a, positions).astype(jnp.float32)  # noqa: E731
+        return rotate(q), rotate(k), self.scale
+
     def matrix(self, q, k, positions, *, bias=None, segment_ids=None) -> jax.Array:
         """Causal weights [B,H,T,T] of a whole sequence (the probes' view of ``parallel``); with
         ``segment_ids`` [B,T] each query sees its own document only, at ``positions`` within it."""
