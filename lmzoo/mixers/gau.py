@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from lmzoo.mixers.base import MixerContext, dense
 from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, Scoring, cache_append, init_cache
