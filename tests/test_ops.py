@@ -62,10 +62,10 @@ def test_fused_gradients_match_reference(window):
 @pytest.mark.parametrize("window, with_bias, with_segments", [(None, False, False), (40, True, False), (None, True, True)],
                          ids=["causal", "window_and_bias", "bias_and_documents"])
 def test_blocked_form_matches_reference_values_and_gradients(window, with_bias, with_segments):
-    """150 queries: blocks of 64, 64 and 22; a window of 40 reaches back across block edges."""
-    q, k, v = qkv(t=150)
-    bias = jax.random.normal(jax.random.key(3), (1, q.shape[2], 150, 150)) if with_bias else None
-    segments = jnp.asarray(np.repeat([[0, 1, 2], [0, 0, 1]], [50, 70, 30], axis=1)) if with_segments else None
+    """151 queries: blocks of 64, 64 and 23; a window of 40 reaches back across block edges."""
+    q, k, v = qkv(t=151)
+    bias = jax.random.normal(jax.random.key(3), (1, q.shape[2], 151, 151)) if with_bias else None
+    segments = jnp.asarray(np.repeat([[0, 1, 2], [0, 0, 1]], [50, 70, 31], axis=1)) if with_segments else None
     upstream = jax.random.normal(jax.random.key(9), q.shape)
 
     @functools.partial(jax.jit, static_argnums=0)
