@@ -227,3 +227,15 @@ def test_mqar_state_size_quick_run_grids_accuracy_against_state(tmp_path):
     assert set(record["evidence"]["holds"]) == {"softmax solves every setting", "gla: 2 pairs above 4 at width 32"}
     assert len(record["runs"]) == 4 and (tmp_path / "mqar_state_size" / record["figures"][0]).stat().st_size > 0
     assert above({"ci": [0.6, 0.7]}, {"ci": [0.2, 0.5]}) and not above({"ci": [0.4, 0.7]}, {"ci": [0.2, 0.5]})
+
+
+def test_mqar_judge_holds_cache_variants_to_solving_and_fixed_states_to_the_pairs_and_width_checks():
+    from lmzoo.experiments.mqar_state_size import Settings, judge
+
+    cell = lambda lo, hi: {"ci": [lo, hi]}  # noqa: E731
+    solved = {4: {32: cell(0.95, 1.0), 64: cell(0.97, 1.0)}, 8: {32: cell(0.92, 0.99), 64: cell(0.9, 0.99)}}
+    short_of_it = {**solved, 8: {**solved[8], 64: cell(0.8, 0.99)}}
+    fixed = {4: {32: cell(0.7, 0.8), 64: cell(0.9, 1.0)}, 8: {32: cell(0.2, 0.3), 64: cell(0.25, 0.4)}}
+    holds = judge({"softmax": solved, "fox": short_of_it, "gla": fixed}, Settings(widths=[32, 64], pairs=[4, 8]))
+    assert holds == {"softmax solves every setting": True, "fox solves every setting": False,
+                     "gla: 4 pairs above 8 at width 32": True, "gla: width 64 above 32 at 8 pairs": False}
