@@ -240,8 +240,9 @@ def score_lengths(forwards: dict[int, Forward], windows: dict, rows: dict[int, i
 
 
 def warn_inert_overrides(run_dir: Path, overrides: list[str], model: LM, vocab_size: int, tokens: np.ndarray) -> None:
-    """One warning line for each position override that leaves the model's outputs exactly as they were:
-    the variant does not use what it sets (e.g. ``pos.kind=alibi`` on a model without attention positions)."""
+    """One warning line for each position override whose removal leaves the model's outputs exactly as
+    they are with every override: the variant, with the other settings, does not use what it sets (e.g.
+    ``pos.kind=alibi`` on a model without attention positions; not ``pos.window`` beside ``pos.kind=rerope``)."""
     position_overrides = [o for o in overrides if o.startswith("pos.")]
     if not position_overrides:
         return
@@ -252,12 +253,11 @@ def warn_inert_overrides(run_dir: Path, overrides: list[str], model: LM, vocab_s
         graphdef = split_model(LM(cfg, vocab_size, rngs=nnx.Rngs(cfg.seed)))[0]
         return np.asarray(logits(nnx.merge(graphdef, state["params"], state["extra"]), tokens))
 
-    others = [o for o in overrides if o not in position_overrides]
-    reference = outputs(run_config(run_dir, others))
+    with_all = outputs(run_config(run_dir, overrides))
     for override in position_overrides:
-        if np.array_equal(outputs(run_config(run_dir, [*others, override])), reference):
-            log.warning("warning: %s changes none of this %s model's outputs: the variant does not use it",
-                        override, model_variant(run_dir))
+        if np.array_equal(outputs(run_config(run_dir, [o for o in overrides if o != override])), with_all):
+            log.warning("warning: %s changes none of this %s model's outputs: the variant, with the other settings, "
+                        "does not use it", override, model_variant(run_dir))
 
 
 def model_variant(run_dir: Path) -> str:

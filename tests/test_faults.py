@@ -389,7 +389,21 @@ def test_an_override_that_changes_nothing_gets_a_warning(tmp_path):
     proc = eval_cli(tmp_path, "pos.kind=alibi")
     assert proc.returncode == 0, proc.stderr[-2000:]
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
-    assert warnings == ["warning: pos.kind=alibi changes none of this mamba model's outputs: the variant does not use it"]
+    assert warnings == ["warning: pos.kind=alibi changes none of this mamba model's outputs: the variant, with the "
+                        "other settings, does not use it"]
+
+
+def test_a_setting_that_acts_only_beside_another_gets_no_warning(tmp_path, caplog):
+    from lmzoo.eval import warn_inert_overrides
+
+    cfg = tiny_config("softmax", *ONE_LAYER, run_dir=tmp_path)
+    OmegaConf.save(OmegaConf.structured(cfg), tmp_path / "config.yaml")
+    model = LM(cfg, 259, rngs=nnx.Rngs(0))
+    tokens = np.arange(24)[None] % 259
+    warn_inert_overrides(tmp_path, ["pos.kind=rerope", "pos.window=8", "pos.leak=4.0"], model, 259, tokens)
+    assert [r.getMessage() for r in caplog.records] == [  # the leak acts only with leaky_rerope
+        "warning: pos.leak=4.0 changes none of this softmax model's outputs: the variant, with the other settings, "
+        "does not use it"]
 
 
 def test_the_printed_job_config_resolves():
