@@ -16,6 +16,9 @@ def new_axes(size=(5, 3.5)):
     return plt.subplots(figsize=size)
 
 
+LEGEND_INSIDE = 6  # series a legend may list inside the axes
+
+
 def save_axes(fig, ax, path: Path, *, train_len: int | None = None, xticks=None, **labels) -> Path:
     """Label, mark the training length (dotted), add the legend, write the PNG and free the figure.
 
@@ -28,7 +31,10 @@ def save_axes(fig, ax, path: Path, *, train_len: int | None = None, xticks=None,
     if train_len is not None:
         ax.axvline(train_len, color="grey", linestyle=":", label=f"training length ({train_len})")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if len(ax.get_legend_handles_labels()[0]) > LEGEND_INSIDE:  # beside the axes, where it hides no curve
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    else:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
