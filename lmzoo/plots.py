@@ -58,6 +58,11 @@ def error_bars(ax, x, y, lo, hi, **style) -> None:
     ax.errorbar(x, y, yerr=[below, above], **{"marker": "o", "capsize": 3, **style})
 
 
+def series_style(index: int) -> dict:
+    """Colour and marker of the index-th series: ten colours, then the same colours with another marker."""
+    return {"color": plt.cm.tab10(index % 10), "marker": "os^D"[index // 10 % 4]}
+
+
 def line_with_band(ax, x, y, lo, hi, **style) -> None:
     """A curve with its interval as a shaded band of the same colour."""
     (line,) = ax.plot(x, y, **style)

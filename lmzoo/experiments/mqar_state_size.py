@@ -29,7 +29,7 @@ from typing import List
 
 from lmzoo.experiments import Outcome, vote
 from lmzoo.experiments.runs import evaluate_run, state_floats, train_run
-from lmzoo.plots import error_bars, plt, save_axes
+from lmzoo.plots import error_bars, plt, save_axes, series_style
 
 CLAIM = ("Softmax attention solves multi-query associative recall at any width, while recurrent variants need "
          "a larger state as the number of key-value pairs grows.")
@@ -110,13 +110,14 @@ def judge(grid: dict, settings: Settings) -> dict:
 
 
 def plot(grid: dict, pairs: list[int], path: Path) -> str:
-    fig, axes = plt.subplots(1, len(pairs), sharey=True, squeeze=False, figsize=(4.2 * len(pairs), 3.8))
+    fig, axes = plt.subplots(1, len(pairs), sharey=True, squeeze=False, figsize=(4.2 * len(pairs) + 1.6, 3.8))  # room for the legend beside
     axes = axes[0]
     for ax, p in zip(axes, pairs):
-        for variant, by_pairs in grid.items():
+        for index, (variant, by_pairs) in enumerate(grid.items()):
             points = sorted(by_pairs[p].values(), key=lambda b: b["state_floats"])
             error_bars(ax, [b["state_floats"] for b in points], [b["accuracy"] for b in points],
-                       [b["ci"][0] for b in points], [b["ci"][1] for b in points], label=variant)
+                       [b["ci"][0] for b in points], [b["ci"][1] for b in points], label=variant,
+                       **series_style(index))
         ax.set_xscale("log")
         ax.set(title=f"{p} key-value pairs", xlabel="decoding-state floats per sequence")
         ax.grid(alpha=0.3)
