@@ -29,7 +29,7 @@ from typing import List
 
 from lmzoo.experiments import Outcome, vote
 from lmzoo.experiments.runs import evaluate_run, state_floats, train_run
-from lmzoo.plots import error_bars, plt, save_axes, series_style
+from lmzoo.plots import error_bars, label_log_axis, plt, save_axes, series_style
 
 CLAIM = ("Softmax attention solves multi-query associative recall at any width, while recurrent variants need "
          "a larger state as the number of key-value pairs grows.")
@@ -72,7 +72,8 @@ def best_over_lrs(variant: str, width: int, pairs: int, settings: Settings, runs
                              tokens=settings.eval_tokens)["lengths"][str(settings.seq_len)]
         runs.append(run_dir)
         if best is None or entry["accuracy"] > best["accuracy"]:
-            best = {"accuracy": entry["accuracy"], "ci": entry["accuracy_ci"], "lr": lr, "state_floats": state_floats(cfg)}
+            best = {"accuracy": entry["accuracy"], "ci": entry["accuracy_ci"], "lr": lr, "state_floats": state_floats(cfg),
+                    "chance": 2 / cfg.data.task_vocab}  # a uniform guess among the values
     return best
 
 
@@ -110,7 +111,8 @@ def judge(grid: dict, settings: Settings) -> dict:
 
 
 def plot(grid: dict, pairs: list[int], path: Path) -> str:
-    fig, axes = plt.subplots(1, len(pairs), sharey=True, squeeze=False, figsize=(4.2 * len(pairs) + 1.6, 3.8))  # room for the legend beside
+    fig, axes = plt.subplots(1, len(pairs), sharey=True, squeeze=False,
+                             figsize=(4.2 * len(pairs) + 1.6, 3.8))  # room for the legend beside the panels
     axes = axes[0]
     for ax, p in zip(axes, pairs):
         for index, (variant, by_pairs) in enumerate(grid.items()):
@@ -118,7 +120,9 @@ def plot(grid: dict, pairs: list[int], path: Path) -> str:
             error_bars(ax, [b["state_floats"] for b in points], [b["accuracy"] for b in points],
                        [b["ci"][0] for b in points], [b["ci"][1] for b in points], label=variant,
                        **series_style(index))
+        ax.axhline(points[0]["chance"], color="grey", linestyle="--", linewidth=0.8, label="chance")
         ax.set_xscale("log")
+        label_log_axis(ax)
         ax.set(title=f"{p} key-value pairs", xlabel="decoding-state floats per sequence")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("MQAR accuracy (95% interval)")
