@@ -94,6 +94,9 @@ class EvalConfig:
 class Config:
     run_dir: str = MISSING
     seed: int = 0
+    # A name for the arm this run belongs to: lmzoo.compare groups runs by it (and by config otherwise).
+    # Recorded in config.yaml; it changes nothing in training.
+    label: Optional[str] = None
     model: ModelConfig = field(default_factory=ModelConfig)
     pos: PosConfig = field(default_factory=PosConfig)
     data: Any = None  # a registered data source's spec (a DataConfig subclass)
