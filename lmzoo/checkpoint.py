@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from lmzoo.faults import Diverged, RunFault, debugging, first_line
+from lmzoo.faults import Diverged, RunFault, WriteFault, debugging, first_line
 
 log = logging.getLogger("lmzoo.checkpoint")
 MODEL_PARTS = ("params", "extra")
@@ -119,8 +119,14 @@ class Checkpointer:
         sums = {part: digest(value) for part, value in host.items()}
         args = ocp.args.Composite(train=ocp.args.PyTreeSave(train_state), data=ocp.args.JsonSave(data_state),
                                   digest=ocp.args.JsonSave(sums))
-        self.manager.save(step, args=args, force=True)
-        self.manager.wait_until_finished()
+        try:
+            self.manager.save(step, args=args, force=True)
+            self.manager.wait_until_finished()
+        except Exception as e:  # a full disk or a lost permission, reported from deep inside Orbax and TensorStore
+            if debugging():
+                raise
+            raise WriteFault(f"checkpoint {step} could not be written in {self.directory} ({first_line(e)}); "
+                             "the earlier checkpoints are intact") from None
 
     def restore(self, step: int, like: Any) -> tuple[Any, dict]:
         """(train pytree shaped and sharded like ``like``, data state) saved at ``step``, verified."""

@@ -1,22 +1,31 @@
-"""Command-line front door: check Hydra overrides before Hydra runs, so mistakes cost one line.
+"""The grammar every command shares: ``key=value`` arguments, ``--help``, one-line errors, exit codes.
 
-Hydra reports bad overrides as multi-line messages from deep inside its composition. We compose
-each requested configuration ourselves first (every combination of a sweep), validate it against
-the structured schema, and turn any problem into ``lmzoo: error: <one line>`` with exit code 2.
+Every command (``lmzoo.train``, ``eval``, ``generate``, ``compare``, ``experiments``) takes settings
+as ``key=value`` (``group=option`` picks a config file of a group, as ``pos=ntk``), lists them with
+``-h``/``--help`` (key, default, one line each; exit 0), and ends any mistake with
+``lmzoo: error: <one line>`` and an exit code of ``lmzoo.faults`` (2 for a bad setting).
+
+Training's overrides are also checked before Hydra runs: Hydra reports bad overrides as multi-line
+messages from deep inside its composition, so each requested configuration (every combination of a
+sweep) is composed and validated here first.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import itertools
 import os
+import re
 import sys
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
+import yaml
 from omegaconf import OmegaConf
 
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, register_schemas, validate, variant_names
-from lmzoo.faults import EXIT_CONFIG, RunFault, debugging
+from lmzoo.faults import EXIT_CONFIG, RunFault, UnparsableConfig, debugging
 
 MAX_CHECKED_COMBINATIONS = 256
 _HYDRA_FLAGS_WITH_VALUES = ("-cp", "-cn", "-cd", "--config-path", "--config-name", "--config-dir")
@@ -31,15 +40,138 @@ def fail(message: str, code: int = EXIT_CONFIG) -> NoReturn:
 @contextmanager
 def errors_in_one_line():
     """A command's body: a ConfigError or RunFault ends it with its one line and exit code
-    (``LMZOO_DEBUG=1`` lets a RunFault's traceback through)."""
+    (``LMZOO_DEBUG=1`` lets a RunFault's traceback through); so does a config file that is not YAML."""
     try:
         yield
     except ConfigError as e:
         fail(str(e))
+    except yaml.YAMLError as e:
+        if debugging():
+            raise
+        fault = unparsable(e)
+        fail(str(fault), fault.exit_code)
     except RunFault as e:
         if debugging():
             raise
         fail(str(e), e.exit_code)
+
+
+def unparsable(error: yaml.YAMLError) -> UnparsableConfig:
+    """One line for a YAML file that does not parse: the file, the place and the problem."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return UnparsableConfig(f"{where} does not parse as YAML ({problem}); fix that file")
+
+
+# ----------------------------------------------------------------------------- arguments and --help
+
+
+HELP_FLAGS = ("-h", "--help")
+
+
+class Option(NamedTuple):
+    """One line of a command's ``--help``."""
+
+    key: str
+    default: str | None  # None: a line without "=default" (an exit code)
+    note: str = ""
+
+
+def wants_help(argv: list[str]) -> bool:
+    return any(arg in HELP_FLAGS for arg in argv)
+
+
+def show_help(usage: str, summary: str, sections: list[tuple[str, list[Option]]]) -> NoReturn:
+    """Print ``usage``, ``summary`` and each section's options (key=default  note), then exit 0."""
+    lines = [f"usage: {usage}", "", summary]
+    for title, options in sections:
+        heads = [o.key if o.default is None else f"{o.key}={o.default}" for o in options]
+        width = min(max(map(len, heads), default=0), 36)  # a long default pushes only its own note right
+        lines += ["", f"{title}:"] + [f"  {head:<{width}}  {o.note}".rstrip() for head, o in zip(heads, options)]
+    print("\n".join(lines))
+    sys.exit(0)
+
+
+def key_values(argv: list[str], command: str) -> list[tuple[str, str]]:
+    """``(key, value)`` of each ``key=value`` argument; ConfigError in one line for any other."""
+    pairs = []
+    for arg in argv:
+        key, equals, value = arg.partition("=")
+        if not equals or not key.lstrip("+"):
+            raise ConfigError(f"could not parse {arg!r}: arguments are key=value (python -m lmzoo.{command} --help "
+                              "lists them)")
+        pairs.append((key, value))
+    return pairs
+
+
+def field_notes(schema: type) -> dict[str, str]:
+    """Each field's trailing ``# comment`` in the source of ``schema`` (and of its bases): its one-line help."""
+    notes = {}
+    for cls in reversed(schema.__mro__):
+        try:
+            source = inspect.getsource(cls)
+        except (OSError, TypeError):
+            continue
+        notes.update(re.findall(r"^\s+(\w+)\s*:[^#\n]*#\s*(.+)$", source, flags=re.MULTILINE))
+    return notes
+
+
+def schema_options(schema: type, prefix: str = "") -> list[Option]:
+    """An Option per field of the dataclass ``schema`` (nested dataclasses field by field)."""
+    notes, options = field_notes(schema), []
+    for f in dataclasses.fields(schema):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            options += schema_options(type(default), f"{prefix}{f.name}.")
+        elif not f.name.startswith("_"):
+            text = "???" if default is dataclasses.MISSING or default == "???" else shown(default)
+            options.append(Option(f"{prefix}{f.name}", text, notes.get(f.name, "")))
+    return options
+
+
+def group_choices(groups: list[str] | None = None) -> list[Option]:
+    """``group=option`` for each config group (or those named), with its options."""
+    return [Option(group, "<option>", f"one of: {', '.join(group_options(group))}") for group in groups or config_groups()]
+
+
+RUN_OVERRIDES = [  # what eval and generate may change in a trained run's config (never model: it shapes the parameters)
+    Option("pos", "<option>", "a position method of configs/pos/ (e.g. pos=ntk), as in training"),
+    Option("pos.<key>", "<value>", "a position setting (python -m lmzoo.train --help lists them)"),
+    Option("attn.<key>", "<value>", "a setting of the run's variant that keeps its parameters (e.g. attn.window)"),
+    Option("data.<key>", "<value>", "a data setting (e.g. data.document_boundaries=mask)"),
+]
+
+
+def shown(value) -> str:
+    """A default as it would be typed on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {shown(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(shown(v) for v in value) + "]"
+    return str(value)
+
+
+def with_defaults(options: list[Option], config) -> list[Option]:
+    """``options`` with the defaults a composed ``config`` gives them (a config file may change a schema's)."""
+    found = []
+    for option in options:
+        value = OmegaConf.select(config, option.key, default=None, throw_on_resolution_failure=False)
+        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        found.append(option if value is None else option._replace(default=shown(value)))
+    return found
+
+
+def exit_codes() -> list[Option]:
+    """The exit codes of ``lmzoo.faults``, each with its comment there."""
+    from lmzoo import faults
+
+    found = re.findall(r"^EXIT_\w+ = (\d+)\s*#\s*(.+)$", inspect.getsource(faults), flags=re.MULTILINE)
+    return [Option(code, None, note) for code, note in found]
 
 
 def group_options(group: str) -> list[str]:
@@ -58,6 +190,8 @@ def check_argv(argv: list[str], *, config_name: str = "train", require_attn: boo
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
+    if bad := [a for a in argv if not a.startswith(("-", "~")) and "=" not in a]:
+        fail(f"could not parse {bad[0]!r}: arguments are key=value (python -m lmzoo.train --help lists them)")
     try:
         overrides = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
     except HydraException as e:
@@ -105,6 +239,9 @@ def compose_and_validate(overrides: list[str], *, config_name: str = "train") ->
             cfg = compose(config_name, overrides=list(overrides))
         except HydraException as e:
             fail(describe(e))
+        except yaml.YAMLError as e:
+            fault = unparsable(e)
+            fail(str(fault), fault.exit_code)
     if OmegaConf.is_interpolation(cfg, "run_dir"):  # resolved by Hydra only once a run starts
         cfg.run_dir = "."
     try:

@@ -27,27 +27,27 @@ from lmzoo.sharding import MeshConfig
 
 @dataclass
 class OptimConfig:
-    lr: float = 3e-3
-    warmup_steps: int = 50
+    lr: float = 3e-3  # peak learning rate, reached after warmup_steps
+    warmup_steps: int = 50  # linear warmup from 0
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
-    weight_decay: float = 0.1
-    b1: float = 0.9
-    b2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
+    weight_decay: float = 0.1  # AdamW's decoupled weight decay
+    b1: float = 0.9  # Adam's first-moment decay
+    b2: float = 0.95  # Adam's second-moment decay
+    eps: float = 1e-8  # Adam's denominator floor
+    grad_clip: float = 1.0  # the global gradient norm is clipped to this
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 600
-    batch_size: int = 16
+    steps: int = 600  # optimizer steps in all (a resume continues to this)
+    batch_size: int = 16  # sequences per step, over all devices
     grad_accum: int = 1  # micro-batches per step: the same update, batch_size / grad_accum rows in memory at once
-    eval_every: int = 100
+    eval_every: int = 100  # steps between validations
     eval_tokens: int = 32768  # validation targets scored at each validation (the first ones of the split)
-    checkpoint_every: int = 200
-    keep_checkpoints: int = 3
-    log_every: int = 10
-    progress: bool = True
+    checkpoint_every: int = 200  # steps between checkpoints (and at the last step)
+    keep_checkpoints: int = 3  # the newest this many are kept
+    log_every: int = 10  # steps per metrics.jsonl row
+    progress: bool = True  # a progress bar on the terminal
     probe_batch: int = 2  # sequences whose attention sparsity/entropy is logged at each validation; 0: off
     max_nonfinite: int = 5  # consecutive steps with a non-finite loss or gradient (each skipped) that stop the run
     distributed: bool = False  # one run over several processes: jax.distributed.initialize() (reads SLURM's settings)
@@ -71,7 +71,7 @@ class EvalConfig:
     probe_max_len: int = 4096  # longer lengths skip the probes ([B, H, T, T] matrices grow as T^2)
     tag: Optional[str] = None  # results go to <run_dir>/eval/<tag>; None: named after the overrides
     memory_budget_gb: Optional[float] = None  # what one forward may use; None: the device's memory
-    progress: bool = True
+    progress: bool = True  # a progress bar on the terminal
 
     def check(self) -> None:
         for key in ("batch_tokens", "position_buckets", "probe_max_len", "resamples"):
@@ -92,11 +92,10 @@ class EvalConfig:
 
 @dataclass
 class Config:
-    run_dir: str = MISSING
-    seed: int = 0
-    # A name for the arm this run belongs to: lmzoo.compare groups runs by it (and by config otherwise).
+    run_dir: str = MISSING  # where the run lives (default runs/<variant>-<time>); re-running on it resumes
+    seed: int = 0  # parameters and data order
     # Recorded in config.yaml; it changes nothing in training.
-    label: Optional[str] = None
+    label: Optional[str] = None  # the arm this run belongs to: lmzoo.compare groups runs by it (by config otherwise)
     model: ModelConfig = field(default_factory=ModelConfig)
     pos: PosConfig = field(default_factory=PosConfig)
     data: Any = None  # a registered data source's spec (a DataConfig subclass)

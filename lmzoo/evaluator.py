@@ -1,13 +1,18 @@
 """The one evaluator behind training-time validation and ``lmzoo.eval``: the same scored tokens at every length.
 
 A data object hands out, per evaluated length, the windows that cover its validation budget
-(``validation_windows``): for text, the first ``N`` targets of the validation stream cut into
-non-overlapping windows of each length, so every length scores the same ``N`` targets and only
-the context before each changes; for synthetic tasks, the same first examples generated at each
-length. Every target carries its *unit*, the thing the fixed blocks are made of (a target of the
-stream, or an example), and the evaluator sums, per block, the loss, the scored count and the
-correct predictions, and per block and span of positions the loss and count. Those sums are all
-the bootstrap of ``lmzoo.metrics.intervals`` needs, and they stay small however large ``N`` is.
+(``validation_windows``): for text, spans spread over the whole validation split, each as long as the
+longest length (the lengths' least common multiple) and tiled by windows of every length, so every
+length scores the same targets and only the context before each changes
+(``lmzoo.data.pipeline.spread_spans``); for synthetic tasks, the same first examples generated at each
+length. Every target carries its *unit*, the thing the fixed blocks are made of: its document (its
+span, when the scored text is all one document), or its example. Units are numbered in stream order
+and blocks are runs of whole units, so the bootstrap resamples documents, never pieces of one document
+as if they were independent. The evaluator sums, per block, the loss, the scored count and the correct
+predictions, and per block and span of positions the loss and count. Those sums are all the bootstrap
+of ``lmzoo.metrics.intervals`` needs, and they stay small however large the budget is. The windows'
+``sampling_keys()`` say in ``results.json`` which sampling made them (``sampling_note`` reads them back,
+older results included).
 """
 
 from __future__ import annotations
@@ -110,7 +115,8 @@ class LengthScores:
 
 
 def block_of_units(units: int, n_blocks: int) -> Callable[[np.ndarray], np.ndarray]:
-    """Maps unit indices to their block: ``n_blocks`` contiguous blocks of ``units`` (``intervals.block_starts``)."""
+    """Maps unit indices to their block: ``n_blocks`` contiguous blocks of ``units`` (``intervals.block_starts``),
+    each a whole unit (a document, an example) or a run of whole units when there are more units than blocks."""
     starts = intervals.block_starts(units, n_blocks)
     return lambda unit: np.searchsorted(starts, unit, side="right") - 1
 
@@ -140,3 +146,19 @@ def score_length(
         if on_batch:
             on_batch()
     return scores
+
+
+def sampling_note(results: dict) -> str:
+    """In words, how the targets of a ``results.json`` were chosen and what its blocks are made of. Results
+    without a ``sampling`` key come from before it was recorded: they scored the first ``eval_tokens``
+    targets of the split in blocks of consecutive targets, and are named so."""
+    sampling = results.get("sampling")
+    if sampling is None:
+        return (f"the first {results.get('eval_tokens', '?')} validation targets, blocks of consecutive targets "
+                "(results from before the sampling was recorded)")
+    if sampling == "spread":
+        return (f"{results['eval_tokens']} targets spread over {results['documents']} documents in spans of "
+                f"{results['span']}, blocks of whole {results['block_unit']}s")
+    if sampling == "examples":
+        return f"{results['examples']} independent examples, blocks of whole examples"
+    return f"sampling {sampling!r}"

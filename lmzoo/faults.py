@@ -13,11 +13,14 @@ import os
 import socket
 from pathlib import Path
 
-# Exit codes of ``lmzoo.train`` and ``lmzoo.eval`` (an unexpected error keeps Python's 1).
-EXIT_FINISHED = 0
-EXIT_CONFIG = 2  # a bad setting or command line: nothing was trained
+# Exit codes of every command (an unexpected error keeps Python's 1).
+EXIT_FINISHED = 0  # finished
+EXIT_CONFIG = 2  # a bad setting or command line: nothing was run
 EXIT_DIVERGED = 3  # too many non-finite steps in a row; the checkpoints on disk stay finite
 EXIT_RUN_FAULT = 4  # the run directory cannot be used: held by another trainer, unwritable, no intact checkpoint
+EXIT_WRITE_FAILED = 5  # a file could not be written (disk full, permissions); what was on disk before is intact
+EXIT_NETWORK = 6  # data could not be downloaded (no network, or the server refused): nothing was trained
+EXIT_UNPARSABLE = 7  # a config file is not valid YAML: nothing was trained
 EXIT_INTERRUPTED = 75  # stopped by SIGTERM / Ctrl-C after saving a checkpoint: run the same command again (EX_TEMPFAIL)
 
 
@@ -29,6 +32,30 @@ class RunFault(Exception):
 
 class Diverged(RunFault):
     exit_code = EXIT_DIVERGED
+
+
+class WriteFault(RunFault):
+    """A write that failed; files are replaced whole, so the earlier version stays intact."""
+
+    exit_code = EXIT_WRITE_FAILED
+
+
+class NetworkFault(RunFault):
+    """Data that had to be downloaded could not be."""
+
+    exit_code = EXIT_NETWORK
+
+
+class UnparsableConfig(RunFault):
+    """A config file that is not valid YAML."""
+
+    exit_code = EXIT_UNPARSABLE
+
+
+class Interrupted(RunFault):
+    """A run stopped by SIGTERM / Ctrl-C after saving a checkpoint: the same command resumes it."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 def debugging() -> bool:
@@ -57,14 +84,14 @@ def probe_writable(directory: Path, what: str) -> None:
 
 
 class RunLock:
-    """An exclusive ``fcntl.flock`` on ``<run_dir>/lock``, naming its holder (pid, host) inside.
+    """An exclusive ``fcntl.flock`` on a run's lock file, naming its holder (pid, host) inside.
 
     The kernel drops the lock when the holding process dies, however it dies, so a SIGKILLed or
     requeued trainer never leaves a stale lock behind; a second trainer on a live run is refused.
     """
 
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / "lock"
+    def __init__(self, path: Path):
+        self.path = Path(path)
         self.file = None
 
     def __enter__(self) -> RunLock:
@@ -75,8 +102,7 @@ class RunLock:
             file.seek(0)
             holder = describe_holder(file.read())
             file.close()
-            raise RunFault(f"run_dir {str(self.path.parent)!r} is in use by another trainer ({holder}); "
-                           "wait for it to finish or stop it first") from None
+            raise in_use(self.path, holder) from None
         file.seek(0)
         file.truncate()
         file.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
@@ -89,6 +115,26 @@ class RunLock:
             fcntl.flock(self.file, fcntl.LOCK_UN)
             self.file.close()
             self.file = None
+
+
+def check_unlocked(path: Path) -> None:
+    """RunFault if another process holds the lock at ``path``; creates and writes nothing, so a refused
+    trainer can be turned away before anything (Hydra's own files included) touches a live run."""
+    try:
+        file = open(path)
+    except FileNotFoundError:
+        return
+    with file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a shared lock: it conflicts only with a trainer's
+        except BlockingIOError:
+            raise in_use(Path(path), describe_holder(file.read())) from None
+        fcntl.flock(file, fcntl.LOCK_UN)
+
+
+def in_use(path: Path, holder: str) -> RunFault:
+    return RunFault(f"run_dir {str(path.parent)!r} is in use by another trainer ({holder}); "
+                    "wait for it to finish or stop it first")
 
 
 def describe_holder(text: str) -> str:

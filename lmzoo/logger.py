@@ -1,14 +1,14 @@
-"""Where metrics go: ``metrics.jsonl`` (one JSON object per logged step) and TensorBoard.
+"""Where metrics go: the run's metrics log (one JSON object per logged step) and TensorBoard.
 
 A run that resumes from step S redoes the steps after S, so both logs are cut back to S when they
-open: ``metrics.jsonl`` loses its later rows, and TensorBoard is told to purge events after S
-(its purge-step mechanism). ``flush`` makes both durable; the trainer calls it before each
-checkpoint, so a killed process loses at most the steps the resumed run redoes.
+open: the metrics log loses its later rows (and any line a kill tore), and TensorBoard is told to
+purge events after S (its purge-step mechanism). Each metrics row is synced as it is appended;
+``flush`` makes TensorBoard's events durable too; the trainer calls it before each checkpoint, so a
+killed process loses at most the steps the resumed run redoes.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -18,6 +18,8 @@ from typing import Any, Optional
 import numpy as np
 from tensorboardX import SummaryWriter
 from tensorboardX.summary import hparams
+
+from lmzoo.rundir import RunDir
 
 
 def open_in_a_later_second(tb_dir: Path) -> None:
@@ -35,12 +37,11 @@ def open_in_a_later_second(tb_dir: Path) -> None:
 class MetricsLogger:
     """Writes only when ``enabled`` (the first process of a multi-host run), for steps after ``start_step``."""
 
-    def __init__(self, run_dir: Path | str, *, start_step: int = 0, enabled: bool = True):
+    def __init__(self, run: RunDir, *, start_step: int = 0, enabled: bool = True):
         self.enabled = enabled
         if enabled:
-            self.run_dir = Path(run_dir)
-            truncate_metrics(self.run_dir, start_step)
-            self.jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+            self.run = run
+            run.truncate_metrics(start_step)
             self.segment, self._tb = 0, None
             self.purge_step: Optional[int] = start_step + 1  # the first event file of this process purges
 
@@ -49,10 +50,10 @@ class MetricsLogger:
         """The open writer; a new event file after each ``flush`` (named to sort in the order written)."""
         if self._tb is None:
             if self.segment == 0:
-                open_in_a_later_second(self.run_dir / "tb")
+                open_in_a_later_second(self.run.tensorboard)
             self.segment += 1
             suffix = f".{os.getpid()}.{self.segment:06d}"
-            self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.purge_step, filename_suffix=suffix)
+            self._tb = SummaryWriter(str(self.run.tensorboard), purge_step=self.purge_step, filename_suffix=suffix)
             self.purge_step = None
         return self._tb
 
@@ -60,7 +61,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         row = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
-        self.jsonl.write(json.dumps(row) + "\n")
+        self.run.append_metrics(row)
         for key, value in row.items():
             if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                 self.tb.add_scalar(tensorboard_tag(key), value, step)
@@ -82,16 +83,12 @@ class MetricsLogger:
         """
         if not self.enabled:
             return
-        self.jsonl.flush()
-        os.fsync(self.jsonl.fileno())
         if self._tb is not None:
             self._tb.close()
             self._tb = None
 
     def close(self) -> None:
         self.flush()
-        if self.enabled:
-            self.jsonl.close()
 
 
 def tensorboard_tag(key: str) -> str:
@@ -105,32 +102,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (np.generic, np.ndarray)) or hasattr(value, "item"):
         return value.item()
     return value
-
-
-def read_metrics(run_dir: Path | str) -> list[dict]:
-    """The rows of ``metrics.jsonl``; a last line cut short by a killed process is left out."""
-    path = Path(run_dir) / "metrics.jsonl"
-    lines = [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    rows = []
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i < len(lines) - 1:
-                raise
-    return rows
-
-
-def truncate_metrics(run_dir: Path, last_step: int) -> None:
-    """Drop the rows after ``last_step`` (the step training continues from): those steps will be redone.
-
-    The file is replaced atomically, so a process killed meanwhile leaves either the old or the new rows.
-    """
-    path = run_dir / "metrics.jsonl"
-    rows = read_metrics(run_dir)
-    kept = [r for r in rows if r["step"] <= last_step]
-    if len(kept) == len(rows):
-        return
-    partial = path.with_suffix(".jsonl.tmp")
-    partial.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    os.replace(partial, path)

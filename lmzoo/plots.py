@@ -16,39 +16,45 @@ def new_axes(size=(5, 3.5)):
     return plt.subplots(figsize=size)
 
 
-LEGEND_INSIDE = 6  # series a legend may list inside the axes
-
-
 def save_axes(fig, ax, path: Path, *, train_len: int | None = None, xticks=None, **labels) -> Path:
-    """Label, mark the training length (dotted), add the legend, write the PNG and free the figure.
+    """Label, mark the training length (dotted), add the legend beside the axes, write the PNG and free the figure.
 
-    A log x axis gets plain-number labels: at ``xticks`` (the evaluated lengths) when given, else
-    at a few powers of two; matplotlib's default labels only some minor ticks, which collide.
+    A log axis gets plain-number labels: on x at ``xticks`` (the evaluated lengths) when given, else
+    at a few powers of two; matplotlib's default labels only some minor ticks ("6x10^-1"), which collide.
+    The legend sits to the right of the axes, where it hides no point, however many series there are.
     """
     ax.set(**labels)
     if ax.get_xscale() == "log":
         label_log_axis(ax, xticks)
+    if ax.get_yscale() == "log":
+        label_log_axis(ax, axis="y")
     if train_len is not None:
         ax.axvline(train_len, color="grey", linestyle=":", label=f"training length ({train_len})")
     ax.grid(alpha=0.3)
-    if len(ax.get_legend_handles_labels()[0]) > LEGEND_INSIDE:  # beside the axes, where it hides no curve
-        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    else:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    legend_beside(ax)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-def label_log_axis(ax, ticks=None) -> None:
+def legend_beside(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+
+
+def label_log_axis(ax, ticks=None, axis: str = "x") -> None:
+    """Plain numbers on a log axis: at ``ticks`` when given, else at most ~8 powers of two (x) or a few
+    values between the decades (y), none in scientific notation."""
     plain = ticker.FuncFormatter(lambda value, _: f"{value:g}")
-    if ticks is None:
-        ax.xaxis.set_major_locator(ticker.LogLocator(base=2, numticks=8))  # at most ~8 labels: they stay apart
+    scale = ax.xaxis if axis == "x" else ax.yaxis
+    if ticks is not None:
+        scale.set_major_locator(ticker.FixedLocator(sorted(ticks)))
+    elif axis == "x":
+        scale.set_major_locator(ticker.LogLocator(base=2, numticks=8))  # at most ~8 labels: they stay apart
     else:
-        ax.xaxis.set_major_locator(ticker.FixedLocator(sorted(ticks)))
-    ax.xaxis.set_major_formatter(plain)
-    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        scale.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=8))
+    scale.set_major_formatter(plain)
+    scale.set_minor_formatter(ticker.NullFormatter())
 
 
 def error_bars(ax, x, y, lo, hi, **style) -> None:
@@ -59,8 +65,16 @@ def error_bars(ax, x, y, lo, hi, **style) -> None:
 
 
 def series_style(index: int) -> dict:
-    """Colour and marker of the index-th series: ten colours, then the same colours with another marker."""
-    return {"color": plt.cm.tab10(index % 10), "marker": "os^D"[index // 10 % 4]}
+    """Colour, marker and line of the index-th series: each of ten colours has its own marker, so series
+    that coincide still show as several (hollow markers let one show through another); past ten, the
+    colours come back with a dashed line."""
+    return {"color": plt.cm.tab10(index % 10), "marker": "osD^vP<X>p"[index % 10], "markerfacecolor": "none",
+            "linestyle": "-" if index < 10 else "--"}
+
+
+def spread(x, index: int, count: int, width: float = 0.06) -> np.ndarray:
+    """x nudged by a small factor per series (log axes), so bars of equal or close values stand side by side."""
+    return np.asarray(x, float) * 2 ** (width * (index - (count - 1) / 2) / max(count - 1, 1))
 
 
 def line_with_band(ax, x, y, lo, hi, **style) -> None:

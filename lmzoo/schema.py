@@ -10,6 +10,7 @@ against the model (``check``), builds its mixer (``build``) and reports its cost
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -27,16 +28,43 @@ def one_of(key: str, value: Any, choices: tuple | list) -> None:
 
 
 def positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    finite(key, value)
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{key}={value} must be {'non-negative' if allow_zero else 'positive'}")
 
 
+def finite(key: str, value: float) -> None:
+    """NaN and inf pass every comparison check unnoticed (``nan < 0`` is false), so they are refused first."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}={value} must be a finite number")
+
+
+def all_finite(key: str, value: Any) -> None:
+    """``finite`` for every float in a settings object, its nested dataclasses, dicts and lists included."""
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            all_finite(f"{key}[]", item)
+        return
+    if dataclasses.is_dataclass(value):
+        items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+    elif isinstance(value, dict):
+        items = list(value.items())
+    else:
+        return finite(key, value)
+    parent = key.rstrip(".")
+    for name, item in items:
+        all_finite(f"{parent}.{name}" if parent else str(name), item)
+
+
 def to_dataclass(schema: type, raw: DictConfig | dict, *, prefix: str = "") -> Any:
-    """``raw`` merged over ``schema``'s defaults, as a ``schema`` instance; ConfigError if it does not fit."""
+    """``raw`` merged over ``schema``'s defaults, as a ``schema`` instance; ConfigError if it does not fit
+    or holds a number that is not finite."""
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), raw))
+        settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), raw))
     except oc_errors.OmegaConfBaseException as e:
         raise ConfigError(explain(e, prefix=prefix)) from None
+    all_finite(prefix, settings)
+    return settings
 
 
 def explain(error: oc_errors.OmegaConfBaseException, *, prefix: str = "") -> str:
@@ -53,14 +81,14 @@ def explain(error: oc_errors.OmegaConfBaseException, *, prefix: str = "") -> str
 
 @dataclass
 class ModelConfig:
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
+    d_model: int = 128  # width of the residual stream
+    n_layers: int = 4  # blocks, each a mixer and (with mlp) a SwiGLU MLP
+    n_heads: int = 4  # the mixer's heads
     d_ff: Optional[int] = None  # SwiGLU hidden size; default ~8/3 d_model rounded up to 64
-    tie_embeddings: bool = True
+    tie_embeddings: bool = True  # the output layer reuses the embedding matrix
     dtype: str = "float32"  # compute dtype; parameters are always float32
-    norm_eps: float = 1e-6
-    init_std: float = 0.02
+    norm_eps: float = 1e-6  # RMSNorm's epsilon
+    init_std: float = 0.02  # standard deviation of the initial weights
     mlp: bool = True  # false: blocks are the mixer alone (e.g. GAU models, whose mixer has its own gating)
     remat: str = "none"  # recompute activations in the backward pass: none | block | mixer (memory for compute)
 
@@ -103,6 +131,7 @@ class DataConfig:
 
     source: str = MISSING  # registry key of the spec that builds the data (its YAML file name)
     seq_len: int = 256  # tokens per training sequence
+    allow_changed: bool = False  # resume although the data differ from those the run trained on (recorded)
 
     def check(self) -> None:
         """Raise ConfigError for settings that cannot work."""

@@ -16,7 +16,7 @@ lmzoo's (above 1: lmzoo is faster), also per round (paired).
 
 The breakdown times, on each side, forward (loss), forward+backward and the optimizer alone, and
 forward+backward of one layer's mixer, MLP and norm and of the head with the loss, on inputs of
-the training shape. ``--trainer-steps`` also runs ``lmzoo.train.train`` itself (data pipeline,
+the training shape. ``--trainer-steps`` also runs ``lmzoo.training.train`` itself (data pipeline,
 per-step finiteness check, logging) and reports the time per step outside the compiled step.
 """
 
@@ -42,9 +42,10 @@ from flax import nnx
 
 from lmzoo.cli import compose_and_validate
 from lmzoo.evaluator import logit_scores
-from lmzoo.logger import read_metrics
 from lmzoo.model import LM, count_params
-from lmzoo.train import gradients, init_train_state, loss_and_extra, train, train_step
+from lmzoo.rundir import RunDir
+from lmzoo.steps import gradients, init_train_state, loss_and_extra, train_step
+from lmzoo.training import train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmark import milliseconds  # noqa: E402
@@ -168,7 +169,7 @@ class LmzooStep:
 
 
 def trainer_step_seconds(overrides: list[str], steps: int) -> list[float]:
-    """Seconds per step of ``lmzoo.train.train`` over ``steps`` steps, per logged window after the first
+    """Seconds per step of ``lmzoo.training.train`` over ``steps`` steps, per logged window after the first
     (which holds the compilation): data, host transfers, the per-step finiteness read and logging included."""
     window = max(1, steps // 5)
     with tempfile.TemporaryDirectory() as run_dir:
@@ -176,7 +177,7 @@ def trainer_step_seconds(overrides: list[str], steps: int) -> list[float]:
                                     f"train.eval_every={steps}", f"train.checkpoint_every={steps}", "train.eval_tokens=4096",
                                     "train.probe_batch=0", "train.progress=false"])
         train(cfg)
-        return [row["step_time_s"] for row in read_metrics(Path(run_dir))[1:] if "step_time_s" in row]
+        return [row["step_time_s"] for row in RunDir(run_dir).read_metrics()[1:] if "step_time_s" in row]
 
 
 # ----------------------------------------------------------------------------- the comparison

@@ -27,7 +27,7 @@ from flax import nnx
 
 from lmzoo.checkpoint import split_model
 from lmzoo.cli import compose_and_validate
-from lmzoo.generate import state_bytes
+from lmzoo.decoding import state_bytes
 from lmzoo.model import LM
 
 VOCAB = 259  # the byte-level tokenizer

@@ -9,7 +9,6 @@ runs share (e.g. their sweep) for several, unless ``--out`` names another file.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -18,26 +17,25 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from lmzoo.logger import read_metrics
+from lmzoo.rundir import RunDir
 
 
 def label_of(run_dir: Path) -> str:
-    info = run_dir / "run_info.json"
-    return json.loads(info.read_text())["variant"] if info.exists() else run_dir.name
+    return RunDir(run_dir).read_run_info().get("variant", run_dir.name)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with metrics.jsonl)")
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with its metrics log)")
     parser.add_argument("--out", type=Path, help="the PNG to write (default: curves.png next to the runs)")
     args = parser.parse_args()
     out = args.out or Path(os.path.commonpath([run.resolve() for run in args.runs])) / "curves.png"
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for run_dir in args.runs:
-        rows = read_metrics(run_dir)
+        rows = RunDir(run_dir).read_metrics()
         if not rows:
-            raise SystemExit(f"plot_metrics: error: {run_dir} has no metrics.jsonl rows")
+            raise SystemExit(f"plot_metrics: error: {run_dir} has no logged metrics")
         label = label_of(run_dir)
         train = [r for r in rows if "bpb" in r]
         val = [r for r in rows if "val_bpb" in r]

@@ -38,7 +38,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from lmzoo.cli import compose_and_validate
 from lmzoo.model import LM, count_params
 from lmzoo.sharding import batch_sharding, state_shardings
-from lmzoo.train import init_train_state, train_step, training_mesh
+from lmzoo.steps import init_train_state, train_step
+from lmzoo.training import training_mesh
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v5": 197.0, "TPU v4": 275.0}  # dense bf16
 VOCAB = 259  # the byte-level tokenizer

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from lmzoo import compare
+from lmzoo import compare, comparison
 from lmzoo.metrics.intervals import length_intervals
 
 from conftest import tiny_config
@@ -21,17 +21,21 @@ TEXT = RNG.normal(2.0, 0.3, BLOCKS)  # mean loss of each block's text: the same 
 COUNT = RNG.integers(80, 120, BLOCKS).astype(float)  # scored tokens per block, the same at every length
 
 
-def write_run(root, name, *, variant, seed, growth, shift=0, lr=1e-3, new_keys=True):
-    """A fake run whose per-block loss at length L is the text's, shifted ``shift`` blocks, times growth[L]."""
+def write_run(root, name, *, variant, seed, growth, shift=0, lr=1e-3, new_keys=True, label=None, level=1.0,
+              corpus="abc"):
+    """A fake run whose per-block loss at length L is the text's, shifted ``shift`` blocks, times growth[L] and
+    ``level``, on the corpus named ``corpus``."""
     run_dir = root / name
     (run_dir / "eval" / "default").mkdir(parents=True)
-    config = {"seed": seed, "run_dir": str(run_dir), "attn": {"name": variant}, "optim": {"lr": lr}}
+    config = {"seed": seed, "label": label, "run_dir": str(run_dir), "attn": {"name": variant}, "optim": {"lr": lr},
+              "data": {"source": "stdlib"}}
     OmegaConf.save(OmegaConf.create(config), run_dir / "config.yaml")
     (run_dir / "run_info.json").write_text(json.dumps({"variant": variant, "params": 1000, "state_size": 64}))
+    (run_dir / "data_fingerprint.json").write_text(json.dumps({"source": "stdlib", "sha256": corpus}))
     row = {"step": 10, "val_bpb": 2.9 + 0.01 * seed, "tokens_per_s": 100.0}
     (run_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
     noise = {n: np.random.default_rng([seed, n]).normal(1.0, 0.01, BLOCKS) for n in LENGTHS}  # seed and context effects
-    loss = {n: np.roll(TEXT, shift) * COUNT * noise[n] * growth[n] for n in LENGTHS}  # (blocks,) per length
+    loss = {n: np.roll(TEXT, shift) * COUNT * noise[n] * growth[n] * level for n in LENGTHS}  # (blocks,) per length
     results = {"variant": variant, "tag": "default", "train_seq_len": TRAIN_LEN, "step": 10}
     results.update(lengths={}, per_position={})
     for n in LENGTHS:
@@ -74,6 +78,7 @@ def test_seeds_are_grouped_and_other_settings_stay_apart(sweep, tmp_path):
     write_run(sweep, "softmax-lr", variant="softmax", seed=0, growth=DEGRADES, lr=3e-3)
     header, rows = rows_of(compare.main([str(sweep), "--out", str(tmp_path / "out")]))
     assert header[:6] == ["variant", "n", "params", "state size", "val bpb", "bpb@train"]
+    assert header[8] == "interval"
     assert set(rows) == {"softmax (optim.lr=0.001)", "softmax (optim.lr=0.003)", "gla"}
     assert rows["gla"]["n"] == "2" and rows["softmax (optim.lr=0.001)"]["n"] == "2"
     assert rows["softmax (optim.lr=0.003)"]["n"] == "1"
@@ -82,14 +87,16 @@ def test_seeds_are_grouped_and_other_settings_stay_apart(sweep, tmp_path):
     estimate, bounds = single.split(" ", 1)  # one run: its paired bootstrap interval
     lo, hi = map(float, bounds.strip("[]").split(", "))
     assert lo < float(estimate) < hi and float(estimate) == pytest.approx(1.1, abs=0.01)
+    assert rows["softmax (optim.lr=0.003)"]["interval"] == "1 seed: text only"
+    assert rows["gla"]["interval"] == "seeds+text"
 
 
-def test_baseline_marks_only_differences_the_paired_interval_supports(sweep, tmp_path):
+def test_baseline_marks_only_differences_the_interval_supports(sweep, tmp_path):
     markdown = compare.main([str(sweep), "baseline=softmax", "--out", str(tmp_path / "out")])
     differences = markdown.split("Difference to softmax")[1]
     _, rows = rows_of(differences)
     gla = rows["gla"]
-    assert gla["seeds paired"] == "2"
+    assert gla["seeds"] == "2 vs 2" and gla["interval"] == "seeds+text"
     assert not gla["Δ bpb@train"].endswith("*")  # same text on shifted blocks: equal on average, not significant
     for n, rise in ((64, "-0.1"), (128, "-0.2")):
         cell = gla[f"Δ bpb@{n} / bpb@train"]
@@ -105,7 +112,40 @@ def test_pairing_needs_the_same_scored_tokens(sweep, tmp_path):
     results_path.write_text(json.dumps(results))
     markdown = compare.main([str(sweep), "--baseline", "softmax", "--out", str(tmp_path / "out")])
     _, rows = rows_of(markdown.split("Difference")[1])
-    assert rows["gla"]["Δ bpb@train"] == "—"
+    assert rows["gla"]["seeds"] == "1 vs 2"  # gla-0 is left out, named in one line
+    assert f"left out {sweep / 'gla-0'}: scored other validation tokens" in markdown
+
+
+def test_runs_on_other_data_are_left_out_in_one_line(sweep, tmp_path):
+    write_run(sweep, "softmax-9", variant="softmax", seed=9, growth=DEGRADES, corpus="another python")
+    report = comparison.compare([sweep], baseline="softmax")
+    _, rows = rows_of(report.markdown)
+    assert rows["softmax"]["n"] == "2"
+    assert report.notes == [f"left out {sweep / 'softmax-9'}: other data than {sweep / 'softmax-0'} "
+                            "(sha256 another python vs abc)"]
+    assert report.record["left_out"] == [{"run": str(sweep / "softmax-9"), "reason": report.notes[0][len(f"left out {sweep / 'softmax-9'}: "):]}]
+
+
+def test_labels_make_arms_and_comparison_json_records_every_interval(tmp_path):
+    """The acceptance test on synthetic evaluations: three seeds labelled A against three others labelled B of the
+    same config are not told apart; against a clearly worse arm (a 5% higher loss) the difference is significant;
+    one seed per arm is never significant, however large the difference."""
+    root = tmp_path / "runs"
+    for seed in (0, 1, 2):
+        write_run(root, f"A-{seed}", variant="softmax", seed=seed, growth=DEGRADES, label="A")
+        write_run(root, f"B-{seed + 3}", variant="softmax", seed=seed + 3, growth=DEGRADES, label="B")
+        write_run(root, f"short-{seed}", variant="softmax", seed=seed, growth=DEGRADES, label="short", level=1.05)
+    write_run(root, "lone", variant="gla", seed=0, growth=FLAT, label="lone", level=1.5)
+    compare.main([str(root), "baseline=A", "out=" + str(tmp_path / "out")])
+    record = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert [row["label"] for row in record["rows"]] == ["A", "B", "lone", "short"]
+    assert record["rows"][0]["bpb"]["uncertainty"] == "seeds+text" and record["rows"][0]["seeds"] == [0, 1, 2]
+    by_label = {d["label"]: d for d in record["differences"]}
+    assert set(by_label["B"]["bpb"]) == {"estimate", "lo", "hi", "seeds", "uncertainty", "significant"}
+    assert by_label["B"]["bpb"]["uncertainty"] == "seeds+text" and not by_label["B"]["bpb"]["significant"]
+    assert by_label["short"]["bpb"]["significant"] and by_label["short"]["bpb"]["lo"] > 0
+    lone = by_label["lone"]["bpb"]
+    assert lone["uncertainty"] == "text" and lone["seeds"] == [1, 3] and lone["lo"] > 0 and not lone["significant"]
 
 
 def test_results_without_intervals_still_compare(tmp_path):
@@ -135,7 +175,7 @@ def test_an_ambiguous_baseline_is_one_line(sweep, tmp_path, capsys):
 
 def test_compare_tabulates_and_plots_a_sweep(tmp_path, capsys):
     from lmzoo import eval as lmzoo_eval
-    from lmzoo.train import train
+    from lmzoo.training import train
 
     for variant, documents in (("softmax", "none"), ("mqa", "mask")):  # mqa keeps packed documents apart
         run_dir = tmp_path / "sweep" / variant
@@ -162,3 +202,11 @@ def test_compare_without_runs_is_one_line(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
+
+
+def test_a_run_that_cannot_be_read_is_left_out_in_one_line(sweep, tmp_path):
+    (sweep / "gla-1" / "config.yaml").write_text("")  # a write cut short
+    report = comparison.compare([sweep], baseline="softmax")
+    assert len(report.notes) == 1 and report.notes[0].startswith(f"left out {sweep / 'gla-1'}: ")
+    _, rows = rows_of(report.markdown.split("Difference")[0])
+    assert rows["gla"]["n"] == "1" and rows["softmax"]["n"] == "2"

@@ -164,25 +164,25 @@ def old_run_dir(tmp_path, cfg, **data):
 
 
 def test_an_old_flat_data_config_still_resumes_and_evaluates(tmp_path):
-    from lmzoo.eval import run_config
-    from lmzoo.train import prepare_run_dir
+    from lmzoo.rundir import RunDir, prepare_run_dir
+    from lmzoo.trained import trained_config
 
     cfg = tiny_config("softmax", run_dir=tmp_path)
     old_run_dir(tmp_path, cfg)
-    assert run_config(tmp_path, []) == cfg
+    assert trained_config(RunDir(tmp_path), []) == cfg
     prepare_run_dir(cfg)  # the identity check passes: same data
 
 
 def test_an_old_flat_data_config_keeps_its_meaning(tmp_path):
     from lmzoo.config import ConfigError
-    from lmzoo.eval import run_config
-    from lmzoo.train import prepare_run_dir
+    from lmzoo.rundir import RunDir, prepare_run_dir
+    from lmzoo.trained import trained_config
 
     mqar = tiny_config("softmax", "data=mqar", "data.num_pairs=4", run_dir=tmp_path)
     old_run_dir(tmp_path, mqar, source="mqar", num_pairs=4)
-    assert run_config(tmp_path, []).data == mqar.data
+    assert trained_config(RunDir(tmp_path), []).data == mqar.data
     with pytest.raises(ConfigError, match="different 'data' config"):
         prepare_run_dir(tiny_config("softmax", "data=mqar", "data.num_pairs=5", run_dir=tmp_path))
     old_run_dir(tmp_path / "odd", mqar, source="mqar", num_marked=3)  # a setting mqar never read, off its default
     with pytest.raises(ConfigError, match="^unknown key 'data.num_marked'"):
-        run_config(tmp_path / "odd", [])
+        trained_config(RunDir(tmp_path / "odd"), [])

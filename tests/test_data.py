@@ -400,15 +400,18 @@ def test_too_few_windows_for_a_batch_names_the_settings():
 
 
 def test_validation_windows_score_the_same_targets_at_every_length():
-    tokens = arange_stream(1001)
-    n_targets = pipeline.scored_targets(1000, 700, [10, 20, 40])
-    assert n_targets == 680  # rounded down to whole windows of the longest length
+    tokens = arange_stream(1001)  # one document (no EOS): its spans are the blocks' units
+    assert pipeline.scored_targets(1000, 700, [10, 20, 40]) == 680  # rounded down to whole windows of the longest
+    spans = pipeline.spread_spans(tokens, -1, [10, 20, 40], budget=700)
+    assert (spans.length, len(spans.starts), spans.block_unit) == (40, 17, "span")
+    scored = (spans.starts[:, None] + 1 + np.arange(40)).ravel()  # stream positions of the scored targets
+    assert len(np.unique(scored)) == 680 and scored.max() <= 1000
     for length in (10, 20, 40):
-        windows = pipeline.ValidationWindows(tokens, length, n_targets)
+        windows = pipeline.ValidationWindows(tokens, length, spans)
         batch = windows(np.arange(len(windows)))
         assert batch["inputs"].shape == (680 // length, length)
-        np.testing.assert_array_equal(batch["targets"].ravel(), tokens[1:681])  # each target once, in order
-        np.testing.assert_array_equal(batch["unit"].ravel(), np.arange(680))
+        np.testing.assert_array_equal(batch["targets"].ravel(), tokens[scored])  # each target once, span by span
+        np.testing.assert_array_equal(batch["unit"].ravel(), np.repeat(np.arange(17), 40))
         np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
 
 
@@ -432,7 +435,8 @@ def test_data_object_end_to_end(tmp_path):
     windows = data.validation_windows([16, 32], budget=None)  # whole windows: not split by process
     first = {n: w(np.arange(2)) for n, w in windows.items()}
     assert first[16]["inputs"].shape == (2, 16) and first[32]["inputs"].shape == (2, 32)
-    assert windows[16].units == windows[32].units == (data.val_tokens.size - 1) // 32 * 32
+    assert len(windows[32]) * 32 == len(windows[16]) * 16 == (data.val_tokens.size - 1) // 32 * 32  # all of it
+    assert windows[16].units == windows[32].units == (data.val_tokens == data.tokenizer.eos_id).sum()  # documents
     np.testing.assert_array_equal(first[16]["inputs"][1], data.val_tokens[16:32])
 
 

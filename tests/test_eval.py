@@ -11,10 +11,13 @@ from flax import nnx
 from lmzoo import eval as lmzoo_eval
 from lmzoo.checkpoint import Checkpointer
 from lmzoo.data import build_data
-from lmzoo.evaluator import score_length
-from lmzoo.logger import read_metrics
+from lmzoo.evaluator import sampling_note, score_length
+from lmzoo import evaluation, trained
 from lmzoo.model import LM
-from lmzoo.train import init_train_state, train
+from lmzoo.rundir import RunDir
+from lmzoo.steps import init_train_state
+from lmzoo.trained import trained_config
+from lmzoo.training import train
 
 from conftest import tiny_config
 
@@ -59,17 +62,31 @@ def test_every_length_scores_the_same_number_of_tokens_with_intervals(trained_ru
         assert r["bpb_ci"][0] < r["bpb"] < r["bpb_ci"][1]
         assert r["ratio_ci"][0] <= r["ratio"] <= r["ratio_ci"][1]
         sums = results["block_sums"][length]
-        assert sums["count"] == [128.0] * 16 and "correct" not in sums  # text: every target scored
+        assert len(sums["count"]) == results["blocks"] and sum(sums["count"]) == 2048 and "correct" not in sums
         curve = results["per_position"][length]
         lo, hi = np.array(curve["loss_ci"])
         assert np.all(lo <= np.array(curve["loss"]) + 1e-12) and np.all(np.array(curve["loss"]) <= hi + 1e-12)
     assert results["lengths"]["32"]["ratio"] == 1.0 and results["lengths"]["32"]["ratio_ci"] == [1.0, 1.0]
+    # the 2048 targets are 16 spans of 128 spread over the split; blocks are whole documents
+    assert (results["sampling"], results["span"], results["block_unit"]) == ("spread", 128, "document")
+    assert results["blocks"] == min(16, results["documents"]) and results["documents"] > 8
+
+
+def test_a_run_whose_results_predate_the_sampling_keys_still_evaluates(trained_run):
+    old = {"variant": "softmax", "train_seq_len": 32, "tag": "before-sampling", "step": 6, "eval_tokens": 2048,
+           "lengths": {}, "per_position": {}}
+    (trained_run / "eval" / "before-sampling").mkdir(parents=True, exist_ok=True)
+    (trained_run / "eval" / "before-sampling" / "results.json").write_text(json.dumps(old))
+    assert sampling_note(old).startswith("the first 2048 validation targets")  # read, and named for what it is
+    results = evaluate(trained_run, "eval.tag=before-sampling")
+    assert results["sampling"] == "spread" and results["documents"] > 1
+    assert sampling_note(results).startswith("2048 targets spread over")
 
 
 def test_the_scored_targets_are_the_same_set_at_every_length(trained_run):
     """A stand-in model whose "loss" of a target is the target's token id: equal sums per block at every
     length mean the very same tokens were scored in the very same blocks."""
-    cfg = lmzoo_eval.run_config(trained_run, [])
+    cfg = trained_config(RunDir(trained_run), [])
     windows = build_data(cfg.data, seed=cfg.seed).validation_windows([32, 64, 128], 1000)
 
     def token_ids(inputs, targets):
@@ -83,7 +100,7 @@ def test_the_scored_targets_are_the_same_set_at_every_length(trained_run):
 
 
 def test_final_validation_equals_eval_at_the_training_length(trained_run):
-    last = [r for r in read_metrics(trained_run) if "val_bpb" in r][-1]
+    last = [r for r in RunDir(trained_run).read_metrics() if "val_bpb" in r][-1]
     results = evaluate(trained_run, "eval.lengths=[32]", "eval.tokens=512", "eval.tag=equal-budget")
     assert results["lengths"]["32"]["bpb"] == pytest.approx(last["val_bpb"], abs=1e-5)
     assert results["lengths"]["32"]["loss"] == pytest.approx(last["val_loss"], abs=1e-5)
@@ -92,14 +109,14 @@ def test_final_validation_equals_eval_at_the_training_length(trained_run):
 
 def test_long_lengths_are_batched_within_the_budget(trained_run, monkeypatch):
     shapes = []
-    length_forwards = lmzoo_eval.length_forwards
+    length_forwards = evaluation.length_forwards
 
     def recording(*args):
         forwards = length_forwards(*args)
         return {n: lambda inputs, targets, f=f: shapes.append(inputs.shape) or f(inputs, targets)
                 for n, f in forwards.items()}
 
-    monkeypatch.setattr(lmzoo_eval, "length_forwards", recording)
+    monkeypatch.setattr(evaluation, "length_forwards", recording)
     small = evaluate(trained_run, "eval.lengths=[32,128]", "eval.batch_tokens=64", "eval.tag=small-batches")
     assert set(shapes) == {(2, 32), (1, 128)}  # batch_tokens // L windows, at least one
     assert len(shapes) == 2048 // 64 + 2048 // 128
@@ -116,7 +133,7 @@ def test_a_data_source_s_own_evaluation_is_stored_under_extra(trained_run, monke
         calls.append((lengths, seed, logits.shape))
         return {"grid": {"cells": 1}}
 
-    monkeypatch.setattr(type(lmzoo_eval.run_config(trained_run, []).data), "extra_evaluation", grid, raising=False)
+    monkeypatch.setattr(type(trained_config(RunDir(trained_run), []).data), "extra_evaluation", grid, raising=False)
     results = evaluate(trained_run, "eval.tag=extra")
     assert results["extra"] == {"grid": {"cells": 1}}
     assert calls == [([32, 64], 0, (16384 // 64, 32, 259))]
@@ -160,10 +177,10 @@ def test_eval_reports_sparsity_and_entropy_per_layer_and_head(trained_run):
     assert (trained_run / "eval" / "probed" / "sparsity_vs_length.png").exists()
 
 
-def restore_with_optimizer(cfg, vocab_size, run_dir, step):
+def restore_with_optimizer(cfg, vocab_size, run, step, **_):
     """The whole training state restored, optimizer included: the reference for the model-only restore."""
     graphdef, like, _ = init_train_state(cfg, LM(cfg, vocab_size, rngs=nnx.Rngs(cfg.seed)))
-    checkpointer = Checkpointer(run_dir / "checkpoints")
+    checkpointer = Checkpointer(run.checkpoints)
     step = checkpointer.latest_step() if step is None else step
     state, _ = checkpointer.restore(step, like)
     checkpointer.close()
@@ -172,12 +189,61 @@ def restore_with_optimizer(cfg, vocab_size, run_dir, step):
 
 def test_eval_restores_the_model_without_building_an_optimizer(trained_run, monkeypatch):
     with monkeypatch.context() as patch:
-        patch.setattr(lmzoo_eval, "restore_model", restore_with_optimizer)
+        patch.setattr(trained, "restore_model", restore_with_optimizer)
         reference = evaluate(trained_run, "eval.tag=restore")
 
     def no_optimizer(*args, **kwargs):
         raise AssertionError("evaluation built an optimizer")
 
-    monkeypatch.setattr("lmzoo.train.make_optimizer", no_optimizer)
+    monkeypatch.setattr("lmzoo.steps.make_optimizer", no_optimizer)
     monkeypatch.setattr("lmzoo.optim.make_optimizer", no_optimizer)
     assert evaluate(trained_run, "eval.tag=restore") == reference
+
+
+def test_a_tag_evaluated_with_other_settings_is_refused_in_one_line(trained_run, capsys):
+    saved = evaluate(trained_run)
+    path = trained_run / "eval" / "default" / "results.json"
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(trained_run, "eval.lengths=[32]")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds results of other settings (eval.lengths" in err, err
+    assert json.loads(path.read_text()) == saved
+    replaced = evaluate(trained_run, "eval.lengths=[32]", "eval.tag=default")  # named: replaced
+    assert json.loads(path.read_text()) == replaced and set(replaced["lengths"]) == {"32"}
+    evaluate(trained_run, "eval.tag=default")  # back to the default settings for the other tests
+
+
+def test_evaluating_a_tag_again_leaves_one_event_per_length(trained_run):
+    from test_faults import read_events
+
+    for _ in range(2):
+        evaluate(trained_run, "eval.tag=twice")
+    files = list((trained_run / "tb" / "eval" / "twice").glob("events.out.tfevents.*"))
+    values = [(e.step, v.tag) for path in files for e in read_events(path) for v in e.summary.value]
+    assert [step for step, tag in values if tag == "eval/twice/bpb_vs_length"] == [32, 64]
+    assert ("eval/twice/plots/loss_vs_length" in {tag for _, tag in values}
+            and "eval/twice/loss_vs_length" in {tag for _, tag in values})  # an image and a scalar, apart
+
+
+def test_an_unwritable_evaluation_folder_is_one_line_before_any_compute(trained_run, capsys, monkeypatch):
+    (trained_run / "eval").mkdir(exist_ok=True)
+    (trained_run / "eval" / "blocked").write_text("")  # a file where the folder would go
+
+    def no_compute(*args, **kwargs):
+        raise AssertionError("evaluated before checking the folder")
+
+    monkeypatch.setattr(lmzoo_eval, "evaluate", no_compute)
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(trained_run, "eval.tag=blocked")
+    assert exit_info.value.code == 4
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a file" in err, err
+
+
+def test_a_config_group_is_an_evaluation_override_as_in_training(trained_run):
+    cfg = trained_config(RunDir(trained_run), ["pos=ntk", "pos.factor=4"])
+    assert (cfg.pos.kind, cfg.pos.factor) == ("ntk", 4.0)
+    ntk = evaluate(trained_run, "pos=ntk", "pos.factor=4")
+    assert ntk["tag"] == "pos.factor=4,pos=ntk"
+    assert ntk["lengths"]["64"]["loss"] != evaluate(trained_run)["lengths"]["64"]["loss"]

@@ -28,10 +28,10 @@ from tensorboardX.proto.event_pb2 import Event, SessionLog
 
 from lmzoo.checkpoint import Checkpointer, CorruptCheckpoint
 from lmzoo.faults import EXIT_CONFIG, EXIT_DIVERGED, EXIT_RUN_FAULT, RunFault, RunLock
-from lmzoo.logger import read_metrics
 from lmzoo.model import LM
-from lmzoo.rundir import read_resumes
-from lmzoo.train import init_train_state, loss_and_extra, train, train_step
+from lmzoo.rundir import RunDir
+from lmzoo.steps import init_train_state, loss_and_extra, train_step
+from lmzoo.training import train
 
 from conftest import REPO, TINY, run_lmzoo, tiny_config
 
@@ -121,7 +121,7 @@ def test_divergence_stops_the_run_in_one_line_and_keeps_a_finite_checkpoint(tmp_
     step, params = final_params(tmp_path)
     assert f"last finite checkpoint: step {step}" in err and "train.max_nonfinite=3" in err
     assert all(np.isfinite(p).all() for p in params)
-    rows = read_metrics(tmp_path)
+    rows = RunDir(tmp_path).read_metrics()
     assert sum(r["nonfinite_steps"] for r in rows) >= 2  # the rows before the stopping step
     assert "update was skipped (3 in a row)" in proc.stdout
     console = [line for line in proc.stdout.splitlines() if line.startswith(("step ", "warning: "))]
@@ -160,7 +160,7 @@ def test_a_damaged_newest_checkpoint_falls_back_and_finishes_like_the_whole_run(
     if how == "random_values":  # only the digest tells
         assert "differ from the digest saved with them" in caplog.text
     assert (run_dir / "damaged_checkpoints" / "12").is_dir()
-    assert [r["step"] for r in read_metrics(run_dir)] == STEPS
+    assert [r["step"] for r in RunDir(run_dir).read_metrics()] == STEPS
     step, params = final_params(run_dir)
     assert step == 12
     assert_same_params(params, whole_params)
@@ -206,7 +206,7 @@ import os, signal, sys
 from orbax.checkpoint._src.path import atomicity
 from conftest import tiny_config
 from lmzoo.checkpoint import Checkpointer
-from lmzoo.train import train
+from lmzoo.training import train
 
 point, run_dir, kill_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
 args = sys.argv[4:]
@@ -275,10 +275,10 @@ def test_a_kill_inside_a_save_resumes_to_the_whole_run_without_doubled_or_lost_l
     assert final_params(run_dir)[0] == newest
     logged = tensorboard_steps(run_dir / "tb")
     assert set(range(1, newest + 1)) <= set(logged)  # durable up to the newest checkpoint
-    assert {r["step"] for r in read_metrics(run_dir)} >= set(range(1, newest + 1))
+    assert {r["step"] for r in RunDir(run_dir).read_metrics()} >= set(range(1, newest + 1))
 
     train(tiny_config("softmax", *RESUME_ARGS, run_dir=run_dir))
-    assert [r["step"] for r in read_metrics(run_dir)] == STEPS
+    assert [r["step"] for r in RunDir(run_dir).read_metrics()] == STEPS
     assert tensorboard_steps(run_dir / "tb") == STEPS
     step, params = final_params(run_dir)
     assert step == 12
@@ -289,7 +289,7 @@ def test_starting_afresh_cuts_the_logs_back_to_step_zero(tmp_path, whole_run):
     run_dir = copy_run(whole_run[0], tmp_path / "run")
     shutil.rmtree(run_dir / "checkpoints")
     train(tiny_config("softmax", *RESUME_ARGS, run_dir=run_dir))
-    assert [r["step"] for r in read_metrics(run_dir)] == STEPS
+    assert [r["step"] for r in RunDir(run_dir).read_metrics()] == STEPS
     assert tensorboard_steps(run_dir / "tb") == STEPS
     assert_same_params(final_params(run_dir)[1], whole_run[1])
 
@@ -306,7 +306,7 @@ def test_a_changed_setting_on_resume_is_recorded_and_compare_marks_the_run(tmp_p
     copy_run(changed, plain)
     train(tiny_config("softmax", "train.steps=3", *short, "optim.lr=1e-3", run_dir=changed))
     train(tiny_config("softmax", "train.steps=3", *short, "optim.lr=1e-3", run_dir=changed))  # no change
-    assert read_resumes(changed) == [{"step": 2, "key": "optim.lr", "old": 0.003, "new": 0.001},
+    assert RunDir(changed).read_resumes() == [{"step": 2, "key": "optim.lr", "old": 0.003, "new": 0.001},
                                      {"step": 2, "key": "train.steps", "old": 2, "new": 3}]
     original = OmegaConf.load(changed / "config.yaml")
     assert (original.optim.lr, original.train.steps) == (0.003, 2)  # how the run started stays on record
@@ -323,7 +323,8 @@ def test_a_changed_setting_on_resume_is_recorded_and_compare_marks_the_run(tmp_p
 HOLDER = """
 import sys, time
 from lmzoo.faults import RunLock
-with RunLock(sys.argv[1]):
+from lmzoo.rundir import RunDir
+with RunLock(RunDir(sys.argv[1]).lock_path):
     print("held", flush=True)
     time.sleep(120)
 """
@@ -341,9 +342,9 @@ def test_a_second_trainer_on_a_live_run_is_refused_and_a_dead_holder_releases_it
     finally:
         holder.kill()
         holder.wait()
-    with RunLock(tmp_path):  # the kernel dropped the killed holder's lock
+    with RunLock(RunDir(tmp_path).lock_path):  # the kernel dropped the killed holder's lock
         with pytest.raises(RunFault, match=f"pid {os.getpid()}"):
-            RunLock(tmp_path).__enter__()
+            RunLock(RunDir(tmp_path).lock_path).__enter__()
 
 
 # ----------------------------------------------------------------------------- 7-9. early failures, in one line
@@ -394,13 +395,13 @@ def test_an_override_that_changes_nothing_gets_a_warning(tmp_path):
 
 
 def test_a_setting_that_acts_only_beside_another_gets_no_warning(tmp_path, caplog):
-    from lmzoo.eval import warn_inert_overrides
+    from lmzoo.evaluation import warn_inert_overrides
 
     cfg = tiny_config("softmax", *ONE_LAYER, run_dir=tmp_path)
     OmegaConf.save(OmegaConf.structured(cfg), tmp_path / "config.yaml")
     model = LM(cfg, 259, rngs=nnx.Rngs(0))
     tokens = np.arange(24)[None] % 259
-    warn_inert_overrides(tmp_path, ["pos.kind=rerope", "pos.window=8", "pos.leak=4.0"], model, 259, tokens)
+    warn_inert_overrides(RunDir(tmp_path), ["pos.kind=rerope", "pos.window=8", "pos.leak=4.0"], model, 259, tokens)
     assert [r.getMessage() for r in caplog.records] == [  # the leak acts only with leaky_rerope
         "warning: pos.leak=4.0 changes none of this softmax model's outputs: the variant, with the other settings, "
         "does not use it"]
@@ -410,3 +411,163 @@ def test_the_printed_job_config_resolves():
     proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", "--cfg", "job", "--resolve", check=True)
     run_dir = next(line for line in proc.stdout.splitlines() if line.startswith("run_dir:"))
     assert run_dir.startswith("run_dir: runs/softmax-")
+
+
+# ----------------------------------------------------------------------------- 10. torn files
+
+SHORT = [*ONE_LAYER, "train.checkpoint_every=2", "train.eval_every=2", "train.log_every=1", "train.probe_batch=0"]
+
+
+def tear_last_line(path: Path) -> None:
+    """Cut the last line of ``path`` in the middle, as a kill inside a write would."""
+    text = path.read_text()
+    last_start = text.rstrip("\n").rfind("\n") + 1
+    path.write_text(text[: last_start + (len(text) - last_start) // 2])
+
+
+def test_a_torn_metrics_line_is_cut_then_resume_evaluate_and_compare_go_on(tmp_path, caplog):
+    from lmzoo.compare import main as compare
+
+    run_dir = tmp_path / "sweep" / "run"
+    train(tiny_config("softmax", "train.steps=4", *SHORT, run_dir=run_dir))
+    tear_last_line(run_dir / "metrics.jsonl")  # row 4 half written
+    assert [r["step"] for r in RunDir(run_dir).read_metrics()] == [1, 2, 3]
+    assert any("cut short" in r.getMessage() for r in caplog.records)
+
+    train(tiny_config("softmax", "train.steps=6", *SHORT, run_dir=run_dir))  # appends after a repaired tail
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 5, 6]  # every line whole; only the torn row gone
+    proc = eval_cli(run_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    compare([str(run_dir)])
+
+
+def test_a_torn_line_in_the_middle_is_skipped_with_a_warning(tmp_path, caplog):
+    run = RunDir(tmp_path)
+    run.metrics_path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    assert [r["step"] for r in run.read_metrics()] == [1, 3]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"warning: {run.metrics_path}: line 2 does not parse (an interrupted write); that row is left out"]
+    run.truncate_metrics(3)  # the repair before the next append
+    assert run.metrics_path.read_text() == '{"step": 1}\n{"step": 3}\n'
+
+
+def test_a_torn_resumes_line_is_repaired_before_the_next_change_is_recorded(tmp_path):
+    run_dir = tmp_path / "run"
+    train(tiny_config("softmax", "train.steps=2", *SHORT, run_dir=run_dir))
+    train(tiny_config("softmax", "train.steps=3", *SHORT, run_dir=run_dir))
+    resumes = run_dir / "resumes.jsonl"
+    resumes.write_text(resumes.read_text() + '{"step": 3, "key": "optim.l')  # a second change torn mid-line
+    train(tiny_config("softmax", "train.steps=4", *SHORT, "optim.lr=1e-3", run_dir=run_dir))
+    rows = RunDir(run_dir).read_resumes()
+    assert [(r["step"], r["key"]) for r in rows] == [(2, "train.steps"), (3, "optim.lr"), (3, "train.steps")]
+    assert all(json.loads(line) for line in resumes.read_text().splitlines())
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    from lmzoo.faults import WriteFault
+    from lmzoo.rundir import atomic_write_text
+
+    target = tmp_path / "verdict.json"
+    atomic_write_text(target, "old\n")
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(WriteFault, match="No space left on device"):
+        atomic_write_text(target, "new\n")
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["verdict.json"]
+
+
+@pytest.mark.parametrize("content, fragment", [("", "is empty"), ("model: {d_model: [", "cannot be read")])
+def test_an_empty_or_torn_config_is_one_line_for_train_and_eval(whole_run, tmp_path, content, fragment):
+    run_dir = copy_run(whole_run[0], tmp_path / "run")
+    (run_dir / "config.yaml").write_text(content)
+    assert fragment in one_line_error(train_cli(run_dir), EXIT_CONFIG)
+    assert fragment in one_line_error(eval_cli(run_dir), EXIT_CONFIG)
+
+
+def test_torn_run_info_and_results_are_left_out_with_a_warning(tmp_path, caplog):
+    def tear_in_half(path: Path) -> None:
+        path.write_text(path.read_text()[: len(path.read_text()) // 2])
+
+    run = RunDir(tmp_path)
+    run.write_json("run_info.json", {"variant": "softmax"})
+    tear_in_half(tmp_path / "run_info.json")
+    assert run.read_run_info() == {}
+    run.write_results("default", {"tag": "default"})
+    tear_in_half(run.results_path("default"))
+    assert run.read_results("default") is None
+    assert len([r for r in caplog.records if "cannot be read" in r.getMessage()]) == 2
+
+
+# ----------------------------------------------------------------------------- 11. experiments stop with their runs
+
+
+@pytest.mark.parametrize("stop, code", [(lambda cfg: {"step": 3, "interrupted": True}, 75), ("diverged", EXIT_DIVERGED)])
+def test_an_experiment_stops_with_its_run_and_writes_no_verdict(tmp_path, monkeypatch, capsys, stop, code):
+    from lmzoo.experiments import __main__ as experiments
+    from lmzoo.experiments import runs
+    from lmzoo.faults import Diverged
+
+    def diverge(cfg):
+        raise Diverged("diverged at step 3")
+
+    monkeypatch.setattr(runs, "train", diverge if stop == "diverged" else stop)
+    with pytest.raises(SystemExit) as exit_info:
+        experiments.main(["decode_cache", "quick=true", f"out_dir={tmp_path}"])
+    assert exit_info.value.code == code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("lmzoo.experiments: error: "), err
+    assert not list(tmp_path.rglob("verdict.json"))
+
+
+# ----------------------------------------------------------------------------- 12. the data a run trains on
+
+
+def test_a_changed_corpus_is_refused_on_resume_unless_allowed_and_recorded(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(8):
+        (corpus / f"{i}.txt").write_text(f"def f{i}(x):\n    return x * {i}\n" * 40)
+    data = ["data=text_files", f"data.paths={corpus}/*.txt", "data.val_fraction=0.25", "data.seq_len=32"]
+    run_dir = tmp_path / "run"
+    assert train_cli(run_dir, *data, schedule=[*SHORT, "train.steps=2", "train.eval_tokens=64"]).returncode == 0
+    started_on = (run_dir / "data_fingerprint.json").read_text()
+    (corpus / "0.txt").write_text("changed\n" * 40)
+
+    more = [*SHORT, "train.steps=3", "train.eval_tokens=64"]
+    err = one_line_error(train_cli(run_dir, *data, schedule=more), EXIT_RUN_FAULT)
+    assert "the data differ from those run_dir" in err and "data.allow_changed=true" in err
+    proc = train_cli(run_dir, *data, "data.allow_changed=true", schedule=more)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = RunDir(run_dir).read_resumes()
+    assert [r["key"] for r in rows] == ["data_fingerprint", "data.allow_changed", "train.steps"]
+    assert (run_dir / "data_fingerprint.json").read_text() == started_on  # the start stays on record
+
+
+# ----------------------------------------------------------------------------- 13. a write error at a checkpoint
+
+
+def test_a_write_error_at_a_checkpoint_is_one_line_and_earlier_checkpoints_stay(tmp_path, monkeypatch):
+    import orbax.checkpoint as ocp
+
+    from lmzoo.faults import WriteFault
+
+    save = ocp.CheckpointManager.save
+
+    def full_disk_at_4(self, step, *args, **kwargs):
+        if step == 4:
+            raise OSError(28, "No space left on device")
+        return save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk_at_4)
+    with pytest.raises(WriteFault) as fault:
+        train(tiny_config("softmax", "train.steps=4", *SHORT, run_dir=tmp_path))
+    assert len(str(fault.value).splitlines()) == 1 and "checkpoint 4 could not be written" in str(fault.value)
+    monkeypatch.undo()
+    ckpt = Checkpointer(tmp_path / "checkpoints")
+    assert ckpt.all_steps() == [2]
+    ckpt.close()
+    assert final_params(tmp_path)[0] == 2  # restores intact

@@ -11,10 +11,10 @@ from flax import nnx
 
 from lmzoo import generate as lmzoo_generate
 from lmzoo.data import ByteTokenizer
-from lmzoo.eval import restore_model, run_config
-from lmzoo.generate import Sampling, generate, sample
+from lmzoo.decoding import Sampling, generate, sample
 from lmzoo.model import LM
-from lmzoo.train import train
+from lmzoo.trained import open_trained
+from lmzoo.training import train
 
 from conftest import tiny_config
 
@@ -47,7 +47,7 @@ def test_greedy_generation_is_the_argmax_of_full_forwards_on_the_growing_text():
 
 
 def test_the_command_streams_the_greedy_text_of_the_run(trained_run, capsys):
-    model = restore_model(run_config(trained_run, []), ByteTokenizer.vocab_size, trained_run, None)[0]
+    model = open_trained(trained_run).model
     expected = generate(model, ByteTokenizer().encode(PROMPT), Sampling(PROMPT, max_new_tokens=10, temperature=0))
     texts = run(trained_run, "temperature=0", "max_new_tokens=10")
     assert texts == [ByteTokenizer().decode(expected[0])]
@@ -83,7 +83,8 @@ def test_top_k_and_top_p_keep_only_the_likeliest_tokens():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["temperature=-0.5"], "temperature=-0.5 must be at least 0"),
+    (["temperature=-0.5"], "temperature=-0.5 must be a finite number of at least 0"),
+    (["temperature=nan"], "temperature=nan must be a finite number"),
     (["top_p=1.5"], "top_p=1.5 must lie in (0, 1]"),
     (["top_p=0"], "top_p=0.0 must lie in (0, 1]"),
     (["top_k=0"], "top_k=0 must be at least 1"),

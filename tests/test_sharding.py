@@ -90,7 +90,7 @@ import json, shutil, sys
 import jax
 from conftest import tiny_config
 from lmzoo.logger import read_metrics
-from lmzoo.train import Trainer, train
+from lmzoo.training import Trainer, train
 
 layouts, variants, out = json.loads(sys.argv[1]), sys.argv[2].split(","), sys.argv[3]
 result = {"devices": jax.device_count(), "losses": {}, "split": {}}
@@ -152,7 +152,7 @@ def test_layouts_on_eight_devices_give_the_one_device_losses(tmp_path):
 PROCESS_SNIPPET = """
 import os, sys
 from conftest import tiny_config
-from lmzoo import train as training
+from lmzoo import training
 
 run_dir, port, processes, index, killed_at, layout = sys.argv[1:7]
 overrides = ["train.steps=4", "train.log_every=1", "train.eval_every=4", "train.checkpoint_every=2", "train.probe_batch=0",

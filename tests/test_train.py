@@ -19,11 +19,12 @@ import pytest
 from flax import nnx
 
 from lmzoo.checkpoint import Checkpointer
-from lmzoo.eval import run_config
 from lmzoo.faults import EXIT_INTERRUPTED
-from lmzoo.logger import read_metrics
 from lmzoo.model import LM
-from lmzoo.train import Trainer, init_train_state, train
+from lmzoo.rundir import RunDir
+from lmzoo.steps import init_train_state
+from lmzoo.trained import trained_config
+from lmzoo.training import Trainer, train
 
 from conftest import REPO, TINY, run_lmzoo, tiny_config
 
@@ -32,7 +33,7 @@ RESUME_ARGS = ["train.steps=12", "train.checkpoint_every=2", "train.eval_every=6
 
 def final_params(run_dir: Path):
     """Parameters of the newest checkpoint, as numpy leaves."""
-    cfg = run_config(run_dir, [])
+    cfg = trained_config(RunDir(run_dir), [])
     ckpt = Checkpointer(run_dir / "checkpoints")
     step = ckpt.latest_step()
     model = ckpt.restore_model(step, LM(cfg, 259, rngs=nnx.Rngs(0)))
@@ -43,7 +44,7 @@ def final_params(run_dir: Path):
 def test_short_run_learns_and_writes_its_run_directory(tmp_path):
     cfg = tiny_config("softmax", "train.steps=40", "train.eval_every=20", "train.log_every=5", run_dir=tmp_path)
     summary = train(cfg)
-    rows = read_metrics(tmp_path)
+    rows = RunDir(tmp_path).read_metrics()
     assert [r["step"] for r in rows] == list(range(5, 41, 5))
     assert all("loss" in r for r in rows)
     val = [r for r in rows if "val_loss" in r]
@@ -142,11 +143,11 @@ def test_resume_after_kill_reproduces_uninterrupted_parameters(tmp_path, sig):
     if sig == signal.SIGTERM:  # a clean stop: checkpoint at the current step, the exit code of an interruption
         assert proc.returncode == EXIT_INTERRUPTED, output
         assert "interrupted: saved a checkpoint" in output
-        assert max(r["step"] for r in read_metrics(broken)) == interrupted_at
+        assert max(r["step"] for r in RunDir(broken).read_metrics()) == interrupted_at
 
     summary = train(tiny_config("softmax", *RESUME_ARGS, run_dir=broken))
     assert summary["step"] == 12
-    assert [r["step"] for r in read_metrics(broken)] == list(range(1, 13))  # no step lost or doubled
+    assert [r["step"] for r in RunDir(broken).read_metrics()] == list(range(1, 13))  # no step lost or doubled
     step_a, params_a = final_params(whole)
     step_b, params_b = final_params(broken)
     assert step_a == step_b == 12
@@ -163,7 +164,7 @@ def test_multirun_sweeps_variants(tmp_path):
     run_dirs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
     assert [p.name for p in run_dirs] == ["0-softmax", "1-mqa"]
     for run_dir in run_dirs:
-        assert read_metrics(run_dir)[-1]["step"] == 2
+        assert RunDir(run_dir).read_metrics()[-1]["step"] == 2
         assert (run_dir / "checkpoints" / "2").exists()
 
 
@@ -175,7 +176,7 @@ def test_submitit_local_launcher_runs_a_sweep(tmp_path):
     run_dirs = sorted(p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith("."))
     assert [p.name for p in run_dirs] == ["0-softmax", "1-gla"]
     for run_dir in run_dirs:
-        assert read_metrics(run_dir)[-1]["step"] == 2
+        assert RunDir(run_dir).read_metrics()[-1]["step"] == 2
 
 
 def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
@@ -187,7 +188,7 @@ def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
     from lmzoo import registry
     from lmzoo.mixers.base import AuxLoss
     from lmzoo.mixers.softmax import SoftmaxAttention, SoftmaxConfig
-    from lmzoo.train import loss_and_extra
+    from lmzoo.steps import loss_and_extra
 
     @dataclass
     class PenaltyConfig(SoftmaxConfig):
@@ -213,7 +214,7 @@ def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
 def test_gradient_accumulation_makes_the_large_batch_update(variant, weighted):
     """``train.grad_accum=4``: one step over four micro-batches gives the whole batch's update and
     metrics, also when a synthetic task weights the scored positions unevenly across the slices."""
-    from lmzoo.train import train_step
+    from lmzoo.steps import train_step
 
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, 259, (8, 17)))
@@ -234,3 +235,12 @@ def test_grad_accum_must_divide_the_batch(capsys):
     with pytest.raises(SystemExit):
         tiny_config("softmax", "train.grad_accum=3")
     assert "train.batch_size=8 does not split into train.grad_accum=3 equal micro-batches" in capsys.readouterr().err
+
+
+def test_training_names_its_run_directory_and_parameter_count_at_start_and_end(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="lmzoo.train")
+    train(tiny_config("softmax", "model.n_layers=1", "train.steps=1", "train.probe_batch=0", run_dir=tmp_path))
+    params = RunDir(tmp_path).read_run_info()["params"]
+    named = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"run_dir {tmp_path}: softmax")]
+    assert len(named) == 2 and all(f"{params:,} parameters" in m for m in named), named
+    assert named[1].endswith("trained to step 1")

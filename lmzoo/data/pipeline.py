@@ -10,9 +10,16 @@ With ``data.document_boundaries=mask`` a batch also carries ``segment_ids`` [row
 EOS tokens before each input in its window, so each document (its closing EOS included) has its own
 id and the model keeps documents apart; positions restart with each document (``lmzoo.model``).
 
-Validation scores the first ``N`` targets of the validation stream, the same ``N`` at every
-evaluated length (``ValidationWindows``): only the context each target sees changes with the
-window length.
+Validation scores ``N`` targets spread over the whole validation stream (``spread_spans``): spans of
+``S`` targets, ``S`` the least common multiple of the evaluated lengths (the longest, for doubling
+lengths), so windows of every length tile every span and every length scores the same targets; only
+the context each target sees changes with the window length. The budget is spread evenly over the
+documents: each document weighs the smaller of its size and a common level, the level at which the
+weights add up to ``N``, and the spans are evenly spaced in that weight. Short documents are scored
+whole, long ones in evenly spaced spans, and no document takes more than about an equal share, while a
+budget as large as the split scores all of it. Each scored target carries its document, the unit the
+bootstrap's blocks are made of (``lmzoo.evaluator``); a split whose scored targets all lie in one
+document falls back to its spans as units.
 
 Multi-host data parallelism: batch sizes are always *global*. Every process
 builds the same global batch and keeps the contiguous block of rows
@@ -24,6 +31,7 @@ processes in order.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -75,21 +83,26 @@ class TokenWindows:
         self.tokens = tokens
         self.seq_len = seq_len
         self.eos_id = eos_id  # None: no segment ids
-        self._offsets = np.arange(seq_len + 1)
 
     def __len__(self) -> int:
         return max(0, (len(self.tokens) - 1) // self.seq_len)
 
     def __call__(self, window_indices: np.ndarray) -> Batch:
         starts = np.asarray(window_indices, dtype=np.int64) * self.seq_len
-        windows = self.tokens[starts[:, None] + self._offsets]
-        batch = {
-            "inputs": np.ascontiguousarray(windows[:, :-1]),
-            "targets": np.ascontiguousarray(windows[:, 1:]),
-        }
-        if self.eos_id is not None:
-            batch["segment_ids"] = document_ids(batch["inputs"], self.eos_id)
-        return batch
+        return gather_windows(self.tokens, starts, self.seq_len, self.eos_id)
+
+
+def gather_windows(tokens: np.ndarray, starts: np.ndarray, length: int, eos_id: Optional[int] = None) -> Batch:
+    """The windows of ``length + 1`` tokens beginning at ``starts`` as ``inputs``/``targets`` [rows, length] (with
+    ``eos_id``, also their ``segment_ids``), in one numpy gather."""
+    windows = tokens[np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length + 1)]
+    batch = {
+        "inputs": np.ascontiguousarray(windows[:, :-1]),
+        "targets": np.ascontiguousarray(windows[:, 1:]),
+    }
+    if eos_id is not None:
+        batch["segment_ids"] = document_ids(batch["inputs"], eos_id)
+    return batch
 
 
 def document_ids(inputs: np.ndarray, eos_id: int) -> np.ndarray:
@@ -149,30 +162,6 @@ def train_iterator(
     return iter(dataset.to_iter_dataset(_READ_OPTIONS))
 
 
-class ValidationWindows:
-    """The first ``n_targets`` validation targets cut into non-overlapping windows of ``length``.
-
-    Window ``k`` predicts targets ``k * length .. (k + 1) * length - 1`` (0-based among the scored
-    targets; stream positions one later), so every length that divides ``n_targets`` scores the
-    same targets, each once. ``unit`` gives each target's index: fixed blocks of the scored
-    targets are blocks of units.
-    """
-
-    def __init__(self, tokens: np.ndarray, length: int, n_targets: int, eos_id: Optional[int] = None):
-        if n_targets % length:
-            raise ValueError(f"{n_targets} scored targets do not fill windows of {length}")
-        self.windows = TokenWindows(tokens[: n_targets + 1], length, eos_id)
-        self.length, self.units = length, n_targets
-
-    def __len__(self) -> int:
-        return self.units // self.length
-
-    def __call__(self, window_indices: np.ndarray) -> Batch:
-        batch = self.windows(window_indices)
-        batch["unit"] = np.asarray(window_indices)[:, None] * self.length + np.arange(self.length)  # (rows, L)
-        return batch
-
-
 def scored_targets(available: int, budget: Optional[int], lengths: Sequence[int]) -> int:
     """Targets scored at every length: the budget (None: all ``available``) rounded down to fill whole
     windows of every length (a multiple of their least common multiple, the longest for powers of two)."""
@@ -182,6 +171,108 @@ def scored_targets(available: int, budget: Optional[int], lengths: Sequence[int]
         asked = budget or available
         raise ValueError(f"a budget of {asked} validation tokens (of {available}) fills no window of {step}")
     return n_targets
+
+
+def water_level(sizes: np.ndarray, total: float) -> float:
+    """The level ``c`` at which ``sum(min(sizes, c)) == total`` (``total <= sum(sizes)``): what each document
+    may weigh when ``total`` is shared as evenly as the documents' sizes allow."""
+    ordered = np.sort(np.asarray(sizes, dtype=np.float64))
+    smaller = np.concatenate([[0.0], np.cumsum(ordered)[:-1]])  # total size of the documents below each
+    levels = (total - smaller) / (len(ordered) - np.arange(len(ordered)))  # if this and all larger ones are capped
+    return float(levels[np.argmax(levels <= ordered)])
+
+
+def spread_starts(sizes: np.ndarray, n_spans: int, span: int) -> np.ndarray:
+    """First target index of each of ``n_spans`` non-overlapping spans of ``span`` targets over documents of
+    ``sizes`` targets (in stream order), spread evenly over the documents.
+
+    Each document weighs ``min(size, level)`` (``water_level``: the weights add up to the scored targets), and
+    the spans start every ``span`` of weight, mapped linearly into each document's targets. A document below
+    the level is covered end to end (but for less than a span at its start, where a span of a longer document
+    before it ends short of it); one above it gets spans evenly spaced through it, about ``level`` targets in
+    all. The map from weight to targets never shrinks distances, so spans a ``span`` of weight apart never
+    overlap (the clamps below only absorb rounding)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    weights = np.minimum(sizes, water_level(sizes, n_spans * span))
+    weight_edges = np.concatenate([[0.0], np.cumsum(weights)])
+    target_edges = np.concatenate([[0], np.cumsum(sizes)])
+    points = np.arange(n_spans, dtype=np.float64) * span
+    document = np.minimum(np.searchsorted(weight_edges, points, side="right") - 1, len(sizes) - 1)
+    stretch = sizes[document] / np.maximum(weights[document], 1e-12)
+    starts = np.floor(target_edges[document] + (points - weight_edges[document]) * stretch).astype(np.int64)
+    offsets = np.arange(n_spans, dtype=np.int64) * span
+    starts = np.maximum.accumulate(starts - offsets) + offsets  # at least a span apart
+    return np.minimum(starts, target_edges[-1] - (n_spans - np.arange(n_spans)) * span)  # the last ends in the split
+
+
+@dataclass(frozen=True, eq=False)
+class ScoredSpans:
+    """Where validation is scored: spans of ``length`` targets starting at targets ``starts`` [K] (target ``t`` is
+    stream token ``t + 1``), and the unit of every scored target, span by span (``unit`` [K * length]): its
+    document, or its span when all scored targets lie in one document. Blocks are made of units."""
+
+    starts: np.ndarray
+    length: int
+    unit: np.ndarray
+    units: int
+    block_unit: str  # "document" or "span"
+    documents: int  # documents with at least one scored target
+    largest_share: float  # the largest fraction of the scored targets that one document holds
+    digest: str  # identifies the scored target tokens and their spans
+
+    def results_keys(self) -> dict:
+        """What ``results.json`` records about the scored text (``lmzoo.metrics.intervals``)."""
+        return {"sampling": "spread", "span": self.length, "documents": self.documents,
+                "block_unit": self.block_unit, "largest_document_share": round(self.largest_share, 4),
+                "scored_digest": self.digest}
+
+
+def spread_spans(tokens: np.ndarray, eos_id: int, lengths: Sequence[int], budget: Optional[int]) -> ScoredSpans:
+    """The spans scored at every one of ``lengths`` in the validation stream ``tokens`` (``budget`` targets,
+    None: all), spread over its documents (``spread_starts``); a document ends at its EOS."""
+    span = math.lcm(*lengths)
+    n_spans = scored_targets(len(tokens) - 1, budget, lengths) // span
+    document = document_ids(tokens[None], eos_id)[0, 1:].astype(np.int64)  # the document of each target
+    starts = spread_starts(np.bincount(document), n_spans, span)
+    scored = (starts[:, None] + np.arange(span)).ravel()
+    present, unit = np.unique(document[scored], return_inverse=True)
+    block_unit = "document"
+    if len(present) < 2:
+        if n_spans < 2:
+            raise ValueError(f"a budget of {budget} validation tokens scores one span of {span} targets, in one "
+                             "document: an interval needs two blocks (a larger budget or shorter lengths)")
+        unit, block_unit = np.repeat(np.arange(n_spans), span), "span"
+    digest = hashlib.sha256(starts.tobytes() + tokens[scored + 1].astype(np.int32).tobytes()).hexdigest()[:16]
+    largest = np.bincount(document[scored]).max() / len(scored)
+    return ScoredSpans(starts, span, unit, int(unit.max()) + 1, block_unit, len(present), float(largest), digest)
+
+
+class ValidationWindows:
+    """Windows of ``length`` tiling the scored spans: window ``k`` is piece ``k % (S / length)`` of span
+    ``k // (S / length)``, so every length that divides the span length ``S`` scores the same targets, each
+    once. A batch's ``unit`` [rows, length] gives each target's unit (``ScoredSpans``): fixed blocks of the
+    scored targets are blocks of units, in stream order."""
+
+    def __init__(self, tokens: np.ndarray, length: int, spans: ScoredSpans, eos_id: Optional[int] = None):
+        if spans.length % length:
+            raise ValueError(f"spans of {spans.length} scored targets do not fill windows of {length}")
+        self.tokens, self.length, self.spans, self.eos_id = tokens, length, spans, eos_id
+        self.pieces = spans.length // length  # windows per span
+        self.units = spans.units
+
+    def __len__(self) -> int:
+        return len(self.spans.starts) * self.pieces
+
+    def __call__(self, window_indices: np.ndarray) -> Batch:
+        span, piece = np.divmod(np.asarray(window_indices, dtype=np.int64), self.pieces)
+        batch = gather_windows(self.tokens, self.spans.starts[span] + piece * self.length, self.length, self.eos_id)
+        first = span * self.spans.length + piece * self.length  # the window's first target among the scored ones
+        batch["unit"] = self.spans.unit[first[:, None] + np.arange(self.length)]  # (rows, L)
+        return batch
+
+    def sampling_keys(self) -> dict:
+        """The ``results.json`` keys that say which text was scored and what the blocks are made of."""
+        return self.spans.results_keys()
 
 
 # eq=False: comparing or hashing the token arrays is never wanted.
@@ -244,6 +335,7 @@ class Data:
         )
 
     def validation_windows(self, lengths: Sequence[int], budget: Optional[int]) -> dict[int, ValidationWindows]:
-        """The windows of each length over the same first validation targets (``budget`` tokens; None: all)."""
-        n_targets = scored_targets(len(self.val_tokens) - 1, budget, lengths)
-        return {length: ValidationWindows(self.val_tokens, length, n_targets, self.eos_id) for length in lengths}
+        """The windows of each length over the same validation targets, ``budget`` of them (None: all) spread
+        over the split's documents (``spread_spans``)."""
+        spans = spread_spans(self.val_tokens, self.tokenizer.eos_id, lengths, budget)
+        return {length: ValidationWindows(self.val_tokens, length, spans, self.eos_id) for length in lengths}

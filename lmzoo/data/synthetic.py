@@ -194,6 +194,10 @@ class TaskWindows:
         batch["unit"] = np.repeat(np.asarray(indices)[:, None], self.length, axis=1)  # (rows, L)
         return batch
 
+    def sampling_keys(self) -> dict:
+        """The ``results.json`` keys that say what was scored: independent examples, each its own unit."""
+        return {"sampling": "examples", "examples": self.units, "block_unit": "example"}
+
 
 @dataclass(frozen=True, eq=False)
 class TaskData:
@@ -211,7 +215,8 @@ class TaskData:
 
     @property
     def fingerprint(self) -> dict:
-        return {**dataclasses.asdict(self.cfg), "seed": self.seed, "vocab_size": self.tokenizer.vocab_size}
+        settings = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "allow_changed"}  # how to resume, not what
+        return {**settings, "seed": self.seed, "vocab_size": self.tokenizer.vocab_size}
 
     def _examples(self, split: int, seq_len: int) -> TaskExamples:
         examples = TaskExamples(self.cfg, self.seed, split, seq_len + 1, self.tokenizer)

@@ -5,7 +5,11 @@ An experiment is a module of this package that defines
 - ``CLAIM``: the claim in one sentence, and ``SEED``: the article it comes from (``../seeds``' number);
 - ``Settings``: a dataclass of the full run's settings, each overridable as ``key=value``;
   ``QUICK``: the overrides that shrink it to about a minute on a CPU (``quick=true``);
-- ``run(settings, out_dir) -> Outcome``: measures, plots into ``out_dir`` and judges.
+- ``run(settings, out_dir) -> Outcome``: measures and plots into ``out_dir``;
+- ``judge(evidence, settings) -> list[Check]``: the checks its outcome rests on, its positive
+  controls among them (``lmzoo.experiments.judging``), a pure function of the evidence, so a
+  committed verdict.json can be re-judged without rerunning (``rejudge``) and tests can feed it
+  evidence where the claim is false.
 
 Adding one is that module plus its name in ``MODULES``. ``run_experiment`` writes the outcome to
 ``<out_dir>/<name>/verdict.json`` (layout in its docstring). Experiments that train go through
@@ -25,17 +29,17 @@ from types import ModuleType
 
 from omegaconf import OmegaConf
 
+from lmzoo.experiments.judging import OUTCOMES, RULES_VERSION, SMOKE, Check, outcome
 from lmzoo.schema import ConfigError, one_of, to_dataclass
 
 MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "sparsity_predicted", "decode_cache", "logn_entropy",
            "position_extrapolation", "mqar_state_size")
-VERDICTS = ("reproduced", "partly", "not reproduced")
+VERDICTS = (*OUTCOMES, SMOKE)  # what verdict.json may say; SMOKE only for quick runs
 
 
 @dataclass
 class Outcome:
-    verdict: str  # one of VERDICTS
-    evidence: dict  # the numbers the verdict rests on, with their intervals
+    evidence: dict  # the numbers the checks rest on, with their intervals
     figures: list[str]  # PNG paths
     runs: list[str] = field(default_factory=list)  # run directories the experiment trained
 
@@ -55,13 +59,6 @@ def settings_for(module: ModuleType, overrides: list[str], *, quick: bool):
     return to_dataclass(module.Settings, OmegaConf.merge(quick_values, given))
 
 
-def vote(agreeing: int, total: int) -> str:
-    """All checks agree: reproduced; at least half: partly; fewer: not reproduced."""
-    if total and agreeing == total:
-        return "reproduced"
-    return "partly" if 2 * agreeing >= total > 0 else "not reproduced"
-
-
 def _plain(value):
     """NumPy scalars in the evidence as JSON numbers and booleans."""
     if hasattr(value, "item"):
@@ -69,24 +66,65 @@ def _plain(value):
     raise TypeError(f"{type(value).__name__} in an experiment's record is not JSON")
 
 
+def judged(module: ModuleType, evidence: dict, settings, *, quick: bool) -> dict:
+    """The verdict fields of a record: its checks, outcome and reason, and the rules that judged them.
+    A quick run's outcome is recorded as a smoke run: its settings test the pipeline, not the claim."""
+    checks: list[Check] = module.judge(evidence, settings)
+    word, reason = outcome(checks)
+    if quick:
+        word, reason = SMOKE, f"quick settings: a test of the pipeline, not of the claim (its checks would give {word})"
+    return {"verdict": word, "reason": reason, "rules_version": RULES_VERSION, "checks": [c.record() for c in checks]}
+
+
 def run_experiment(name: str, out_dir: Path, *, quick: bool = False, overrides: list[str] = ()) -> dict:
     """Run one experiment and write ``<out_dir>/<name>/verdict.json``:
 
-    ``{"name", "claim", "seed_article", "verdict", "evidence", "figures", "runs", "settings",
-    "quick", "seconds"}``; figure and run paths are relative to that folder.
+    ``{"name", "claim", "seed_article", "verdict", "reason", "rules_version", "checks", "evidence",
+    "figures", "runs", "settings", "quick", "seconds"}``; figure and run paths are relative to that
+    folder; ``checks`` as ``Check.record`` writes them; ``verdict`` is ``SMOKE`` when ``quick``.
     """
     module = load(name)
     settings = settings_for(module, list(overrides), quick=quick)
     folder = Path(out_dir) / name
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    outcome = module.run(settings, folder)
-    one_of(f"{name}'s verdict", outcome.verdict, VERDICTS)
+    result = module.run(settings, folder)
     relative = lambda paths: [str(Path(p).relative_to(folder)) for p in paths]  # noqa: E731
     record = {
-        "name": name, "claim": module.CLAIM, "seed_article": module.SEED, "verdict": outcome.verdict,
-        "evidence": outcome.evidence, "figures": relative(outcome.figures), "runs": relative(outcome.runs),
+        "name": name, "claim": module.CLAIM, "seed_article": module.SEED,
+        **judged(module, as_json(result.evidence), settings, quick=quick),
+        "evidence": result.evidence, "figures": relative(result.figures), "runs": relative(result.runs),
         "settings": dataclasses.asdict(settings), "quick": quick, "seconds": round(time.perf_counter() - start, 1),
     }
-    (folder / "verdict.json").write_text(json.dumps(record, indent=2, default=_plain) + "\n")
+    write(folder / "verdict.json", record)
+    return record
+
+
+def as_json(evidence: dict) -> dict:
+    """The evidence as verdict.json will hold it, so a run and a re-judging see the same numbers."""
+    return json.loads(json.dumps(evidence, default=_plain))
+
+
+def write(path: Path, record: dict) -> None:
+    path.write_text(json.dumps(record, indent=2, default=_plain) + "\n")
+
+
+def settings_of(module: ModuleType, record: dict):
+    """The Settings a verdict.json was run with; keys of older settings that no longer exist are dropped."""
+    names = {f.name for f in dataclasses.fields(module.Settings)}
+    return module.Settings(**{k: v for k, v in record["settings"].items() if k in names})
+
+
+def rejudge(path: Path) -> dict:
+    """Apply the current rules to a verdict.json's evidence, without rerunning, and rewrite it, recording
+    that it was re-judged, from which verdict and under which rules."""
+    record = json.loads(Path(path).read_text())
+    module = load(record["name"])
+    earlier = record.get("rejudged") or {"verdict": record["verdict"], "rules_version": record.get("rules_version", 1)}
+    fields = judged(module, record["evidence"], settings_of(module, record), quick=record.get("quick", False))
+    record = {**{k: v for k, v in record.items() if k not in fields and k != "rejudged"}, **fields,
+              "rejudged": {**earlier, "by": f"rules version {RULES_VERSION}, from the committed evidence"}}
+    ordered = {k: record[k] for k in ("name", "claim", "seed_article", *fields, "rejudged")}
+    record = {**ordered, **record}
+    write(Path(path), record)
     return record

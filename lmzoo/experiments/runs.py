@@ -1,36 +1,41 @@
-"""What experiments share: training and evaluating runs through the normal entry points, and paired
+"""What experiments share: training and evaluating runs with the library the commands use, and paired
 differences between two evaluations of the same validation tokens.
 
 Runs live in ordinary run directories, so a rerun with the same ``out_dir`` resumes (or reuses) them
-and each one can be opened in TensorBoard or compared with ``lmzoo.compare`` like any other run.
+and each one can be opened in TensorBoard or compared with ``lmzoo.compare`` like any other run. A run
+that stops early (interrupted, diverged) stops the experiment with the run's fault: nothing is judged
+on a half-trained model, and rerunning the experiment resumes the run.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lmzoo import eval as evaluation
 from lmzoo.cli import compose_and_validate
 from lmzoo.config import Config
-from lmzoo.data import build_data
+from lmzoo.eval_outputs import write_outputs
+from lmzoo.evaluation import eval_settings, evaluate, result_settings
+from lmzoo.faults import Interrupted
 from lmzoo.metrics.intervals import Interval, bootstrap, paired_difference_interval, ratio_of_sums, ratio_to_reference
 from lmzoo.model import LM
 from lmzoo.ops.common import causal_mask
-from lmzoo.train import train
+from lmzoo.rundir import RunDir
+from lmzoo.trained import open_trained
+from lmzoo.training import train
 
 
 def train_run(variant: str, run_dir: Path, *, seed: int, steps: int, overrides: list[str] = ()) -> Config:
     """Train ``+attn=variant`` into ``run_dir`` (resuming, or reusing a finished run); its config."""
     cfg = compose_and_validate([f"+attn={variant}", f"run_dir={run_dir}", f"seed={seed}", f"train.steps={steps}",
                                 "train.progress=false", *overrides])
-    with contextlib.redirect_stdout(io.StringIO()):  # the experiment prints its own summary
-        train(cfg)
+    summary = train(cfg)
+    if summary["interrupted"]:
+        raise Interrupted(f"interrupted while training {run_dir} (checkpoint at step {summary['step']}); "
+                          "run the same experiment again to resume")
     return cfg
 
 
@@ -42,11 +47,15 @@ def state_floats(cfg: Config) -> int:
 
 
 def evaluate_run(run_dir: Path, *, tag: str, lengths: list[int], tokens: int, overrides: list[str] = ()) -> dict:
-    """``lmzoo.eval`` of ``run_dir`` at ``lengths`` on the first ``tokens`` validation targets; its results."""
-    args = [f"run_dir={run_dir}", f"eval.tokens={tokens}", f"eval.lengths=[{','.join(map(str, lengths))}]",
-            "eval.probe_batch=0", "eval.progress=false", f"eval.tag={tag}", *overrides]
-    with contextlib.redirect_stdout(io.StringIO()):
-        return evaluation.main(args)
+    """The evaluation of ``run_dir`` at ``lengths`` on the first ``tokens`` validation targets, written under
+    ``eval/<tag>`` as ``lmzoo.eval`` writes it; its results."""
+    eval_cfg = eval_settings([f"eval.tokens={tokens}", f"eval.lengths=[{','.join(map(str, lengths))}]",
+                              "eval.probe_batch=0", "eval.progress=false", f"eval.tag={tag}"])
+    run = RunDir(run_dir)
+    results = evaluate(open_trained(run, overrides), eval_cfg, tag=tag, extra_dir=run.eval_dir(tag))
+    results["settings"] = result_settings(eval_cfg, list(overrides))
+    write_outputs(run, results)
+    return results
 
 
 def blocks(results: dict, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -88,9 +97,7 @@ def row_statistic(run_dir: Path, overrides: list[str], statistic, *, length: int
     """(windows, length): ``statistic`` of each query's attention row (a function of weights and the causal
     mask, one value per row, e.g. ``attention_entropy``), averaged over layers and heads, on the first
     ``windows`` validation windows of ``length`` tokens cut from the first ``tokens`` validation targets."""
-    cfg = evaluation.run_config(run_dir, overrides)
-    data = build_data(cfg.data, seed=cfg.seed)
-    model, _ = evaluation.restore_model(cfg, data.tokenizer.vocab_size, run_dir, None)
+    _, data, model, _ = open_trained(run_dir, overrides)
     cut = data.validation_windows([length], tokens)[length]
     inputs = cut(np.arange(min(windows, len(cut))))["inputs"]
     return np.stack([np.asarray(_rows(model, jnp.asarray(inputs[i : i + 1]), statistic))[0] for i in range(len(inputs))])

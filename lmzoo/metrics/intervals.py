@@ -1,11 +1,16 @@
 """Confidence intervals for evaluation metrics: a bootstrap over fixed blocks of scored tokens.
 
 Why blocks. Neighbouring tokens are not independent (they share a document, a function, a
-topic), so resampling single tokens would give intervals that are far too narrow. The ``N``
-scored target tokens of an evaluation are cut, in stream order, into ``B`` contiguous blocks
-(``block_starts``); block ``b`` covers tokens ``[b*N//B, (b+1)*N//B)``. Every length evaluated
-scores the same ``N`` tokens, and every run evaluated on the same data scores the same tokens, so
-block ``b`` holds the same text at every length and in every run.
+topic), so resampling single tokens would give intervals that are far too narrow. Every scored
+target belongs to a *unit*: its document (``lmzoo.data.pipeline.spread_spans``: the ``N`` scored
+targets are spans spread over every document of the validation split), its span when all of them
+lie in one document, or its example for a synthetic task. The ``U`` units, in stream order, are
+cut into ``B = min(eval.blocks, U)`` contiguous runs of whole units (``block_starts`` over units),
+so a block is a document, or a group of whole documents when there are more documents than
+blocks: one long file is one block, never many blocks resampled as if independent. Every length
+evaluated scores the same ``N`` targets, and every run evaluated on the same data with the same
+budget and lengths scores the same targets, so block ``b`` holds the same text at every length
+and in every run.
 
 What is bootstrapped. Each metric is a ratio of sums over blocks: mean loss is
 ``sum(loss) / sum(count)``, bits per byte is that times ``1 / (ln 2 * bytes per token)`` (a
@@ -20,12 +25,21 @@ text raises both terms together and cancels, so the paired interval is much narr
 two separate intervals suggest, and the ratio of a run against itself is exactly ``[1, 1]``.
 
 ``results.json`` (written by ``lmzoo.eval`` into ``<run_dir>/eval/<tag>/``; read by
-``lmzoo.compare``, which also reads files without the keys marked *new*)::
+``lmzoo.compare``, which also reads files without the keys marked *new*; a file without
+``sampling`` scored the first ``N`` targets of the split in blocks of consecutive targets, and
+readers say so: ``lmzoo.evaluator.sampling_note``)::
 
     {
       "variant": str, "tag": str, "train_seq_len": int, "step": int,
       "eval_tokens": int,                # new: N, scored target tokens, the same at every length
-      "blocks": int,                     # new: B, blocks of the N tokens (block_starts)
+      "sampling": "spread" | "examples", # new: spans spread over every document (text); the first examples (tasks)
+      "span": int,                       # text: S targets per span, the lengths' least common multiple
+      "documents": int,                  # text: validation documents holding at least one scored target
+      "block_unit": str,                 # what blocks are made of: "document", "span" (a one-document split), "example"
+      "largest_document_share": float,   # text: the largest fraction of the N targets in one document
+      "scored_digest": str,              # text: hash of the scored tokens and their spans; equal: the same text
+      "examples": int,                   # synthetic tasks: examples scored
+      "blocks": int,                     # new: B, blocks of whole units (block_starts over the units)
       "bootstrap": {"resamples": int, "seed": int, "level": 0.95},          # new
       "lengths": {
         "<L>": {

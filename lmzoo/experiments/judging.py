@@ -1,0 +1,112 @@
+"""How an experiment's evidence becomes a verdict: named checks with effect sizes, positive controls,
+and an outcome that can say "we could not tell".
+
+A ``Check`` is one measured quantity with its 95% interval, the effect size it must clear (a
+bound on one side, never only a sign) and whether it is a *positive control*: a condition that
+must hold for the experiment to be able to see the claim at all (the baseline learned the task,
+the reference degrades past its training length). Each check comes out
+
+- passed: the whole interval lies beyond the bound;
+- failed: the whole interval lies on the other side of it;
+- undecided (``None``): the interval straddles the bound, or the check compares separately
+  trained models with one seed in an arm, whose training noise cannot be estimated (a text-only
+  interval, never significant, ``lmzoo.metrics.seeds``).
+
+The outcome (``outcome``): any control not passed: *inconclusive*, whatever the other checks
+say. Otherwise, over the other checks (the vote; controls do not count): all passed, *reproduced*;
+at least half passed, *partly*; more than half failed, *not reproduced*; else *inconclusive*
+(too many undecided to say either). No checks at all: *inconclusive*.
+
+``RULES_VERSION`` names these rules in every verdict.json, so a verdict judged under older rules
+can be told apart (and re-judged from its evidence, ``lmzoo.experiments.rejudge``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RULES_VERSION = 2
+OUTCOMES = ("reproduced", "partly", "not reproduced", "inconclusive")
+SMOKE = "smoke run"  # the verdict word of a quick run: it never reads as a full run's outcome
+TRAINING_NOISE_UNKNOWN = "1 seed: text only"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """An estimate with its 95% interval, what the interval covers and the runs behind it."""
+
+    estimate: float
+    lo: float
+    hi: float
+    uncertainty: str  # "seeds+text", "text", or what else was resampled ("draws", "heads", "windows")
+    seeds: tuple[int, ...] = (1,)  # runs per arm
+
+    def record(self) -> dict:
+        return {"estimate": float(self.estimate), "lo": float(self.lo), "hi": float(self.hi),
+                "uncertainty": self.uncertainty, "seeds": list(self.seeds)}
+
+
+def measured(record: dict, *, uncertainty: str = "text", seeds=(1,)) -> Measured:
+    """A record as the experiments write it: ``lmzoo.metrics.seeds``' (estimate, lo, hi, seeds, uncertainty),
+    or the older ``{"value", "ci"}`` of one seed with an interval over the text only."""
+    if "estimate" in record:
+        return Measured(record["estimate"], record["lo"], record["hi"], record.get("uncertainty", uncertainty),
+                        tuple(record.get("seeds", seeds)))
+    lo, hi = record["ci"]
+    return Measured(record["value"], lo, hi, uncertainty, tuple(seeds))
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    tests: str  # what it tests, in one sentence
+    value: Measured
+    side: str  # "above" or "below": where the interval must lie
+    bound: float  # the effect size it must clear
+    control: bool = False
+    trained_comparison: bool = False  # compares separately trained models: needs two seeds per arm
+
+    @property
+    def passed(self) -> bool | None:
+        if self.trained_comparison and min(self.value.seeds) < 2:
+            return None
+        lo, hi = self.value.lo, self.value.hi
+        beyond, short = (lo > self.bound, hi < self.bound) if self.side == "above" else (hi < self.bound, lo > self.bound)
+        return True if beyond else False if short else None
+
+    @property
+    def why_undecided(self) -> str | None:
+        if self.passed is not None:
+            return None
+        if self.trained_comparison and min(self.value.seeds) < 2:
+            return TRAINING_NOISE_UNKNOWN
+        return f"the interval straddles {self.bound:g}"
+
+    @property
+    def must(self) -> str:
+        return f"{'>' if self.side == 'above' else '<'} {self.bound:g}"
+
+    def record(self) -> dict:
+        return {"name": self.name, "tests": self.tests, "control": self.control, **self.value.record(),
+                "must": self.must, "trained_comparison": self.trained_comparison, "passed": self.passed,
+                "undecided": self.why_undecided}
+
+
+def outcome(checks: list[Check]) -> tuple[str, str]:
+    """(outcome, the reason in one line) under the rules above."""
+    unmet = [c.name for c in checks if c.control and c.passed is not True]
+    if unmet:
+        return "inconclusive", f"positive control not passed: {'; '.join(unmet)}"
+    claims = [c for c in checks if not c.control]
+    passed = sum(c.passed is True for c in claims)
+    failed = sum(c.passed is False for c in claims)
+    counts = f"{passed} of {len(claims)} checks passed, {failed} failed, {len(claims) - passed - failed} undecided"
+    if not claims:
+        return "inconclusive", "no check of the claim"
+    if passed == len(claims):
+        return "reproduced", counts
+    if 2 * passed >= len(claims):
+        return "partly", counts
+    if 2 * failed > len(claims):
+        return "not reproduced", counts
+    return "inconclusive", counts

@@ -1,0 +1,192 @@
+"""Intervals between trained models that count both sources of uncertainty: seeds and text.
+
+An *arm* is the runs of one configuration, one per training seed. Every run of every arm scored
+the same blocks of validation text (``lmzoo.metrics.intervals``), so each run gives block sums
+``[B]`` on the same blocks, and a metric of them (mean loss, bits per byte, a ratio of lengths).
+Two things would change a measured difference between arms if the experiment were repeated:
+
+- **training noise**: other seeds give other models. Seen in the spread of the per-run metric
+  inside each arm, and nowhere else: no resampling of text can show it;
+- **text**: other validation text gives other numbers. Seen by resampling the blocks, with the same
+  draws for every run, since all runs scored the same tokens.
+
+The method (the reasons, and its calibration, are in docs/measuring.md, "Comparing trained models").
+With ``m_i`` the metric of run ``i`` on all the scored text and arms A (``n_A`` runs) and B:
+
+- estimate ``d = mean_A m - mean_B m`` (seeds are not paired across arms: arm sizes may differ);
+- seed term ``s_A^2 / n_A + s_B^2 / n_B`` with ``s^2`` the sample variance of ``m_i`` in an arm;
+- text term: over block resamples ``r``, ``Var_r(d_r)`` minus the part the seed term already holds.
+  Each run reacts to the drawn text in its own way too; that part of ``Var_r(d_r)`` is
+  ``sum over arms of v_a / n_a``, with ``v_a`` the resampled spread of an arm's runs around the arm's
+  mean (``sum_i Var_r(m_ir - mean_a m_r) / (n_a - 1)``), and the seed term has counted it already
+  (a run's own reaction to this text is part of its ``m_i``). What is left is the text's effect
+  shared by all runs of an arm: the only text effect a seed term cannot see. Floored at zero.
+- ``se = sqrt(seed term + text term)``; the interval is ``d ± t * se`` with Student's ``t`` at the
+  Welch–Satterthwaite degrees of freedom of the seed term (the text term, from many blocks, is
+  taken as known). With three seeds per arm that is ``t ≈ 2.8``, not 1.96: a percentile
+  bootstrap over three seeds would be far too narrow.
+
+With one seed in an arm its training noise cannot be estimated: the interval is the text-only
+percentile bootstrap, ``uncertainty`` says ``"text"``, and the difference is never called
+significant, however narrow its interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+from scipy import stats
+
+from lmzoo.metrics.intervals import LEVEL, RESAMPLES, SEED, bootstrap, draws, ratio_of_sums, resampled_sums
+
+SEEDS_AND_TEXT = "seeds+text"
+TEXT = "text"
+
+Run = Sequence[np.ndarray]  # block-sum arrays [B] of one run, the arguments of a metric (e.g. (loss, count))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """An estimate with its interval, the seeds behind it and what the interval covers."""
+
+    estimate: float
+    lo: float
+    hi: float
+    seeds: tuple[int, ...]  # runs per arm: (n,) for one arm, (n_runs, n_baselines) for a difference
+    uncertainty: str  # SEEDS_AND_TEXT or TEXT
+
+    @property
+    def significant(self) -> bool:
+        """The interval excludes zero and counts training noise: never for a text-only interval."""
+        return self.uncertainty == SEEDS_AND_TEXT and bool(self.lo > 0 or self.hi < 0)
+
+    @property
+    def note(self) -> str:
+        """What the interval covers, in the words a table shows beside it."""
+        if self.uncertainty == SEEDS_AND_TEXT:
+            return "seeds+text"
+        return "1 seed: text only" if min(self.seeds) == 1 else "text only"
+
+    def scaled(self, factor: float) -> Comparison:
+        lo, hi = sorted((self.lo * factor, self.hi * factor))
+        return Comparison(self.estimate * factor, lo, hi, self.seeds, self.uncertainty)
+
+    def record(self) -> dict:
+        """Plain JSON: ``estimate``, ``lo``, ``hi``, ``seeds``, ``uncertainty``, ``significant``."""
+        return {"estimate": float(self.estimate), "lo": float(self.lo), "hi": float(self.hi),
+                "seeds": list(self.seeds), "uncertainty": self.uncertainty, "significant": self.significant}
+
+
+def run_values(runs: Sequence[Run], metric: Callable, drawn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(metric of each run on all blocks ``[n]``, on each resample's drawn blocks ``[n, resamples]``)."""
+    full, resampled = [], []
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for arrays in runs:
+            arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
+            full.append(metric(*[a.sum(keepdims=True) for a in arrays])[0])
+            resampled.append(metric(*[resampled_sums(a, drawn) for a in arrays]))
+    return np.asarray(full), np.asarray(resampled)
+
+
+def shared_text_variance(arms: Sequence[np.ndarray], signs: Sequence[float]) -> float:
+    """The text term: variance over resamples of ``sum(sign * arm mean)``, less each run's own reaction to the
+    drawn text (which the seed term holds already); ``arms`` are ``[n, resamples]`` resampled run values."""
+    combined = sum(sign * values.mean(axis=0) for sign, values in zip(signs, arms))
+    own = sum(((values - values.mean(axis=0)).var(axis=1, ddof=1).sum() / (len(values) - 1)) / len(values)
+              for values in arms if len(values) > 1)
+    return max(0.0, float(np.var(combined, ddof=1)) - own)
+
+
+def welch_interval(estimate: float, seed_parts: Sequence[tuple[float, int]], text_variance: float,
+                   level: float) -> tuple[float, float]:
+    """``estimate ± t * se``; ``seed_parts`` are (s^2 / n, n) per arm, the text term's variance is taken as known."""
+    seed_variance = sum(v for v, _ in seed_parts)
+    se = np.sqrt(seed_variance + text_variance)
+    spread = sum(v**2 / (n - 1) for v, n in seed_parts)
+    df = (seed_variance + text_variance) ** 2 / spread if spread > 0 else np.inf
+    t = stats.t.ppf(0.5 + level / 2, df) if np.isfinite(df) else stats.norm.ppf(0.5 + level / 2)
+    return float(estimate - t * se), float(estimate + t * se)
+
+
+def _check_arms(*arms: Sequence[Run]) -> None:
+    if any(not arm for arm in arms):
+        raise ValueError("every arm needs at least one evaluated run")
+    n_blocks = {len(np.asarray(run[0])) for arm in arms for run in arm}
+    if len(n_blocks) > 1:
+        raise ValueError(f"runs scored different blocks ({sorted(n_blocks)} blocks): they are not on the same text")
+
+
+def arm_difference(
+    runs: Sequence[Run],
+    baselines: Sequence[Run],
+    metric: Callable[..., np.ndarray] = ratio_of_sums,
+    *,
+    scale: float = 1.0,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    level: float = LEVEL,
+) -> Comparison:
+    """``scale * (mean over runs of metric - mean over baselines of metric)`` with its interval.
+
+    ``runs`` and ``baselines`` hold one entry per seed, each the block-sum arrays ``metric`` takes, all on
+    the same blocks. Both arms need two runs or more for a ``seeds+text`` interval; otherwise it is the
+    text-only bootstrap, never significant.
+    """
+    _check_arms(runs, baselines)
+    drawn = draws(len(np.asarray(runs[0][0])), resamples, seed)
+    (full_a, values_a), (full_b, values_b) = run_values(runs, metric, drawn), run_values(baselines, metric, drawn)
+    seeds = (len(runs), len(baselines))
+    if min(seeds) < 2:
+        return _text_only(runs, baselines, metric, seeds, resamples=resamples, seed=seed, level=level).scaled(scale)
+    estimate = float(full_a.mean() - full_b.mean())
+    text = shared_text_variance([values_a, values_b], [1.0, -1.0])
+    seed_parts = [(float(full.var(ddof=1)) / len(full), len(full)) for full in (full_a, full_b)]
+    lo, hi = welch_interval(estimate, seed_parts, text, level)
+    return Comparison(estimate, lo, hi, seeds, SEEDS_AND_TEXT).scaled(scale)
+
+
+def arm_estimate(
+    runs: Sequence[Run],
+    metric: Callable[..., np.ndarray] = ratio_of_sums,
+    *,
+    scale: float = 1.0,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    level: float = LEVEL,
+) -> Comparison:
+    """``scale *`` the mean over one arm's runs of ``metric``, with its interval (seeds+text from two runs)."""
+    _check_arms(runs)
+    drawn = draws(len(np.asarray(runs[0][0])), resamples, seed)
+    full, values = run_values(runs, metric, drawn)
+    if len(runs) < 2:
+        interval = bootstrap(metric, list(runs[0]), resamples=resamples, seed=seed, level=level)
+        return Comparison(interval.estimate, interval.lo, interval.hi, (1,), TEXT).scaled(scale)
+    text = shared_text_variance([values], [1.0])
+    lo, hi = welch_interval(float(full.mean()), [(float(full.var(ddof=1)) / len(full), len(full))], text, level)
+    return Comparison(float(full.mean()), lo, hi, (len(runs),), SEEDS_AND_TEXT).scaled(scale)
+
+
+def _text_only(runs, baselines, metric, seeds, **bootstrap_args) -> Comparison:
+    """Mean over runs minus mean over baselines, every run resampled with the same block draws."""
+    width = len(runs[0])
+    flat = [array for run in (*runs, *baselines) for array in run]
+
+    def statistic(*sums):
+        values = [metric(*sums[i : i + width]) for i in range(0, len(sums), width)]
+        return np.mean(values[: len(runs)], axis=0) - np.mean(values[len(runs) :], axis=0)
+
+    interval = bootstrap(statistic, flat, **bootstrap_args)
+    return Comparison(interval.estimate, interval.lo, interval.hi, seeds, TEXT)
+
+
+def switch_difference(with_switch: Sequence[Run], without: Sequence[Run], metric: Callable = ratio_of_sums, *,
+                      scale: float = 1.0, **bootstrap_args) -> Comparison:
+    """An evaluation-time switch on the same checkpoints (a position override, a longer length): the mean over
+    checkpoints of the paired difference, with the text-only interval. No training noise enters: the models
+    are the same, so the interval covers the text only and says so."""
+    if len(with_switch) != len(without):
+        raise ValueError(f"a switch pairs each checkpoint with itself: got {len(with_switch)} and {len(without)} runs")
+    interval = _text_only(with_switch, without, metric, (len(with_switch),), **bootstrap_args)
+    return interval.scaled(scale)

@@ -1,0 +1,128 @@
+"""The jitted step math of training and validation: the objective, its gradients (with micro-batches),
+one guarded optimizer step, per-token validation scores, and the training state they act on.
+
+Pure functions of (graphdef, state, batch); ``lmzoo.training`` jits them, and benchmarks and tests
+call them directly.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax import lax
+
+from lmzoo.checkpoint import split_model
+from lmzoo.config import Config
+from lmzoo.evaluator import logit_scores, token_scores
+from lmzoo.mixers.base import AuxLoss
+from lmzoo.model import LM
+from lmzoo.optim import make_optimizer
+
+
+def scored_mean(values: jax.Array, batch) -> jax.Array:
+    """Mean over the scored positions: all of them, or those a synthetic task weights."""
+    weights = batch.get("weights")
+    if weights is None:
+        return values.mean()
+    return (values * weights).sum() / jnp.maximum(weights.sum(), 1.0)
+
+
+def next_token_loss(model: LM, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Next-token cross-entropy, its accuracy, and the auxiliary losses mixers sowed in the forward."""
+    logits, sown = nnx.capture(model, AuxLoss)(batch["inputs"], segment_ids=batch.get("segment_ids"))  # (B, T, V)
+    scores = logit_scores(logits, batch["targets"])
+    loss, accuracy = scored_mean(scores["loss"], batch), scored_mean(scores["correct"], batch)
+    return loss, {"accuracy": accuracy, **sum_by_name(sown)}
+
+
+def sum_by_name(sown) -> dict[str, jax.Array]:
+    """Sown AuxLoss values summed over layers by name: {"aux/<name>": scalar}."""
+    totals: dict[str, jax.Array] = {}
+    for path, value in nnx.to_flat_state(sown):
+        for v in jax.tree.leaves(value):  # sow keeps a tuple of the values sown
+            totals[f"aux/{path[-1]}"] = totals.get(f"aux/{path[-1]}", 0.0) + jnp.mean(v)
+    return totals
+
+
+def loss_and_extra(params, extra, graphdef, batch):
+    model = nnx.merge(graphdef, params, extra, copy=True)  # fresh Variables: in-place writes stay traceable
+    model = nnx.view(model, training=True)  # mixers' training-time behaviour on (see Mixer.training)
+    loss, metrics = next_token_loss(model, batch)
+    objective = loss + sum(v for k, v in metrics.items() if k.startswith("aux/"))
+    metrics = {"loss": loss, **metrics}
+    return objective, (metrics, nnx.state(model, nnx.Not(nnx.Param)))  # non-parameter state the forward updated
+
+
+def scored_count(batch) -> jax.Array:
+    """How many target positions a batch scores (the weights' sum for synthetic tasks)."""
+    weights = batch.get("weights")
+    return jnp.asarray(batch["targets"].size if weights is None else weights.sum(), jnp.float32)
+
+
+def gradients(params, extra, graphdef, batch, micro_batches: int = 1):
+    """(grads, metrics, extra) of the objective on ``batch``, over ``micro_batches`` slices of its rows in turn.
+
+    Each slice's loss is a mean over its scored tokens, so weighting the slices by their share of
+    the batch's scored tokens gives the whole batch's gradient with one slice's activations in
+    memory. Slice i takes rows i, i + m, i + 2m, ... so that every device's rows feed every slice.
+    Non-parameter state the forward updates (``extra``) passes from slice to slice.
+    """
+    grad_fn = jax.value_and_grad(loss_and_extra, has_aux=True)
+    if micro_batches == 1:
+        (_, (metrics, extra)), grads = grad_fn(params, extra, graphdef, batch)
+        return grads, metrics, extra
+    slices = jax.tree.map(lambda x: x.reshape(x.shape[0] // micro_batches, micro_batches, *x.shape[1:]).swapaxes(0, 1), batch)
+    counts = jax.vmap(scored_count)(slices)
+    shares = counts / counts.sum()
+
+    def one_slice(carry, inputs):
+        grads_sum, metrics_sum, extra = carry
+        piece, share = inputs
+        (_, (metrics, extra)), grads = grad_fn(params, extra, graphdef, piece)
+        weighted_add = lambda total, x: total + share * x  # noqa: E731
+        return (jax.tree.map(weighted_add, grads_sum, grads), jax.tree.map(weighted_add, metrics_sum, metrics), extra), None
+
+    first = jax.tree.map(lambda x: x[0], slices)
+    (_, (metrics_shape, _)), grads_shape = jax.eval_shape(grad_fn, params, extra, graphdef, first)
+    zeros = lambda tree: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), tree)  # noqa: E731
+    (grads, metrics, extra), _ = lax.scan(one_slice, (zeros(grads_shape), zeros(metrics_shape), extra), (slices, shares))
+    return grads, metrics, extra
+
+
+def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1):
+    """One optimizer step; a step whose loss, gradient norm or new state is not finite keeps the old state.
+
+    The guard only selects between the updated and the old state (``jnp.where``): it adds no arithmetic
+    to a finite step, whose numbers stay those of the unguarded step. (``optax.apply_if_finite`` would
+    guard the parameters only, not the non-parameter state the forward updates, and would change the
+    checkpoint layout.)
+    """
+    grads, metrics, extra = gradients(state["params"], state["extra"], graphdef, batch, micro_batches)
+    updates, opt = tx.update(grads, state["opt"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    grad_norm = optax.tree.norm(grads)
+    updated = {"params": params, "extra": extra, "opt": opt}
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & all_finite(updated)
+    kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, {k: state[k] for k in updated})
+    new_state = {**kept, "step": state["step"] + 1}
+    return new_state, {**metrics, "grad_norm": grad_norm, "finite": finite}
+
+
+def all_finite(tree) -> jax.Array:
+    """Whether every floating-point value of ``tree`` is finite: a scalar bool."""
+    checks = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
+
+
+def eval_step(graphdef, state, inputs, targets, segment_ids=None):
+    return token_scores(nnx.merge(graphdef, state["params"], state["extra"]), inputs, targets, segment_ids)
+
+
+def init_train_state(cfg: Config, model: LM):
+    """(graphdef, state, optimizer): the state pytree is what checkpoints hold."""
+    graphdef, model_state = split_model(model)
+    tx = make_optimizer(cfg.optim, cfg.train.steps)
+    state = {**model_state, "opt": tx.init(model_state["params"]), "step": jnp.zeros((), jnp.int32)}
+    return graphdef, state, tx

@@ -1,0 +1,365 @@
+"""Training one model, resumably: the ``Trainer`` and its loop (``train``), under ``lmzoo.train``'s command.
+
+The run directory (``lmzoo.rundir.RunDir``) holds the config, checkpoints, TensorBoard events and
+the metrics log. Training a run directory that holds a run resumes it from its newest intact
+checkpoint, on the same data (a changed corpus is refused unless ``data.allow_changed=true``);
+SIGTERM or Ctrl-C saves a checkpoint before ``train`` returns. A step whose loss or gradient norm
+is not finite leaves the state as it was; ``train.max_nonfinite`` of them in a row stop the run.
+One trainer at a time holds a run directory (``lmzoo.faults.RunLock``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import asdict
+from functools import partial
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from lmzoo.checkpoint import Checkpointer
+from lmzoo.config import Config, ConfigError
+from lmzoo.data import build_data
+from lmzoo.evaluator import score_length
+from lmzoo.faults import Diverged, RunLock
+from lmzoo.logger import MetricsLogger
+from lmzoo.metrics.intervals import BLOCKS
+from lmzoo.metrics.probes import attention_stats, summary as probe_summary
+from lmzoo.model import LM, count_params
+from lmzoo.optim import learning_rate_schedule
+from lmzoo.rundir import RunDir, check_data, describe_changes, prepare_run_dir, record_settings
+from lmzoo.sharding import batch_sharding, make_mesh, state_shardings
+from lmzoo.steps import eval_step, init_train_state, train_step
+
+log = logging.getLogger("lmzoo.train")
+logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax reports every file it writes at INFO
+logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" on every start
+
+
+def probe_metrics(model: LM, tokens, segment_ids=None) -> dict:
+    """Attention sparsity and entropy: overall means, and per layer (mean over heads) for TensorBoard."""
+    stats = attention_stats(model, tokens, segment_ids)
+    metrics = {f"val_{k}": v for k, v in probe_summary(stats).items()}
+    for name in ("sparsity", "entropy"):
+        for layer, heads in enumerate(stats[name]):
+            metrics[f"probe/{name}/layer{layer}"] = float(np.nanmean(heads))
+    return metrics
+
+
+# ----------------------------------------------------------------------------- plumbing
+
+
+class StopRequest:
+    """SIGTERM / first Ctrl-C ask the loop to checkpoint and stop; a second Ctrl-C aborts."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self):
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    return out
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def open_data(cfg: Config):
+    """(data, training iterator, validation windows at the training length); bad data settings become ConfigErrors."""
+    try:
+        data = build_data(cfg.data, seed=cfg.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
+        train_iter = data.train_iterator(cfg.train.batch_size)
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from e
+    try:
+        val_windows = data.validation_windows([cfg.data.seq_len], cfg.train.eval_tokens)[cfg.data.seq_len]
+    except ValueError as e:
+        raise ConfigError(f"train.eval_tokens={cfg.train.eval_tokens}: {e}") from e
+    return data, train_iter, val_windows
+
+
+def join_processes(cfg: Config) -> None:
+    """Connect this process to the others of one run (before JAX touches a device). On a cluster
+    JAX reads where and who from its environment (SLURM's); ``train.coordinator_address``,
+    ``num_processes`` and ``process_id`` say it explicitly (e.g. several processes on one machine)."""
+    t = cfg.train
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of different processes talk through gloo
+    jax.distributed.initialize(t.coordinator_address, t.num_processes, t.process_id)
+
+
+def training_mesh(cfg: Config) -> Mesh:
+    """``train.mesh`` over every device; the batch must split evenly over its row axes."""
+    mesh = make_mesh(cfg.train.mesh)
+    row_groups = mesh.shape["data"] * mesh.shape["fsdp"]
+    if cfg.train.batch_size % row_groups:
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not divisible by the {row_groups} devices that "
+                          f"split the batch (train.mesh.data x train.mesh.fsdp)")
+    return mesh
+
+
+def write_run_info(run: RunDir, cfg: Config, data, model: LM, n_params: int) -> None:
+    """What the model is and where it trains."""
+    run.write_run_info({
+        "variant": cfg.attn.name, "params": n_params, "state_size": model.state_size(cfg.data.seq_len),
+        "state_size_per_layer": [b.mixer.state_size(cfg.data.seq_len) for b in model.blocks],
+        "devices": jax.device_count(), "platform": jax.default_backend(),
+        "document_boundaries": getattr(data, "document_boundaries", "none"),  # synthetic tasks: one sequence each
+    })
+
+
+def open_logger(run: RunDir, cfg: Config, n_params: int, start_step: int) -> MetricsLogger:
+    logger = MetricsLogger(run, start_step=start_step, enabled=jax.process_index() == 0)
+    hparams = {**flatten(asdict(cfg)), "params": n_params}
+    logger.log_config(OmegaConf.to_yaml(OmegaConf.structured(cfg)), hparams, ["loss", "bpb"])
+    return logger
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+class Trainer:
+    """One run: its training state on the devices, and the named steps of the loop in ``train``."""
+
+    def __init__(self, cfg: Config):
+        if cfg.train.distributed:
+            join_processes(cfg)
+        self.cfg = cfg
+        self.run = prepare_run_dir(cfg)
+        self.run_dir = self.run.path
+        self.held = ExitStack()  # what ``close`` gives back: the run lock first of all
+        if jax.process_index() == 0:  # the hosts of one multi-host run share its directory
+            self.held.enter_context(RunLock(self.run.lock_path))
+        try:
+            self._start(cfg)
+        except BaseException:
+            self.held.close()
+            raise
+
+    def _start(self, cfg: Config) -> None:
+        self.mesh = training_mesh(cfg)
+        replicated = NamedSharding(self.mesh, P())
+        self.to_device = partial(jax.make_array_from_process_local_data, batch_sharding(self.mesh))
+        data, self.train_iter, self.val_windows = open_data(cfg)
+        model = LM(cfg, data.tokenizer.vocab_size, rngs=nnx.Rngs(cfg.seed))
+        self.n_params = n_params = count_params(model)
+        log.info("run_dir %s: %s, %s parameters", self.run_dir, cfg.attn.name, f"{n_params:,}")
+
+        self.graphdef, state, tx = init_train_state(cfg, model)
+        self.shardings = state_shardings(state, self.mesh, cfg.train.mesh.rules)
+        self.state = jax.device_put(state, self.shardings)
+        self.checkpointer = Checkpointer(self.run.checkpoints, keep=cfg.train.keep_checkpoints)
+        self.held.callback(self.checkpointer.close)
+        start = self.resume()
+        if jax.process_index() == 0:
+            check_data(self.run, data.fingerprint, step=start, allow_changed=cfg.data.allow_changed)
+            if changes := record_settings(cfg, start):
+                log.info("resumed with changed settings: %s (recorded in %s)", describe_changes(changes),
+                         self.run.resumes_path)
+            write_run_info(self.run, cfg, data, model, n_params)
+
+        self.step_fn = jax.jit(partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum), donate_argnums=0,
+                               out_shardings=(self.shardings, replicated))  # the state keeps its layout
+        self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
+        rows = cfg.train.batch_size // jax.process_count()
+        self.process_rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
+        first_windows = self.val_windows(np.arange(max(1, cfg.train.probe_batch)))
+        probed = slice(0, cfg.train.probe_batch)
+        self.probe_tokens = first_windows["inputs"][probed]
+        self.probe_segments = first_windows["segment_ids"][probed] if "segment_ids" in first_windows else None
+        self.bits_per_byte = 1.0 / (math.log(2) * data.bytes_per_token)
+        self.schedule = learning_rate_schedule(cfg.optim, cfg.train.steps)
+        self.logger = open_logger(self.run, cfg, n_params, start)
+        self.held.callback(self.logger.close)
+
+        self.step, self.last_val = int(self.state["step"]), {}
+        self.window_losses, self.window_start = [], time.perf_counter()  # the steps since the last log row
+        self.nonfinite_in_a_row, self.window_nonfinite = 0, 0
+        self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=cfg.attn.name,
+                        disable=not cfg.train.progress, dynamic_ncols=True)
+        self.held.callback(self.bar.close)
+
+    def resume(self) -> int:
+        """Continue from the newest intact checkpoint; the step restored (0 without checkpoints).
+
+        Damaged newer checkpoints are named, passed over and moved to ``damaged_checkpoints/``
+        (the run will save those steps anew); with none intact the run stops (RunFault).
+        """
+        damaged = []
+
+        def pass_over(step: int, message: str) -> None:
+            damaged.append(step)
+            log.warning("warning: %s; trying an older checkpoint", message)
+
+        found = self.checkpointer.restore_newest_intact(
+            lambda step: self.checkpointer.restore(step, self.state), on_damaged=pass_over)
+        if found is None:
+            if self.run.read_metrics():
+                log.warning("warning: %s has logged steps but no checkpoint: starting afresh from step 0 "
+                            "(the logs are cut back to it)", self.run_dir)
+            return 0
+        step, (self.state, data_state) = found
+        self.train_iter.set_state(data_state)
+        if jax.process_index() == 0:
+            for bad in damaged:
+                self.checkpointer.set_aside(bad, self.run.damaged_checkpoints)
+        log.info("resumed %s from step %d", self.run_dir, step)
+        return step
+
+    def due(self, every: int) -> bool:
+        """Whether the step just taken is a multiple of ``every``, or the last one."""
+        return self.step % every == 0 or self.step == self.cfg.train.steps
+
+    def advance(self) -> dict:
+        """One optimizer step on the next training batch; its metrics stay on the device."""
+        batch = jax.tree.map(self.to_device, next(self.train_iter))
+        with jax.set_mesh(self.mesh):  # the model keeps activations split by rows (sharding.constrain_rows)
+            self.state, metrics = self.step_fn(self.state, batch)
+        self.step += 1
+        self.check_finite(bool(metrics["finite"]))  # one scalar read per step, so divergence stops at once
+        self.window_losses.append(metrics["loss"])
+        self.bar.update(1)
+        return metrics
+
+    def check_finite(self, finite: bool) -> None:
+        """Count a step the jitted step skipped for a non-finite loss or gradient; Diverged after too many in a row."""
+        if finite:
+            self.nonfinite_in_a_row = 0
+            return
+        self.nonfinite_in_a_row += 1
+        self.window_nonfinite += 1
+        log.warning("warning: step %d: loss or gradient norm is not finite; its update was skipped (%d in a row)",
+                    self.step, self.nonfinite_in_a_row)
+        if self.nonfinite_in_a_row >= self.cfg.train.max_nonfinite:
+            last = self.checkpointer.latest_step()
+            where = f"step {last} in {self.run.checkpoints}" if last is not None else "none saved yet"
+            raise Diverged(f"diverged at step {self.step}: {self.nonfinite_in_a_row} steps in a row with a non-finite "
+                           f"loss or gradient norm (train.max_nonfinite={self.cfg.train.max_nonfinite}); "
+                           f"last finite checkpoint: {where}; lower optim.lr to retry")
+
+    def train_metrics(self, metrics: dict) -> dict:
+        """Loss and throughput over the steps since the last row; the other metrics of the last step."""
+        losses = np.asarray(jax.device_get(self.window_losses))  # waits for the steps to finish
+        finite_losses = losses[np.isfinite(losses)]  # the steps that updated the model
+        loss = float(np.mean(finite_losses)) if len(finite_losses) else float("nan")
+        elapsed = time.perf_counter() - self.window_start
+        steps = len(self.window_losses)
+        row = {
+            "loss": loss, "bpb": loss * self.bits_per_byte, "ppl": math.exp(min(loss, 50.0)),
+            "lr": float(self.schedule(self.step - 1)), "grad_norm": float(metrics["grad_norm"]),
+            "tokens_per_s": self.cfg.train.batch_size * self.cfg.data.seq_len * steps / elapsed,
+            "step_time_s": elapsed / steps,
+            "accuracy": float(metrics["accuracy"]),
+            **{k: float(v) for k, v in metrics.items() if k.startswith("aux/")},
+            "nonfinite_steps": self.window_nonfinite,
+        }
+        self.window_losses, self.window_start, self.window_nonfinite = [], time.perf_counter(), 0
+        self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+        log.info("step %d: loss %.4f  lr %.3g  grad_norm %.3g  tokens/s %.0f", self.step, loss, row["lr"],
+                 row["grad_norm"], row["tokens_per_s"])
+        return row
+
+    def score(self, *arrays: np.ndarray) -> dict:
+        """Per-target loss and correctness of a global batch of validation windows (inputs, targets and any
+        segment ids); this process feeds its rows."""
+        local = [self.to_device(x[self.process_rows]) for x in arrays]
+        with jax.set_mesh(self.mesh):
+            return jax.device_get(self.eval_fn(self.state, *local))
+
+    def validate(self) -> dict:
+        """Loss, bits per byte (with its 95% interval) and accuracy on the first ``train.eval_tokens``
+        validation targets, scored as ``lmzoo.eval`` scores the training length; the attention probes."""
+        scores = score_length(self.score, self.val_windows, rows=self.cfg.train.batch_size, blocks=BLOCKS, n_buckets=1)
+        val = {f"val_{k}": v for k, v in scores.summary(self.bits_per_byte).items()}
+        interval = scores.bpb_interval(self.bits_per_byte)
+        val.update(val_bpb_lo=interval.lo, val_bpb_hi=interval.hi)
+        if len(self.probe_tokens):
+            model = nnx.merge(self.graphdef, self.state["params"], self.state["extra"])
+            val.update(probe_metrics(model, self.probe_tokens, self.probe_segments))
+        self.last_val = val
+        log.info("step %d: val_loss %.4f  val_bpb %.4f [%.4f, %.4f]", self.step, val["val_loss"], val["val_bpb"],
+                 val["val_bpb_lo"], val["val_bpb_hi"])
+        return val
+
+    def log(self, row: dict, metrics: dict) -> None:
+        """Write a row when this step logged or validated; a validation-only row still gets the step's loss."""
+        if row:
+            row.setdefault("loss", float(metrics["loss"]))
+            self.logger.log(self.step, row)
+
+    def save(self) -> None:
+        """Checkpoint the current step, the logs first: whatever a kill leaves on disk, the logs reach
+        at least the newest checkpoint, and a resume cuts them back to it."""
+        self.logger.flush()
+        self.checkpointer.save(self.step, self.state, self.train_iter.get_state())
+
+    def save_and_stop(self) -> dict:
+        """The run was asked to stop: checkpoint where it stands, so the same command resumes it."""
+        self.save()
+        log.info("interrupted: saved a checkpoint at step %d in %s; run the same command to resume",
+                 self.step, self.run_dir)
+        return self.summary(interrupted=True)
+
+    def report_end(self) -> None:
+        """Where the finished run is, for eval and generate to be pointed at."""
+        log.info("run_dir %s: %s, %s parameters, trained to step %d", self.run_dir, self.cfg.attn.name,
+                 f"{self.n_params:,}", self.step)
+
+    def summary(self, *, interrupted: bool = False) -> dict:
+        """What ``train`` returns: step reached, whether interrupted, last validation."""
+        return {"step": self.step, "interrupted": interrupted, **self.last_val}
+
+    def close(self) -> None:
+        """Flush and close the outputs and give the run directory back."""
+        self.held.close()
+
+
+def train(cfg: Config) -> dict:
+    """Train (or resume) the run described by ``cfg``; returns the last validation metrics."""
+    trainer = Trainer(cfg)
+    try:
+        with StopRequest() as stop, logging_redirect_tqdm():
+            while trainer.step < cfg.train.steps:
+                metrics = trainer.advance()
+                row = trainer.train_metrics(metrics) if trainer.due(cfg.train.log_every) else {}
+                if trainer.due(cfg.train.eval_every):
+                    row.update(trainer.validate())
+                trainer.log(row, metrics)
+                if stop.requested:  # checked before the scheduled save so the stop saves once
+                    return trainer.save_and_stop()
+                if trainer.due(cfg.train.checkpoint_every):
+                    trainer.save()
+        trainer.report_end()
+        return trainer.summary()
+    finally:
+        trainer.close()

@@ -1,0 +1,87 @@
+"""Intervals between trained models: training noise and text both counted, calibrated on A/A simulations."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from lmzoo.metrics import calibration
+from lmzoo.metrics.intervals import ratio_of_sums, ratio_to_reference
+from lmzoo.metrics.seeds import SEEDS_AND_TEXT, TEXT, arm_difference, arm_estimate, switch_difference
+
+
+def arms(scenario, seed=0):
+    return scenario.draw(np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("seeds", [3, 5])
+def test_two_arms_of_one_config_are_significant_about_as_often_as_the_level_says(seeds):
+    """The A/A false-positive rate at a nominal 5%, on 600 simulated replicates (Monte Carlo sd about 0.009),
+    where the text-only interval marks most of them significant."""
+    scenario = replace(calibration.DEFAULT, seeds=seeds)
+    rate = calibration.rejection_rate(scenario, replicates=600, resamples=200, seed=seeds)
+    assert 0.02 <= rate <= 0.08
+    assert calibration.rejection_rate(scenario, calibration.text_only, replicates=100, resamples=200) > 0.5
+
+
+def test_the_rate_holds_when_each_runs_own_reaction_to_the_text_dominates():
+    """Without the correction for what the seed term already holds, this regime counts the run-by-text noise twice."""
+    rate = calibration.rejection_rate(replace(calibration.TEXT_HEAVY, seeds=3), replicates=600, resamples=200, seed=7)
+    assert 0.02 <= rate <= 0.08
+
+
+def test_a_real_difference_is_found():
+    worse = replace(calibration.DEFAULT, seeds=3, shift=0.1)  # four seed sds
+    assert calibration.rejection_rate(worse, replicates=100, resamples=200) > 0.8
+
+
+def test_one_seed_in_an_arm_is_text_only_and_never_significant():
+    one, three = arms(replace(calibration.DEFAULT, seeds=1, shift=1.0)), arms(replace(calibration.DEFAULT, seeds=3))
+    comparison = arm_difference(one[1], three[0], resamples=200)
+    assert comparison.uncertainty == TEXT and comparison.seeds == (1, 3) and comparison.note == "1 seed: text only"
+    assert comparison.lo > 0.5 and not comparison.significant  # a clear shift, still not a claim about training
+
+
+def test_the_estimate_is_the_difference_of_arm_means_and_arms_may_differ_in_size():
+    a, b = arms(replace(calibration.DEFAULT, seeds=4, shift=0.05))
+    comparison = arm_difference(b[:2], a, resamples=200, scale=2.0)
+    means = [np.mean([loss.sum() / count.sum() for loss, count in arm]) for arm in (b[:2], a)]
+    assert comparison.estimate == pytest.approx(2 * (means[0] - means[1]))
+    assert comparison.seeds == (2, 4) and comparison.uncertainty == SEEDS_AND_TEXT
+    assert comparison.lo < comparison.estimate < comparison.hi
+    assert comparison.record()["seeds"] == [2, 4]
+
+
+def test_more_seed_noise_widens_the_interval_and_text_alone_cannot_see_it():
+    quiet, noisy = (replace(calibration.DEFAULT, seed_sd=sd, seeds=3) for sd in (0.001, 0.1))
+    widths = {}
+    for name, scenario in (("quiet", quiet), ("noisy", noisy)):
+        a, b = arms(scenario, seed=3)
+        full = arm_difference(b, a, resamples=200)
+        widths[name] = full.hi - full.lo
+    assert widths["noisy"] > 10 * widths["quiet"]
+
+
+def test_an_arm_estimate_covers_its_text_and_seeds():
+    a, _ = arms(replace(calibration.DEFAULT, seeds=3))
+    estimate = arm_estimate(a, resamples=200)
+    assert estimate.uncertainty == SEEDS_AND_TEXT and estimate.lo < estimate.estimate < estimate.hi
+    single = arm_estimate(a[:1], resamples=200)
+    assert single.uncertainty == TEXT and single.seeds == (1,)
+    # the text's shared difficulty is in both; training noise only in the arm's
+    assert estimate.hi - estimate.lo > single.hi - single.lo
+
+
+def test_a_switch_on_the_same_checkpoints_is_text_only_and_exact_for_no_switch():
+    a, _ = arms(replace(calibration.DEFAULT, seeds=3))
+    ratios = [(loss, count, loss, count) for loss, count in a]
+    same = switch_difference(ratios, ratios, ratio_to_reference, resamples=100)
+    assert (same.estimate, same.lo, same.hi) == (0.0, 0.0, 0.0) and same.uncertainty == TEXT
+
+
+def test_runs_on_other_blocks_are_refused():
+    a, b = arms(calibration.DEFAULT)
+    with pytest.raises(ValueError, match="different blocks"):
+        arm_difference([(loss[:-1], count[:-1]) for loss, count in a], b, ratio_of_sums)
