@@ -1,15 +1,16 @@
 """Orbax checkpoints of the whole training state: model, optimizer, step and data position.
 
-Every checkpoint also holds a digest (SHA-256) of each part of the state, because a damaged data
-file can restore without any error as wrong numbers. Restoring checks the digest, and the newest
-checkpoint that restores and matches it is used: a damaged newest one is named in one line and
-passed over. Evaluation restores the model's part alone (``restore_model``): the optimizer state
+Every checkpoint also holds a digest (SHA-256) of each part of the state and of the data position,
+because a damaged data file can restore without any error as wrong numbers. Restoring checks the
+digest, and the newest checkpoint that restores and matches it is used: a damaged newest one (its
+digest missing included: nothing could verify it) is named in one line and passed over. Evaluation restores the model's part alone (``restore_model``): the optimizer state
 stays on disk. A state holding NaN or inf is never saved.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shutil
 import sys
@@ -70,6 +71,11 @@ def digest(tree: Any) -> str:
     return sha.hexdigest()
 
 
+def data_digest(data_state: dict) -> str:
+    """SHA-256 of the data position as JSON with sorted keys (how it is saved, whatever its key order)."""
+    return hashlib.sha256(json.dumps(data_state, sort_keys=True).encode()).hexdigest()
+
+
 def all_finite(tree: Any) -> bool:
     return all(np.isfinite(x).all() for x in jax.tree.leaves(tree) if np.issubdtype(x.dtype, np.inexact))
 
@@ -116,7 +122,7 @@ class Checkpointer:
         host = to_host(train_state)
         if not all_finite(host):
             raise Diverged(f"step {step}: the training state holds NaN or inf; not saving it")
-        sums = {part: digest(value) for part, value in host.items()}
+        sums = {**{part: digest(value) for part, value in host.items()}, "data": data_digest(data_state)}
         args = ocp.args.Composite(train=ocp.args.PyTreeSave(train_state), data=ocp.args.JsonSave(data_state),
                                   digest=ocp.args.JsonSave(sums))
         try:
@@ -141,24 +147,28 @@ class Checkpointer:
         return nnx.merge(graphdef, restored["train"]["params"], restored["train"]["extra"])
 
     def _restore_verified(self, step: int, items: dict, parts) -> dict:
-        """Restore ``items`` of ``step``; CorruptCheckpoint if Orbax fails or a part differs from its digest.
+        """Restore ``items`` of ``step``; CorruptCheckpoint if Orbax fails, the digest is missing, or a part
+        (or the data position, when restored) differs from its digest.
 
-        Checkpoints written before digests existed are trusted as they restore.
+        The data position of checkpoints saved before the digest covered it is trusted as it restores.
         """
         silence_closed_loop_callbacks()  # before: a failing restore reports them while it raises
-        has_digest = (self.directory / str(step) / "digest").is_dir()
-        if has_digest:
-            items = {**items, "digest": ocp.args.JsonRestore()}
+        if not (self.directory / str(step) / "digest").is_dir():
+            raise CorruptCheckpoint(f"checkpoint {step} has no digest/ to verify it against (a save cut short, "
+                                    "or files removed)")
+        items = {**items, "digest": ocp.args.JsonRestore()}
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # Orbax and TensorStore raise many types for damaged files; LMZOO_DEBUG=1 shows them
             if debugging():
                 raise
             raise CorruptCheckpoint(f"checkpoint {step} cannot be restored ({first_line(e)})") from e
-        if has_digest:
-            for part in parts:
-                if digest(to_host(restored["train"][part])) != restored["digest"].get(part):
-                    raise CorruptCheckpoint(f"checkpoint {step} is damaged: its '{part}' differ from the digest saved with them")
+        sums = restored["digest"]
+        for part in parts:
+            if digest(to_host(restored["train"][part])) != sums.get(part):
+                raise CorruptCheckpoint(f"checkpoint {step} is damaged: its '{part}' differ from the digest saved with them")
+        if "data" in restored and "data" in sums and data_digest(restored["data"]) != sums["data"]:
+            raise CorruptCheckpoint(f"checkpoint {step} is damaged: its data position differs from the digest saved with it")
         return restored
 
     def restore_newest_intact(self, restore: Callable[[int], Any], *, on_damaged: Callable[[int, str], None]):

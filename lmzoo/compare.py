@@ -11,46 +11,90 @@ an arm of one seed shows its text-only interval and says so. With a baseline, a 
 each arm's difference to it in bpb at the training length and in the extrapolation ratio at every
 other length; ``*`` marks a significant difference (never for a one-seed arm). Runs on other data
 or other scored tokens than the reference run are left out, each named in one line. Run
-``python -m lmzoo.eval`` on each run first. ``--baseline ARM`` is accepted for ``baseline=ARM``.
+``python -m lmzoo.eval`` on each run first. ``--baseline ARM`` is accepted for ``baseline=ARM``;
+``--help`` lists the settings.
 The comparison itself is ``lmzoo.comparison``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple, NoReturn
 
-from lmzoo.cli import fail
+from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, show_help, wants_help
 from lmzoo.comparison import compare, write_report
+from lmzoo.config import ConfigError
+
+OPTIONS = [
+    Option("baseline", "null", "the arm (label or variant) every other row is compared with; null: no second table"),
+    Option("tag", "default", "which evaluation of each run to read (eval/<tag>)"),
+    Option("out", "<the folder the paths share>", "where comparison.md/.json and the plots go"),
+]
+KEYS = [o.key for o in OPTIONS]
 
 
-def as_flags(argv: list[str]) -> list[str]:
-    """``baseline=softmax`` (the key=value style of the other entry points) as ``--baseline softmax``."""
-    flags = []
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        flags += [f"--{key}", value] if key in ("baseline", "tag", "out") and value else [arg]
-    return flags
+class Arguments(NamedTuple):
+    paths: list[Path]
+    baseline: str | None
+    tag: str
+    out: Path | None
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m lmzoo.compare", description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", type=Path, help="run directories or sweep directories holding runs")
-    parser.add_argument("--baseline", help="the arm (label or variant) every other row is compared with")
-    parser.add_argument("--tag", default="default", help="which evaluation of each run to read (eval/<tag>)")
-    parser.add_argument("--out", type=Path, help="where comparison.md/.json and the plots go (default: the folder "
-                                                 "the paths share)")
-    return parser.parse_args(as_flags(argv))
+def show_usage() -> NoReturn:
+    show_help("python -m lmzoo.compare <run or sweep dir> ... [key=value ...]", 
+              "Tabulate and plot evaluated runs side by side: a row per arm (its seeds pooled), with 95% intervals.",
+              [("arguments", [Option("<run or sweep dir>", None, "run directories, or folders holding runs")]),
+               ("settings (--key value is accepted too)", OPTIONS), ("exit codes", exit_codes())])
+
+
+def as_key_values(argv: list[str]) -> list[str]:
+    """``--baseline softmax`` and ``--baseline=softmax`` as ``baseline=softmax``, the grammar of every command."""
+    args, rest = [], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("--"):
+            args.append(arg)
+            continue
+        key, equals, value = arg[2:].partition("=")
+        if key not in KEYS:
+            raise ConfigError(f"unknown option {arg!r} (valid keys: {', '.join(KEYS)}, as key=value or --key value)")
+        if not equals:
+            if not rest:
+                raise ConfigError(f"{arg} needs a value: {arg} <{key}> or {key}=<{key}>")
+            value = rest.pop(0)
+        args.append(f"{key}={value}")
+    return args
+
+
+def parse_args(argv: list[str]) -> Arguments:
+    """The run paths and settings; a path is any argument without ``=`` (or one that exists as a path)."""
+    paths, given = [], {}
+    for arg in as_key_values(argv):
+        if "=" not in arg or os.path.exists(arg):
+            paths.append(Path(arg))
+            continue
+        (key, value), = key_values([arg], "compare")
+        if key not in KEYS:
+            raise ConfigError(f"unknown key {key!r} (valid keys: {', '.join(KEYS)})")
+        given[key] = value
+    if not paths:
+        raise ConfigError("no run given: python -m lmzoo.compare <run or sweep dir> ... (run python -m lmzoo.eval on each first)")
+    out = given.get("out")
+    return Arguments(paths, given.get("baseline"), given.get("tag", "default"), Path(out) if out else None)
 
 
 def main(argv: list[str] | None = None) -> str:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        report = compare(args.paths, tag=args.tag, baseline=args.baseline)
-    except (FileNotFoundError, ValueError) as e:
-        fail(str(e), 2)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(argv):
+        show_usage()
+    with errors_in_one_line():
+        args = parse_args(argv)
+        try:
+            report = compare(args.paths, tag=args.tag, baseline=args.baseline)
+        except (FileNotFoundError, ValueError) as e:
+            raise ConfigError(str(e)) from None
     out = args.out or Path(os.path.commonpath([p.resolve() for p in args.paths]))  # not inside one run of several
     print(report.markdown)
     for path in write_report(report, out):

@@ -27,8 +27,8 @@ from omegaconf import OmegaConf
 from lmzoo.evaluator import sampling_note
 from lmzoo.metrics.intervals import RESAMPLES, SEED, over_seeds, ratio_of_sums, ratio_to_reference
 from lmzoo.metrics.seeds import Comparison, arm_difference, arm_estimate
-from lmzoo.rundir import RunDir, atomic_write_text, describe_changes
-from lmzoo.schema import ConfigError
+from lmzoo.rundir import CONFIG, RunDir, atomic_write_text, describe_changes
+from lmzoo.schema import ConfigError, flatten
 
 # Config keys that do not make two runs different experiments.
 NOT_IDENTITY = ("seed", "run_dir", "label")
@@ -148,7 +148,7 @@ def find_runs(paths: list[Path]) -> list[Path]:
     for path in paths:
         if not path.exists():
             raise FileNotFoundError(f"no such run or sweep directory: {path}")
-        candidates = [path] if RunDir(path).is_run() else sorted(p.parent for p in path.rglob("config.yaml"))
+        candidates = [path] if RunDir(path).is_run() else sorted(p.parent for p in path.rglob(CONFIG))
         found += [p for p in candidates if RunDir(p).is_run() and p not in found]
     return found
 
@@ -194,13 +194,6 @@ def distinguishing(group: Group, siblings: list[Group]) -> str:
     mine = flatten(group.runs[0].config)
     keys = sorted(k for k in set().union(*flat) if k not in NOT_IDENTITY and len({str(f.get(k)) for f in flat}) > 1)
     return ", ".join(f"{k}={mine.get(k)}" for k in keys)
-
-
-def flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        out.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-    return out
 
 
 # ----------------------------------------------------------------------------- same data or no comparison

@@ -43,7 +43,7 @@ class TrainConfig:
     batch_size: int = 16  # sequences per step, over all devices
     grad_accum: int = 1  # micro-batches per step: the same update, batch_size / grad_accum rows in memory at once
     eval_every: int = 100  # steps between validations
-    eval_tokens: int = 32768  # validation targets scored at each validation (the first ones of the split)
+    eval_tokens: int = 32768  # validation targets scored at each validation (spans spread over every document)
     checkpoint_every: int = 200  # steps between checkpoints (and at the last step)
     keep_checkpoints: int = 3  # the newest this many are kept
     log_every: int = 10  # steps per metrics.jsonl row
@@ -60,7 +60,7 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     lengths: list[int] = field(default_factory=list)  # empty: 1x, 2x, 4x, 8x the training length (always added)
-    tokens: Optional[int] = 2**18  # validation targets scored at every length (the first ones); None: the whole split
+    tokens: Optional[int] = 2**18  # validation targets scored at every length (spread over every document); None: the whole split
     batch_tokens: int = 16384  # tokens per forward batch: batch_tokens // L windows of length L
     blocks: int = BLOCKS  # fixed contiguous blocks of the scored targets, resampled by the bootstrap
     resamples: int = RESAMPLES  # bootstrap resamples behind every interval

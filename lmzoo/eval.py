@@ -52,8 +52,8 @@ def parse_args(argv: list[str]) -> tuple[RunDir, EvalConfig, list[str]]:
     given = dict(key_values(argv, "eval"))
     if "run_dir" not in given:
         raise ConfigError("run_dir=<dir> is required: the run to evaluate")
-    run = trained_run(given["run_dir"])
     eval_cfg = eval_settings([a for a in argv if a.startswith("eval.")])
+    run = trained_run(given["run_dir"])
     overrides = [a for a in argv if not a.startswith(("run_dir=", "eval."))]
     check_overrides(overrides)
     return run, eval_cfg, overrides

@@ -81,22 +81,22 @@ def plot_results(results: dict, out_dir: Path) -> None:
 
     train_len = results["train_seq_len"]
     lengths = [int(n) for n in results["lengths"]]
-    title = f"{results['variant']} (trained at {train_len}) — {results['tag']}\n"
-    title += f"{results['eval_tokens']:,} tokens, 95% intervals"
-    axis = {"train_len": train_len, "xscale": "log", "title": title}
+    run = f"{results['variant']} (trained at {train_len}), eval {results['tag']}, {results['eval_tokens']:,} tokens"
+    axis = {"train_len": train_len, "xscale": "log"}
     fig, ax = new_axes()
     bpb = [r["bpb"] for r in results["lengths"].values()]
     lo, hi = zip(*(r["bpb_ci"] for r in results["lengths"].values()))
     line_with_band(ax, lengths, bpb, lo, hi, marker="o", label="bpb, 95% interval")
     save_axes(fig, ax, out_dir / "loss_vs_length.png", xticks=lengths, xlabel="evaluation length (tokens)",
-              ylabel="validation bits per byte", **axis)
+              ylabel="validation bits per byte", title=f"Bits per byte against length (95% text interval)\n{run}", **axis)
 
     fig, ax = new_axes()  # paired on the same blocks: the band shows the change with length, not the text's noise
     ratio = [r["ratio"] for r in results["lengths"].values()]
     lo, hi = zip(*(r["ratio_ci"] for r in results["lengths"].values()))
     line_with_band(ax, lengths, ratio, lo, hi, marker="o", label="paired ratio, 95% interval")
     save_axes(fig, ax, out_dir / "ratio_vs_length.png", xticks=lengths, xlabel="evaluation length (tokens)",
-              ylabel=f"bpb@L / bpb@{train_len}", **axis)
+              ylabel=f"bpb@L / bpb@{train_len}", title=f"Ratio to the training length (paired 95% interval)\n{run}",
+              **axis)
 
     probed = {int(n): r["sparsity"] for n, r in results["lengths"].items() if "sparsity" in r}
     if probed:
@@ -105,9 +105,11 @@ def plot_results(results: dict, out_dir: Path) -> None:
             layer_means = [float(np.nanmean(s[layer])) for s in probed.values()]
             ax.plot(list(probed), layer_means, marker="o", label=f"layer {layer}")
         save_axes(fig, ax, out_dir / "sparsity_vs_length.png", xticks=list(probed), xlabel="evaluation length (tokens)",
-                  ylabel="mean row sparsity S (1 = uniform)", **axis)
+                  ylabel="mean row sparsity S (1 = uniform)", title=f"Attention sparsity per layer (no interval)\n{run}",
+                  **axis)
 
     fig, ax = new_axes()
     for length, curve in results["per_position"].items():
         line_with_band(ax, curve["positions"], curve["loss"], *curve["loss_ci"], label=f"L={length}")
-    save_axes(fig, ax, out_dir / "per_position.png", xlabel="position", ylabel="loss (nats/token), 95% band", **axis)
+    save_axes(fig, ax, out_dir / "per_position.png", xlabel="position", ylabel="loss (nats/token)",
+              title=f"Loss by position in the window (95% text band)\n{run}", **axis)

@@ -2,7 +2,7 @@
 loss and attention probes, each with its 95% bootstrap interval; ``evaluate`` returns them as a results dict
 and writes nothing (``lmzoo.eval_outputs`` writes them; ``lmzoo.eval`` is the command).
 
-Every length scores the same first ``eval.tokens`` validation targets (``lmzoo.evaluator``); the
+Every length scores the same ``eval.tokens`` validation targets, spread over every document (``lmzoo.evaluator``); the
 training length is always among the lengths, since ratios are taken to it. Long windows are cut
 from the validation token stream, in which documents are concatenated with an EOS between them:
 a window longer than a document simply continues into the next one, the same packing as in training.

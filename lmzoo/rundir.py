@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lmzoo.config import Config, ConfigError, load_run_config
 from lmzoo.faults import RunFault, WriteFault, first_line, probe_writable
+from lmzoo.schema import flatten
 
 log = logging.getLogger("lmzoo.rundir")
 
@@ -360,16 +361,7 @@ def prepare_run_dir(cfg: Config) -> RunDir:
 
 
 def flat_settings(config: DictConfig) -> dict:
-    flat = {}
-
-    def walk(node, prefix):
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
-        else:
-            flat[prefix[:-1]] = node
-
-    walk(OmegaConf.to_container(config, resolve=True), "")
+    flat = flatten(OmegaConf.to_container(config, resolve=True))
     return {k: v for k, v in flat.items() if k not in NOT_SETTINGS}
 
 

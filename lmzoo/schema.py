@@ -149,3 +149,11 @@ class DataConfig:
         Returns JSON-ready results by name, e.g. ``{"passkey": {...}}``.
         """
         return None
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """A nested mapping as dotted keys: ``{"optim": {"lr": 1e-3}}`` -> ``{"optim.lr": 1e-3}``."""
+    out = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out

@@ -38,6 +38,7 @@ from lmzoo.metrics.probes import attention_stats, summary as probe_summary
 from lmzoo.model import LM, count_params
 from lmzoo.optim import learning_rate_schedule
 from lmzoo.rundir import RunDir, check_data, describe_changes, prepare_run_dir, record_settings
+from lmzoo.schema import flatten
 from lmzoo.sharding import batch_sharding, make_mesh, state_shardings
 from lmzoo.steps import eval_step, init_train_state, train_step
 
@@ -80,16 +81,6 @@ class StopRequest:
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
-    return out
 
 
 # ----------------------------------------------------------------------------- setup
@@ -140,7 +131,8 @@ def write_run_info(run: RunDir, cfg: Config, data, model: LM, n_params: int) -> 
 
 def open_logger(run: RunDir, cfg: Config, n_params: int, start_step: int) -> MetricsLogger:
     logger = MetricsLogger(run, start_step=start_step, enabled=jax.process_index() == 0)
-    hparams = {**flatten(asdict(cfg)), "params": n_params}
+    plain = lambda v: v if isinstance(v, (int, float, str, bool)) else str(v)  # noqa: E731  (TensorBoard's hparams)
+    hparams = {**{k: plain(v) for k, v in flatten(asdict(cfg)).items()}, "params": n_params}
     logger.log_config(OmegaConf.to_yaml(OmegaConf.structured(cfg)), hparams, ["loss", "bpb"])
     return logger
 
@@ -297,7 +289,7 @@ class Trainer:
             return jax.device_get(self.eval_fn(self.state, *local))
 
     def validate(self) -> dict:
-        """Loss, bits per byte (with its 95% interval) and accuracy on the first ``train.eval_tokens``
+        """Loss, bits per byte (with its 95% interval) and accuracy on the ``train.eval_tokens``
         validation targets, scored as ``lmzoo.eval`` scores the training length; the attention probes."""
         scores = score_length(self.score, self.val_windows, rows=self.cfg.train.batch_size, blocks=BLOCKS, n_buckets=1)
         val = {f"val_{k}": v for k, v in scores.summary(self.bits_per_byte).items()}

@@ -46,11 +46,12 @@ from lmzoo.model import LM, count_params
 from lmzoo.rundir import RunDir
 from lmzoo.steps import gradients, init_train_state, loss_and_extra, train_step
 from lmzoo.training import train
+from lmzoo.data.tokenizers import ByteTokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmark import milliseconds  # noqa: E402
 
-VOCAB = 259  # the byte-level tokenizer
+VOCAB = ByteTokenizer.vocab_size
 TORCH_WORKER = Path(__file__).with_name("cpu_step_torch.py")
 SMOKE = ["model.d_model=32", "model.n_layers=2", "data.seq_len=64", "train.batch_size=4"]
 

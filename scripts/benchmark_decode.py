@@ -29,8 +29,9 @@ from lmzoo.checkpoint import split_model
 from lmzoo.cli import compose_and_validate
 from lmzoo.decoding import state_bytes
 from lmzoo.model import LM
+from lmzoo.data.tokenizers import ByteTokenizer
 
-VOCAB = 259  # the byte-level tokenizer
+VOCAB = ByteTokenizer.vocab_size
 DEFAULT_VARIANTS = ["softmax", "mla", "gla", "retnet", "mamba", "mamba2", "gated_deltanet"]
 
 

@@ -40,9 +40,10 @@ from lmzoo.model import LM, count_params
 from lmzoo.sharding import batch_sharding, state_shardings
 from lmzoo.steps import init_train_state, train_step
 from lmzoo.training import training_mesh
+from lmzoo.data.tokenizers import ByteTokenizer
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v5": 197.0, "TPU v4": 275.0}  # dense bf16
-VOCAB = 259  # the byte-level tokenizer
+VOCAB = ByteTokenizer.vocab_size
 
 
 def peak_tflops(kind: str, given: float | None) -> float | None:

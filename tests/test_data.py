@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from lmzoo.data import build_data, build_tokenizer
-from lmzoo.data import pipeline, sources
-from lmzoo.data.sources import HFConfig, TextFilesConfig
+from lmzoo.data import corpus, pipeline, stdlib, text_files
+from lmzoo.data.hf import HFConfig
+from lmzoo.data.text_files import TextFilesConfig
 from lmzoo.data.tokenizers import ByteTokenizer, HFTokenizer
 
 # --- helpers ------------------------------------------------------------------
@@ -59,14 +60,14 @@ def assert_batches_equal(first, second):
 
 def test_stable_fraction_is_pinned_sha256_not_python_hash():
     # A change here would silently move files between train and validation.
-    assert sources.stable_fraction("a") == pytest.approx(0.7913742705223816, abs=1e-15)
-    assert 0.0 <= sources.stable_fraction("dir/file.py") < 1.0
+    assert corpus.stable_fraction("a") == pytest.approx(0.7913742705223816, abs=1e-15)
+    assert 0.0 <= corpus.stable_fraction("dir/file.py") < 1.0
 
 
 def test_split_by_file_follows_hash_rule_and_ignores_cwd(tmp_path, monkeypatch):
     numbered_files(tmp_path / "corpus", 40)
-    docs = sources.text_file_documents(str(tmp_path / "corpus" / "*.txt"), val_fraction=0.25)
-    expected_val = {f"file {i:02d}\n".encode() for i in range(40) if sources.stable_fraction(f"f{i:02d}.txt") < 0.25}
+    docs = text_files.text_file_documents(str(tmp_path / "corpus" / "*.txt"), val_fraction=0.25)
+    expected_val = {f"file {i:02d}\n".encode() for i in range(40) if corpus.stable_fraction(f"f{i:02d}.txt") < 0.25}
     assert 0 < len(expected_val) < 40  # the rule itself leaves both sides non-empty here
     assert set(docs.validation) == expected_val
     assert set(docs.train).isdisjoint(docs.validation)
@@ -74,21 +75,21 @@ def test_split_by_file_follows_hash_rule_and_ignores_cwd(tmp_path, monkeypatch):
     assert docs.fingerprint["split_by"] == "files"
 
     monkeypatch.chdir(tmp_path / "corpus")
-    again = sources.text_file_documents("*.txt", val_fraction=0.25)
+    again = text_files.text_file_documents("*.txt", val_fraction=0.25)
     assert again.validation == docs.validation and again.train == docs.train
     assert again.fingerprint["sha256"] == docs.fingerprint["sha256"]
 
 
 def test_validation_is_never_empty_with_few_files(tmp_path):
     numbered_files(tmp_path, 2)
-    docs = sources.text_file_documents(str(tmp_path / "*.txt"), val_fraction=0.0)
+    docs = text_files.text_file_documents(str(tmp_path / "*.txt"), val_fraction=0.0)
     assert len(docs.train) == 1 and len(docs.validation) == 1
 
 
 def test_single_jsonl_file_is_split_by_line(tmp_path):
     texts = [f"line {i}" for i in range(20)]
     path = write_jsonl(tmp_path / "one.jsonl", texts)
-    docs = sources.text_file_documents(str(path), val_fraction=0.2)
+    docs = text_files.text_file_documents(str(path), val_fraction=0.2)
     assert docs.fingerprint["split_by"] == "documents"
     assert docs.validation and docs.train
     assert sorted(docs.train + docs.validation) == sorted(t.encode() for t in texts)
@@ -97,7 +98,7 @@ def test_single_jsonl_file_is_split_by_line(tmp_path):
 def test_single_text_document_is_split_at_a_line_break(tmp_path):
     lines = [f"line {i}\n" for i in range(100)]
     path = write(tmp_path / "book.txt", "".join(lines))
-    docs = sources.text_file_documents(str(path), val_fraction=0.1)
+    docs = text_files.text_file_documents(str(path), val_fraction=0.1)
     (head,), (tail,) = docs.train, docs.validation
     assert head + tail == "".join(lines).encode()
     assert head.endswith(b"\n") and tail.startswith(b"line ")
@@ -107,7 +108,7 @@ def test_single_text_document_is_split_at_a_line_break(tmp_path):
 def test_no_documents_is_an_error(tmp_path):
     write(tmp_path / "empty.jsonl", "\n")
     with pytest.raises(ValueError, match="no documents"):
-        sources.text_file_documents(str(tmp_path / "empty.jsonl"))
+        text_files.text_file_documents(str(tmp_path / "empty.jsonl"))
 
 
 # --- stdlib -------------------------------------------------------------------
@@ -117,14 +118,14 @@ def test_stdlib_skips_tests_and_third_party_packages(tmp_path):
     for relpath in ["a.py", "pkg/b.py", "pkg/notes.txt", "test/t.py", "pkg/tests/t.py",
                     "idlelib/idle_test/t.py", "site-packages/x/x.py", "dist-packages/y.py"]:
         write(tmp_path / relpath, f"# {relpath}\n")
-    docs = sources.stdlib_documents(root=str(tmp_path))
+    docs = stdlib.stdlib_documents(root=str(tmp_path))
     assert sorted(docs.train + docs.validation) == [b"# a.py\n", b"# pkg/b.py\n"]
     assert docs.fingerprint["files"] == 2
 
 
 def test_stdlib_fingerprint_is_deterministic():
-    first = sources.stdlib_documents()
-    second = sources.stdlib_documents()
+    first = stdlib.stdlib_documents()
+    second = stdlib.stdlib_documents()
     fingerprint = first.fingerprint
     assert fingerprint == second.fingerprint
     assert first.validation == second.validation
@@ -144,11 +145,11 @@ def test_text_files_read_txt_and_jsonl(tmp_path):
     write(tmp_path / "b.txt", "beta")
     write_jsonl(tmp_path / "sub" / "c.jsonl", ["gamma", "delta", "epsilon"], field="body")
     patterns = [str(tmp_path / "*.txt"), str(tmp_path / "**" / "*.jsonl")]
-    docs = sources.text_file_documents(patterns, text_field="body")
+    docs = text_files.text_file_documents(patterns, text_field="body")
     assert sorted(docs.train + docs.validation) == sorted([b"alpha", b"beta", b"gamma", b"delta", b"epsilon"])
     assert docs.fingerprint["files"] == 3 and docs.fingerprint["documents"] == 5
     with pytest.raises(ValueError, match="'text'"):
-        sources.text_file_documents(patterns)  # the default field is absent
+        text_files.text_file_documents(patterns)  # the default field is absent
 
 
 @pytest.fixture
@@ -167,7 +168,7 @@ def test_hf_source_on_local_jsonl_splits_rows_by_hash(tmp_path, offline_hf):
     path = write_jsonl(tmp_path / "rows.jsonl", texts)
     cfg = HFConfig(hf_name="json", hf_data_files=str(path), val_fraction=0.3)
     docs = cfg.documents()
-    expected_val = [t.encode() for i, t in enumerate(texts) if sources.stable_fraction(f"row:{i}") < 0.3]
+    expected_val = [t.encode() for i, t in enumerate(texts) if corpus.stable_fraction(f"row:{i}") < 0.3]
     assert 0 < len(expected_val) < 30
     assert docs.validation == expected_val
     assert sorted(docs.train + docs.validation) == sorted(t.encode() for t in texts)
@@ -192,9 +193,9 @@ def test_hf_source_with_named_validation_split(tmp_path, offline_hf):
 def test_missing_paths_raise_file_not_found(tmp_path):
     missing = str(tmp_path / "nope.txt")
     with pytest.raises(FileNotFoundError, match="nope.txt"):
-        sources.text_file_documents(missing)
+        text_files.text_file_documents(missing)
     with pytest.raises(FileNotFoundError, match=r"\*\.jsonl"):
-        sources.text_file_documents(str(tmp_path / "**" / "*.jsonl"))
+        text_files.text_file_documents(str(tmp_path / "**" / "*.jsonl"))
     with pytest.raises(FileNotFoundError, match="nope.txt"):
         build_tokenizer(missing)
 
@@ -342,7 +343,7 @@ def test_bytes_per_token_counts_eos(tmp_path):
     for i in range(10):
         write(tmp_path / f"{i}.txt", "x" * (10 + i))
     data = build_data(text_config(str(tmp_path / "*.txt"), seq_len=4, val_fraction=0.3), seed=0)
-    docs = sources.text_file_documents(str(tmp_path / "*.txt"), val_fraction=0.3)
+    docs = text_files.text_file_documents(str(tmp_path / "*.txt"), val_fraction=0.3)
     val_bytes = sum(map(len, docs.validation))
     assert data.bytes_per_token == pytest.approx(val_bytes / (val_bytes + len(docs.validation)))
     assert 0.9 < data.bytes_per_token < 1.0

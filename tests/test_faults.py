@@ -330,15 +330,21 @@ with RunLock(RunDir(sys.argv[1]).lock_path):
 """
 
 
+def snapshot(folder: Path) -> dict:
+    """Every file and folder under ``folder`` with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
 def test_a_second_trainer_on_a_live_run_is_refused_and_a_dead_holder_releases_it(tmp_path):
     tmp_path.mkdir(exist_ok=True)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                               cwd=REPO)
     try:
         assert holder.stdout.readline().strip() == "held"
+        before = snapshot(tmp_path)
         err = one_line_error(train_cli(tmp_path), EXIT_RUN_FAULT)
         assert f"pid {holder.pid} on {socket.gethostname()}" in err
-        assert not (tmp_path / "metrics.jsonl").exists()  # refused before touching the run
+        assert snapshot(tmp_path) == before  # refused before touching the run: no .hydra/, no train.log
     finally:
         holder.kill()
         holder.wait()
@@ -519,7 +525,7 @@ def test_an_experiment_stops_with_its_run_and_writes_no_verdict(tmp_path, monkey
         experiments.main(["decode_cache", "quick=true", f"out_dir={tmp_path}"])
     assert exit_info.value.code == code
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("lmzoo.experiments: error: "), err
+    assert len(err.splitlines()) == 1 and err.startswith("lmzoo: error: "), err
     assert not list(tmp_path.rglob("verdict.json"))
 
 
@@ -571,3 +577,64 @@ def test_a_write_error_at_a_checkpoint_is_one_line_and_earlier_checkpoints_stay(
     assert ckpt.all_steps() == [2]
     ckpt.close()
     assert final_params(tmp_path)[0] == 2  # restores intact
+
+
+# ----------------------------------------------------------------------------- 13. what a checkpoint's digest covers
+
+
+def test_a_checkpoint_without_its_digest_is_passed_over_not_trusted(tmp_path, whole_run, caplog):
+    run_dir = copy_run(whole_run[0], tmp_path / "run")
+    shutil.rmtree(run_dir / "checkpoints" / "12" / "digest")
+    summary = train(tiny_config("softmax", *RESUME_ARGS, run_dir=run_dir))
+    assert summary["step"] == 12 and "checkpoint 12 has no digest/" in caplog.text
+    assert (run_dir / "damaged_checkpoints" / "12").is_dir()
+
+
+def test_a_changed_data_position_fails_its_digest(tmp_path, whole_run):
+    run_dir = copy_run(whole_run[0], tmp_path / "run")
+    position_file = run_dir / "checkpoints" / "12" / "data" / "metadata"  # the data position, as Orbax keeps JSON
+    position = json.loads(position_file.read_text())
+    position_file.write_text(json.dumps({**position, "next_index": position["next_index"] - 1}))  # still parses
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    with pytest.raises(CorruptCheckpoint, match="data position differs"):
+        ckpt.restore(12, init_state_like(run_dir))
+    ckpt.close()
+
+
+def init_state_like(run_dir: Path):
+    cfg = tiny_config("softmax", *RESUME_ARGS, run_dir=run_dir)
+    return init_train_state(cfg, LM(cfg, 259, rngs=nnx.Rngs(0)))[1]
+
+
+# ----------------------------------------------------------------------------- 14. the network and config files
+
+
+def test_a_hub_dataset_without_network_is_one_line_at_once(monkeypatch):
+    from lmzoo.data import hf
+    from lmzoo.faults import EXIT_NETWORK, NetworkFault
+
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(hf, "hub_reachable", lambda timeout=3.0: False)
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # what going offline sets, given back after the test
+        monkeypatch.setenv(name, "0")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    start = time.perf_counter()
+    with pytest.raises(NetworkFault, match="data.hf_name='lmzoo/no-such-dataset' could not be downloaded") as fault:
+        hf.hf_documents("lmzoo/no-such-dataset")
+    assert fault.value.exit_code == EXIT_NETWORK and time.perf_counter() - start < 20
+
+
+def test_a_config_file_that_does_not_parse_is_one_line_with_its_own_code(tmp_path, capsys):
+    from lmzoo.cli import errors_in_one_line
+    from lmzoo.faults import EXIT_UNPARSABLE
+
+    broken = tmp_path / "ntk.yaml"
+    broken.write_text("kind: ntk\n  factor: [4\n")
+    with pytest.raises(SystemExit) as exit_info, errors_in_one_line():
+        OmegaConf.load(broken)
+    assert exit_info.value.code == EXIT_UNPARSABLE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{broken}, line 2" in err and "does not parse as YAML" in err

@@ -2,8 +2,9 @@
 
 ``build_data(cfg, seed=...)`` is the single entry point: ``cfg`` is the spec of a registered data
 source or synthetic task (``lmzoo.registry.SOURCES``; ``data=<name>`` picks one), which builds its
-data. Text corpora (see ``sources``) are tokenised (see ``tokenizers``) into a ``Data`` whose
-methods hand out batches (see ``pipeline``); synthetic tasks (see ``synthetic``) generate theirs.
+data. Text corpora (see ``corpus``, and a module per source: ``stdlib``, ``text_files``, ``hf``) are
+tokenised (see ``tokenizers``) into a ``Data`` whose methods hand out batches (see ``pipeline``);
+synthetic tasks (see ``synthetic``) generate theirs.
 Batch sizes passed to ``Data`` are global; each process gets its own rows of every batch.
 
 Every module in this package is imported here, so a module holding a new source or task registers
@@ -17,7 +18,7 @@ import importlib
 import pkgutil
 
 from lmzoo.data.pipeline import Batch, Data
-from lmzoo.data.sources import CorpusConfig, Documents
+from lmzoo.data.corpus import CorpusConfig, Documents
 from lmzoo.data.synthetic import TaskConfig, TaskData
 from lmzoo.data.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, build_tokenizer
 from lmzoo.schema import DataConfig

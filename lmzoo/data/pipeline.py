@@ -34,15 +34,12 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import grain
 import numpy as np
 
 from lmzoo.data.tokenizers import Tokenizer
-
-if TYPE_CHECKING:
-    from lmzoo.data.sources import Documents
 
 Batch = dict[str, np.ndarray]
 
@@ -278,7 +275,8 @@ class ValidationWindows:
 # eq=False: comparing or hashing the token arrays is never wanted.
 @dataclass(frozen=True, eq=False)
 class Data:
-    """Tokenised splits plus this process's place in the data-parallel group."""
+    """Tokenised splits plus this process's place in the data-parallel group (a corpus makes one with
+    ``lmzoo.data.corpus.tokenized``)."""
 
     tokenizer: Tokenizer
     train_tokens: np.ndarray
@@ -298,35 +296,6 @@ class Data:
     def eos_id(self) -> Optional[int]:
         """The token that ends a document when batches carry segment ids, else None."""
         return self.tokenizer.eos_id if self.document_boundaries == "mask" else None
-
-    @classmethod
-    def from_documents(
-        cls, documents: "Documents", tokenizer: Tokenizer, *, seq_len: int, seed: int, shard_index: int,
-        shard_count: int, document_boundaries: str = "none",
-    ) -> "Data":
-        """Tokenise both splits of ``documents``; the fingerprint adds the tokenizer and token counts to theirs."""
-        train_tokens = token_stream(documents.train, tokenizer)
-        val_tokens = token_stream(documents.validation, tokenizer)
-        val_bytes = sum(len(document) for document in documents.validation)
-        fingerprint = dict(
-            documents.fingerprint,
-            tokenizer=tokenizer.name,
-            vocab_size=tokenizer.vocab_size,
-            train_tokens=int(train_tokens.size),
-            val_tokens=int(val_tokens.size),
-        )
-        return cls(
-            tokenizer=tokenizer,
-            train_tokens=train_tokens,
-            val_tokens=val_tokens,
-            seq_len=seq_len,
-            seed=seed,
-            shard_index=shard_index,
-            shard_count=shard_count,
-            bytes_per_token=val_bytes / val_tokens.size,
-            fingerprint=fingerprint,
-            document_boundaries=document_boundaries,
-        )
 
     def train_iterator(self, batch_size: int) -> grain.DatasetIterator:
         """Endless shuffled batches ``{"inputs", "targets"}: int32[batch_size // shard_count, seq_len]``."""

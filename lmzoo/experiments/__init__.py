@@ -30,6 +30,7 @@ from types import ModuleType
 from omegaconf import OmegaConf
 
 from lmzoo.experiments.judging import OUTCOMES, RULES_VERSION, SMOKE, Check, outcome
+from lmzoo.rundir import atomic_write_text
 from lmzoo.schema import ConfigError, one_of, to_dataclass
 
 MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "sparsity_predicted", "decode_cache", "logn_entropy",
@@ -106,7 +107,8 @@ def as_json(evidence: dict) -> dict:
 
 
 def write(path: Path, record: dict) -> None:
-    path.write_text(json.dumps(record, indent=2, default=_plain) + "\n")
+    """Replaced whole (``atomic_write_text``): a kill mid-write leaves the earlier verdict, never a torn one."""
+    atomic_write_text(path, json.dumps(record, indent=2, default=_plain) + "\n")
 
 
 def settings_of(module: ModuleType, record: dict):

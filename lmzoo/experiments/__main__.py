@@ -5,6 +5,7 @@
     python -m lmzoo.experiments sparsity_closed_forms quick=true out_dir=/tmp/x replicates=16   # a smoke run
     python -m lmzoo.experiments rejudge docs/claims/*/verdict.json   # the current rules on committed evidence
     python -m lmzoo.experiments report [--check]                     # docs/claims.md's tables from the JSON
+    python -m lmzoo.experiments sparsity_closed_forms --help      # its settings, their defaults and exit codes
 """
 
 from __future__ import annotations
@@ -12,17 +13,26 @@ from __future__ import annotations
 import sys
 import textwrap
 from pathlib import Path
+from typing import NoReturn
 
+from lmzoo.cli import Option, errors_in_one_line, exit_codes, fail, key_values, schema_options, show_help, wants_help
 from lmzoo.experiments import MODULES, load, rejudge, run_experiment
-from lmzoo.faults import EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, debugging
+from lmzoo.faults import EXIT_INTERRUPTED
 from lmzoo.schema import ConfigError
 
 DEFAULT_OUT = "experiments"
+OPTIONS = [
+    Option("quick", "false", "true: small settings that test the pipeline in about a minute, not the claim (no verdict)"),
+    Option("out_dir", DEFAULT_OUT, "the experiment writes <out_dir>/<name>/ (verdict.json, figures, runs); a rerun resumes"),
+]
 
 
-def fail(message: str, code: int = EXIT_CONFIG) -> None:
-    print(f"lmzoo.experiments: error: {message}", file=sys.stderr)
-    sys.exit(code)
+def show_usage(name: str) -> NoReturn:
+    module = load(name)
+    quick = ", ".join(f"{k}={v}" for k, v in module.QUICK.items())
+    show_help(f"python -m lmzoo.experiments {name} [key=value ...]", module.CLAIM,
+              [("run settings", OPTIONS), (f"settings of {name} (quick=true sets {quick})", schema_options(module.Settings)),
+               ("exit codes", exit_codes())])
 
 
 def listing() -> str:
@@ -57,6 +67,17 @@ def rejudge_all(paths: list[str]) -> None:
         print(f"{record['name']}: {record['verdict']} ({record['reason']}); was {record['rejudged']['verdict']}")
 
 
+def parse_args(rest: list[str]) -> tuple[dict, list[str]]:
+    """(run settings: quick and out_dir, the experiment's own ``key=value`` overrides)."""
+    pairs = key_values(rest, "experiments")
+    options = {key: value for key, value in pairs if key in ("out_dir", "quick")}
+    overrides = [f"{key}={value}" for key, value in pairs if key not in options]
+    quick = options.get("quick", "false").lower()
+    if quick not in ("true", "false"):
+        raise ConfigError(f"quick={quick!r} is not valid (choose from: true, false)")
+    return {"quick": quick == "true", "out_dir": Path(options.get("out_dir", DEFAULT_OUT))}, overrides
+
+
 def main(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help", "list"):
         print(listing())
@@ -65,22 +86,15 @@ def main(argv: list[str]) -> None:
         (report if argv[0] == "report" else rejudge_all)(argv[1:])
         return
     name, rest = argv[0], argv[1:]
-    options = dict(item.split("=", 1) for item in rest if item.split("=", 1)[0] in ("out_dir", "quick") and "=" in item)
-    overrides = [item for item in rest if item.split("=", 1)[0] not in options]
-    quick = options.get("quick", "false").lower()
-    if quick not in ("true", "false"):
-        fail(f"quick={quick!r} is not valid (choose from: true, false)")
-    try:
-        record = run_experiment(name, Path(options.get("out_dir", DEFAULT_OUT)), quick=quick == "true", overrides=overrides)
-    except ConfigError as error:
-        fail(str(error))
-    except RunFault as fault:  # a run stopped early (interrupted, diverged ...): no verdict was written
-        if debugging():
-            raise
-        fail(str(fault), fault.exit_code)
-    except KeyboardInterrupt:  # outside training, which saves and stops on its own
-        fail("interrupted; no verdict was written: run the same command again to resume", EXIT_INTERRUPTED)
-    folder = Path(options.get("out_dir", DEFAULT_OUT)) / name
+    with errors_in_one_line():  # a run stopped early (interrupted, diverged ...) writes no verdict
+        if wants_help(rest):
+            show_usage(name)
+        options, overrides = parse_args(rest)
+        try:
+            record = run_experiment(name, options["out_dir"], quick=options["quick"], overrides=overrides)
+        except KeyboardInterrupt:  # outside training, which saves and stops on its own
+            fail("interrupted; no verdict was written: run the same command again to resume", EXIT_INTERRUPTED)
+    folder = options["out_dir"] / name
     if record["quick"]:
         print(f"{name}: smoke run (quick=true: tests the pipeline, not the claim; no verdict) ({record['seconds']:.0f} s); "
               f"{folder / 'verdict.json'}")

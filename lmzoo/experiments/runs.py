@@ -17,10 +17,11 @@ from flax import nnx
 
 from lmzoo.cli import compose_and_validate
 from lmzoo.config import Config
+from lmzoo.data.tokenizers import ByteTokenizer
 from lmzoo.eval_outputs import write_outputs
 from lmzoo.evaluation import eval_settings, evaluate, result_settings
 from lmzoo.faults import Interrupted
-from lmzoo.metrics.intervals import Interval, bootstrap, paired_difference_interval, ratio_of_sums, ratio_to_reference
+from lmzoo.metrics.intervals import Interval, bootstrap, paired_difference_interval
 from lmzoo.model import LM
 from lmzoo.ops.common import causal_mask
 from lmzoo.rundir import RunDir
@@ -42,12 +43,12 @@ def train_run(variant: str, run_dir: Path, *, seed: int, steps: int, overrides: 
 def state_floats(cfg: Config) -> int:
     """Floats of decoding state per sequence at the training length (the model built without arrays;
     the state does not depend on the vocabulary)."""
-    model = nnx.eval_shape(lambda: LM(cfg, 259, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: LM(cfg, ByteTokenizer.vocab_size, rngs=nnx.Rngs(0)))
     return model.state_size(cfg.data.seq_len)
 
 
 def evaluate_run(run_dir: Path, *, tag: str, lengths: list[int], tokens: int, overrides: list[str] = ()) -> dict:
-    """The evaluation of ``run_dir`` at ``lengths`` on the first ``tokens`` validation targets, written under
+    """The evaluation of ``run_dir`` at ``lengths`` on ``tokens`` validation targets spread over every document, written under
     ``eval/<tag>`` as ``lmzoo.eval`` writes it; its results."""
     eval_cfg = eval_settings([f"eval.tokens={tokens}", f"eval.lengths=[{','.join(map(str, lengths))}]",
                               "eval.probe_batch=0", "eval.progress=false", f"eval.tag={tag}"])
@@ -74,29 +75,13 @@ def as_record(interval, scale: float = 1.0) -> dict:
     return {"value": float(interval.estimate), "ci": interval.bounds()}
 
 
-def bpb_difference(first: dict, second: dict, length: int) -> dict:
-    """bpb(first) - bpb(second) at ``length``, with its paired 95% interval over the same token blocks."""
-    interval = paired_difference_interval([blocks(first, length)], [blocks(second, length)], ratio_of_sums)
-    return as_record(interval, bits_per_nat(first))
-
-
-def ratio_difference(first: dict, second: dict, length: int) -> dict:
-    """(bpb@length / bpb@train) of first minus that of second, paired over the same token blocks."""
-    train_len = first["train_seq_len"]
-    if second["train_seq_len"] != train_len:
-        raise ValueError(f"ratios to different training lengths ({train_len}, {second['train_seq_len']}) do not pair")
-    mine = [*blocks(first, length), *blocks(first, train_len)]
-    theirs = [*blocks(second, length), *blocks(second, train_len)]
-    return as_record(paired_difference_interval([mine], [theirs], ratio_to_reference))
-
-
 # ----------------------------------------------------------------------------- attention rows by context
 
 
 def row_statistic(run_dir: Path, overrides: list[str], statistic, *, length: int, windows: int, tokens: int) -> np.ndarray:
     """(windows, length): ``statistic`` of each query's attention row (a function of weights and the causal
     mask, one value per row, e.g. ``attention_entropy``), averaged over layers and heads, on the first
-    ``windows`` validation windows of ``length`` tokens cut from the first ``tokens`` validation targets."""
+    ``windows`` validation windows of ``length`` tokens cut from ``tokens`` validation targets spread over the split."""
     _, data, model, _ = open_trained(run_dir, overrides)
     cut = data.validation_windows([length], tokens)[length]
     inputs = cut(np.arange(min(windows, len(cut))))["inputs"]

@@ -1,4 +1,5 @@
-"""Mamba-2 (Dao & Gu, 2024): a scalar decay per head turns the selective scan into SSD.
+"""Mamba-2 (Dao & Gu, 2024): a scalar decay per head turns the selective scan into SSD, which is gated
+linear attention with one gate per head (``lmzoo.ops.ssd`` runs on ``lmzoo.ops.gated.gla``).
 
     x -> in_proj -> (z, xBC, dt);  xBC -> causal depthwise conv -> silu -> (x, B, C)
     dt = softplus(dt + dt_bias);  y = ssd(x, dt, A, B, C) + D x;  out_proj(rmsnorm(y * silu(z)))
@@ -6,7 +7,8 @@
 Heads of size P share one decay ``A_h = -exp(A_log_h)`` (A_log initialised to log U[1, 16]) and,
 in groups, the projections B and C (like grouped-query attention's keys). The gated RMSNorm
 normalises each group of d_inner / n_groups channels. Decoding carries the conv window over
-x, B and C and the state ``[H, P, N]``. ``attention_matrix`` is SSD's own per-head matrix
+x, B and C and the state ``[H, P, N]``; the linear family's base (``family.linear``) does not fit,
+since the gate z comes from the same projection as the op's inputs and SSD takes (x, dt, A, B, C, D). ``attention_matrix`` is SSD's own per-head matrix
 (``ops.ssd_attention``); when there are more SSM heads than ``model.n_heads`` they are averaged
 in contiguous groups. With ``segment_ids [B,T]`` (packed documents) the conv and SSD restart at
 every document start.

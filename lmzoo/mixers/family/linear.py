@@ -15,9 +15,15 @@ final state from the same computation; decoding runs the same ``mix`` in
 its ``"scan"`` form one token at a time from a state of ``recurrent_state``'s shape, and
 ``state_size`` counts that state.
 
-Mamba-2 and H3 are recurrences of the same kind but stay outside this base: their op inputs come
-from a causal conv over past tokens, whose window is decoding state too, so their ``heads`` would not
-be a per-token function of x.
+A family mixer whose inputs pass through a short causal conv over past tokens (the delta rule's,
+``family.delta``) keeps that conv's window as decoding state beside S: it extends ``prefill``,
+``init_state``, ``step`` and ``state_size`` with the window.
+
+Mamba-2 runs on the same core (``lmzoo.ops.ssd`` is ``lmzoo.ops.gated.gla`` with one gate per head,
+q = C, k = B, v = dt x) and carries a conv window like the delta rule, yet it is not a family mixer:
+its op takes SSD's inputs (x, dt, A, B, C and the skip D; state [H, P, N]) and its output gate z
+comes from the same projection as the op's inputs, so it writes its own ``prefill``/``step``/
+``state_size`` around ``ssd``. H3's recurrence is a fixed (time-invariant) diagonal SSM, outside both.
 """
 
 from __future__ import annotations

@@ -1,0 +1,226 @@
+"""Text corpora: documents, how they are split into train and validation, and the spec every corpus shares.
+
+A corpus source is a module of this package (``stdlib``, ``text_files``, ``hf``) that registers a
+``CorpusConfig`` subclass (``data=<name>`` picks it) whose ``documents()`` returns ``Documents``:
+train and validation lists of UTF-8 ``bytes`` documents plus a JSON-serialisable fingerprint that
+identifies the exact content, so a run can record (and later check) what it trained on.
+``CorpusConfig.build`` tokenises them into a ``lmzoo.data.pipeline.Data`` (``tokenized``).
+
+Splitting rule (deterministic across runs, processes and machines, because it
+uses SHA-256 rather than Python's salted ``hash()``): every split unit has a
+key (a file's relative path, a row index); a unit goes to validation when the
+hash of its key, read as a number in [0, 1), is below ``val_fraction``.
+The units are:
+
+* files, when there are two or more (no file is in both splits);
+* the documents of the only file, when a single file holds several (e.g. one
+  ``.jsonl`` file is split by line index);
+* the text of the only document, when there is a single document: the last
+  ``val_fraction`` of it, cut at a line break, becomes validation.
+
+If hashing leaves either split empty, the unit closest to the threshold is
+moved over, so both splits always have at least one document.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence, Union
+
+from lmzoo.data.pipeline import Data, token_stream
+from lmzoo.data.tokenizers import Tokenizer, build_tokenizer
+from lmzoo.schema import ConfigError, DataConfig, one_of
+
+DOCUMENT_BOUNDARIES = ("none", "mask")  # data.document_boundaries: see lmzoo.data.pipeline
+
+
+@dataclass(frozen=True)
+class Documents:
+    """A corpus split into train and validation documents, with its fingerprint."""
+
+    train: list[bytes]
+    validation: list[bytes]
+    fingerprint: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """The smallest piece the splitter keeps together (a file, a row)."""
+
+    key: str
+    documents: list[bytes]
+
+
+def stable_fraction(key: str) -> float:
+    """Map ``key`` to [0, 1), identically in every process and on every machine."""
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def _check_val_fraction(val_fraction: float) -> None:
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"data.val_fraction must be in [0, 1), got {val_fraction}")
+
+
+def _split_units(units: Sequence[Unit], val_fraction: float) -> tuple[list[Unit], list[Unit]]:
+    """Hash-split units, then make sure neither side is empty (needs 2+ units)."""
+    ranked = sorted(units, key=lambda unit: stable_fraction(unit.key))
+    n_val = sum(stable_fraction(unit.key) < val_fraction for unit in ranked)
+    # Units with the smallest hashes are exactly the validation ones, so
+    # clamping the count moves the units nearest the threshold.
+    n_val = min(max(n_val, 1), len(ranked) - 1)
+    val_keys = {unit.key for unit in ranked[:n_val]}
+    train = [unit for unit in units if unit.key not in val_keys]
+    validation = [unit for unit in units if unit.key in val_keys]
+    return train, validation
+
+
+def _flatten(units: Iterable[Unit]) -> list[bytes]:
+    return [document for unit in units for document in unit.documents]
+
+
+def _split_text(document: bytes, val_fraction: float) -> tuple[bytes, bytes]:
+    """Cut one document into a head (train) and a tail (validation)."""
+    # Even val_fraction=0 keeps a small tail: validation must not be empty.
+    cut = int(len(document) * (1.0 - max(val_fraction, 0.01)))
+    line_break = document.rfind(b"\n", 0, cut)
+    if line_break > 0:
+        cut = line_break + 1
+    # Never cut inside a multi-byte UTF-8 character (continuation bytes are 0b10xxxxxx).
+    while 0 < cut < len(document) and document[cut] & 0xC0 == 0x80:
+        cut -= 1
+    head, tail = document[:cut], document[cut:]
+    if not head or not tail:
+        raise ValueError(f"a single document of {len(document)} bytes is too short to split into train and validation")
+    return head, tail
+
+
+def _split(
+    units: Sequence[Unit], val_fraction: float, what: str, unit_name: str
+) -> tuple[list[bytes], list[bytes], str]:
+    """Apply the module's splitting rule; returns (train, validation, what was split)."""
+    _check_val_fraction(val_fraction)
+    # A unit without documents (an empty .jsonl) must not be the one that
+    # "fills" a split.
+    units = [unit for unit in units if unit.documents]
+    documents = _flatten(units)
+    if not documents:
+        raise ValueError(f"no documents found in {what}")
+    if len(units) >= 2:
+        train, validation = _split_units(units, val_fraction)
+        return _flatten(train), _flatten(validation), unit_name
+    if len(documents) >= 2:
+        (only,) = units
+        per_document = [Unit(f"{only.key}#{index}", [doc]) for index, doc in enumerate(documents)]
+        train, validation = _split_units(per_document, val_fraction)
+        return _flatten(train), _flatten(validation), "documents"
+    head, tail = _split_text(documents[0], val_fraction)
+    return [head], [tail], "text"
+
+
+def content_fingerprint(units: Sequence[Unit], unit_name: str = "files") -> dict[str, Any]:
+    """Counts and a SHA-256 over every (key, document) pair, in order."""
+    digest = hashlib.sha256()
+    n_documents = n_bytes = 0
+    for unit in units:
+        for document in unit.documents:
+            digest.update(unit.key.encode("utf-8") + b"\0")
+            digest.update(len(document).to_bytes(8, "little"))
+            digest.update(document)
+            n_documents += 1
+            n_bytes += len(document)
+    return {unit_name: len(units), "documents": n_documents, "bytes": n_bytes, "sha256": digest.hexdigest()}
+
+
+def split_documents(
+    units: Sequence[Unit], val_fraction: float, what: str, unit_name: str = "files", **fingerprint: Any
+) -> Documents:
+    train, validation, split_by = _split(units, val_fraction, what, unit_name)
+    fingerprint.update(content_fingerprint(units, unit_name))
+    fingerprint.update(
+        val_fraction=val_fraction,
+        split_by=split_by,
+        train_documents=len(train),
+        val_documents=len(validation),
+    )
+    return Documents(train=train, validation=validation, fingerprint=fingerprint)
+
+
+def tokenized(
+    documents: Documents, tokenizer: Tokenizer, *, seq_len: int, seed: int, shard_index: int, shard_count: int,
+    document_boundaries: str = "none",
+) -> Data:
+    """Tokenise both splits of ``documents``; the fingerprint adds the tokenizer and token counts to theirs."""
+    train_tokens = token_stream(documents.train, tokenizer)
+    val_tokens = token_stream(documents.validation, tokenizer)
+    val_bytes = sum(len(document) for document in documents.validation)
+    fingerprint = dict(
+        documents.fingerprint,
+        tokenizer=tokenizer.name,
+        vocab_size=tokenizer.vocab_size,
+        train_tokens=int(train_tokens.size),
+        val_tokens=int(val_tokens.size),
+    )
+    return Data(
+        tokenizer=tokenizer,
+        train_tokens=train_tokens,
+        val_tokens=val_tokens,
+        seq_len=seq_len,
+        seed=seed,
+        shard_index=shard_index,
+        shard_count=shard_count,
+        bytes_per_token=val_bytes / val_tokens.size,
+        fingerprint=fingerprint,
+        document_boundaries=document_boundaries,
+    )
+
+
+def as_list(value: Union[str, Sequence[str], None]) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+@dataclass
+class CorpusConfig(DataConfig):
+    """Settings every text corpus has; a corpus source adds where its documents come from."""
+
+    tokenizer: str = "byte"  # "byte" or a path to a tokenizer.json
+    val_fraction: float = 0.05
+    document_boundaries: str = "none"  # none: packed documents see each other | mask: each is mixed alone
+
+    def check(self) -> None:
+        super().check()
+        one_of("data.document_boundaries", self.document_boundaries, DOCUMENT_BOUNDARIES)
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"data.val_fraction={self.val_fraction} must lie strictly between 0 and 1")
+        if self.tokenizer != "byte" and not os.path.isfile(self.tokenizer):
+            raise ConfigError(f"data.tokenizer={self.tokenizer!r}: no such file (use 'byte' or a tokenizer.json path)")
+
+    def documents(self) -> Documents:
+        raise NotImplementedError(f"{type(self).__name__} does not define documents()")
+
+    def build(self, *, seed: int, shard_index: int, shard_count: int) -> Data:
+        documents = self.documents()
+        tokenizer = build_tokenizer(self.tokenizer)
+        return tokenized(
+            documents, tokenizer, seq_len=self.seq_len, seed=seed, shard_index=shard_index, shard_count=shard_count,
+            document_boundaries=self.document_boundaries,
+        )
+
+
+def check_globs(key: str, patterns: Any, *, required: bool) -> None:
+    if patterns is None:
+        if required:
+            raise ConfigError(f"{key} must be set (a glob or a list of globs)")
+        return
+    for pattern in [patterns] if isinstance(patterns, str) else list(patterns):
+        if "://" in pattern:  # remote files are the data library's business
+            continue
+        if not glob.glob(os.path.expanduser(pattern), recursive=True):
+            raise ConfigError(f"{key}: no file matches {pattern!r}")
