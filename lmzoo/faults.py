@@ -122,7 +122,7 @@ def check_unlocked(path: Path) -> None:
     trainer can be turned away before anything (Hydra's own files included) touches a live run."""
     try:
         file = open(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no run there yet, or no folder: nobody holds it
         return
     with file:
         try:

@@ -15,7 +15,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from conftest import REPO, VARIANTS, covering_layers, run_lmzoo, tiny_config
-from lmzoo.logger import read_metrics
+from lmzoo.rundir import RunDir
 from lmzoo.model import LM
 from lmzoo.schema import ConfigError
 from lmzoo.sharding import LOGICAL_AXES, MeshConfig, logical_names, partition_spec
@@ -89,7 +89,7 @@ LAYOUT_SNIPPET = """
 import json, shutil, sys
 import jax
 from conftest import tiny_config
-from lmzoo.logger import read_metrics
+from lmzoo.rundir import RunDir
 from lmzoo.training import Trainer, train
 
 layouts, variants, out = json.loads(sys.argv[1]), sys.argv[2].split(","), sys.argv[3]
@@ -100,7 +100,7 @@ def config(variant, layout, run, *extra):
                        run_dir=f"{out}/{run}")
 
 def losses(run):
-    return [r["loss"] for r in read_metrics(f"{out}/{run}") if "loss" in r]
+    return [r["loss"] for r in RunDir(f"{out}/{run}").read_metrics() if "loss" in r]
 
 for variant, layout in [(variant, layout) for variant in variants for layout in layouts]:
     train(config(variant, layout, f"{variant}-{layout}"))
@@ -197,7 +197,7 @@ def run_processes(run_dir, processes: int, devices_each: int, killed_at="never",
 
 
 def step_losses(run_dir) -> list[float]:
-    return [row["loss"] for row in read_metrics(run_dir) if "loss" in row]
+    return [row["loss"] for row in RunDir(run_dir).read_metrics() if "loss" in row]
 
 
 @pytest.mark.slow
@@ -210,11 +210,11 @@ def test_processes_of_one_run_give_the_one_process_losses(tmp_path):
     fsdp = "train.mesh.data=1 train.mesh.fsdp=-1"
     two = tmp_path / "two"
     assert run_processes(two, 2, 2, killed_at=2, layout=fsdp) == [137, 137]
-    assert [row["step"] for row in read_metrics(two) if "loss" in row] == [1, 2]
+    assert [row["step"] for row in RunDir(two).read_metrics() if "loss" in row] == [1, 2]
     assert run_processes(two, 2, 2, layout=fsdp) == [0, 0]
     four = tmp_path / "four"
     assert run_processes(four, 4, 1) == [0] * 4
     for run_dir, devices in ((two, 4), (four, 4)):
-        assert read_metrics(run_dir)[-1]["step"] == 4
+        assert RunDir(run_dir).read_metrics()[-1]["step"] == 4
         assert json.loads((run_dir / "run_info.json").read_text())["devices"] == devices
         np.testing.assert_allclose(step_losses(run_dir), expected, rtol=1e-5, err_msg=str(run_dir))
