@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from lmzoo.metrics.seeds import Comparison, _text_only, arm_difference
+from lmzoo.metrics.seeds import Comparison, text_only_difference, arm_difference
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def seeds_and_text(runs: list, baselines: list, resamples: int) -> Comparison:
 
 def text_only(runs: list, baselines: list, resamples: int) -> Comparison:
     """The interval of text alone (runs paired seed by seed, blocks resampled): blind to training noise."""
-    comparison = _text_only(baselines, runs, lambda n, c: n / c, (len(runs), len(baselines)),
+    comparison = text_only_difference(baselines, runs, lambda n, c: n / c, (len(runs), len(baselines)),
                             resamples=resamples, seed=0)
     return replace(comparison, uncertainty="seeds+text")  # judged as if it were a full interval: what it claims
 

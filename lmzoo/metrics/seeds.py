@@ -135,11 +135,12 @@ def arm_difference(
     text-only bootstrap, never significant.
     """
     _check_arms(runs, baselines)
-    drawn = draws(len(np.asarray(runs[0][0])), resamples, seed)
-    (full_a, values_a), (full_b, values_b) = run_values(runs, metric, drawn), run_values(baselines, metric, drawn)
     seeds = (len(runs), len(baselines))
     if min(seeds) < 2:
-        return _text_only(runs, baselines, metric, seeds, resamples=resamples, seed=seed, level=level).scaled(scale)
+        return text_only_difference(runs, baselines, metric, seeds, resamples=resamples, seed=seed,
+                                    level=level).scaled(scale)
+    drawn = draws(len(np.asarray(runs[0][0])), resamples, seed)
+    (full_a, values_a), (full_b, values_b) = run_values(runs, metric, drawn), run_values(baselines, metric, drawn)
     estimate = float(full_a.mean() - full_b.mean())
     text = shared_text_variance([values_a, values_b], [1.0, -1.0])
     seed_parts = [(float(full.var(ddof=1)) / len(full), len(full)) for full in (full_a, full_b)]
@@ -158,17 +159,17 @@ def arm_estimate(
 ) -> Comparison:
     """``scale *`` the mean over one arm's runs of ``metric``, with its interval (seeds+text from two runs)."""
     _check_arms(runs)
-    drawn = draws(len(np.asarray(runs[0][0])), resamples, seed)
-    full, values = run_values(runs, metric, drawn)
     if len(runs) < 2:
         interval = bootstrap(metric, list(runs[0]), resamples=resamples, seed=seed, level=level)
         return Comparison(interval.estimate, interval.lo, interval.hi, (1,), TEXT).scaled(scale)
+    drawn = draws(len(np.asarray(runs[0][0])), resamples, seed)
+    full, values = run_values(runs, metric, drawn)
     text = shared_text_variance([values], [1.0])
     lo, hi = welch_interval(float(full.mean()), [(float(full.var(ddof=1)) / len(full), len(full))], text, level)
     return Comparison(float(full.mean()), lo, hi, (len(runs),), SEEDS_AND_TEXT).scaled(scale)
 
 
-def _text_only(runs, baselines, metric, seeds, **bootstrap_args) -> Comparison:
+def text_only_difference(runs, baselines, metric, seeds, **bootstrap_args) -> Comparison:
     """Mean over runs minus mean over baselines, every run resampled with the same block draws."""
     width = len(runs[0])
     flat = [array for run in (*runs, *baselines) for array in run]
@@ -188,5 +189,5 @@ def switch_difference(with_switch: Sequence[Run], without: Sequence[Run], metric
     are the same, so the interval covers the text only and says so."""
     if len(with_switch) != len(without):
         raise ValueError(f"a switch pairs each checkpoint with itself: got {len(with_switch)} and {len(without)} runs")
-    interval = _text_only(with_switch, without, metric, (len(with_switch),), **bootstrap_args)
+    interval = text_only_difference(with_switch, without, metric, (len(with_switch),), **bootstrap_args)
     return interval.scaled(scale)
