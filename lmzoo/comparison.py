@@ -25,7 +25,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from lmzoo.evaluator import sampling_note
-from lmzoo.metrics.intervals import RESAMPLES, SEED, over_seeds, ratio_of_sums, ratio_to_reference
+from lmzoo.metrics.intervals import RESAMPLES, SEED, bits_per_nat, over_seeds, ratio_of_sums, ratio_to_reference
 from lmzoo.metrics.seeds import Comparison, arm_difference, arm_estimate
 from lmzoo.rundir import CONFIG, RunDir, atomic_write_text, describe_changes
 from lmzoo.schema import ConfigError, flatten
@@ -122,7 +122,7 @@ class Run:
     @property
     def bits_per_nat(self) -> float:
         """The data's bits-per-byte factor per nat of loss, as the evaluation applied it."""
-        return self.at_train["bpb"] / self.at_train["loss"]
+        return bits_per_nat(self.results)
 
 
 @dataclass

@@ -58,6 +58,19 @@ def test_outcomes():
     assert outcome([check(0.2, 0.3, control=True), failing])[0] == "not reproduced"  # controls do not vote
 
 
+def test_claim_checks_are_judged_on_family_wise_intervals_and_controls_on_their_own():
+    just = check(0.11, 0.31)  # clear of 0.1 at 95%, by 0.01 of a half-width of 0.1
+    control = check(0.11, 0.31, control=True)
+    assert judging.familywise([just]) == [just]  # one claim check: nothing to correct for
+    wide = judging.familywise([control, just, just, just])
+    assert wide[0] == control and wide[0].passed is True
+    assert all(c.passed is None for c in wide[1:])  # at 1 - 0.05/3 the interval reaches below 0.1
+    assert wide[1].value.level == pytest.approx(1 - 0.05 / 3)
+    half = 0.1 * 2.394 / 1.960  # z(1 - 0.025/3) / z(0.975)
+    assert (wide[1].value.lo, wide[1].value.hi) == pytest.approx((0.21 - half, 0.21 + half), abs=1e-3)
+    assert outcome(wide)[0] == "inconclusive" and outcome([control, just, just, just])[0] == "reproduced"
+
+
 # ----------------------------------------------------------------------------- each judge can fail
 
 
@@ -198,7 +211,7 @@ def test_mqar_judge():
 def test_committed_verdicts_are_what_the_current_rules_give_their_evidence(name, tmp_path):
     committed = json.loads((CLAIMS / name / "verdict.json").read_text())
     module = load(name)
-    checks = module.judge(committed["evidence"], settings_of(module, committed))
+    checks = judging.familywise(module.judge(committed["evidence"], settings_of(module, committed)))
     assert committed["rules_version"] == judging.RULES_VERSION
     assert [c.record() for c in checks] == committed["checks"] and outcome(checks)[0] == committed["verdict"]
     copy = tmp_path / "verdict.json"

@@ -29,7 +29,7 @@ from types import ModuleType
 
 from omegaconf import OmegaConf
 
-from lmzoo.experiments.judging import OUTCOMES, RULES_VERSION, SMOKE, Check, outcome
+from lmzoo.experiments.judging import OUTCOMES, RULES_VERSION, SMOKE, Check, familywise, outcome
 from lmzoo.rundir import atomic_write_text
 from lmzoo.schema import ConfigError, one_of, to_dataclass
 
@@ -69,8 +69,9 @@ def _plain(value):
 
 def judged(module: ModuleType, evidence: dict, settings, *, quick: bool) -> dict:
     """The verdict fields of a record: its checks, outcome and reason, and the rules that judged them.
-    A quick run's outcome is recorded as a smoke run: its settings test the pipeline, not the claim."""
-    checks: list[Check] = module.judge(evidence, settings)
+    Claim checks are judged on family-wise intervals (``judging.familywise``). A quick run's outcome is
+    recorded as a smoke run: its settings test the pipeline, not the claim."""
+    checks: list[Check] = familywise(module.judge(evidence, settings))
     word, reason = outcome(checks)
     if quick:
         word, reason = SMOKE, f"quick settings: a test of the pipeline, not of the claim (its checks would give {word})"

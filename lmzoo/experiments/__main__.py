@@ -47,6 +47,9 @@ def listing() -> str:
 def report(argv: list[str]) -> None:
     from lmzoo.experiments import report as tables
 
+    if wants_help(argv):
+        print(__doc__.split("\n\n")[1])
+        return
     if argv not in ([], ["--check"]):
         fail(f"report takes only --check, not {' '.join(argv)}")
     if argv:
@@ -60,9 +63,14 @@ def report(argv: list[str]) -> None:
 
 
 def rejudge_all(paths: list[str]) -> None:
+    if wants_help(paths):
+        print(__doc__.split("\n\n")[1])
+        return
     if not paths:
         fail("rejudge needs the verdict.json files to re-judge")
     for path in paths:
+        if not Path(path).is_file():
+            fail(f"rejudge: {path} is not a verdict.json file")
         record = rejudge(Path(path))
         print(f"{record['name']}: {record['verdict']} ({record['reason']}); was {record['rejudged']['verdict']}")
 

@@ -13,8 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from lmzoo.experiments.runs import bits_per_nat, blocks
-from lmzoo.metrics.intervals import ratio_of_sums, ratio_to_reference
+from lmzoo.experiments.runs import blocks
+from lmzoo.metrics.intervals import bits_per_nat, ratio_of_sums, ratio_to_reference
 
 
 def window_run(values: np.ndarray) -> tuple[np.ndarray, ...]:

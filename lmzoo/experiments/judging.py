@@ -12,6 +12,13 @@ the reference degrades past its training length). Each check comes out
   trained models with one seed in an arm, whose training noise cannot be estimated (a text-only
   interval, never significant, ``lmzoo.metrics.seeds``).
 
+Several claim checks are several chances to pass by luck, so before the vote each claim check's
+interval is widened to a family-wise 95% over the m claim checks (``familywise``: Bonferroni, each
+at level 1 - 0.05/m). Only the 95% interval is recorded by the measurement, so the widening scales
+each side of it about the estimate by z(1 - 0.025/m) / z(0.975): exact for normal intervals, and
+for Student-t or bootstrap intervals an approximation that widens a little less than an exact
+rerun would. Controls keep their 95% intervals (a control must hold on its own).
+
 The outcome (``outcome``): any control not passed: *inconclusive*, whatever the other checks
 say. Otherwise, over the other checks (the vote; controls do not count): all passed, *reproduced*;
 at least half passed, *partly*; more than half failed, *not reproduced*; else *inconclusive*
@@ -23,9 +30,12 @@ can be told apart (and re-judged from its evidence, ``lmzoo.experiments.rejudge`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-RULES_VERSION = 2
+from scipy.stats import norm
+
+RULES_VERSION = 3
+LEVEL = 0.95
 OUTCOMES = ("reproduced", "partly", "not reproduced", "inconclusive")
 SMOKE = "smoke run"  # the verdict word of a quick run: it never reads as a full run's outcome
 TRAINING_NOISE_UNKNOWN = "1 seed: text only"
@@ -40,10 +50,17 @@ class Measured:
     hi: float
     uncertainty: str  # "seeds+text", "text", or what else was resampled ("draws", "heads", "windows")
     seeds: tuple[int, ...] = (1,)  # runs per arm
+    level: float = LEVEL  # the interval's coverage: 0.95, or 1 - 0.05/m once widened over m checks
 
     def record(self) -> dict:
         return {"estimate": float(self.estimate), "lo": float(self.lo), "hi": float(self.hi),
-                "uncertainty": self.uncertainty, "seeds": list(self.seeds)}
+                "uncertainty": self.uncertainty, "seeds": list(self.seeds), "level": self.level}
+
+    def widened(self, level: float) -> "Measured":
+        """The interval at ``level`` instead of 95%, each side scaled about the estimate (see the module doc)."""
+        factor = norm.ppf(0.5 + level / 2) / norm.ppf(0.5 + LEVEL / 2)
+        return replace(self, lo=self.estimate - factor * (self.estimate - self.lo),
+                       hi=self.estimate + factor * (self.hi - self.estimate), level=level)
 
 
 def measured(record: dict, *, uncertainty: str = "text", seeds=(1,)) -> Measured:
@@ -90,6 +107,15 @@ class Check:
         return {"name": self.name, "tests": self.tests, "control": self.control, **self.value.record(),
                 "must": self.must, "trained_comparison": self.trained_comparison, "passed": self.passed,
                 "undecided": self.why_undecided}
+
+
+def familywise(checks: list[Check]) -> list[Check]:
+    """The checks with every claim check's interval at a family-wise 95% over the claim checks (Bonferroni)."""
+    m = sum(not c.control for c in checks)
+    if m <= 1:
+        return list(checks)
+    level = 1 - (1 - LEVEL) / m
+    return [c if c.control else replace(c, value=c.value.widened(level)) for c in checks]
 
 
 def outcome(checks: list[Check]) -> tuple[str, str]:

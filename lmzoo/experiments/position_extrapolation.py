@@ -29,8 +29,8 @@ from typing import List
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import bpb_estimate, bpb_runs, ratio_difference, ratio_estimate, switch
 from lmzoo.experiments.judging import Check, measured
-from lmzoo.experiments.runs import bits_per_nat, evaluate_run, train_run
-from lmzoo.metrics.intervals import ratio_of_sums
+from lmzoo.experiments.runs import evaluate_run, train_run
+from lmzoo.metrics.intervals import bits_per_nat, ratio_of_sums
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 from lmzoo.schema import one_of
 

@@ -90,15 +90,20 @@ def summary_table(records: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def level(check: dict) -> str:
+    """The interval's coverage: 95% for controls, family-wise over the claim checks otherwise."""
+    return f"{100 * check.get('level', 0.95):.3g}%"
+
+
 def checks_table(record: dict | None, name: str) -> str:
     if record is None:
         return f"No committed verdict.json: {next_step(name, record)}.\n"
     lines = [f"**{record['verdict']}**: {record['reason']}.", "",
-             "| check | what it tests | measured | 95% interval | interval covers | must be | result |",
+             "| check | what it tests | measured | interval (level) | interval covers | must be | result |",
              "|---|---|---:|---:|---|---|---|"]
     for c in record["checks"]:
         label = f"{c['name']} (control)" if c["control"] else c["name"]
-        lines.append(f"| {label} | {c['tests']} | {number(c['estimate'])} | [{number(c['lo'])}, {number(c['hi'])}] | "
+        lines.append(f"| {label} | {c['tests']} | {number(c['estimate'])} | [{number(c['lo'])}, {number(c['hi'])}] ({level(c)}) | "
                      f"{c['uncertainty']}, seeds {'/'.join(map(str, c['seeds']))} | {c['must']} | {result(c)} |")
     return "\n".join(lines) + "\n"
 

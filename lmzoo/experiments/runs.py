@@ -65,11 +65,6 @@ def blocks(results: dict, length: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(sums["loss"], float), np.asarray(sums["count"], float)
 
 
-def bits_per_nat(results: dict) -> float:
-    at_train = results["lengths"][str(results["train_seq_len"])]
-    return at_train["bpb"] / at_train["loss"]
-
-
 def as_record(interval, scale: float = 1.0) -> dict:
     interval = interval.scaled(scale) if scale != 1.0 else interval
     return {"value": float(interval.estimate), "ci": interval.bounds()}

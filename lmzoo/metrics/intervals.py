@@ -246,6 +246,12 @@ def paired_difference_interval(
     return bootstrap(statistic, flat, **bootstrap_args)
 
 
+def bits_per_nat(results: dict) -> float:
+    """The bits-per-byte factor per nat of loss that an evaluation's ``results`` applied (at every length the same)."""
+    at_train = results["lengths"][str(results["train_seq_len"])]
+    return at_train["bpb"] / at_train["loss"]
+
+
 def length_intervals(sums: dict, train_sums: dict, *, bits_per_nat: float, **bootstrap_args) -> dict:
     """The interval keys of ``results.json["lengths"]["<L>"]`` from the block sums at L and at the training length.
 
