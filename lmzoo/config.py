@@ -72,6 +72,7 @@ class EvalConfig:
     tag: Optional[str] = None  # results go to <run_dir>/eval/<tag>; None: named after the overrides
     memory_budget_gb: Optional[float] = None  # what one forward may use; None: the device's memory
     progress: bool = True  # a progress bar on the terminal
+    min_doc_tokens: Optional[int] = None  # score only windows inside one document at least this long; None: any
 
     def check(self) -> None:
         for key in ("batch_tokens", "position_buckets", "probe_max_len", "resamples"):
@@ -85,6 +86,8 @@ class EvalConfig:
             positive("eval.lengths[]", length)
         if self.memory_budget_gb is not None:
             positive("eval.memory_budget_gb", self.memory_budget_gb)
+        if self.min_doc_tokens is not None:
+            positive("eval.min_doc_tokens", self.min_doc_tokens)
         if self.tag is not None and (set(self.tag) & {"/", "\\", "\0"} or self.tag in ("", ".", "..")):
             raise ConfigError(f"eval.tag={self.tag!r} must be a plain folder name (no path separators, not '.' or '..'):"
                               " results go to <run_dir>/eval/<tag>")

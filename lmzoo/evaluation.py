@@ -6,6 +6,10 @@ Every length scores the same ``eval.tokens`` validation targets, spread over eve
 training length is always among the lengths, since ratios are taken to it. Long windows are cut
 from the validation token stream, in which documents are concatenated with an EOS between them:
 a window longer than a document simply continues into the next one, the same packing as in training.
+``eval.min_doc_tokens=n`` scores only windows inside one document of at least ``n`` tokens instead, so a
+target at position ``p`` has ``p`` tokens of its own document before it: what "context of length ``L``"
+means in long-document evaluations (PG-19 and the like). results.json then records how many validation
+documents are long enough at each length; a length no document reaches is refused in one line.
 
 Before scoring, each length's forward is compiled and its memory (XLA's own account) compared with
 the device's memory (``eval.memory_budget_gb`` to set it): a length that cannot fit is refused in one
@@ -30,6 +34,7 @@ from tqdm.auto import tqdm
 
 from lmzoo.checkpoint import split_model
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, to_dataclass
+from lmzoo.data.pipeline import Data
 from lmzoo.evaluator import Forward, LengthScores, score_length, token_scores, windows_per_batch
 from lmzoo.metrics.intervals import LEVEL, length_intervals
 from lmzoo.metrics.probes import attention_stats
@@ -60,6 +65,8 @@ def eval_settings(dotlist: list[str] = ()) -> EvalConfig:
 def result_settings(eval_cfg: EvalConfig, overrides: list[str]) -> dict:
     """What the results depend on besides the run: the measuring settings and the overrides of the run's config."""
     measuring = {k: v for k, v in asdict(eval_cfg).items() if k not in NOT_RESULT_SETTINGS}
+    if measuring["min_doc_tokens"] is None:  # unset: settings read as those of results made before it existed
+        del measuring["min_doc_tokens"]
     return {"eval": measuring, "overrides": sorted(overrides)}
 
 
@@ -69,12 +76,18 @@ def evaluated_lengths(eval_cfg: EvalConfig, train_len: int) -> list[int]:
 
 
 def validation_windows(data, eval_cfg: EvalConfig, lengths: list[int]) -> dict:
-    """The windows of every length over the same ``eval.tokens`` scored targets; a budget or length the data
-    cannot give is a ConfigError."""
+    """The windows of every length over the same ``eval.tokens`` scored targets (with ``eval.min_doc_tokens``,
+    only inside documents at least that long); a budget, length or minimum the data cannot give is a ConfigError."""
+    if eval_cfg.min_doc_tokens is not None and not isinstance(data, Data):
+        raise ConfigError(f"eval.min_doc_tokens={eval_cfg.min_doc_tokens}: this run's data are generated "
+                          "examples, not documents; it applies to text corpora (set it to null)")
     try:
-        return data.validation_windows(lengths, eval_cfg.tokens)
+        if eval_cfg.min_doc_tokens is None:
+            return data.validation_windows(lengths, eval_cfg.tokens)
+        return data.validation_windows(lengths, eval_cfg.tokens, eval_cfg.min_doc_tokens)
     except ValueError as e:
-        raise ConfigError(f"eval.tokens={eval_cfg.tokens}, eval.lengths={lengths}: {e}") from None
+        minimum = "" if eval_cfg.min_doc_tokens is None else f", eval.min_doc_tokens={eval_cfg.min_doc_tokens}"
+        raise ConfigError(f"eval.tokens={eval_cfg.tokens}, eval.lengths={lengths}{minimum}: {e}") from None
 
 
 def check_request(trained: Trained, eval_cfg: EvalConfig) -> np.ndarray:

@@ -4,8 +4,9 @@ A data object hands out, per evaluated length, the windows that cover its valida
 (``validation_windows``): for text, spans spread over the whole validation split, each as long as the
 longest length (the lengths' least common multiple) and tiled by windows of every length, so every
 length scores the same targets and only the context before each changes
-(``lmzoo.data.pipeline.spread_spans``); for synthetic tasks, the same first examples generated at each
-length. Every target carries its *unit*, the thing the fixed blocks are made of: its document (its
+(``lmzoo.data.pipeline.spread_spans``; with ``eval.min_doc_tokens``, only spans inside documents at
+least that long, so no window crosses a document boundary); for synthetic tasks, the same first examples
+generated at each length. Every target carries its *unit*, the thing the fixed blocks are made of: its document (its
 span, when the scored text is all one document), or its example. Units are numbered in stream order
 and blocks are runs of whole units, so the bootstrap resamples documents, never pieces of one document
 as if they were independent. The evaluator sums, per block, the loss, the scored count and the correct
@@ -159,6 +160,10 @@ def sampling_note(results: dict) -> str:
     if sampling == "spread":
         return (f"{results['eval_tokens']} targets spread over {results['documents']} documents in spans of "
                 f"{results['span']}, blocks of whole {results['block_unit']}s")
+    if sampling == "long_documents":
+        return (f"{results['eval_tokens']} targets in spans of {results['span']} inside {results['documents']} "
+                f"documents of at least {results['scored_documents_of_at_least']} tokens (no window crosses a "
+                f"document boundary), blocks of whole {results['block_unit']}s")
     if sampling == "examples":
         return f"{results['examples']} independent examples, blocks of whole examples"
     return f"sampling {sampling!r}"

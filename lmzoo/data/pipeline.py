@@ -19,7 +19,10 @@ weights add up to ``N``, and the spans are evenly spaced in that weight. Short d
 whole, long ones in evenly spaced spans, and no document takes more than about an equal share, while a
 budget as large as the split scores all of it. Each scored target carries its document, the unit the
 bootstrap's blocks are made of (``lmzoo.evaluator``); a split whose scored targets all lie in one
-document falls back to its spans as units.
+document falls back to its spans as units. With a minimum document length (``eval.min_doc_tokens``,
+``long_document_spans``) every span lies inside one document at least that long (and at least ``S``), so no
+window crosses a document boundary and every input at position ``p`` has ``p`` tokens of its own document
+before it; the spans are still tiled by every length, so every length still scores the same targets.
 
 Multi-host data parallelism: batch sizes are always *global*. Every process
 builds the same global batch and keeps the contiguous block of rows
@@ -216,21 +219,32 @@ class ScoredSpans:
     documents: int  # documents with at least one scored target
     largest_share: float  # the largest fraction of the scored targets that one document holds
     digest: str  # identifies the scored target tokens and their spans
+    long_documents: Optional[dict] = None  # with a minimum document length: ``long_document_spans``'s record
 
     def results_keys(self) -> dict:
         """What ``results.json`` records about the scored text (``lmzoo.metrics.intervals``)."""
-        return {"sampling": "spread", "span": self.length, "documents": self.documents,
+        sampling = {"sampling": "spread"}
+        if self.long_documents:
+            sampling = {"sampling": "long_documents", **self.long_documents}
+        return {**sampling, "span": self.length, "documents": self.documents,
                 "block_unit": self.block_unit, "largest_document_share": round(self.largest_share, 4),
                 "scored_digest": self.digest}
 
 
-def spread_spans(tokens: np.ndarray, eos_id: int, lengths: Sequence[int], budget: Optional[int]) -> ScoredSpans:
+def spread_spans(tokens: np.ndarray, eos_id: int, lengths: Sequence[int], budget: Optional[int],
+                 min_doc_tokens: Optional[int] = None) -> ScoredSpans:
     """The spans scored at every one of ``lengths`` in the validation stream ``tokens`` (``budget`` targets,
-    None: all), spread over its documents (``spread_starts``); a document ends at its EOS."""
+    None: all), spread over its documents (``spread_starts``); a document ends at its EOS. With
+    ``min_doc_tokens``, each span lies inside one document at least that long (``long_document_spans``)."""
     span = math.lcm(*lengths)
-    n_spans = scored_targets(len(tokens) - 1, budget, lengths) // span
     document = document_ids(tokens[None], eos_id)[0, 1:].astype(np.int64)  # the document of each target
-    starts = spread_starts(np.bincount(document), n_spans, span)
+    long_documents = None
+    if min_doc_tokens is None:
+        n_spans = scored_targets(len(tokens) - 1, budget, lengths) // span
+        starts = spread_starts(np.bincount(document), n_spans, span)
+    else:
+        starts, long_documents = long_document_spans(tokens, eos_id, lengths, budget, min_doc_tokens)
+        n_spans = len(starts)
     scored = (starts[:, None] + np.arange(span)).ravel()
     present, unit = np.unique(document[scored], return_inverse=True)
     block_unit = "document"
@@ -241,7 +255,69 @@ def spread_spans(tokens: np.ndarray, eos_id: int, lengths: Sequence[int], budget
         unit, block_unit = np.repeat(np.arange(n_spans), span), "span"
     digest = hashlib.sha256(starts.tobytes() + tokens[scored + 1].astype(np.int32).tobytes()).hexdigest()[:16]
     largest = np.bincount(document[scored]).max() / len(scored)
-    return ScoredSpans(starts, span, unit, int(unit.max()) + 1, block_unit, len(present), float(largest), digest)
+    return ScoredSpans(starts, span, unit, int(unit.max()) + 1, block_unit, len(present), float(largest), digest,
+                       long_documents)
+
+
+def document_extents(tokens: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first stream index, tokens before its EOS) of every document of ``tokens``. A document of ``n`` such
+    tokens holds windows of up to ``n`` inputs whose targets (its own tokens, then its EOS) all follow
+    inputs of the same document."""
+    ends = np.flatnonzero(tokens == eos_id)
+    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+    return starts, ends - starts
+
+
+def share_spans(capacity: np.ndarray, n_spans: int) -> np.ndarray:
+    """Spans per document: ``n_spans`` (at most ``capacity.sum()``) shared as evenly as the documents'
+    ``capacity`` allows, the integer form of ``water_level``. Every document gets ``min(capacity, level)``
+    at the largest level that does not overshoot; the few spans left go one each to documents with room
+    left, evenly spaced among them in stream order."""
+    low, high = 0, int(capacity.max())
+    while low < high:  # the largest level whose shares fit in n_spans
+        level = (low + high + 1) // 2
+        low, high = (level, high) if np.minimum(capacity, level).sum() <= n_spans else (low, level - 1)
+    share = np.minimum(capacity, low)
+    rest = n_spans - int(share.sum())
+    room = np.flatnonzero(capacity > low)  # more than `rest` documents, or `low` was not the largest level
+    share[room[np.arange(rest) * len(room) // max(rest, 1)]] += 1
+    return share
+
+
+def long_document_spans(tokens: np.ndarray, eos_id: int, lengths: Sequence[int], budget: Optional[int],
+                        min_doc_tokens: int) -> tuple[np.ndarray, dict]:
+    """(first target of every span, what ``results.json`` records) for spans that each lie inside one document
+    of at least ``min_doc_tokens`` tokens, so every window of every length lies inside one document and the
+    input at position ``p`` has ``p`` tokens of its own document before it.
+
+    Spans are ``S`` (the lengths' least common multiple) long, so the scored documents are those of at least
+    ``max(min_doc_tokens, S)`` tokens; a document of ``n`` tokens holds ``n // S`` spans, the budget is shared
+    among the documents as evenly as that allows (``share_spans``), and a document's spans sit at the middles
+    of equal parts of it. The record counts the documents long enough for each length alone. ValueError in one
+    line for a length, span or minimum that no document reaches."""
+    span = math.lcm(*lengths)
+    starts, sizes = document_extents(tokens, eos_id)
+    longest = int(sizes.max(initial=0))
+    than = f"(the longest of the {len(sizes)} has {longest} tokens)"
+    if min_doc_tokens > longest:
+        raise ValueError(f"no validation document is {min_doc_tokens} tokens long {than}")
+    for length in lengths:
+        if length > longest:
+            raise ValueError(f"no validation document holds a window of {length} {than}")
+    if span > longest:
+        raise ValueError(f"no validation document holds a span of {span}, the lengths' least common multiple {than}: "
+                         "evaluate lengths that divide the longest")
+    required = max(min_doc_tokens, span)
+    capacity = np.where(sizes >= required, sizes // span, 0)
+    n_spans = scored_targets(int(capacity.sum()) * span, budget, lengths) // span
+    share = share_spans(capacity, n_spans)
+    document = np.repeat(np.arange(len(sizes)), share)
+    part = sizes[document] / share[document]  # at least a span: share <= capacity
+    nth = np.arange(n_spans) - np.repeat(np.cumsum(share) - share, share)  # the span's place in its document
+    span_starts = starts[document] + np.floor((nth + 0.5) * part - span / 2).astype(np.int64)
+    record = {"min_doc_tokens": min_doc_tokens, "scored_documents_of_at_least": required,
+              "qualifying_documents": {str(n): int((sizes >= max(min_doc_tokens, n)).sum()) for n in lengths}}
+    return span_starts, record
 
 
 class ValidationWindows:
@@ -303,8 +379,10 @@ class Data:
             self.train_tokens, self.seq_len, batch_size, self.seed, self.shard_index, self.shard_count, self.eos_id
         )
 
-    def validation_windows(self, lengths: Sequence[int], budget: Optional[int]) -> dict[int, ValidationWindows]:
+    def validation_windows(self, lengths: Sequence[int], budget: Optional[int],
+                           min_doc_tokens: Optional[int] = None) -> dict[int, ValidationWindows]:
         """The windows of each length over the same validation targets, ``budget`` of them (None: all) spread
-        over the split's documents (``spread_spans``)."""
-        spans = spread_spans(self.val_tokens, self.tokenizer.eos_id, lengths, budget)
+        over the split's documents (``spread_spans``); with ``min_doc_tokens``, only inside documents at least
+        that long."""
+        spans = spread_spans(self.val_tokens, self.tokenizer.eos_id, lengths, budget, min_doc_tokens)
         return {length: ValidationWindows(self.val_tokens, length, spans, self.eos_id) for length in lengths}

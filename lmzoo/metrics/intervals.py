@@ -32,7 +32,12 @@ readers say so: ``lmzoo.evaluator.sampling_note``)::
     {
       "variant": str, "tag": str, "train_seq_len": int, "step": int,
       "eval_tokens": int,                # new: N, scored target tokens, the same at every length
-      "sampling": "spread" | "examples", # new: spans spread over every document (text); the first examples (tasks)
+      "sampling": "spread" | "long_documents" | "examples",
+                                         # spans spread over every document (text), or only over documents of at
+                                         # least eval.min_doc_tokens, each span inside one; the first examples (tasks)
+      "min_doc_tokens": int,             # long_documents: the setting
+      "scored_documents_of_at_least": int,   # long_documents: max(min_doc_tokens, span), the documents scored
+      "qualifying_documents": {"<L>": int},  # long_documents: validation documents of at least max(n, L) tokens
       "span": int,                       # text: S targets per span, the lengths' least common multiple
       "documents": int,                  # text: validation documents holding at least one scored target
       "block_unit": str,                 # what blocks are made of: "document", "span" (a one-document split), "example"
