@@ -1,4 +1,4 @@
-"""Passkey retrieval: the examples hide the number where asked, and the grid scores retrieval."""
+"""Passkey retrieval: the examples hide the number where asked (as they always did), and the grid scores retrieval."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 from lmzoo import registry
 from lmzoo.config import ConfigError
 from lmzoo.data import build_data
-from lmzoo.data.passkey import PasskeyConfig, passkey_grid, wilson_interval
+from lmzoo.data.passkey import PasskeyConfig
+from lmzoo.data.retrieval import retrieval_grid, wilson_interval
+from lmzoo.data.synthetic import TaskTokenizer
 from lmzoo.schema import DataConfig
 
 from conftest import tiny_config
@@ -54,6 +56,29 @@ def test_examples_are_deterministic_and_the_answer_is_the_hidden_number():
         assert inputs[32 - CFG.digits] == SEP  # the question
         filler = np.delete(inputs, np.arange(at, at + CFG.digits + 1))[: -CFG.digits]  # less the question
         assert (filler >= CFG.base).all() and (filler < CFG.task_vocab).all()
+
+
+def recorded_passkey(rng: np.random.Generator, length: int, depth) -> np.ndarray:
+    """The passkey example as the task first drew it, written out: its number, then its depth, then the sentence."""
+    number = rng.integers(0, CFG.base, size=CFG.digits)
+    n_filler = length - 2 * (CFG.digits + 1)
+    at = rng.integers(0, n_filler + 1) if depth is None else round(depth * n_filler)
+    filler = np.resize(np.arange(CFG.base, CFG.task_vocab), n_filler)
+    needle = [SEP, *number]
+    return np.concatenate([filler[:at], needle, filler[at:], needle])
+
+
+def test_passkey_draws_the_examples_and_fingerprint_it_always_drew():
+    tok = TaskTokenizer(CFG.task_vocab)
+    for index in range(12):
+        for length, depth in [(33, None), (33, 0.0), (50, 0.4), (71, 1.0), (200, None)]:
+            seq, scored = CFG.example_at(np.random.default_rng([5, 1, index]), length, tok, depth)
+            np.testing.assert_array_equal(seq, recorded_passkey(np.random.default_rng([5, 1, index]), length, depth))
+            np.testing.assert_array_equal(np.flatnonzero(scored), np.arange(length - CFG.digits, length))
+    assert build_data(PasskeyConfig(), seed=3).fingerprint == {  # resuming a passkey run still finds its data
+        "source": "passkey", "seq_len": 32, "task_vocab": 16, "digits": 5, "base": 10,
+        "grid_depths": [0.0, 0.25, 0.5, 0.75, 1.0], "grid_examples": 32, "seed": 3, "vocab_size": 19,
+    }
 
 
 def test_training_draws_the_depth_uniformly():
@@ -114,7 +139,7 @@ def constant(tokens: np.ndarray) -> np.ndarray:
 
 
 def test_an_oracle_retrieves_every_answer(tmp_path):
-    grid = passkey_grid(oracle, CFG, [32, 64], [0.0, 0.5, 1.0], 6, 4, plot_path=tmp_path / "passkey.png")
+    grid = retrieval_grid(oracle, CFG, [32, 64], [0.0, 0.5, 1.0], 6, 4, plot_path=tmp_path / "passkey.png")
     assert grid["lengths"] == [32, 64] and grid["depths"] == [0.0, 0.5, 1.0]
     assert json.loads(json.dumps(grid)) == grid
     assert np.array(grid["accuracy"]).shape == (3, 2)
@@ -126,7 +151,7 @@ def test_an_oracle_retrieves_every_answer(tmp_path):
 
 
 def test_a_constant_guess_is_at_chance():
-    grid = passkey_grid(constant, CFG, [32, 48], [0.0, 1.0], 64, 32)
+    grid = retrieval_grid(constant, CFG, [32, 48], [0.0, 1.0], 64, 32)
     accuracy = np.array(grid["accuracy"])
     assert grid["chance"] == 0.1 and np.all(abs(accuracy - 0.1) < 0.05)
     lo, hi = np.moveaxis(np.array(grid["accuracy_ci"]), -1, 0)
