@@ -16,8 +16,10 @@ State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head
 from lmzoo.ops.attention import attention_weights, logn_scale, softmax_attention
 from lmzoo.ops.common import causal_mask
 from lmzoo.ops.delta import delta_rule, delta_rule_weights
+from lmzoo.ops.dsa import dsa, dsa_indexer, dsa_weights
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
+from lmzoo.ops.nsa import nsa, nsa_block_means, nsa_compression, nsa_selection, nsa_topk, nsa_weights
 from lmzoo.ops.lti import causal_conv1d, diagonal_ssm, diagonal_ssm_kernel, fft_conv
 from lmzoo.ops.selective_scan import selective_attention, selective_scan
 from lmzoo.ops.ssd import ssd, ssd_attention
@@ -27,3 +29,5 @@ __all__ = ["attention_weights", "causal_mask", "logn_scale", "softmax_attention"
 __all__ += ["delta_rule", "delta_rule_weights", "gla", "gla_weights", "linear_attention", "linear_attention_weights"]
 __all__ += ["causal_conv1d", "diagonal_ssm", "diagonal_ssm_kernel", "fft_conv"]
 __all__ += ["selective_attention", "selective_scan", "ssd", "ssd_attention"]
+__all__ += ["dsa", "dsa_indexer", "dsa_weights"]
+__all__ += ["nsa", "nsa_block_means", "nsa_compression", "nsa_selection", "nsa_topk", "nsa_weights"]

@@ -1,0 +1,144 @@
+"""Native sparse attention (NSA; Yuan et al., 2025): compressed, selected and sliding-window
+attention, mixed per head by gates read from the input.
+
+    g_cmp, g_slc, g_win = sigmoid(x W_g + b_g)                       [B, T, heads] each
+    o = g_slc ⊙ attend(selected blocks) + g_cmp ⊙ attend(block means) + g_win ⊙ attend(last w keys)
+
+(``lmzoo.ops.nsa`` has the branches' equations.) Keys are compressed by block means, as the op
+defines them: the paper's learned compressor (an MLP over each block with intra-block positions)
+would add parameters that the block means' gradient already trains through W_k, and the means
+keep compression exact for decoding from a cache. The selection reuses the compression branch's
+probabilities, so the top-k choice costs no extra scores; it is an integer choice, trained
+through the compressed branch only, as in the paper. Query heads share their key/value head's
+selection (GQA, ``n_kv_heads``). The window branch is ``attn.window`` (None: no window branch).
+
+Positions: keys and queries are rotated before compression (block means of rotated keys), so
+position methods that rotate work; ALiBi and ReRoPE, which act on each query-key pair, cannot
+reach a block mean and are refused. Decoding caches the *rotated* keys and the values of every
+token (selection may reach any block), and recomputes the block means of the cache each step.
+Documents: each is cut into blocks from its own first token (see ``lmzoo.ops.nsa``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lmzoo.mixers.base import MixerContext, dense
+from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, Scoring, cache_append, init_cache
+from lmzoo.ops.nsa import METHODS, nsa, nsa_step, nsa_weights
+from lmzoo.positions import default_positions
+from lmzoo.registry import register
+from lmzoo.schema import ConfigError, ModelConfig, one_of, positive
+
+PAIRWISE_POSITIONS = ("alibi", "rerope", "leaky_rerope")  # act on each query-key pair: no block mean carries them
+
+
+@register("nsa")
+@dataclass
+class NSAConfig(AttentionConfig):
+    method: str = "dense"  # naive | dense | gather (lmzoo.ops.nsa.METHODS)
+    n_kv_heads: Optional[int] = None  # None: one key/value head (and one block choice) per query head
+    block_size: int = 16  # tokens per block, compressed and selected
+    block_counts: int = 4  # blocks each kv head selects per query, the first and the two latest included
+
+    def check(self, model: ModelConfig) -> None:
+        check_sparse(self, model, "nsa", METHODS)
+        positive("attn.block_size", self.block_size)
+        positive("attn.block_counts", self.block_counts)
+
+    def build(self, ctx, *, rngs):
+        return NativeSparseAttention(self, ctx, rngs=rngs)
+
+    def flops_per_token(self, model: ModelConfig, seq_len: int) -> float:
+        """Scores and weighted values over the keys a query reads in each branch (block means,
+        selected tokens, window), averaged over a causal sequence, forward and backward."""
+        score_width, value_width = self.head_widths(model)
+        keys = sum(self.keys_read(t) for t in range(seq_len)) / seq_len
+        return 6 * keys * (score_width + value_width)
+
+    def keys_read(self, t: int) -> int:
+        window = min(self.window, t + 1) if self.window else 0
+        return (t + 1) // self.block_size + min(self.block_counts * self.block_size, t + 1) + window
+
+
+def check_sparse(cfg: AttentionConfig, model: ModelConfig, mixer: str, methods) -> None:
+    """The family knobs a sparse mixer honours (method, scale, n_kv_heads) and those it refuses."""
+    one_of("attn.method", cfg.method, methods)
+    if cfg.scale is not None:
+        positive("attn.scale", cfg.scale)
+    if cfg.window is not None:
+        positive("attn.window", cfg.window)
+    kv = cfg.n_kv_heads or model.n_heads
+    positive("attn.n_kv_heads", kv)
+    if model.n_heads % kv:
+        raise ConfigError(f"model.n_heads={model.n_heads} is not divisible by attn.n_kv_heads={kv}")
+    for knob in ("logn", "output_gate", "qk_norm"):  # each branch sees its own keys: one log-n factor does not fit
+        if getattr(cfg, knob, False):
+            raise ConfigError(f"attn.{knob}=true is not supported by attn.mixer={mixer} (set it to false)")
+
+
+def check_positions(ctx: MixerContext, mixer: str) -> None:
+    if ctx.pos.kind in PAIRWISE_POSITIONS:
+        raise ConfigError(f"pos.kind={ctx.pos.kind} is not supported by attn.mixer={mixer} "
+                          "(choose a rotary kind or none)")
+
+
+class NativeSparseAttention(CacheMixer):
+    def __init__(self, cfg: NSAConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
+        self.n_heads, self.n_kv_heads = ctx.n_heads, cfg.n_kv_heads or ctx.n_heads
+        self.head_dim = ctx.d_model // ctx.n_heads
+        self.scoring = Scoring(cfg, ctx, head_dim=self.head_dim)
+        check_positions(ctx, "nsa")
+        self.options = dict(block_counts=cfg.block_counts, block_size=cfg.block_size, window=cfg.window or 0,
+                            scale=self.scoring.scale)
+        self.method = cfg.method
+        d, hd = ctx.d_model, self.head_dim
+        self.q_proj = dense(ctx, d, self.n_heads * hd, rngs=rngs)
+        self.k_proj = dense(ctx, d, self.n_kv_heads * hd, rngs=rngs)
+        self.v_proj = dense(ctx, d, self.n_kv_heads * hd, rngs=rngs)
+        self.gate_proj = dense(ctx, d, 3 * self.n_heads, rngs=rngs, bias=True)  # sigmoid(0) = 1/2 per branch
+        self.o_proj = dense(ctx, self.n_heads * hd, d, rngs=rngs, residual=True)
+
+    def project(self, x, positions):
+        """Rotated q [B,T,H,D] and k [B,T,K,D], v [B,T,K,D], and the gates (cmp, slc, win) [B,T,H] float32."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
+        gates = jax.nn.sigmoid(self.gate_proj(x).astype(jnp.float32)).reshape(b, t, 3, self.n_heads)
+        rotate = self.scoring.rotate
+        return rotate(q, positions), rotate(k, positions), v, tuple(gates[:, :, i] for i in range(3))
+
+    def forward(self, x, positions=None, segment_ids=None):
+        b, t, _ = x.shape
+        positions = default_positions(b, t) if positions is None else positions
+        q, k, v, gates = self.project(x, positions)
+        y, _ = nsa(q, k, v, *gates, segment_ids=segment_ids, method=self.method, **self.options)  # (B, T, H, D)
+        return self.o_proj(y.reshape(b, t, -1)), {"k": k, "v": v}
+
+    def init_state(self, batch_size, max_len):
+        kv = ((self.n_kv_heads, self.head_dim), self.k_proj.dtype or jnp.float32)
+        return init_cache(batch_size, max_len, k=kv, v=kv)
+
+    def step(self, x_t, state):
+        t, b = state["t"], x_t.shape[0]
+        q, k, v, gates = self.project(x_t[:, None, :], jnp.full((b, 1), t, jnp.int32))
+        state = cache_append(state, k=k[:, 0], v=v[:, 0])
+        y = nsa_step(q, state["k"], state["v"], *gates, t, **self.options)  # (B, 1, H, D)
+        return self.o_proj(y.reshape(b, -1)), state
+
+    def attention_matrix(self, x, *, positions=None, segment_ids=None):
+        """[B, H, T, T]: the three branches' weights on the tokens, each scaled by its gate (the
+        compressed branch's spread evenly over each block), so rows sum to the gates' sum."""
+        b, t, _ = x.shape
+        positions = default_positions(b, t) if positions is None else positions
+        q, k, _, gates = self.project(x, positions)
+        return nsa_weights(q, k, *gates, segment_ids=segment_ids, **self.options)
+
+    def state_size(self, max_len):
+        return 2 * max_len * self.n_kv_heads * self.head_dim
