@@ -128,7 +128,7 @@ def test_softmax_attention_matrix_rows_sum_to_one_and_reproduce_output(variant):
         _, _, v = mixer.project(x, jnp.broadcast_to(jnp.arange(9), (2, 9)))
         v = jnp.repeat(v, mixer.n_heads // mixer.n_kv_heads, axis=2)  # (B, T, H, D)
         mixed = jnp.einsum("bhts,bshd->bthd", weights, v).reshape(2, 9, -1)
-        np.testing.assert_allclose(mixer.o_proj(mixed), mixer(x), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(mixer.output(mixed, x), mixer(x), rtol=1e-5, atol=1e-6)
 
 
 def test_a_hybrid_model_builds_each_of_its_sub_configs():

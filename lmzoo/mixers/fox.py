@@ -13,6 +13,7 @@ The fast path adds ``c_i - c_j`` as a logit bias (a difference of float32 cumula
 apply as for any softmax-family layer). Decoding caches each key's ``c_j`` beside it and carries
 the running ``c_t``, so a step's bias is ``c_t - c_j`` exactly as in the forward.
 ``b_f`` starts at ``forget_bias_init`` (0: gates near 1/2, local attention that training widens).
+``attn.qk_norm`` and ``attn.output_gate`` act as for any softmax-family layer (``family.attention``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from lmzoo.registry import register
 @register("fox")
 @dataclass
 class FoxConfig(AttentionConfig):
+    head_options = ("output_gate", "qk_norm")
     nope: bool = True  # the forget gates carry order; false: also the model's position method
     forget_bias_init: float = 0.0  # b_f at initialisation (sigmoid(b_f): the gates' starting value)
 
@@ -50,12 +52,14 @@ class ForgettingAttention(CacheMixer):
         self.forget_proj = dense(ctx, d, self.n_heads, rngs=rngs, bias=True)
         self.forget_proj.bias[...] = jnp.full((self.n_heads,), cfg.forget_bias_init, jnp.float32)
         self.o_proj = dense(ctx, d, d, rngs=rngs, residual=True)
+        self.init_head_options(cfg, ctx, head_dim=self.head_dim, width=d, rngs=rngs)
 
     def project(self, x):
         """Unrotated q, k, v [B,T,H,D] and the log forget gates [B,T,H] float32 (<= 0)."""
         b, t, _ = x.shape
         split = (b, t, self.n_heads, self.head_dim)
         q, k, v = (proj(x).reshape(split) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.normalize_qk(q, k)
         return q, k, v, jax.nn.log_sigmoid(self.forget_proj(x).astype(jnp.float32))
 
     @staticmethod
@@ -70,7 +74,7 @@ class ForgettingAttention(CacheMixer):
         q, k, v, log_f = self.project(x)
         c = jnp.cumsum(log_f, axis=1)  # (B, T, H) cumulative log gates
         y = self.scoring.parallel(q, k, v, positions, bias=self.forget_bias(c), segment_ids=segment_ids)
-        return self.o_proj(y.reshape(b, t, -1)), {"k": k, "v": v, "c": c}
+        return self.output(y, x), {"k": k, "v": v, "c": c}
 
     def prefill(self, x, max_len=None, *, positions=None):
         y, state = super().prefill(x, max_len, positions=positions)
@@ -90,7 +94,7 @@ class ForgettingAttention(CacheMixer):
         bias = (c_now[:, :, None] - state["c"].swapaxes(1, 2))[:, :, None, :]  # (B, H, 1, S)
         weights = self.scoring.cache_weights(q, state["k"], state["pos"], t, bias=bias)
         y = jnp.einsum("bhts,bshd->bthd", weights.astype(state["v"].dtype), state["v"])
-        return self.o_proj(y.reshape(x_t.shape[0], -1)), state
+        return self.output(y, x_t[:, None])[:, 0], state
 
     def attention_matrix(self, x, *, positions=None, segment_ids=None):
         b, t, _ = x.shape

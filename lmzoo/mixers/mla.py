@@ -31,6 +31,9 @@ from lmzoo.sharding import EMBED, INNER, partitioned
 @register("mla")
 @dataclass
 class MLAConfig(AttentionConfig):
+    # no qk_norm: the absorbed decoding scores queries against cached latents and never forms per-head
+    # keys to normalise (the latent itself is RMS-normalised already)
+    head_options = ("output_gate",)
     kv_rank: Optional[int] = None  # latent width d_c cached per token; None: 4 x head_dim (DeepSeek-V2's ratio)
     q_rank: Optional[int] = None  # queries through a latent of this width too; None: straight from x
     rope_dim: Optional[int] = None  # width of the decoupled RoPE query/key part; None: head_dim // 2
@@ -76,6 +79,7 @@ class MultiHeadLatentAttention(CacheMixer):
         self.v_up = dense(ctx, self.kv_rank, h * hd, rngs=rngs, axes=(None, INNER))
         self.k_rope = dense(ctx, d, dr, rngs=rngs, axes=(EMBED, None))
         self.o_proj = dense(ctx, h * hd, d, rngs=rngs, residual=True)
+        self.init_head_options(cfg, ctx, head_dim=hd, width=h * hd, rngs=rngs)
 
     def queries(self, x):
         """[B, T, H, head_dim + rope_dim]: content part first, rope part last."""
@@ -101,7 +105,7 @@ class MultiHeadLatentAttention(CacheMixer):
         latent, rope_key = self.latents(x)
         k, v = self.keys_values(latent, rope_key)
         y = self.scoring.parallel(self.queries(x), k, v, positions, segment_ids=segment_ids)  # (B, T, H, head_dim)
-        return self.o_proj(y.reshape(b, t, -1)), {"latent": latent, "rope_key": rope_key}
+        return self.output(y, x), {"latent": latent, "rope_key": rope_key}
 
     def init_state(self, batch_size, max_len):
         dtype = self.kv_down.dtype or jnp.float32
@@ -124,7 +128,7 @@ class MultiHeadLatentAttention(CacheMixer):
         mixed = jnp.einsum("bhts,bsc->bthc", weights.astype(cached.dtype), cached)  # (B, 1, H, dc)
         w_uv = self.v_up.kernel[...].reshape(dc, h, hd).astype(mixed.dtype)
         y = jnp.einsum("bthc,chd->bthd", mixed, w_uv)  # (B, 1, H, hd)
-        return self.o_proj(y.reshape(b, -1)), state
+        return self.output(y, x_t[:, None])[:, 0], state
 
     def attention_matrix(self, x, *, positions=None, segment_ids=None):
         b, t, _ = x.shape

@@ -1,5 +1,5 @@
 """Softmax attention and the refinements that keep its form: MHA / GQA / MQA, sliding windows (SWA),
-log-n (entropy-invariant) scaling and KeyNorm.
+log-n (entropy-invariant) scaling, KeyNorm, QK-norm and the output gate (gated attention).
 
 The knobs shared with the rest of the softmax family (method, window, scale, log-n, NoPE), the
 scoring that applies them and the decoding cache live in ``lmzoo.mixers.family.attention``.
@@ -24,6 +24,7 @@ from lmzoo.schema import ConfigError, ModelConfig, positive
 @register("softmax")
 @dataclass
 class SoftmaxConfig(AttentionConfig):
+    head_options = ("output_gate", "qk_norm")
     n_kv_heads: Optional[int] = None  # None: one key/value head per query head (MHA)
     key_norm: bool = False  # KeyNorm: L2-normalise each key head before the dot product
 
@@ -33,6 +34,8 @@ class SoftmaxConfig(AttentionConfig):
         positive("attn.n_kv_heads", kv)
         if model.n_heads % kv:
             raise ConfigError(f"model.n_heads={model.n_heads} is not divisible by attn.n_kv_heads={kv}")
+        if self.qk_norm and self.key_norm:
+            raise ConfigError("attn.qk_norm and attn.key_norm both normalise the keys: set one of them")
 
     def build(self, ctx, *, rngs):
         return SoftmaxAttention(self, ctx, rngs=rngs)
@@ -50,6 +53,7 @@ class SoftmaxAttention(CacheMixer):
         self.k_proj = dense(ctx, d, self.n_kv_heads * hd, rngs=rngs)
         self.v_proj = dense(ctx, d, self.n_kv_heads * hd, rngs=rngs)
         self.o_proj = dense(ctx, self.n_heads * hd, d, rngs=rngs, residual=True)
+        self.init_head_options(cfg, ctx, head_dim=hd, width=self.n_heads * hd, rngs=rngs)
 
     def project(self, x, positions=None):
         """Queries [B,T,H,D], keys and values [B,T,K,D]; q and k rotated when ``positions`` is given
@@ -58,6 +62,7 @@ class SoftmaxAttention(CacheMixer):
         q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
+        q, k = self.normalize_qk(q, k)
         if self.key_norm:
             k32 = k.astype(jnp.float32)
             k = (k32 * lax.rsqrt(jnp.sum(k32 * k32, axis=-1, keepdims=True) + 1e-12)).astype(k.dtype)
@@ -70,7 +75,7 @@ class SoftmaxAttention(CacheMixer):
         positions = default_positions(b, t) if positions is None else positions
         q, k, v = self.project(x)
         y = self.scoring.parallel(q, k, v, positions, segment_ids=segment_ids)  # (B, T, H, D)
-        return self.o_proj(y.reshape(b, t, -1)), {"k": k, "v": v}
+        return self.output(y, x), {"k": k, "v": v}
 
     def init_state(self, batch_size, max_len):
         kv = ((self.n_kv_heads, self.head_dim), self.k_proj.dtype or jnp.float32)
@@ -83,7 +88,7 @@ class SoftmaxAttention(CacheMixer):
         weights = self.scoring.cache_weights(q, state["k"], state["pos"], t)  # (B, H, 1, S)
         values = repeat_kv(state["v"], self.n_heads // self.n_kv_heads)
         y = jnp.einsum("bhts,bshd->bthd", weights.astype(values.dtype), values)
-        return self.o_proj(y.reshape(x_t.shape[0], -1)), state
+        return self.output(y, x_t[:, None])[:, 0], state
 
     def attention_matrix(self, x, *, positions=None, segment_ids=None):
         b, t, _ = x.shape

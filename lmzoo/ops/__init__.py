@@ -8,6 +8,7 @@ Axis legend used across ``lmzoo.ops``: B batch, T query time, S key time, H quer
 K key/value heads, D head dim. Per-head tensors are laid out ``[B, T, H, D]``.
 Linear-attention family: Dk / Dv key / value head dims (state ``[B, H, Dk, Dv]``), N chunks of C steps;
 the delta rule's ``delta_rule`` has a step size beta ``[B, T, H]`` and names its reference form "scan".
+PaTH: w unit Householder directions ``[B, T, H, D]``, beta ``[B, T, H]`` in (0, 2).
 VQ attention: S codewords per head (codebook ``[H, S, D]``), blocks of L queries.
 State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head size (``ssd``, state
 ``[B, H, P, N]``), N state size, G groups sharing the B/C projections.
@@ -19,10 +20,12 @@ from lmzoo.ops.delta import delta_rule, delta_rule_weights
 from lmzoo.ops.dsa import dsa, dsa_indexer, dsa_weights
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
+from lmzoo.ops.path import path_attention, path_matrix, reflect_keys
 from lmzoo.ops.nsa import nsa, nsa_block_means, nsa_compression, nsa_selection, nsa_topk, nsa_weights
 from lmzoo.ops.lti import causal_conv1d, diagonal_ssm, diagonal_ssm_kernel, fft_conv
 from lmzoo.ops.selective_scan import selective_attention, selective_scan
 from lmzoo.ops.ssd import ssd, ssd_attention
+from lmzoo.ops.stick_breaking import stick_breaking_attention, stick_breaking_matrix, stick_breaking_weights
 from lmzoo.ops.vq import vq_attention, vq_cache_step
 
 __all__ = ["attention_weights", "causal_mask", "logn_scale", "softmax_attention", "vq_attention", "vq_cache_step"]
@@ -31,3 +34,5 @@ __all__ += ["causal_conv1d", "diagonal_ssm", "diagonal_ssm_kernel", "fft_conv"]
 __all__ += ["selective_attention", "selective_scan", "ssd", "ssd_attention"]
 __all__ += ["dsa", "dsa_indexer", "dsa_weights"]
 __all__ += ["nsa", "nsa_block_means", "nsa_compression", "nsa_selection", "nsa_topk", "nsa_weights"]
+__all__ += ["path_attention", "path_matrix", "reflect_keys"]
+__all__ += ["stick_breaking_attention", "stick_breaking_matrix", "stick_breaking_weights"]

@@ -1,8 +1,13 @@
 """The softmax family's shared parts: its knobs, how a layer scores queries against keys, its cache.
 
-``AttentionConfig`` holds the knobs every softmax-family spec shares (softmax, MLA and GAU extend it)
-and counts the family's FLOPs; ``Scoring`` applies the knobs identically in the parallel forward,
-the decoding step and the probes: position method, logit scale, log-n factor, window. Decoding
+``HeadOptions`` are two refinements of a layer's heads that a spec opts into (``head_options``):
+``qk_norm`` (RMSNorm of every query and key head over its dims with a learned gain shared by the
+heads, as in OLMo-2 and Qwen3, applied before any position method, so the cache holds normalised
+keys) and ``output_gate`` (``o <- o * sigmoid(x W_gate)`` on each head's output channels before the
+output projection, as in Qwen3-Next). ``AttentionConfig`` holds the knobs every softmax-family spec
+shares (softmax, MLA and GAU extend it) and counts the family's FLOPs; ``Scoring`` applies the knobs
+identically in the parallel forward, the decoding step and the probes: position method, logit scale,
+log-n factor, window. Decoding
 caches keys *before* any position method, together with each slot's position, so every method
 reads the same cache (ReRoPE rotates each key two ways); with a window the cache is a ring buffer
 of ``window`` slots. ``CacheMixer`` is the family's base: a layer's ``forward`` returns its output
@@ -12,23 +17,43 @@ together with what the cache keeps of every token, so ``__call__`` and ``prefill
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax import lax
 
-from lmzoo.mixers.base import Mixer, MixerContext
+from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.ops import causal_mask
 from lmzoo.ops.common import same_segment
 from lmzoo.ops.attention import METHODS, logn_scale, repeat_kv, softmax_attention
 from lmzoo.positions import Positions
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.sharding import partitioned
+
+HEAD_OPTIONS = ("output_gate", "qk_norm")
 
 
 @dataclass
-class AttentionConfig(MixerConfig):
+class HeadOptions(MixerConfig):
+    """Refinements of an attention layer's heads; a spec lists in ``head_options`` those its mixer applies."""
+
+    head_options: ClassVar[tuple[str, ...]] = ()  # of HEAD_OPTIONS; a class attribute, not a config key
+    output_gate: bool = False  # o <- o * sigmoid(x W_gate) per head channel before the output projection
+    qk_norm: bool = False  # RMSNorm (learned gain) on each query and key head, before positions
+
+    def check(self, model: ModelConfig) -> None:
+        super().check(model)
+        for option in HEAD_OPTIONS:
+            if getattr(self, option) and option not in self.head_options:
+                raise ConfigError(f"attn.{option}=true is not available for attn.mixer={self.mixer} "
+                                  f"(it has: {', '.join(self.head_options) or 'none'})")
+
+
+@dataclass
+class AttentionConfig(HeadOptions):
     """Knobs shared by the softmax family; each can also be switched when evaluating a checkpoint."""
 
     method: str = "xla"  # a form in lmzoo.ops.attention.METHODS; ReRoPE kinds always compute the readable one
@@ -40,6 +65,7 @@ class AttentionConfig(MixerConfig):
     nope: bool = False  # true: this layer ignores the model's position method (NoPE)
 
     def check(self, model: ModelConfig) -> None:
+        super().check(model)
         one_of("attn.method", self.method, METHODS)
         if self.window is not None:
             positive("attn.window", self.window)
@@ -241,10 +267,54 @@ def cache_fill(cache: dict, **entries) -> dict:
     return {**cache, **written, "pos": cache["pos"].at[slots].set(kept), "t": jnp.full((), length, jnp.int32)}
 
 
+class QKNorm(nnx.Module):
+    """RMSNorm of query and key heads [..., D] over their D dims, one learned gain per dim for the
+    queries and one for the keys, shared by the heads (Qwen3; OLMo-2 normalises all heads at once)."""
+
+    def __init__(self, ctx: MixerContext, head_dim: int, *, rngs: nnx.Rngs, eps: float = 1e-6):
+        norm = lambda: nnx.RMSNorm(head_dim, epsilon=eps, dtype=ctx.dtype,  # noqa: E731
+                                   scale_init=partitioned(nnx.initializers.ones, None), rngs=rngs)
+        self.q_norm, self.k_norm = norm(), norm()
+
+    def __call__(self, q, k):
+        return self.q_norm(q), self.k_norm(k)
+
+
+class OutputGate(nnx.Module):
+    """``o * sigmoid(x W_gate)``: one gate per channel of every head's output (Qwen3-Next's elementwise
+    gate), computed from the layer's input; sigmoid in float32."""
+
+    def __init__(self, ctx: MixerContext, width: int, *, rngs: nnx.Rngs):
+        self.proj = dense(ctx, ctx.d_model, width, rngs=rngs)
+
+    def __call__(self, o, x):
+        gate = jax.nn.sigmoid(self.proj(x).astype(jnp.float32))
+        return (o.astype(jnp.float32) * gate).astype(o.dtype)
+
+
 class CacheMixer(Mixer):
     """Base of the softmax family's mixers: ``forward(x, positions, segment_ids) -> (y, entries)`` gives
     the output and the per-token entries [B, T, ...] its cache holds (named as in ``init_state``); the
-    base makes ``__call__`` and ``prefill`` of it."""
+    base makes ``__call__`` and ``prefill`` of it. A mixer whose spec has ``HeadOptions`` builds them
+    with ``init_head_options`` and applies them with ``normalize_qk`` and ``output``."""
+
+    qk_norm: Optional[QKNorm] = None
+    output_gate: Optional[OutputGate] = None
+
+    def init_head_options(self, cfg: HeadOptions, ctx: MixerContext, *, head_dim: int, width: int, rngs) -> None:
+        """QK-norm over ``head_dim`` and an output gate over the ``width`` channels of all heads, as set."""
+        self.qk_norm = QKNorm(ctx, head_dim, rngs=rngs) if cfg.qk_norm else None
+        self.output_gate = OutputGate(ctx, width, rngs=rngs) if cfg.output_gate else None
+
+    def normalize_qk(self, q, k):
+        return (q, k) if self.qk_norm is None else self.qk_norm(q, k)
+
+    def output(self, o, x):
+        """The layer's output from its heads' o [B,T,H,Dv] and its input x [B,T,d]: gated, then projected."""
+        o = o.reshape(*o.shape[:2], -1)
+        if self.output_gate is not None:
+            o = self.output_gate(o, x)
+        return self.o_proj(o)
 
     def forward(self, x, positions, segment_ids=None) -> tuple[jax.Array, dict]:
         raise NotImplementedError
