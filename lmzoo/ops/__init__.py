@@ -8,6 +8,8 @@ Axis legend used across ``lmzoo.ops``: B batch, T query time, S key time, H quer
 K key/value heads, D head dim. Per-head tensors are laid out ``[B, T, H, D]``.
 Linear-attention family: Dk / Dv key / value head dims (state ``[B, H, Dk, Dv]``), N chunks of C steps;
 the delta rule's ``delta_rule`` has a step size beta ``[B, T, H]`` and names its reference form "scan".
+Log-linear attention: L levels (``level_scales [B, T, H, L]``), state ``[B, H, L-1, Dk, Dv]`` (one matrix per
+Fenwick level), ``start`` the first token's position in its document.
 PaTH: w unit Householder directions ``[B, T, H, D]``, beta ``[B, T, H]`` in (0, 2).
 VQ attention: S codewords per head (codebook ``[H, S, D]``), blocks of L queries.
 State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head size (``ssd``, state
@@ -20,6 +22,7 @@ from lmzoo.ops.delta import delta_rule, delta_rule_weights
 from lmzoo.ops.dsa import dsa, dsa_indexer, dsa_weights
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
+from lmzoo.ops.log_linear import log_linear_attention, log_linear_step, log_linear_weights
 from lmzoo.ops.path import path_attention, path_matrix, reflect_keys
 from lmzoo.ops.nsa import nsa, nsa_block_means, nsa_compression, nsa_selection, nsa_topk, nsa_weights
 from lmzoo.ops.lti import causal_conv1d, diagonal_ssm, diagonal_ssm_kernel, fft_conv
@@ -36,3 +39,4 @@ __all__ += ["dsa", "dsa_indexer", "dsa_weights"]
 __all__ += ["nsa", "nsa_block_means", "nsa_compression", "nsa_selection", "nsa_topk", "nsa_weights"]
 __all__ += ["path_attention", "path_matrix", "reflect_keys"]
 __all__ += ["stick_breaking_attention", "stick_breaking_matrix", "stick_breaking_weights"]
+__all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
