@@ -267,3 +267,34 @@ def test_pallas_kernels_lower_for_accelerators(platform, gate_width):
 def test_pallas_compiled_on_gpu_matches_scan(gate):
     args, cotangent, expected = reference(gate, ODD, True)
     assert_trees_close(outputs_and_grads("pallas", args, cotangent), expected, tol=1e-4)
+
+
+# ----------------------------------------------------------------------------- grouped value heads
+
+
+def grouped_args(length, seed=41):
+    """Two value heads per key head (HV = 2H): v, beta, per-channel gates and state per value head."""
+    args = make_args("channel", length, with_state=True, seed=seed)
+    wide = make_args("channel", length, with_state=True, seed=seed + 1)
+    return {**args, **{n: jnp.concatenate([args[n], wide[n]], axis=2 if n != "state" else 1)
+                       for n in ("v", "beta", "log_g", "state")}}
+
+
+def test_grouped_value_heads_scan_matches_the_recurrence_in_float64():
+    """Value head hv uses key head hv // (HV / H) (repeat-interleave), never hv % H."""
+    args = grouped_args(12)
+    out, state = compiled(lambda a: run("scan", a))(args)
+    wide = {n: (jnp.repeat(x, 2, axis=2) if n in ("q", "k") else x) for n, x in args.items()}
+    expected_out, expected_state = loop_delta_rule(wide, DK**-0.5)
+    assert rel_err(out, expected_out) < TOLERANCE and rel_err(state, expected_state) < TOLERANCE
+
+
+def test_grouped_value_heads_every_form_matches_scan():
+    """Values, final state and gradients (summed over a key head's value heads) for the chunk form;
+    values and state for the parallel form. Every form, the Pallas kernels too, runs on the keys
+    repeated to the value heads before it starts (``value_heads``), so the grouping is one path."""
+    args = grouped_args(ODD)
+    cotangent = random_like(jax.eval_shape(lambda a: run("scan", a), args), seed=7)
+    expected = outputs_and_grads("scan", args, cotangent)
+    assert_trees_close(outputs_and_grads("chunk", args, cotangent), expected)
+    assert_trees_close(run_fast("parallel", args), expected[0])

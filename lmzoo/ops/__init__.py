@@ -7,7 +7,9 @@ are tested against. Shared pieces (the causal mask, chunk padding, segment sums)
 Axis legend used across ``lmzoo.ops``: B batch, T query time, S key time, H query heads,
 K key/value heads, D head dim. Per-head tensors are laid out ``[B, T, H, D]``.
 Linear-attention family: Dk / Dv key / value head dims (state ``[B, H, Dk, Dv]``), N chunks of C steps;
-the delta rule's ``delta_rule`` has a step size beta ``[B, T, H]`` and names its reference form "scan".
+the delta rule's ``delta_rule`` has a step size beta ``[B, T, HV]`` over HV value heads (a multiple of the H query/key
+heads: grouped value heads, as KDA) and names its reference form "scan", as ``dplr`` (the diagonal-plus-low-rank
+transition of RWKV-7, of which the delta rule, KDA and GDN-2 are special cases) does.
 Log-linear attention: L levels (``level_scales [B, T, H, L]``), state ``[B, H, L-1, Dk, Dv]`` (one matrix per
 Fenwick level), ``start`` the first token's position in its document.
 PaTH: w unit Householder directions ``[B, T, H, D]``, beta ``[B, T, H]`` in (0, 2).
@@ -19,6 +21,7 @@ State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head
 from lmzoo.ops.attention import attention_weights, logn_scale, softmax_attention
 from lmzoo.ops.common import causal_mask
 from lmzoo.ops.delta import delta_rule, delta_rule_weights
+from lmzoo.ops.dplr import dplr, dplr_weights, gdn2, gdn2_weights
 from lmzoo.ops.dsa import dsa, dsa_indexer, dsa_weights
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
@@ -40,3 +43,4 @@ __all__ += ["nsa", "nsa_block_means", "nsa_compression", "nsa_selection", "nsa_t
 __all__ += ["path_attention", "path_matrix", "reflect_keys"]
 __all__ += ["stick_breaking_attention", "stick_breaking_matrix", "stick_breaking_weights"]
 __all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
+__all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights"]

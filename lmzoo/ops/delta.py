@@ -1,12 +1,15 @@
 """The delta rule (DeltaNet; Gated DeltaNet; per-channel gates as in Kimi Delta Attention).
 
-Per head and step, with a log-space decay ``log_g`` (none, one per head, or one per key channel):
+Per value head and step, with a log-space decay ``log_g`` (none, one per head, or one per key channel):
 
     S'_t = diag(exp(log_g_t)) S_{t-1}                  (S'_t = S_{t-1} without gates)
     S_t  = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T       (write v_t where k_t points, by beta_t)
     o_t  = scale * S_t^T q_t
 
-S is ``[Dk, Dv]`` per head (key dimension first). The op neither normalises q, k nor squashes
+S is ``[Dk, Dv]`` per value head (key dimension first). Grouped value heads: with HV value heads
+over H query/key heads (HV a multiple of H, as Qwen3-Next and Kimi Linear's GVA use them), value
+head hv uses key head ``hv // (HV / H)``; every form runs on q, k repeated to HV heads, since the
+pair products depend on each value head's own beta and gates anyway. The op neither normalises q, k nor squashes
 beta: the mixer does (unit keys and beta in [0, 1] keep every step a contraction).
 
 Forms (``method``):
@@ -68,15 +71,18 @@ METHODS = ("scan", "parallel", "chunk", "pallas")
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
 def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64,
                segment_ids=None):
-    """q, k [B,T,H,Dk], v [B,T,H,Dv], beta [B,T,H], log_g None, [B,T,H] (per head) or [B,T,H,Dk].
+    """q, k [B,T,H,Dk], v [B,T,HV,Dv], beta [B,T,HV], log_g None, [B,T,HV] (per head) or [B,T,HV,Dk].
 
+    Grouped value heads: HV a multiple of H, value head hv reads and writes with key head
+    ``hv // (HV / H)``; each value head has its own state, beta and gates.
     ``segment_ids`` [B,T]: the state restarts at each segment start, as a forget gate of zero
     (``RESET_LOG_DECAY``), which every form already runs exactly however strong.
 
-    Returns (o [B, T, H, Dv] in v's dtype, S_T [B, H, Dk, Dv] float32).
+    Returns (o [B, T, HV, Dv] in v's dtype, S_T [B, HV, Dk, Dv] float32).
     """
     check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q, k = value_heads(q, k, v.shape)
     batch, _, heads, d_key = k.shape
     if beta.shape != k.shape[:3]:
         raise ValueError(f"beta has shape {beta.shape}; expected {k.shape[:3]}")
@@ -93,18 +99,30 @@ def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, met
 
 @functools.partial(jax.jit, static_argnames=("scale",))
 def delta_rule_weights(q, k, beta, log_g=None, *, scale=None, segment_ids=None) -> jax.Array:
-    """The effective causal weights [B, H, T, S] float32 that ``delta_rule`` applies to v (zero
+    """The effective causal weights [B, HV, T, S] float32 that ``delta_rule`` applies to v (zero
     initial state): ``scale * P_<=(q, k) (I + diag(beta) P_<(k, k))^{-1} diag(beta)``; exactly 0
-    across segments."""
+    across segments. beta [B, T, HV] names the value heads (HV a multiple of q and k's H)."""
+    q, k = value_heads(q, k, beta.shape)
     if segment_ids is not None:
         weights = delta_rule_weights(q, k, beta, reset_gates(log_g, segment_ids, k.shape), scale=scale)
         return jnp.where(same_segment(segment_ids)[:, None], weights, 0.0)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     log_g = None if log_g is None else heads_first(gate_layout(log_g, k.shape).astype(jnp.float32))
-    q, k = (heads_first(a.astype(jnp.float32)) for a in (q, k))  # (B, H, T, Dk)
-    beta = beta.astype(jnp.float32).swapaxes(1, 2)  # (B, H, T)
+    q, k = (heads_first(a.astype(jnp.float32)) for a in (q, k))  # (B, HV, T, Dk)
+    beta = beta.astype(jnp.float32).swapaxes(1, 2)  # (B, HV, T)
     reads = decayed_pairs(q * scale, k, log_g, diagonal=True)
     return reads @ (invert_unit_lower(unit_lower(k, beta, log_g)) * beta[..., None, :])
+
+
+def value_heads(q, k, value_shape):
+    """q, k [B,T,H,Dk] repeated to the HV = ``value_shape[2]`` value heads (each key head serves
+    HV / H consecutive value heads); their gradients sum back over the copies."""
+    heads, value_heads_ = k.shape[2], value_shape[2]
+    if q.shape[2] != heads or value_heads_ % heads:
+        raise ValueError(f"value heads {value_heads_} must be a multiple of the {heads} key heads "
+                         f"(q has {q.shape[2]} heads, k {heads})")
+    group = value_heads_ // heads
+    return (q, k) if group == 1 else (jnp.repeat(q, group, axis=2), jnp.repeat(k, group, axis=2))
 
 
 def heads_first(x):

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from lmzoo.ops.common import decay_since, decay_until_end
 
@@ -44,9 +45,12 @@ def chunk_terms(k, v, beta, log_g) -> ChunkTerms:
     return ChunkTerms(solved[..., :d_value], solved[..., d_value:], k * to_end, across, from_start)
 
 
-def decayed_pairs(x, y, log_g, *, diagonal: bool) -> jax.Array:
+def decayed_pairs(x, y, log_g, *, diagonal: bool, before_decay: bool = False) -> jax.Array:
     """``P(x, y)_ij = sum_d x_id y_jd exp(sum_{j<m<=i} log_g_md)`` for j < i (and j = i when
     ``diagonal``), 0 above: x, y [..., C, D], log_g [..., C, Dg] or None -> [..., C, C].
+
+    ``before_decay``: row i reads before its own step's decay, ``exp(sum_{j<m<i} log_g_md)``
+    (the DPLR rule's low-rank read, ``lmzoo.ops.dplr``); strictly lower, so not with ``diagonal``.
 
     Built by halving, as GLA's chunks are: in a block of 2h steps, a late row i reaches an early
     row j through the gates of the early half after j and of the late half up to i, so the block's
@@ -54,6 +58,8 @@ def decayed_pairs(x, y, log_g, *, diagonal: bool) -> jax.Array:
     both factors <= 1 and summed over at most h steps. Blocks of 1 (the diagonal) grow to the whole
     chunk in log2(C) rounds, each placing that quarter beside the two halves' own blocks.
     """
+    if before_decay and diagonal:
+        raise ValueError("decayed_pairs: a read before the decay has no diagonal (diagonal=True with before_decay=True)")
     size = x.shape[-2]
     if log_g is None:
         tril = jnp.tril(jnp.ones((size, size), bool), 0 if diagonal else -1)
@@ -67,7 +73,8 @@ def decayed_pairs(x, y, log_g, *, diagonal: bool) -> jax.Array:
     while half < width:
         xb, yb, gb = (a.reshape(*a.shape[:-2], width // (2 * half), 2, half, a.shape[-1]) for a in (x, y, log_g))
         steps = gb.ndim - 2  # the axis of the h steps in each half
-        late = xb[..., 1, :, :] * jnp.exp(decay_since(gb[..., 1, :, :], axis=steps - 1))
+        since_middle = (decay_before if before_decay else decay_since)(gb[..., 1, :, :], axis=steps - 1)
+        late = xb[..., 1, :, :] * jnp.exp(since_middle)
         early = yb[..., 0, :, :] * jnp.exp(decay_until_end(gb[..., 0, :, :], axis=steps - 1))
         across = late @ jnp.swapaxes(early, -1, -2)  # (..., L, h, h) late rows against early columns
         halves = blocks.reshape(*blocks.shape[:-3], width // (2 * half), 2, half, half)
@@ -76,6 +83,13 @@ def decayed_pairs(x, y, log_g, *, diagonal: bool) -> jax.Array:
         blocks = jnp.concatenate([upper, lower], axis=-2)  # (..., L / 2, 2h, 2h)
         half *= 2
     return blocks[..., 0, :size, :size]
+
+
+def decay_before(log_g, axis: int) -> jax.Array:
+    """Exclusive cumulative log decay along ``axis``: sum_{m<t} log_g_m (0 at the first step),
+    summed directly rather than as an inclusive sum minus log_g_t, which would round like the sum."""
+    before = lax.slice_in_dim(jnp.cumsum(log_g, axis=axis), 0, log_g.shape[axis] - 1, axis=axis)
+    return jnp.concatenate([jnp.zeros_like(lax.slice_in_dim(log_g, 0, 1, axis=axis)), before], axis=axis)
 
 
 def unit_lower(k, beta, log_g) -> jax.Array:

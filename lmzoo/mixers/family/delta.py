@@ -1,4 +1,4 @@
-"""The delta-rule family (DeltaNet, Gated DeltaNet, per-channel gated delta): what its variants share.
+"""The delta-rule family (DeltaNet, Gated DeltaNet, KDA, GDN-2 ...): what its variants share.
 
     q, k, v = silu(causal_conv(x W_qkv))            short depthwise convs (as in the papers)
     q, k    = q / |q|, k / |k|;   beta = sigmoid(x W_beta)        per head
@@ -6,7 +6,12 @@
     y   = W_o (swish(x W_g) * headnorm(o))
 
 A variant supplies only its gates (``gates(x)``: None for DeltaNet, log decays per head or per key
-channel otherwise); everything else is here. The recurrence is ``lmzoo.ops.delta_rule`` in the form
+channel otherwise; ``init_decay``/``decay`` below are the Mamba-2-style decay the gated variants
+share), and may change the step sizes (``init_step_sizes``: GDN-2's erase and write gates in
+place of beta), the output (``init_output``/``output``) or use grouped value heads
+(``grouped_value_heads``: HV value heads over the H query/key heads, each with its own beta, gates
+and state; ``lmzoo.ops.delta_rule`` pairs value head hv with key head hv // (HV / H)); everything
+else is here. The recurrence is ``lmzoo.ops.delta_rule`` in the form
 ``attn.method`` names. Unit keys and beta in (0, 1) make every step's ``I - beta k k^T`` a
 contraction, so the state cannot blow up however long the sequence.
 
@@ -20,6 +25,7 @@ which the forward applies exactly (no positions: order lives in the state and th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -28,9 +34,10 @@ from jax import lax
 
 from lmzoo.mixers.base import MixerContext, dense
 from lmzoo.mixers.family.linear import GatedHeadNorm, LinearFamilyConfig, LinearFamilyMixer
-from lmzoo.mixers.family.ssm import CausalConv
+from lmzoo.mixers.family.ssm import CausalConv, check_dt_range, dt_bias_init
 from lmzoo.ops.delta import METHODS, delta_rule, delta_rule_weights
 from lmzoo.schema import ModelConfig, positive
+from lmzoo.sharding import EMBED, INNER, param
 
 
 @dataclass
@@ -47,6 +54,21 @@ class DeltaRuleConfig(LinearFamilyConfig):
         positive("attn.conv_size", self.conv_size)
 
 
+@dataclass
+class DecayConfig(DeltaRuleConfig):
+    """The knobs of the family's Mamba-2-style decay (``DeltaRuleMixer.init_decay``)."""
+
+    gate_rank: Optional[int] = None  # per-channel gates: rank of x W_1 W_2; None: the head dimension
+    dt_min: float = 0.001  # the gate's step size starts log-uniform in [dt_min, dt_max]
+    dt_max: float = 0.1
+
+    def check(self, model: ModelConfig) -> None:
+        super().check(model)
+        if self.gate_rank is not None:
+            positive("attn.gate_rank", self.gate_rank)
+        check_dt_range(self.dt_min, self.dt_max)
+
+
 def l2_normalize(x, eps: float = 1e-12) -> jax.Array:
     """x / |x| over the last axis, in float32; exactly unit unless |x|^2 < eps (small projections
     at initialisation included), where the step size of the delta rule relies on |k| = 1."""
@@ -57,33 +79,79 @@ def l2_normalize(x, eps: float = 1e-12) -> jax.Array:
 class DeltaRuleMixer(LinearFamilyMixer):
     """The family's mixer; a gated variant overrides ``init_gates`` and ``gates``."""
 
+    value_heads: Optional[int] = None  # HV; None (a subclass with its own __init__): n_heads
+
     def __init__(self, cfg: DeltaRuleConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
         d = ctx.d_model
         self.n_heads = ctx.n_heads
         self.key_dim = self.value_dim = d // ctx.n_heads
+        self.value_heads = self.grouped_value_heads(cfg, ctx)
         self.method, self.chunk_size, self.dtype = cfg.method, cfg.chunk_size, ctx.dtype
-        self.qkv_proj = dense(ctx, d, 3 * d, rngs=rngs)  # [q | k | v], one head after another in each
-        self.conv = CausalConv(3 * d, cfg.conv_size, bias=False, rngs=rngs)
-        self.beta_proj = dense(ctx, d, self.n_heads, rngs=rngs)
+        width = 2 * d + self.value_heads * self.value_dim
+        self.qkv_proj = dense(ctx, d, width, rngs=rngs)  # [q | k | v], one head after another in each
+        self.conv = CausalConv(width, cfg.conv_size, bias=False, rngs=rngs)
+        self.init_step_sizes(ctx, rngs=rngs)
         self.init_gates(cfg, ctx, rngs=rngs)
-        self.out_gate = GatedHeadNorm(ctx, self.n_heads, self.value_dim, rngs=rngs)
-        self.o_proj = dense(ctx, d, d, rngs=rngs, residual=True)
+        self.init_output(cfg, ctx, rngs=rngs)
+
+    def grouped_value_heads(self, cfg, ctx: MixerContext) -> int:
+        """HV, the value heads (a multiple of the n_heads query/key heads): n_heads unless a variant groups."""
+        return ctx.n_heads
+
+    def init_step_sizes(self, ctx: MixerContext, *, rngs: nnx.Rngs) -> None:
+        """beta's projection, one step size per value head."""
+        self.beta_proj = dense(ctx, ctx.d_model, self.value_heads, rngs=rngs)
 
     def init_gates(self, cfg, ctx: MixerContext, *, rngs: nnx.Rngs) -> None:
         """The gate's parameters (none without gates)."""
 
     def gates(self, x):
-        """float32 log decays [B, T, H] or [B, T, H, Dk] (<= 0), or None for no decay."""
+        """float32 log decays [B, T, HV] or [B, T, HV, Dk] (<= 0), or None for no decay."""
         return None
 
-    def project(self, x, conv_state=None, segment_ids=None):
-        """The op's inputs (q, k [B,T,H,Dk] unit, v [B,T,H,Dv], beta [B,T,H], log_g) and the conv window."""
+    def init_output(self, cfg, ctx: MixerContext, *, rngs: nnx.Rngs) -> None:
+        """``W_o (swish(x W_g) * headnorm(o))`` over the value heads."""
+        self.out_gate = GatedHeadNorm(ctx, self.value_heads, self.value_dim, rngs=rngs)
+        self.o_proj = dense(ctx, self.value_heads * self.value_dim, ctx.d_model, rngs=rngs, residual=True)
+
+    def init_decay(self, cfg: DecayConfig, ctx: MixerContext, *, per_channel: bool, rngs: nnx.Rngs) -> None:
+        """Mamba-2's decay per value head or per key channel (a low-rank projection of rank
+        ``gate_rank``): ``A_log`` from log U[1, 16] per head, ``dt_bias`` softplus^-1 of a step drawn
+        log-uniformly in [dt_min, dt_max], so that the state first keeps a few hundred tokens."""
+        d, heads = ctx.d_model, self.value_heads
+        self.per_channel = per_channel
+        width = heads * self.key_dim if per_channel else heads
+        if per_channel:
+            rank = cfg.gate_rank or self.key_dim
+            self.gate_proj = nnx.Sequential(dense(ctx, d, rank, rngs=rngs, axes=(EMBED, None)),
+                                            dense(ctx, rank, width, rngs=rngs, axes=(None, INNER)))
+        else:
+            self.gate_proj = dense(ctx, d, width, rngs=rngs)
+        self.dt_bias = param(dt_bias_init(rngs.params(), width, cfg.dt_min, cfg.dt_max), None)
+        self.A_log = param(jnp.log(jax.random.uniform(rngs.params(), (heads,), jnp.float32, 1.0, 16.0)), None)
+
+    def decay(self, x):
+        """log g = -exp(A_log) * softplus(x W + dt_bias): [B, T, HV] or [B, T, HV, Dk], float32, <= 0."""
         b, t, _ = x.shape
-        mixed, conv_state = self.conv(self.qkv_proj(x), conv_state, segment_ids=segment_ids)
-        q, k, v = jnp.split(jax.nn.silu(mixed).reshape(b, t, 3, self.n_heads, -1), 3, axis=2)
-        q, k = l2_normalize(q[:, :, 0]).astype(v.dtype), l2_normalize(k[:, :, 0]).astype(v.dtype)
+        step = jax.nn.softplus(self.gate_proj(x).astype(jnp.float32) + self.dt_bias[...])  # (B, T, width)
+        rate = jnp.exp(self.A_log[...])  # (HV,)
+        if self.per_channel:
+            return -rate[:, None] * step.reshape(b, t, self.value_heads, self.key_dim)
+        return -rate * step
+
+    def project(self, x, conv_state=None, segment_ids=None):
+        """The op's inputs (q, k [B,T,H,Dk] unit, v [B,T,HV,Dv], beta [B,T,HV], log_g) and the conv window."""
+        (q, k, v), conv_state = self.queries_keys_values(x, conv_state, segment_ids)
         beta = jax.nn.sigmoid(self.beta_proj(x).astype(jnp.float32))
-        return (q, k, v[:, :, 0], beta, self.gates(x)), conv_state
+        return (q, k, v, beta, self.gates(x)), conv_state
+
+    def queries_keys_values(self, x, conv_state=None, segment_ids=None):
+        """(q, k [B,T,H,Dk] unit, v [B,T,HV,Dv]) through the short convs, and the conv window."""
+        b, t, d = x.shape
+        mixed, conv_state = self.conv(self.qkv_proj(x), conv_state, segment_ids=segment_ids)
+        q, k, v = jnp.split(jax.nn.silu(mixed), [d, 2 * d], axis=-1)
+        q, k = (l2_normalize(a.reshape(b, t, self.n_heads, self.key_dim)).astype(v.dtype) for a in (q, k))
+        return (q, k, v.reshape(b, t, -1, self.value_dim)), conv_state
 
     def heads(self, x, positions=None, segment_ids=None):  # the state and the convs carry order: positions are unused
         return self.project(x, segment_ids=segment_ids)[0]
@@ -113,6 +181,11 @@ class DeltaRuleMixer(LinearFamilyMixer):
         o, s = self.mix(*heads, state=state["S"], method="scan")
         return self.output(x, o)[:, 0], {"S": s, "conv": conv}
 
+    def recurrent_state(self, batch_size: int):
+        """S [B, HV, Dk, Dv] float32: one state per value head."""
+        heads = self.value_heads or self.n_heads
+        return jnp.zeros((batch_size, heads, self.key_dim, self.value_dim), jnp.float32)
+
     def state_size(self, max_len):
         conv_window = (self.conv.width - 1) * self.conv.weight.shape[1]
-        return self.n_heads * self.key_dim * self.value_dim + conv_window
+        return (self.value_heads or self.n_heads) * self.key_dim * self.value_dim + conv_window
