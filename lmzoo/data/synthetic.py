@@ -13,11 +13,22 @@ its spec (``data=<name>`` picks it), which draws one example (``example``):
   the first is scored (a model can predict it only by finding the earlier occurrence).
 - ``selective_copy``: ``num_marked`` symbols scattered at random positions among NOISE tokens,
   then SEP, then the symbols again in order (scored).
+
+State-tracking tasks (the word problem of a finite group) label every position with a state
+instead of the next input: the inputs are random group elements ``x_0 .. x_{T-1}`` and the target
+at position t is their running product ``s_t = x_t s_{t-1}`` (``s_0 = x_0``), every position
+scored. A model must carry the state; no position can be answered from a bounded window.
+
+- ``parity``: the group Z_2, inputs bits, targets the parity of the bits so far (``task_vocab`` 2);
+- ``permutation``: the symmetric group S_n (``degree`` n: S_3, S_5 ...), permutations numbered in
+  lexicographic order (``task_vocab`` n!); ``s_t`` applies ``s_{t-1}`` first, then ``x_t``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -75,6 +86,12 @@ class TaskConfig(DataConfig):
     def example(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
         """One sequence of ``length`` token ids and the mask of its scored positions."""
         raise NotImplementedError(f"{type(self).__name__} does not define example()")
+
+    def labelled(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, ...]:
+        """(inputs, targets, scored) of ``length - 1`` positions: by default a sequence from ``example``
+        and its next tokens; a task whose targets are not the next inputs draws its own."""
+        seq, scored = self.example(rng, length, tok)
+        return seq[:-1], seq[1:], scored[1:]
 
     def build(self, *, seed: int, shard_index: int, shard_count: int) -> "TaskData":
         return TaskData(self, seed, shard_index, shard_count)
@@ -153,6 +170,68 @@ class SelectiveCopyConfig(TaskConfig):
         return seq, scored
 
 
+@dataclass
+class StateTrackingConfig(TaskConfig):
+    """The word problem of a finite group with elements 0 .. order - 1 (``task_vocab`` = the order)."""
+
+    def products(self) -> np.ndarray:
+        """[order, order]: ``products()[s, x]`` is the element ``x s`` (s applied first, then x)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define products()")
+
+    def check(self) -> None:
+        super().check()
+        order = len(self.products())
+        if self.task_vocab != order:
+            raise ConfigError(f"data.task_vocab={self.task_vocab} must be {order}, the order of the {self.source} group")
+
+    def labelled(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, ...]:
+        table = self.products()
+        elements = rng.integers(0, len(table), size=length - 1)
+        states = np.empty_like(elements)
+        state = elements[0]
+        for t, element in enumerate(elements):
+            state = element if t == 0 else table[state, element]
+            states[t] = state
+        return elements, states, np.ones(length - 1, bool)
+
+
+@SOURCES.register("parity")
+@dataclass
+class ParityConfig(StateTrackingConfig):
+    source: str = "parity"
+    task_vocab: int = 2
+
+    def products(self) -> np.ndarray:
+        return np.array([[0, 1], [1, 0]])  # addition modulo 2
+
+
+@SOURCES.register("permutation")
+@dataclass
+class PermutationConfig(StateTrackingConfig):
+    source: str = "permutation"
+    degree: int = 3  # n of S_n: 3 (6 elements, the smallest non-abelian group) or 5 (120, not solvable)
+    task_vocab: int = 6
+
+    def check(self) -> None:
+        if self.degree not in DEGREES:
+            raise ConfigError(f"data.degree={self.degree} is not valid (choose from: {', '.join(map(str, DEGREES))})")
+        super().check()
+
+    def products(self) -> np.ndarray:
+        return permutation_products(self.degree)
+
+
+DEGREES = (2, 3, 4, 5, 6)
+
+
+@functools.cache
+def permutation_products(degree: int) -> np.ndarray:
+    """S_n's table in lexicographic numbering: entry [s, x] numbers the permutation i -> x(s(i))."""
+    perms = list(itertools.permutations(range(degree)))
+    number = {p: i for i, p in enumerate(perms)}
+    return np.array([[number[tuple(np.asarray(x)[list(s)])] for x in perms] for s in perms])
+
+
 @dataclass(frozen=True)
 class TaskExamples:
     """Example ``index`` of one split as a dict of int32 inputs/targets and float32 weights."""
@@ -165,11 +244,11 @@ class TaskExamples:
 
     def __call__(self, index: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, self.split, int(index)])
-        seq, scored = self.cfg.example(rng, self.length, self.tokenizer)
+        inputs, targets, scored = self.cfg.labelled(rng, self.length, self.tokenizer)
         return {
-            "inputs": seq[:-1].astype(np.int32),
-            "targets": seq[1:].astype(np.int32),
-            "weights": scored[1:].astype(np.float32),
+            "inputs": inputs.astype(np.int32),
+            "targets": targets.astype(np.int32),
+            "weights": scored.astype(np.float32),
         }
 
 

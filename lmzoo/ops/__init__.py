@@ -19,12 +19,15 @@ State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head
 """
 
 from lmzoo.ops.attention import attention_weights, logn_scale, softmax_attention
+from lmzoo.ops.comba import comba, comba_weights
 from lmzoo.ops.common import causal_mask
 from lmzoo.ops.delta import delta_rule, delta_rule_weights
+from lmzoo.ops.delta_product import delta_product, delta_product_weights
 from lmzoo.ops.dplr import dplr, dplr_weights, gdn2, gdn2_weights
 from lmzoo.ops.dsa import dsa, dsa_indexer, dsa_weights
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
+from lmzoo.ops.mamba3 import mamba3, mamba3_attention
 from lmzoo.ops.log_linear import log_linear_attention, log_linear_step, log_linear_weights
 from lmzoo.ops.path import path_attention, path_matrix, reflect_keys
 from lmzoo.ops.nsa import nsa, nsa_block_means, nsa_compression, nsa_selection, nsa_topk, nsa_weights
@@ -44,3 +47,4 @@ __all__ += ["path_attention", "path_matrix", "reflect_keys"]
 __all__ += ["stick_breaking_attention", "stick_breaking_matrix", "stick_breaking_weights"]
 __all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
 __all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights"]
+__all__ += ["comba", "comba_weights", "delta_product", "delta_product_weights", "mamba3", "mamba3_attention"]
