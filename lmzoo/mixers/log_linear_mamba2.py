@@ -7,9 +7,10 @@ O(log T) states, each level with its own data-dependent weight (``lmzoo.ops.log_
     out_proj(rmsnorm(y * silu(z)))
 
 l(t, s) = bit_length(t XOR s) is the Fenwick level of key s for query t. Everything but lam is
-Mamba-2's (``lmzoo.mixers.mamba2``): with every lam = 1 the layer is Mamba-2. lam comes from the
-layer's input through its own projection, scaled per head and level by ``W_lvl`` (ones at first, as
-in the paper's code), so at initialisation every level weighs about softplus(0) = 0.69. ``attn.levels``
+Mamba-2's (the state-space family's ``family.ssm.SSDMixer``, as in ``lmzoo.mixers.mamba2``): with
+every lam = 1 the layer is Mamba-2. lam comes from the layer's input through its own projection,
+scaled per head and level by ``W_lvl`` (ones at first, as in the paper's code), so at initialisation
+every level weighs about softplus(0) = 0.69. ``attn.levels``
 sets L (by default enough for ``data.seq_len``); keys beyond level L - 1 share its weight, so
 longer evaluations keep working. Decoding carries the conv window, the L - 1 level states
 ``[H, L-1, N, P]`` and the position, merging levels as the position's bits carry.
@@ -28,12 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
-from lmzoo.mixers.family.ssm import CausalConv, check_dt_range, dt_bias_init
+from lmzoo.mixers.base import MixerContext, dense
+from lmzoo.mixers.family.ssm import SSDConfig, SSDMixer
 from lmzoo.ops.log_linear import MAX_LEVELS, METHODS, log_linear_attention, log_linear_step, log_linear_weights
 from lmzoo.registry import register
-from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, positive
-from lmzoo.sharding import INNER, param
+from lmzoo.schema import ConfigError, ModelConfig
+from lmzoo.sharding import param
 
 
 def levels_for(seq_len: int) -> int:
@@ -43,37 +44,15 @@ def levels_for(seq_len: int) -> int:
 
 @register("log_linear_mamba2")
 @dataclass
-class LogLinearMamba2Config(MixerConfig):
-    d_state: int = 32  # N: state entries per head row
-    d_conv: int = 4  # width of the causal depthwise convolution over x, B and C
-    expand: int = 2  # d_inner = expand * d_model
-    head_dim: Optional[int] = None  # P; None: d_inner / model.n_heads (one SSM head per model head)
-    n_groups: int = 1  # groups of heads sharing B and C
-    dt_min: float = 0.001  # dt is initialised log-uniformly in [dt_min, dt_max]
-    dt_max: float = 0.1
+class LogLinearMamba2Config(SSDConfig):
+    forms = METHODS  # naive | scan | chunk (see lmzoo.ops.log_linear)
+
     levels: Optional[int] = None  # L level weights per head; None: ceil(log2 data.seq_len) + 1
-    method: str = "chunk"  # naive | scan | chunk (see lmzoo.ops.log_linear)
-    chunk_size: int = 64  # tokens per chunk for method=chunk
 
     def check(self, model: ModelConfig) -> None:
-        chunked_form(self.method, self.chunk_size, METHODS)
-        for key in ("d_state", "d_conv", "expand", "n_groups"):
-            positive(f"attn.{key}", getattr(self, key))
-        check_dt_range(self.dt_min, self.dt_max)
+        super().check(model)
         if self.levels is not None and not 2 <= self.levels <= MAX_LEVELS:
             raise ConfigError(f"attn.levels={self.levels} must be in 2..{MAX_LEVELS} (null: enough for data.seq_len)")
-        d_inner = self.expand * model.d_model
-        head_dim = self.head_dim or d_inner // model.n_heads
-        positive("attn.head_dim", head_dim)
-        if d_inner % head_dim:
-            raise ConfigError(f"attn.head_dim={head_dim} does not divide d_inner = attn.expand * model.d_model "
-                              f"= {d_inner}")
-        heads = d_inner // head_dim
-        if heads % model.n_heads:
-            raise ConfigError(f"{heads} SSM heads (d_inner / attn.head_dim) are not a multiple of "
-                              f"model.n_heads={model.n_heads}")
-        if heads % self.n_groups:
-            raise ConfigError(f"attn.n_groups={self.n_groups} does not divide the {heads} SSM heads")
 
     def build(self, ctx, *, rngs):
         return LogLinearMamba2(self, ctx, rngs=rngs)
@@ -98,47 +77,12 @@ def mean_extra_levels(seq_len: int, levels: int) -> float:
     return float(np.maximum(slots - 1, 0).mean())
 
 
-class LogLinearMamba2(Mixer):
+class LogLinearMamba2(SSDMixer):
     def __init__(self, cfg: LogLinearMamba2Config, ctx: MixerContext, *, rngs: nnx.Rngs):
-        self.n_heads, self.method, self.chunk_size = ctx.n_heads, cfg.method, cfg.chunk_size
-        self.d_inner, self.d_state, self.n_groups = cfg.expand * ctx.d_model, cfg.d_state, cfg.n_groups
-        self.head_dim = cfg.head_dim or self.d_inner // ctx.n_heads
-        self.ssm_heads = self.d_inner // self.head_dim
+        super().__init__(cfg, ctx, rngs=rngs)  # Mamba-2's parameters first, so they initialise as Mamba-2's
         self.levels = cfg.levels or levels_for(ctx.train_len)
-        self.dtype = ctx.dtype
-        e, h, bc = self.d_inner, self.ssm_heads, cfg.n_groups * cfg.d_state
-        self.in_proj = dense(ctx, ctx.d_model, 2 * e + 2 * bc + h, rngs=rngs)  # z, x, B, C, dt
-        self.conv = CausalConv(e + 2 * bc, cfg.d_conv, bias=True, rngs=rngs)
-        self.dt_bias = param(dt_bias_init(rngs.params(), h, cfg.dt_min, cfg.dt_max), None)
-        self.A_log = param(jnp.log(jax.random.uniform(rngs.params(), (h,), jnp.float32, 1.0, 16.0)), None)
-        self.D = param(jnp.ones((h,), jnp.float32), None)
-        self.norm_weight = param(jnp.ones((e,), jnp.float32), INNER)
-        self.out_proj = dense(ctx, e, ctx.d_model, rngs=rngs, residual=True)
-        self.level_proj = dense(ctx, ctx.d_model, h * self.levels, rngs=rngs)
-        self.level_weight = param(jnp.ones((h, self.levels), jnp.float32), None, None)
-
-    # ------------------------------------------------------------------ Mamba-2's inputs and output
-
-    def ssm_inputs(self, x, conv_state=None, segment_ids=None):
-        """x [B,T,H,P], dt [B,T,H] (positive, float32), B and C [B,T,G,N], gate z [B,T,E], conv window."""
-        batch, length, _ = x.shape
-        e, bc = self.d_inner, self.n_groups * self.d_state
-        z, xbc, dt = jnp.split(self.in_proj(x), [e, 2 * e + 2 * bc], axis=-1)
-        xbc, conv_state = self.conv(xbc, conv_state, segment_ids=segment_ids)
-        xs, b, c = jnp.split(jax.nn.silu(xbc), [e, e + bc], axis=-1)
-        groups = (batch, length, self.n_groups, self.d_state)
-        dt = jax.nn.softplus(dt.astype(jnp.float32) + self.dt_bias[...])  # (B, T, H)
-        xs = xs.reshape(batch, length, self.ssm_heads, self.head_dim)  # (B, T, H, P)
-        return xs, dt, b.reshape(groups), c.reshape(groups), z, conv_state
-
-    def A(self) -> jax.Array:
-        return -jnp.exp(self.A_log[...])  # (H,)
-
-    def gated_norm(self, y, z):
-        """RMSNorm(y * silu(z)) over each group of d_inner / n_groups channels, in float32."""
-        gated = (y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))).reshape(*y.shape[:-1], self.n_groups, -1)
-        normed = gated * jax.lax.rsqrt(jnp.mean(gated**2, axis=-1, keepdims=True) + 1e-5)
-        return (normed.reshape(y.shape) * self.norm_weight[...]).astype(y.dtype)
+        self.level_proj = dense(ctx, ctx.d_model, self.ssm_heads * self.levels, rngs=rngs)
+        self.level_weight = param(jnp.ones((self.ssm_heads, self.levels), jnp.float32), None, None)
 
     # ------------------------------------------------------------------ the levels
 
@@ -195,6 +139,5 @@ class LogLinearMamba2(Mixer):
         return weights.reshape(batch, self.n_heads, -1, length, length).mean(axis=2)
 
     def state_size(self, max_len):
-        conv_channels = self.d_inner + 2 * self.n_groups * self.d_state
         levels = (self.levels - 1) * self.ssm_heads * self.head_dim * self.d_state
-        return (self.conv.width - 1) * conv_channels + levels + 1  # + the position
+        return self.conv_state_size() + levels + 1  # + the position

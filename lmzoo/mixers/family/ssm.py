@@ -1,16 +1,29 @@
 """The state-space family's shared parts: the causal depthwise conv block (Mamba's and Mamba-2's
-conv over their inputs, H3's shift SSM) and the initialisation and checks of the step size Δ."""
+conv over their inputs, H3's shift SSM) and the initialisation and checks of the step size Δ.
+
+Mamba-2's layer around its op is shared too (``SSDMixer``, settings ``SSDConfig``), for every
+variant that changes only the op it runs on the same inputs (Mamba-2's SSD, log-linear Mamba-2's
+Fenwick levels):
+
+    x -> in_proj -> (z, xBC, dt);  xBC -> causal depthwise conv -> silu -> (x, B, C)
+    dt = softplus(dt + dt_bias);  A = -exp(A_log);  y = op(x, dt, A, B, C) + D x
+    out_proj(rmsnorm(y * silu(z)))
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
 from lmzoo.ops.lti import causal_conv1d
-from lmzoo.schema import ConfigError, positive
+from lmzoo.ops.ssd import METHODS as SSD_FORMS
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, positive
 from lmzoo.sharding import INNER, param
 
 
@@ -47,3 +60,85 @@ class CausalConv(nnx.Module):
 
     def init_state(self, batch_size: int, dtype) -> jax.Array:
         return jnp.zeros((batch_size, self.width - 1, self.weight.shape[1]), dtype)
+
+
+@dataclass
+class SSDConfig(MixerConfig):
+    """Knobs of a Mamba-2-style layer around an SSD op (``SSDMixer``): state and conv sizes, heads,
+    B/C groups, the Δ initialisation, and the op's form and chunk length."""
+
+    forms = SSD_FORMS  # the op's forms; a class attribute, not a config key (a variant with another op sets its own)
+
+    d_state: int = 32  # N: state entries per head row
+    d_conv: int = 4  # width of the causal depthwise convolution over x, B and C
+    expand: int = 2  # d_inner = expand * d_model
+    head_dim: Optional[int] = None  # P; None: d_inner / model.n_heads (one SSM head per model head)
+    n_groups: int = 1  # groups of heads sharing B and C
+    dt_min: float = 0.001  # dt is initialised log-uniformly in [dt_min, dt_max]
+    dt_max: float = 0.1
+    method: str = "chunk"  # one of ``forms`` (see the variant's op)
+    chunk_size: int = 64  # tokens per chunk for the chunked forms
+
+    def check(self, model: ModelConfig) -> None:
+        chunked_form(self.method, self.chunk_size, self.forms)
+        for key in ("d_state", "d_conv", "expand", "n_groups"):
+            positive(f"attn.{key}", getattr(self, key))
+        check_dt_range(self.dt_min, self.dt_max)
+        d_inner = self.expand * model.d_model
+        head_dim = self.head_dim or d_inner // model.n_heads
+        positive("attn.head_dim", head_dim)
+        if d_inner % head_dim:
+            raise ConfigError(f"attn.head_dim={head_dim} does not divide d_inner = attn.expand * model.d_model = {d_inner}")
+        heads = d_inner // head_dim
+        if heads % model.n_heads:
+            raise ConfigError(f"{heads} SSM heads (d_inner / attn.head_dim) are not a multiple of model.n_heads={model.n_heads}")
+        if heads % self.n_groups:
+            raise ConfigError(f"attn.n_groups={self.n_groups} does not divide the {heads} SSM heads")
+
+
+class SSDMixer(Mixer):
+    """Mamba-2's layer without its op: the input projection to (z, xBC, dt), the causal conv over
+    x, B and C, Δ = softplus(dt + dt_bias), the decay A = -exp(A_log), the skip D and the gated
+    RMSNorm before ``out_proj``. Subclasses run their op on ``ssm_inputs`` and implement the mixer
+    protocol (``__call__``, ``prefill``, ``init_state``, ``step``, ``attention_matrix``, ``state_size``);
+    parameters they add come after these, so these initialise the same in every subclass."""
+
+    def __init__(self, cfg: SSDConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
+        self.n_heads, self.method, self.chunk_size = ctx.n_heads, cfg.method, cfg.chunk_size
+        self.d_inner, self.d_state, self.n_groups = cfg.expand * ctx.d_model, cfg.d_state, cfg.n_groups
+        self.head_dim = cfg.head_dim or self.d_inner // ctx.n_heads
+        self.ssm_heads = self.d_inner // self.head_dim
+        self.dtype = ctx.dtype
+        e, h, bc = self.d_inner, self.ssm_heads, cfg.n_groups * cfg.d_state
+        self.in_proj = dense(ctx, ctx.d_model, 2 * e + 2 * bc + h, rngs=rngs)  # z, x, B, C, dt
+        self.conv = CausalConv(e + 2 * bc, cfg.d_conv, bias=True, rngs=rngs)
+        self.dt_bias = param(dt_bias_init(rngs.params(), h, cfg.dt_min, cfg.dt_max), None)
+        self.A_log = param(jnp.log(jax.random.uniform(rngs.params(), (h,), jnp.float32, 1.0, 16.0)), None)
+        self.D = param(jnp.ones((h,), jnp.float32), None)
+        self.norm_weight = param(jnp.ones((e,), jnp.float32), INNER)
+        self.out_proj = dense(ctx, e, ctx.d_model, rngs=rngs, residual=True)
+
+    def ssm_inputs(self, x, conv_state=None, segment_ids=None):
+        """x [B,T,H,P], dt [B,T,H] (positive, float32), B and C [B,T,G,N], gate z [B,T,E], conv window."""
+        batch, length, _ = x.shape
+        e, bc = self.d_inner, self.n_groups * self.d_state
+        z, xbc, dt = jnp.split(self.in_proj(x), [e, 2 * e + 2 * bc], axis=-1)
+        xbc, conv_state = self.conv(xbc, conv_state, segment_ids=segment_ids)
+        xs, b, c = jnp.split(jax.nn.silu(xbc), [e, e + bc], axis=-1)
+        groups = (batch, length, self.n_groups, self.d_state)
+        dt = jax.nn.softplus(dt.astype(jnp.float32) + self.dt_bias[...])  # (B, T, H)
+        xs = xs.reshape(batch, length, self.ssm_heads, self.head_dim)  # (B, T, H, P)
+        return xs, dt, b.reshape(groups), c.reshape(groups), z, conv_state
+
+    def A(self) -> jax.Array:
+        return -jnp.exp(self.A_log[...])  # (H,)
+
+    def gated_norm(self, y, z):
+        """RMSNorm(y * silu(z)) over each group of d_inner / n_groups channels, in float32."""
+        gated = (y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))).reshape(*y.shape[:-1], self.n_groups, -1)
+        normed = gated * jax.lax.rsqrt(jnp.mean(gated**2, axis=-1, keepdims=True) + 1e-5)
+        return (normed.reshape(y.shape) * self.norm_weight[...]).astype(y.dtype)
+
+    def conv_state_size(self) -> int:
+        """Entries of the conv window decoding carries over x, B and C."""
+        return (self.conv.width - 1) * (self.d_inner + 2 * self.n_groups * self.d_state)
