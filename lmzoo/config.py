@@ -20,21 +20,9 @@ from lmzoo.data import drop_flat_leftovers
 from lmzoo.metrics.intervals import BLOCKS, RESAMPLES, SEED
 from lmzoo.positions import PosConfig
 from lmzoo.schema import (  # noqa: F401 (re-exported)
-    ConfigError, DataConfig, MixerConfig, ModelConfig, explain, one_of, positive, to_dataclass,
+    ConfigError, DataConfig, MixerConfig, ModelConfig, OptimConfig, explain, one_of, positive, to_dataclass,
 )
 from lmzoo.sharding import MeshConfig
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 3e-3  # peak learning rate, reached after warmup_steps
-    warmup_steps: int = 50  # linear warmup from 0
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
-    weight_decay: float = 0.1  # AdamW's decoupled weight decay
-    b1: float = 0.9  # Adam's first-moment decay
-    b2: float = 0.95  # Adam's second-moment decay
-    eps: float = 1e-8  # Adam's denominator floor
-    grad_clip: float = 1.0  # the global gradient norm is clipped to this
 
 
 @dataclass
@@ -50,6 +38,7 @@ class TrainConfig:
     progress: bool = True  # a progress bar on the terminal
     probe_batch: int = 2  # sequences whose attention sparsity/entropy is logged at each validation; 0: off
     max_nonfinite: int = 5  # consecutive steps with a non-finite loss or gradient (each skipped) that stop the run
+    z_loss: float = 0.0  # adds z_loss * mean(logsumexp(logits)^2) to the objective (logged apart as z_loss); 0: off
     distributed: bool = False  # one run over several processes: jax.distributed.initialize() (reads SLURM's settings)
     coordinator_address: Optional[str] = None  # distributed: host:port of process 0; None: from the cluster
     num_processes: Optional[int] = None  # distributed: None: from the cluster
@@ -158,10 +147,8 @@ def check(cfg: Config) -> None:
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size={t.batch_size} does not split into train.grad_accum={t.grad_accum} equal micro-batches")
     t.mesh.check()
-    positive("optim.lr", o.lr)
-    positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
-    positive("optim.weight_decay", o.weight_decay, allow_zero=True)
-    positive("optim.grad_clip", o.grad_clip)
+    positive("train.z_loss", t.z_loss, allow_zero=True)
+    o.check(t.steps)
     cfg.data.check()
     cfg.attn.check(m)
 

@@ -4,6 +4,7 @@
       config.yaml            the config the run started with (it stays so)
       resumes.jsonl          settings changed on resume: one row per key (step, key, old, new)
       data_fingerprint.json  the data the run started on (never rewritten)
+      tokenizer.json         the BPE the run trained with (data.tokenizer=bpe): resumes, eval and generate use it
       run_info.json          what the model is: variant, parameters, state size, devices
       metrics.jsonl          one JSON object per logged step
       lock                   held by the trainer using the run (``lmzoo.faults.RunLock``)
@@ -43,6 +44,7 @@ log = logging.getLogger("lmzoo.rundir")
 CONFIG = "config.yaml"
 RESUMES = "resumes.jsonl"
 FINGERPRINT = "data_fingerprint.json"
+TOKENIZER = "tokenizer.json"
 RUN_INFO = "run_info.json"
 METRICS = "metrics.jsonl"
 LOCK = "lock"
@@ -195,6 +197,10 @@ class RunDir:
     @property
     def resumes_path(self) -> Path:
         return self.path / RESUMES
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / TOKENIZER
 
     @property
     def lock_path(self) -> Path:

@@ -93,6 +93,51 @@ class ModelConfig:
     remat: str = "none"  # recompute activations in the backward pass: none | block | mixer (memory for compute)
 
 
+SCHEDULES = ("cosine", "wsd", "linear", "constant")  # optim.schedule (lmzoo.optim)
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")  # optim.decay_shape of a WSD schedule
+OPTIMIZERS = ("adamw", "muon")  # optim.name: configs/optim/<name>.yaml
+
+
+@dataclass
+class OptimConfig:
+    """The optimizer and its learning-rate schedule (``lmzoo.optim``)."""
+
+    name: str = "adamw"  # adamw | muon (Muon for the hidden matrices, AdamW for the rest)
+    lr: float = 3e-3  # peak learning rate (AdamW's), reached after warmup_steps
+    warmup_steps: int = 50  # linear warmup from 0
+    schedule: str = "cosine"  # cosine | wsd | linear | constant (each after the warmup)
+    min_lr_ratio: float = 0.1  # cosine, linear and wsd decay to lr * min_lr_ratio at the last step
+    decay_fraction: float = 0.2  # wsd: the share of train.steps spent decaying (when decay_start is null)
+    decay_start: Optional[int] = None  # wsd: the step the decay begins; null: train.steps * (1 - decay_fraction)
+    decay_shape: str = "1-sqrt"  # wsd: linear | cosine | 1-sqrt
+    weight_decay: float = 0.1  # AdamW's decoupled weight decay
+    b1: float = 0.9  # Adam's first-moment decay
+    b2: float = 0.95  # Adam's second-moment decay
+    eps: float = 1e-8  # Adam's denominator floor
+    grad_clip: float = 1.0  # the global gradient norm is clipped to this
+    muon_lr: float = 0.02  # muon: the hidden matrices' peak learning rate (same schedule)
+    muon_momentum: float = 0.95  # muon: Nesterov momentum
+    muon_ns_steps: int = 5  # muon: Newton-Schulz iterations
+    muon_weight_decay: float = 0.0  # muon: decoupled weight decay of the hidden matrices (times muon's lr)
+    muon_consistent_rms: Optional[float] = None  # muon: null: steps scaled sqrt(max(1, out/in)); r: to RMS r (0.2 ~ AdamW's)
+
+    def check(self, total_steps: int) -> None:
+        one_of("optim.name", self.name, OPTIMIZERS)
+        one_of("optim.schedule", self.schedule, SCHEDULES)
+        one_of("optim.decay_shape", self.decay_shape, DECAY_SHAPES)
+        for key in ("lr", "grad_clip", "muon_lr", "muon_ns_steps"):
+            positive(f"optim.{key}", getattr(self, key))
+        for key in ("warmup_steps", "weight_decay", "muon_weight_decay"):
+            positive(f"optim.{key}", getattr(self, key), allow_zero=True)
+        for key in ("min_lr_ratio", "decay_fraction", "muon_momentum"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ConfigError(f"optim.{key}={getattr(self, key)} must lie in [0, 1]")
+        if self.muon_consistent_rms is not None:
+            positive("optim.muon_consistent_rms", self.muon_consistent_rms)
+        if self.decay_start is not None and not 0 <= self.decay_start <= total_steps:
+            raise ConfigError(f"optim.decay_start={self.decay_start} must lie in [0, train.steps={total_steps}]")
+
+
 @dataclass
 class MixerConfig:
     """The spec of a sequence mixer: fields every ``configs/attn/*.yaml`` has, and what a spec does.

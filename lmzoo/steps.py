@@ -1,11 +1,17 @@
 """The jitted step math of training and validation: the objective, its gradients (with micro-batches),
 one guarded optimizer step, per-token validation scores, and the training state they act on.
 
+The objective is the mean next-token cross-entropy over the scored targets, plus the auxiliary losses
+mixers sow, plus with ``train.z_loss=c`` the z-loss ``c * mean_t(logsumexp(logits_t)^2)`` (PaLM), which
+keeps the softmax normaliser near 1 so that logits do not drift; each is logged apart from the loss.
+
 Pure functions of (graphdef, state, batch); ``lmzoo.training`` jits them, and benchmarks and tests
 call them directly.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -29,12 +35,22 @@ def scored_mean(values: jax.Array, batch) -> jax.Array:
     return (values * weights).sum() / jnp.maximum(weights.sum(), 1.0)
 
 
-def next_token_loss(model: LM, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Next-token cross-entropy, its accuracy, and the auxiliary losses mixers sowed in the forward."""
+def next_token_loss(model: LM, batch, z_loss: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Next-token cross-entropy, its accuracy, the auxiliary losses mixers sowed in the forward, and
+    (``z_loss`` > 0) the z-loss term."""
     logits, sown = nnx.capture(model, AuxLoss)(batch["inputs"], segment_ids=batch.get("segment_ids"))  # (B, T, V)
     scores = logit_scores(logits, batch["targets"])
     loss, accuracy = scored_mean(scores["loss"], batch), scored_mean(scores["correct"], batch)
-    return loss, {"accuracy": accuracy, **sum_by_name(sown)}
+    metrics = {"accuracy": accuracy, **sum_by_name(sown)}
+    if z_loss:
+        metrics["z_loss"] = z_loss_term(logits, batch, z_loss)
+    return loss, metrics
+
+
+def z_loss_term(logits: jax.Array, batch, coefficient: float) -> jax.Array:
+    """``coefficient * mean(logsumexp(logits)^2)`` over the scored positions."""
+    log_normaliser = jax.nn.logsumexp(logits, axis=-1)  # (B, T), logits are float32
+    return coefficient * scored_mean(jnp.square(log_normaliser), batch)
 
 
 def sum_by_name(sown) -> dict[str, jax.Array]:
@@ -46,11 +62,11 @@ def sum_by_name(sown) -> dict[str, jax.Array]:
     return totals
 
 
-def loss_and_extra(params, extra, graphdef, batch):
+def loss_and_extra(params, extra, graphdef, batch, z_loss: float = 0.0):
     model = nnx.merge(graphdef, params, extra, copy=True)  # fresh Variables: in-place writes stay traceable
     model = nnx.view(model, training=True)  # mixers' training-time behaviour on (see Mixer.training)
-    loss, metrics = next_token_loss(model, batch)
-    objective = loss + sum(v for k, v in metrics.items() if k.startswith("aux/"))
+    loss, metrics = next_token_loss(model, batch, z_loss)
+    objective = loss + sum(v for k, v in metrics.items() if k.startswith("aux/") or k == "z_loss")
     metrics = {"loss": loss, **metrics}
     return objective, (metrics, nnx.state(model, nnx.Not(nnx.Param)))  # non-parameter state the forward updated
 
@@ -61,7 +77,7 @@ def scored_count(batch) -> jax.Array:
     return jnp.asarray(batch["targets"].size if weights is None else weights.sum(), jnp.float32)
 
 
-def gradients(params, extra, graphdef, batch, micro_batches: int = 1):
+def gradients(params, extra, graphdef, batch, micro_batches: int = 1, z_loss: float = 0.0):
     """(grads, metrics, extra) of the objective on ``batch``, over ``micro_batches`` slices of its rows in turn.
 
     Each slice's loss is a mean over its scored tokens, so weighting the slices by their share of
@@ -69,7 +85,7 @@ def gradients(params, extra, graphdef, batch, micro_batches: int = 1):
     memory. Slice i takes rows i, i + m, i + 2m, ... so that every device's rows feed every slice.
     Non-parameter state the forward updates (``extra``) passes from slice to slice.
     """
-    grad_fn = jax.value_and_grad(loss_and_extra, has_aux=True)
+    grad_fn = jax.value_and_grad(partial(loss_and_extra, z_loss=z_loss), has_aux=True)
     if micro_batches == 1:
         (_, (metrics, extra)), grads = grad_fn(params, extra, graphdef, batch)
         return grads, metrics, extra
@@ -91,7 +107,7 @@ def gradients(params, extra, graphdef, batch, micro_batches: int = 1):
     return grads, metrics, extra
 
 
-def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1):
+def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1, z_loss: float = 0.0):
     """One optimizer step; a step whose loss, gradient norm or new state is not finite keeps the old state.
 
     The guard only selects between the updated and the old state (``jnp.where``): it adds no arithmetic
@@ -99,7 +115,7 @@ def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1):
     guard the parameters only, not the non-parameter state the forward updates, and would change the
     checkpoint layout.)
     """
-    grads, metrics, extra = gradients(state["params"], state["extra"], graphdef, batch, micro_batches)
+    grads, metrics, extra = gradients(state["params"], state["extra"], graphdef, batch, micro_batches, z_loss)
     updates, opt = tx.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     grad_norm = optax.tree.norm(grads)

@@ -1,7 +1,8 @@
 """Opening a trained run: its settings (with evaluation-time overrides), its data and its model.
 
 ``open_trained(run_dir, overrides, step)`` is what evaluation, generation, experiments and scripts
-share. Overrides take the training command's grammar: ``key=value`` for one setting
+share; a run that trained a BPE tokenizer is read with its own copy of it (``tokenizer.json``).
+Overrides take the training command's grammar: ``key=value`` for one setting
 (``pos.factor=4``, ``attn.window=64``) and ``group=option`` for a config group
 (``pos=ntk`` loads ``configs/pos/ntk.yaml`` in place of the run's position settings). Settings
 that shape the parameters (``model``) cannot change, since the checkpoint holds those parameters.
@@ -21,6 +22,7 @@ from omegaconf import errors as oc_errors
 from lmzoo.checkpoint import Checkpointer
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, validate
 from lmzoo.data import build_data
+from lmzoo.data.corpus import with_saved_tokenizer
 from lmzoo.faults import RunFault
 from lmzoo.model import LM
 from lmzoo.rundir import RunDir
@@ -46,7 +48,7 @@ def open_trained(run_dir: Path | str | RunDir, overrides=(), step: int | None = 
     take, or a missing checkpoint (named ``step_setting``, as the caller's command line spells it)."""
     run = trained_run(run_dir)
     cfg = trained_config(run, list(overrides))
-    data = open_data(cfg)
+    data = open_data(cfg, run)
     model, step = restore_model(cfg, data.tokenizer.vocab_size, run, step, step_setting=step_setting)
     return Trained(cfg, data, model, step)
 
@@ -60,9 +62,10 @@ def trained_run(run_dir: Path | str | RunDir) -> RunDir:
     return run
 
 
-def open_data(cfg: Config):
+def open_data(cfg: Config, run: RunDir):
+    """The run's data, tokenised as it trained: with its own copy of a BPE trained for it."""
     try:
-        return build_data(cfg.data, seed=cfg.seed)
+        return build_data(with_saved_tokenizer(cfg.data, run.tokenizer_path), seed=cfg.seed)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
 

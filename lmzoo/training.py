@@ -6,6 +6,13 @@ checkpoint, on the same data (a changed corpus is refused unless ``data.allow_ch
 SIGTERM or Ctrl-C saves a checkpoint before ``train`` returns. A step whose loss or gradient norm
 is not finite leaves the state as it was; ``train.max_nonfinite`` of them in a row stop the run.
 One trainer at a time holds a run directory (``lmzoo.faults.RunLock``).
+
+A resume may change how training goes on; the learning-rate schedule is a function of the step alone
+(``lmzoo.optim``), so raising ``train.steps`` and setting ``optim.decay_start`` at a stable-phase
+checkpoint of a WSD (or constant) run continues it into a decay. The changed keys are recorded in
+``resumes.jsonl``; a change that makes the learning rate jump at the resumed step is named in a warning,
+and a change of optimizer (whose state the checkpoint could not hold) is refused. A run whose
+``data.tokenizer=bpe`` keeps its tokenizer (``tokenizer.json``), and its resumes tokenise with it.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict
 from functools import partial
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -30,15 +38,17 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from lmzoo.checkpoint import Checkpointer
 from lmzoo.config import Config, ConfigError
 from lmzoo.data import build_data
+from lmzoo.data.corpus import with_saved_tokenizer
+from lmzoo.data.tokenizers import BPE
 from lmzoo.evaluator import score_length
 from lmzoo.faults import Diverged, RunLock
 from lmzoo.logger import MetricsLogger
 from lmzoo.metrics.intervals import BLOCKS
 from lmzoo.metrics.probes import attention_stats, summary as probe_summary
 from lmzoo.model import LM, count_params
-from lmzoo.optim import learning_rate_schedule
+from lmzoo.optim import decay_start, learning_rate_schedule
 from lmzoo.rundir import RunDir, check_data, describe_changes, prepare_run_dir, record_settings
-from lmzoo.schema import flatten
+from lmzoo.schema import OptimConfig, flatten, to_dataclass
 from lmzoo.sharding import batch_sharding, make_mesh, state_shardings
 from lmzoo.steps import eval_step, init_train_state, train_step
 
@@ -86,10 +96,12 @@ class StopRequest:
 # ----------------------------------------------------------------------------- setup
 
 
-def open_data(cfg: Config):
-    """(data, training iterator, validation windows at the training length); bad data settings become ConfigErrors."""
+def open_data(cfg: Config, run: RunDir, resuming: bool):
+    """(data, training iterator, validation windows at the training length); bad data settings become ConfigErrors.
+    A resumed run tokenises with its own saved tokenizer."""
+    spec = with_saved_tokenizer(cfg.data, run.tokenizer_path) if resuming else cfg.data
     try:
-        data = build_data(cfg.data, seed=cfg.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
+        data = build_data(spec, seed=cfg.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
         train_iter = data.train_iterator(cfg.train.batch_size)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e).splitlines()[0]) from e
@@ -117,6 +129,46 @@ def training_mesh(cfg: Config) -> Mesh:
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not divisible by the {row_groups} devices that "
                           f"split the batch (train.mesh.data x train.mesh.fsdp)")
     return mesh
+
+
+def keep_tokenizer(run: RunDir, cfg: Config, tokenizer) -> None:
+    """A BPE trained for this run is copied into it, so its resumes, evaluations and samples use that one."""
+    if getattr(cfg.data, "tokenizer", None) != BPE or Path(tokenizer.path) == run.tokenizer_path:
+        return
+    run.write_text(run.tokenizer_path.name, Path(tokenizer.path).read_text())
+
+
+def schedule_in_effect(run: RunDir) -> tuple[OptimConfig, int]:
+    """The optimizer settings and step count the run trained with so far."""
+    settings = run.settings_in_effect()
+    return to_dataclass(OptimConfig, settings.optim, prefix="optim."), int(settings.train.steps)
+
+
+def check_same_optimizer(run: RunDir, cfg: Config) -> None:
+    """Before restoring: the checkpoints hold the state of the optimizer the run trained with, and no other."""
+    before, _ = schedule_in_effect(run)
+    if before.name != cfg.optim.name:
+        raise ConfigError(f"optim.name={cfg.optim.name!r}: run_dir {str(run.path)!r} trained with optim.name="
+                          f"{before.name!r}, whose state its checkpoints hold; resume with optim={before.name} "
+                          "or pick another run_dir")
+
+
+def check_continuation(run: RunDir, cfg: Config, step: int) -> None:
+    """Before a resume at ``step`` records its changes: a learning rate that jumps at ``step`` (a schedule
+    changed mid-decay, say) is named in a warning; a WSD decay that goes on from ``step`` says where it decays."""
+    before, steps_before = schedule_in_effect(run)
+    was = float(learning_rate_schedule(before, steps_before)(step))
+    now = float(learning_rate_schedule(cfg.optim, cfg.train.steps)(step))
+    if not math.isclose(was, now, rel_tol=1e-6, abs_tol=1e-12):
+        log.warning("warning: the learning rate jumps at step %d from %.4g to %.4g (the schedule's settings changed: "
+                    "optim.* or train.steps)", step, was, now)
+    elif cfg.optim.schedule == "wsd" and (before, steps_before) != (cfg.optim, cfg.train.steps):
+        log.info("the schedule goes on from step %d at lr %.4g: %s", step, now,
+                 describe_wsd(cfg.optim, cfg.train.steps))
+
+
+def describe_wsd(optim: OptimConfig, steps: int) -> str:
+    return f"stable until step {decay_start(optim, steps)}, then a {optim.decay_shape} decay to step {steps}"
 
 
 def write_run_info(run: RunDir, cfg: Config, data, model: LM, n_params: int) -> None:
@@ -162,7 +214,12 @@ class Trainer:
         self.mesh = training_mesh(cfg)
         replicated = NamedSharding(self.mesh, P())
         self.to_device = partial(jax.make_array_from_process_local_data, batch_sharding(self.mesh))
-        data, self.train_iter, self.val_windows = open_data(cfg)
+        self.checkpointer = Checkpointer(self.run.checkpoints, keep=cfg.train.keep_checkpoints)
+        self.held.callback(self.checkpointer.close)
+        resuming = bool(self.checkpointer.all_steps()) and self.run.config_path.exists()
+        if resuming:
+            check_same_optimizer(self.run, cfg)
+        data, self.train_iter, self.val_windows = open_data(cfg, self.run, resuming)
         model = LM(cfg, data.tokenizer.vocab_size, rngs=nnx.Rngs(cfg.seed))
         self.n_params = n_params = count_params(model)
         log.info("run_dir %s: %s, %s parameters", self.run_dir, cfg.attn.name, f"{n_params:,}")
@@ -170,18 +227,20 @@ class Trainer:
         self.graphdef, state, tx = init_train_state(cfg, model)
         self.shardings = state_shardings(state, self.mesh, cfg.train.mesh.rules)
         self.state = jax.device_put(state, self.shardings)
-        self.checkpointer = Checkpointer(self.run.checkpoints, keep=cfg.train.keep_checkpoints)
-        self.held.callback(self.checkpointer.close)
         start = self.resume()
         if jax.process_index() == 0:
             check_data(self.run, data.fingerprint, step=start, allow_changed=cfg.data.allow_changed)
+            keep_tokenizer(self.run, cfg, data.tokenizer)
+            if start:
+                check_continuation(self.run, cfg, start)
             if changes := record_settings(cfg, start):
                 log.info("resumed with changed settings: %s (recorded in %s)", describe_changes(changes),
                          self.run.resumes_path)
             write_run_info(self.run, cfg, data, model, n_params)
 
-        self.step_fn = jax.jit(partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum), donate_argnums=0,
-                               out_shardings=(self.shardings, replicated))  # the state keeps its layout
+        self.step_fn = jax.jit(partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum,
+                                       z_loss=cfg.train.z_loss),
+                               donate_argnums=0, out_shardings=(self.shardings, replicated))  # state keeps its layout
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
         rows = cfg.train.batch_size // jax.process_count()
         self.process_rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
@@ -190,7 +249,9 @@ class Trainer:
         self.probe_tokens = first_windows["inputs"][probed]
         self.probe_segments = first_windows["segment_ids"][probed] if "segment_ids" in first_windows else None
         self.bits_per_byte = 1.0 / (math.log(2) * data.bytes_per_token)
-        self.schedule = learning_rate_schedule(cfg.optim, cfg.train.steps)
+        self.schedules = {"lr": learning_rate_schedule(cfg.optim, cfg.train.steps)}
+        if cfg.optim.name == "muon":
+            self.schedules["lr_muon"] = learning_rate_schedule(cfg.optim, cfg.train.steps, peak=cfg.optim.muon_lr)
         self.logger = open_logger(self.run, cfg, n_params, start)
         self.held.callback(self.logger.close)
 
@@ -268,11 +329,12 @@ class Trainer:
         steps = len(self.window_losses)
         row = {
             "loss": loss, "bpb": loss * self.bits_per_byte, "ppl": math.exp(min(loss, 50.0)),
-            "lr": float(self.schedule(self.step - 1)), "grad_norm": float(metrics["grad_norm"]),
+            **{name: float(schedule(self.step - 1)) for name, schedule in self.schedules.items()},
+            "grad_norm": float(metrics["grad_norm"]),
             "tokens_per_s": self.cfg.train.batch_size * self.cfg.data.seq_len * steps / elapsed,
             "step_time_s": elapsed / steps,
             "accuracy": float(metrics["accuracy"]),
-            **{k: float(v) for k, v in metrics.items() if k.startswith("aux/")},
+            **{k: float(v) for k, v in metrics.items() if k.startswith("aux/") or k == "z_loss"},
             "nonfinite_steps": self.window_nonfinite,
         }
         self.window_losses, self.window_start, self.window_nonfinite = [], time.perf_counter(), 0

@@ -187,6 +187,45 @@ def test_hf_source_with_named_validation_split(tmp_path, offline_hf):
     assert docs.train == [b"t0", b"t1", b"t2"] and docs.validation == [b"v0"]
 
 
+def write_parquet(path, texts):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": texts, "id": list(range(len(texts)))}), path)
+    return path
+
+
+def named_corpus(name, *overrides):
+    """``data=<name>`` (configs/data/<name>.yaml) as the command line composes it, pointed at local files."""
+    from conftest import tiny_config
+
+    return tiny_config("softmax", f"data={name}", *overrides).data
+
+
+def test_fineweb_edu_streams_its_first_rows_and_hash_splits_them(tmp_path, offline_hf):
+    texts = [f"document {i}" for i in range(40)]
+    path = write_parquet(tmp_path / "sample.parquet", texts)
+    cfg = named_corpus("fineweb_edu", "data.hf_name=parquet", "data.hf_config=null", f"data.hf_data_files={path}",
+                       "data.hf_max_rows=25", "data.val_fraction=0.2")
+    assert (cfg.hf_streaming, cfg.tokenizer, cfg.text_field) == (True, "bpe", "text")
+    docs = cfg.documents()
+    kept = [t.encode() for t in texts[:25]]
+    assert sorted(docs.train + docs.validation) == sorted(kept)
+    assert docs.validation == [t for i, t in enumerate(kept) if corpus.stable_fraction(f"row:{i}") < 0.2]
+    assert docs.fingerprint["max_rows"] == 25 and docs.fingerprint["rows"] == 25
+    whole = HFConfig(hf_name="parquet", hf_data_files=str(path), hf_max_rows=25, val_fraction=0.2).documents()
+    assert whole == docs  # streamed or loaded whole: the same documents
+
+
+def test_tinystories_reads_its_own_validation_split(tmp_path, offline_hf):
+    train = write_jsonl(tmp_path / "train.jsonl", ["Once upon a time.", "The end.", "A cat sat."])
+    val = write_jsonl(tmp_path / "validation.jsonl", ["A dog ran."])
+    cfg = named_corpus("tinystories", "data.hf_name=json", f"data.hf_data_files={{train: {train}, validation: {val}}}")
+    assert (cfg.hf_streaming, cfg.hf_val_split, cfg.tokenizer) == (True, "validation", "bpe")
+    docs = cfg.documents()
+    assert docs.train == [b"Once upon a time.", b"The end.", b"A cat sat."] and docs.validation == [b"A dog ran."]
+
+
 # --- errors -------------------------------------------------------------------
 
 

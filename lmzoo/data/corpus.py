@@ -24,14 +24,15 @@ moved over, so both splits always have at least one document.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 from lmzoo.data.pipeline import Data, token_stream
-from lmzoo.data.tokenizers import Tokenizer, build_tokenizer
+from lmzoo.data.tokenizers import BPE, BPE_MIN_VOCAB, Tokenizer, bpe_tokenizer, build_tokenizer
 from lmzoo.schema import ConfigError, DataConfig, one_of
 
 DOCUMENT_BOUNDARIES = ("none", "mask")  # data.document_boundaries: see lmzoo.data.pipeline
@@ -190,28 +191,48 @@ def as_list(value: Union[str, Sequence[str], None]) -> list[str]:
 class CorpusConfig(DataConfig):
     """Settings every text corpus has; a corpus source adds where its documents come from."""
 
-    tokenizer: str = "byte"  # "byte" or a path to a tokenizer.json
+    tokenizer: str = "byte"  # byte | bpe (trained on the training split, cached) | a path to a tokenizer.json
     val_fraction: float = 0.05
     document_boundaries: str = "none"  # none: packed documents see each other | mask: each is mixed alone
+    vocab_size: int = 8192  # tokenizer=bpe: ids in all (256 bytes, merges, end-of-text)
 
     def check(self) -> None:
         super().check()
         one_of("data.document_boundaries", self.document_boundaries, DOCUMENT_BOUNDARIES)
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"data.val_fraction={self.val_fraction} must lie strictly between 0 and 1")
-        if self.tokenizer != "byte" and not os.path.isfile(self.tokenizer):
-            raise ConfigError(f"data.tokenizer={self.tokenizer!r}: no such file (use 'byte' or a tokenizer.json path)")
+        if self.tokenizer not in ("byte", BPE) and not os.path.isfile(self.tokenizer):
+            raise ConfigError(f"data.tokenizer={self.tokenizer!r}: no such file "
+                              "(use 'byte', 'bpe' or a tokenizer.json path)")
+        if self.tokenizer == BPE and self.vocab_size < BPE_MIN_VOCAB:
+            raise ConfigError(f"data.vocab_size={self.vocab_size} must be at least {BPE_MIN_VOCAB} for "
+                              "data.tokenizer=bpe (256 byte values and the end-of-text token)")
 
     def documents(self) -> Documents:
         raise NotImplementedError(f"{type(self).__name__} does not define documents()")
 
     def build(self, *, seed: int, shard_index: int, shard_count: int) -> Data:
         documents = self.documents()
-        tokenizer = build_tokenizer(self.tokenizer)
+        tokenizer = self.tokenizer_for(documents)
         return tokenized(
             documents, tokenizer, seq_len=self.seq_len, seed=seed, shard_index=shard_index, shard_count=shard_count,
             document_boundaries=self.document_boundaries,
         )
+
+
+    def tokenizer_for(self, documents: Documents) -> Tokenizer:
+        """``data.tokenizer``; a BPE learns from the training split only, so validation text stays unseen."""
+        if self.tokenizer == BPE:
+            return bpe_tokenizer(documents.train, self.vocab_size, documents.fingerprint)
+        return build_tokenizer(self.tokenizer)
+
+
+def with_saved_tokenizer(spec: DataConfig, saved: str | os.PathLike) -> DataConfig:
+    """``spec`` reading its tokenizer from ``saved`` (a run's own copy) when it would train a BPE and that file
+    exists: a resumed, evaluated or sampled run tokenises as it trained, whatever the cache holds."""
+    if getattr(spec, "tokenizer", None) == BPE and os.path.isfile(saved):
+        return dataclasses.replace(spec, tokenizer=os.fspath(saved))
+    return spec
 
 
 def check_globs(key: str, patterns: Any, *, required: bool) -> None:
@@ -219,6 +240,8 @@ def check_globs(key: str, patterns: Any, *, required: bool) -> None:
         if required:
             raise ConfigError(f"{key} must be set (a glob or a list of globs)")
         return
+    if isinstance(patterns, Mapping):  # {split: files}, as data.hf_data_files may be
+        patterns = [pattern for files in patterns.values() for pattern in as_list(files)]
     for pattern in [patterns] if isinstance(patterns, str) else list(patterns):
         if "://" in pattern:  # remote files are the data library's business
             continue

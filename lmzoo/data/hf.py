@@ -1,6 +1,10 @@
 """The ``hf`` corpus (``data=hf data.hf_name=<name>``): a Hugging Face ``datasets`` dataset (a hub name, or
 a local builder such as ``"json"`` with ``data.hf_data_files``), held in memory.
 
+``data.hf_max_rows=N`` keeps the first N rows of each split. With ``data.hf_streaming=true`` the rows are
+read as a stream, so only those N are downloaded: how a corpus far larger than memory (FineWeb-Edu,
+``data=fineweb_edu``) gives a fixed, reproducible sample of itself.
+
 Without a network the Hugging Face libraries retry for about half a minute; when the Hub does not
 answer a short connection, they are put in offline mode instead, so a cached dataset still loads and
 an uncached one fails at once in one line (``NetworkFault``, exit code 6).
@@ -8,24 +12,37 @@ an uncached one fails at once in one line (``NetworkFault``, exit code 6).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 from lmzoo.data.corpus import CorpusConfig, Documents, Unit, as_list, check_globs, content_fingerprint, split_documents
 from lmzoo.faults import NetworkFault, first_line
 from lmzoo.registry import SOURCES
-from lmzoo.schema import ConfigError
+from lmzoo.schema import ConfigError, positive
 
 
-def _hf_texts(dataset: Any, text_field: str, what: str) -> list[bytes]:
+def _hf_texts(dataset: Any, text_field: str, what: str, max_rows: Optional[int] = None) -> list[bytes]:
     if text_field not in dataset.column_names:
         raise ValueError(f"{what} has no column {text_field!r} (columns: {dataset.column_names}); set data.text_field")
+    if max_rows is not None:
+        dataset = dataset.select(range(min(max_rows, len(dataset))))
     # Null cells become empty documents rather than failing the whole load.
     return [(text or "").encode("utf-8") for text in dataset[text_field]]
+
+
+def _streamed_texts(rows: Iterable[dict], text_field: str, what: str, max_rows: Optional[int]) -> list[bytes]:
+    """The first ``max_rows`` rows' texts of a streamed split (all of them when None)."""
+    texts = []
+    for row in itertools.islice(rows, max_rows):
+        if text_field not in row:
+            raise ValueError(f"{what} has no column {text_field!r} (columns: {sorted(row)}); set data.text_field")
+        texts.append((row[text_field] or "").encode("utf-8"))
+    return texts
 
 
 def _hf_data_files(data_files: Any) -> Union[list[str], dict[str, list[str]], None]:
@@ -80,8 +97,11 @@ def hf_documents(
     val_split: Optional[str] = None,
     text_field: str = "text",
     val_fraction: float = 0.05,
+    streaming: bool = False,
+    max_rows: Optional[int] = None,
 ) -> Documents:
-    """Documents from ``datasets.load_dataset``; the whole split is held in memory.
+    """Documents from ``datasets.load_dataset``: each split's first ``max_rows`` rows (all when None), held in
+    memory; ``streaming`` reads them as a stream instead of downloading the whole split first.
 
     Without ``val_split`` the train split is divided by the hash of each row's
     index.
@@ -98,15 +118,20 @@ def hf_documents(
     offline = go_offline_without_network(name, data_files)
 
     def load(split: str) -> list[bytes]:
+        what = f"dataset {name!r} split {split!r}"
         try:
-            dataset = datasets.load_dataset(name, config, split=split, data_files=data_files)
+            dataset = datasets.load_dataset(name, config, split=split, data_files=data_files, streaming=streaming)
+            if streaming:  # the rows arrive (and a network can fail) while they are read
+                return _streamed_texts(dataset, text_field, what, max_rows)
         except ConnectionError as e:  # datasets' own ConnectionError is a subclass, as are requests' and socket's
             raise NetworkFault(f"data.hf_name={name!r} could not be downloaded ({offline or first_line(e)}) and is not "
                                "in the local Hugging Face cache; connect to the network, or use data=text_files") from None
-        return _hf_texts(dataset, text_field, f"dataset {name!r} split {split!r}")
+        return _hf_texts(dataset, text_field, what, max_rows)
 
     train_rows = load(train_split)
     identity = dict(source="hf", name=name, config=config, data_files=data_files, train_split=train_split, val_split=val_split)
+    if max_rows is not None:  # only when set, so the fingerprints of runs from before the setting stay as they were
+        identity.update(max_rows=max_rows)
     if val_split is None:
         units = [Unit(f"row:{index}", [text]) for index, text in enumerate(train_rows)]
         return split_documents(units, val_fraction, f"dataset {name!r}", unit_name="rows", **identity)
@@ -135,9 +160,13 @@ class HFConfig(CorpusConfig):
     hf_train_split: str = "train"
     hf_val_split: Optional[str] = None  # None: hash-split the train split
     text_field: str = "text"  # the text field of dataset rows
+    hf_streaming: bool = False  # read the rows as a stream: only those kept are downloaded
+    hf_max_rows: Optional[int] = None  # keep each split's first this many rows; None: all
 
     def check(self) -> None:
         super().check()
+        if self.hf_max_rows is not None:
+            positive("data.hf_max_rows", self.hf_max_rows)
         if not self.hf_name:
             raise ConfigError(
                 "data.hf_name must be set for data.source=hf (a hub name, or 'json'/'text' with data.hf_data_files)"
@@ -153,4 +182,6 @@ class HFConfig(CorpusConfig):
             self.hf_val_split,
             self.text_field,
             self.val_fraction,
+            self.hf_streaming,
+            self.hf_max_rows,
         )

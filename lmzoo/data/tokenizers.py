@@ -10,13 +10,23 @@ Two implementations:
 * ``ByteTokenizer``: the 256 byte values plus three special ids. Needs no
   files, so any corpus works out of the box and bits-per-byte is exact.
 * ``HFTokenizer``: a local Hugging Face ``tokenizer.json``.
+
+``data.tokenizer=bpe`` trains one (``bpe_tokenizer``): a byte-level BPE of ``data.vocab_size`` ids
+(the 256 byte values, the merges, and ``<|endoftext|>``) learnt from the training split alone with the
+Hugging Face ``tokenizers`` library. Byte-level means every text encodes, and decodes back to itself,
+without an unknown token. Training happens once per corpus and vocabulary size: the file is cached
+under ``$LMZOO_CACHE`` (default ``~/.cache/lmzoo``) by the corpus fingerprint, and a run keeps its own
+copy (``lmzoo.rundir.TOKENIZER``), which evaluation and generation load.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-from typing import Iterable, Sequence, Union
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Sequence, Union
 
 import numpy as np
 
@@ -125,9 +135,74 @@ Tokenizer = Union[ByteTokenizer, HFTokenizer]
 
 
 def build_tokenizer(spec: str) -> Tokenizer:
-    """``"byte"`` gives a ``ByteTokenizer``; anything else is a tokenizer.json path."""
+    """``"byte"`` gives a ``ByteTokenizer``; anything else but ``"bpe"`` (which needs the corpus: ``bpe_tokenizer``)
+    is a tokenizer.json path."""
     if spec == "byte":
         return ByteTokenizer()
+    if spec == BPE:
+        raise ValueError("data.tokenizer=bpe is trained on a corpus: build it with bpe_tokenizer(documents, ...)")
     if not os.path.isfile(spec):
         raise FileNotFoundError(f"tokenizer file not found: {spec!r} (data.tokenizer is 'byte' or a path to a tokenizer.json)")
     return HFTokenizer(spec)
+
+
+# ----------------------------------------------------------------------------- byte-level BPE trained on the corpus
+
+BPE = "bpe"  # data.tokenizer: train one on the training split
+BPE_EOS = "<|endoftext|>"  # its only special token: ends every document (BOS and PAD fall back to it)
+# What a cached tokenizer was trained by; a change to ``train_bpe`` changes it, so old cache files are not reused.
+BPE_RECIPE = "byte-level-bpe/gpt2-regex/v1"
+BPE_MIN_VOCAB = 257  # the 256 byte values and the end-of-text token
+
+
+def cache_dir() -> Path:
+    """Where lmzoo keeps what it derives once per machine: ``$LMZOO_CACHE``, else ``$XDG_CACHE_HOME/lmzoo``."""
+    if os.environ.get("LMZOO_CACHE"):
+        return Path(os.environ["LMZOO_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lmzoo"
+
+
+def bpe_cache_path(corpus_fingerprint: dict[str, Any], vocab_size: int) -> Path:
+    """The cache file of the BPE that ``vocab_size`` and the corpus (its training split) determine."""
+    key = json.dumps({"recipe": BPE_RECIPE, "vocab_size": vocab_size, "corpus": corpus_fingerprint},
+                     sort_keys=True, default=str)
+    return cache_dir() / "tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:24] / "tokenizer.json"
+
+
+def train_bpe(documents: Sequence[bytes], vocab_size: int, path: Path | str) -> None:
+    """Learn a byte-level BPE of ``vocab_size`` ids from ``documents`` and write its ``tokenizer.json`` to ``path``.
+
+    GPT-2's pre-tokenisation (words, numbers, punctuation runs and spaces kept apart, a space joined to
+    the word after it) bounds the merges; the initial alphabet is all 256 bytes, so nothing is unknown.
+    """
+    try:
+        from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError:
+        raise ValueError("data.tokenizer=bpe needs the Hugging Face tokenizers package: "
+                         "pip install tokenizers") from None
+
+    tokenizer = RustTokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BPE_EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator((_as_str(document) for document in documents), trainer, length=len(documents))
+    tokenizer.save(str(path))
+
+
+def bpe_tokenizer(documents: Sequence[bytes], vocab_size: int, corpus_fingerprint: dict[str, Any]) -> HFTokenizer:
+    """The BPE of ``vocab_size`` learnt from ``documents`` (a corpus's training split, which its
+    fingerprint identifies): from the cache, or trained and cached now."""
+    path = bpe_cache_path(corpus_fingerprint, vocab_size)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written whole under a temporary name, then renamed: processes training at once never read half a file.
+        handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".json.tmp")
+        os.close(handle)
+        try:
+            train_bpe(documents, vocab_size, temporary)
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+    return HFTokenizer(str(path))
