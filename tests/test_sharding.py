@@ -126,7 +126,8 @@ print(json.dumps(result))
 
 def run_layouts(tmp_path, devices: int, layouts: dict, runs=()) -> dict:
     """Train each (variant, layout) of ``runs`` (default: every variant under every layout) on ``devices``."""
-    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "PYTHONPATH": str(REPO / "tests")}
+    env = {"XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={devices}",
+           "PYTHONPATH": str(REPO / "tests")}
     proc = run_lmzoo("-c", LAYOUT_SNIPPET, json.dumps(layouts), ",".join(LAYOUT_VARIANTS), str(tmp_path / str(devices)),
                      json.dumps(list(runs)), env=env, check=True, timeout=900)
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -186,7 +187,7 @@ def free_port() -> int:
 def run_processes(run_dir, processes: int, devices_each: int, killed_at="never", layout="") -> list[int]:
     """``processes`` trainers of one run, each with its own CPU devices; their exit codes."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO / "tests"),
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_each}"}
+           "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={devices_each}"}
     port = free_port()
     procs = [subprocess.Popen([sys.executable, "-c", PROCESS_SNIPPET, str(run_dir), str(port), str(processes), str(i),
                                str(killed_at), layout], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -5,6 +5,7 @@ and gradients (random cotangents), documents as if alone, decoding steps, and th
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 
 import jax
@@ -15,8 +16,9 @@ import pytest
 from flax import nnx
 
 import mixer_checks
-from lmzoo.ops import dsa as dsa_ops
-from lmzoo.ops import nsa as nsa_ops
+# the modules, not the functions of the same names that lmzoo.ops exports
+dsa_ops = importlib.import_module("lmzoo.ops.dsa")
+nsa_ops = importlib.import_module("lmzoo.ops.nsa")
 from op_checks import assert_trees_close, compiled, random_like
 
 B, T, HQ, H, D, DV = 2, 19, 4, 2, 8, 6  # odd length: blocks of 4 leave a partial last block

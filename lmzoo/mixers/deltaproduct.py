@@ -56,6 +56,7 @@ class DeltaProductConfig(DecayConfig):
 
 
 class DeltaProduct(DeltaRuleMixer):
+    matrix_acts_on_values = False  # the weights act on each sub-step's value, not on one value per token
     def __init__(self, cfg: DeltaProductConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
         # The family's layout with n_h keys and values per token: [q | k_0 .. k_{n-1} | v_0 .. v_{n-1}].
         d, self.n_heads, self.steps = ctx.d_model, ctx.n_heads, cfg.householder_steps

@@ -40,6 +40,7 @@ class GDN2Config(DecayConfig):
 
 
 class GDN2(DeltaRuleMixer):
+    matrix_acts_on_values = False  # the weights act on write * v: a per-channel write gate leaves no single matrix on v
     def init_step_sizes(self, ctx: MixerContext, *, rngs: nnx.Rngs) -> None:
         """The erase gate per key channel and the write gate per value channel, in place of beta."""
         d = ctx.d_model

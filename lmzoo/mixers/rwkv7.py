@@ -116,6 +116,7 @@ def decay_bias_init(layer: int, n_layers: int, d: int) -> jax.Array:
 
 
 class RWKV7(LinearFamilyMixer):
+    matrix_acts_on_values = False  # the weights are the DPLR op's on v, before the group norm and the bonus term
     def __init__(self, cfg: RWKV7Config, ctx: MixerContext, *, rngs: nnx.Rngs):
         d, layer, layers = ctx.d_model, ctx.layer, ctx.n_layers
         self.n_heads = ctx.n_heads

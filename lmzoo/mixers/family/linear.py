@@ -67,6 +67,10 @@ class LinearFamilyMixer(Mixer):
     n_heads: int
     key_dim: int
     value_dim: int
+    # The effective weights (attention_matrix) act on the values ``heads`` returns, so matrix times v
+    # is the mixing. False where they act on other values (gated or per-sub-step): the variant's own
+    # tests check its weights in its own terms.
+    matrix_acts_on_values: bool = True
 
     def heads(self, x, positions, segment_ids=None) -> tuple:
         """The op's inputs for x [B, T, d_model] at ``positions`` [B, T]: q, k, v, then any gates
