@@ -28,7 +28,7 @@ from flax import nnx
 from jax import lax
 
 from lmzoo.mixers.base import AuxLoss, MixerContext, dense
-from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, Scoring, cache_append, init_cache
+from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, check_kv_heads, Scoring, cache_append, init_cache
 from lmzoo.ops.dsa import METHODS, dsa, dsa_indexer, dsa_indexer_loss, dsa_step, dsa_weights
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
@@ -57,10 +57,7 @@ class DSAConfig(AttentionConfig):
             raise ConfigError(f"attn.index_dim={self.index_dim} must be even (rotary positions turn pairs of dims)")
         if self.scale is not None:
             positive("attn.scale", self.scale)
-        kv = self.n_kv_heads or model.n_heads
-        positive("attn.n_kv_heads", kv)
-        if model.n_heads % kv:
-            raise ConfigError(f"model.n_heads={model.n_heads} is not divisible by attn.n_kv_heads={kv}")
+        check_kv_heads(self.n_kv_heads, model)
         for knob in ("window", "logn", "output_gate", "qk_norm"):  # the indexer decides what a query sees
             if getattr(self, knob, None):
                 raise ConfigError(f"attn.{knob}={getattr(self, knob)} is not supported by attn.mixer=dsa "

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lmzoo.mixers.base import MixerContext, dense
-from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, Scoring, cache_append, init_cache
+from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, check_kv_heads, Scoring, cache_append, init_cache
 from lmzoo.ops.nsa import METHODS, nsa, nsa_step, nsa_weights
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
@@ -73,10 +73,7 @@ def check_sparse(cfg: AttentionConfig, model: ModelConfig, mixer: str, methods) 
         positive("attn.scale", cfg.scale)
     if cfg.window is not None:
         positive("attn.window", cfg.window)
-    kv = cfg.n_kv_heads or model.n_heads
-    positive("attn.n_kv_heads", kv)
-    if model.n_heads % kv:
-        raise ConfigError(f"model.n_heads={model.n_heads} is not divisible by attn.n_kv_heads={kv}")
+    check_kv_heads(cfg.n_kv_heads, model)
     for knob in ("logn", "output_gate", "qk_norm"):  # each branch sees its own keys: one log-n factor does not fit
         if getattr(cfg, knob, False):
             raise ConfigError(f"attn.{knob}=true is not supported by attn.mixer={mixer} (set it to false)")

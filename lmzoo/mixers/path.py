@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from lmzoo.mixers.base import MixerContext, dense
-from lmzoo.mixers.family.attention import CacheMixer, HeadOptions, cache_append, init_cache, mean_keys_seen
+from lmzoo.mixers.family.attention import CacheMixer, check_kv_heads, HeadOptions, cache_append, init_cache, mean_keys_seen
 from lmzoo.ops.attention import repeat_kv
 from lmzoo.ops.path import METHODS, path_attention, path_matrix, reflect_keys
 from lmzoo.registry import register
@@ -53,10 +53,7 @@ class PathConfig(HeadOptions):
         for key in ("scale", "w_rank"):
             if getattr(self, key) is not None:
                 positive(f"attn.{key}", getattr(self, key))
-        kv = self.n_kv_heads or model.n_heads
-        positive("attn.n_kv_heads", kv)
-        if model.n_heads % kv:
-            raise ConfigError(f"model.n_heads={model.n_heads} is not divisible by attn.n_kv_heads={kv}")
+        check_kv_heads(self.n_kv_heads, model)
 
     def build(self, ctx, *, rngs):
         return PathAttention(self, ctx, rngs=rngs)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.mixers.base import MixerContext, dense
-from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, Scoring, cache_append, init_cache
+from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, check_kv_heads, Scoring, cache_append, init_cache
 from lmzoo.ops.attention import repeat_kv
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
@@ -30,10 +30,7 @@ class SoftmaxConfig(AttentionConfig):
 
     def check(self, model: ModelConfig) -> None:
         super().check(model)
-        kv = self.n_kv_heads or model.n_heads
-        positive("attn.n_kv_heads", kv)
-        if model.n_heads % kv:
-            raise ConfigError(f"model.n_heads={model.n_heads} is not divisible by attn.n_kv_heads={kv}")
+        check_kv_heads(self.n_kv_heads, model)
         if self.qk_norm and self.key_norm:
             raise ConfigError("attn.qk_norm and attn.key_norm both normalise the keys: set one of them")
 

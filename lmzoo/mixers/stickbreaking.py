@@ -20,7 +20,7 @@ from typing import ClassVar, Optional
 import jax.numpy as jnp
 
 from lmzoo.mixers.base import MixerContext, dense
-from lmzoo.mixers.family.attention import CacheMixer, HeadOptions, cache_append, init_cache, mean_keys_seen
+from lmzoo.mixers.family.attention import CacheMixer, check_kv_heads, HeadOptions, cache_append, init_cache, mean_keys_seen
 from lmzoo.ops.attention import repeat_kv
 from lmzoo.ops.stick_breaking import METHODS, stick_breaking_attention, stick_breaking_matrix, stick_breaking_weights
 from lmzoo.registry import register
@@ -45,10 +45,7 @@ class StickBreakingConfig(HeadOptions):
         one_of("attn.remainder", self.remainder, REMAINDERS)
         if self.scale is not None:
             positive("attn.scale", self.scale)
-        kv = self.n_kv_heads or model.n_heads
-        positive("attn.n_kv_heads", kv)
-        if model.n_heads % kv:
-            raise ConfigError(f"model.n_heads={model.n_heads} is not divisible by attn.n_kv_heads={kv}")
+        check_kv_heads(self.n_kv_heads, model)
 
     def build(self, ctx, *, rngs):
         return StickBreakingAttention(self, ctx, rngs=rngs)

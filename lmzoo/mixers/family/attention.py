@@ -85,6 +85,14 @@ class AttentionConfig(HeadOptions):
         return model.d_model, model.d_model
 
 
+def check_kv_heads(n_kv_heads: Optional[int], model: ModelConfig) -> None:
+    """Grouped-query heads: ``attn.n_kv_heads`` (None: one per query head) must divide ``model.n_heads``."""
+    kv = n_kv_heads or model.n_heads
+    positive("attn.n_kv_heads", kv)
+    if model.n_heads % kv:
+        raise ConfigError(f"model.n_heads={model.n_heads} is not divisible by attn.n_kv_heads={kv}")
+
+
 def mean_keys_seen(seq_len: int, window: Optional[int]) -> float:
     """Keys per query averaged over a causal sequence, as the area of its mask over its length:
     ``seq_len / 2`` without a window; with a window w, w less w^2 / (2 seq_len) for the first w
