@@ -102,3 +102,12 @@ def test_slurm_example_command_is_a_valid_config(tmp_path):
     assert "train.distributed=true" in overrides and "train.mesh.fsdp=8" in overrides
     cfg = compose_and_validate([*overrides, f"run_dir={tmp_path}"])
     assert cfg.train.mesh.fsdp == 8 and cfg.model.d_model == 1024
+
+
+def test_fla_check_says_what_to_install_where_torch_or_fla_is_missing():
+    import importlib.util
+
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("fla"):
+        pytest.skip("torch and fla-core are installed here: scripts/fla_check.py runs the comparisons")
+    proc = subprocess.run([sys.executable, "scripts/fla_check.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "skipped" in proc.stdout and "pip install" in proc.stdout

@@ -13,6 +13,7 @@ choice passed to lmzoo.
 
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 import types
@@ -22,8 +23,8 @@ import numpy as np
 import torch
 from _common import fla_naive, max_diff, to_torch
 
-from lmzoo.ops import dsa as dsa_ops
-from lmzoo.ops import nsa as nsa_ops
+dsa_ops = importlib.import_module("lmzoo.ops.dsa")  # the modules: lmzoo.ops exports functions of the same names
+nsa_ops = importlib.import_module("lmzoo.ops.nsa")
 
 
 def _block_means(x, block_size, cu_seqlens=None):
