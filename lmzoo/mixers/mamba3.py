@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
-from lmzoo.mixers.family.ssm import check_dt_range, dt_bias_init
+from lmzoo.mixers.family.ssm import check_dt_range, check_ssm_heads, dt_bias_init
 from lmzoo.ops.mamba3 import METHODS, mamba3, mamba3_attention, zero_state
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
@@ -56,16 +56,7 @@ class Mamba3Config(MixerConfig):
             raise ConfigError(f"attn.d_state={self.d_state} leaves no pair of state entries to rotate "
                               f"at attn.rope_fraction={self.rope_fraction}")
         check_dt_range(self.dt_min, self.dt_max)
-        d_inner = self.expand * model.d_model
-        head_dim = self.head_dim or d_inner // model.n_heads
-        positive("attn.head_dim", head_dim)
-        if d_inner % head_dim:
-            raise ConfigError(f"attn.head_dim={head_dim} does not divide d_inner = attn.expand * model.d_model = {d_inner}")
-        heads = d_inner // head_dim
-        if heads % model.n_heads:
-            raise ConfigError(f"{heads} SSM heads (d_inner / attn.head_dim) are not a multiple of model.n_heads={model.n_heads}")
-        if heads % self.n_groups:
-            raise ConfigError(f"attn.n_groups={self.n_groups} does not divide the {heads} SSM heads")
+        check_ssm_heads(self.expand, self.head_dim, self.n_groups, model)
 
     def build(self, ctx, *, rngs):
         return Mamba3(self, ctx, rngs=rngs)

@@ -62,6 +62,21 @@ class CausalConv(nnx.Module):
         return jnp.zeros((batch_size, self.width - 1, self.weight.shape[1]), dtype)
 
 
+def check_ssm_heads(expand: int, head_dim, n_groups: int, model: ModelConfig) -> None:
+    """SSM heads of ``head_dim`` (None: d_inner / n_heads) tile d_inner = expand * d_model, come in a
+    multiple of the model's heads and split evenly into ``n_groups``."""
+    d_inner = expand * model.d_model
+    head_dim = head_dim or d_inner // model.n_heads
+    positive("attn.head_dim", head_dim)
+    if d_inner % head_dim:
+        raise ConfigError(f"attn.head_dim={head_dim} does not divide d_inner = attn.expand * model.d_model = {d_inner}")
+    heads = d_inner // head_dim
+    if heads % model.n_heads:
+        raise ConfigError(f"{heads} SSM heads (d_inner / attn.head_dim) are not a multiple of model.n_heads={model.n_heads}")
+    if heads % n_groups:
+        raise ConfigError(f"attn.n_groups={n_groups} does not divide the {heads} SSM heads")
+
+
 @dataclass
 class SSDConfig(MixerConfig):
     """Knobs of a Mamba-2-style layer around an SSD op (``SSDMixer``): state and conv sizes, heads,
@@ -84,16 +99,7 @@ class SSDConfig(MixerConfig):
         for key in ("d_state", "d_conv", "expand", "n_groups"):
             positive(f"attn.{key}", getattr(self, key))
         check_dt_range(self.dt_min, self.dt_max)
-        d_inner = self.expand * model.d_model
-        head_dim = self.head_dim or d_inner // model.n_heads
-        positive("attn.head_dim", head_dim)
-        if d_inner % head_dim:
-            raise ConfigError(f"attn.head_dim={head_dim} does not divide d_inner = attn.expand * model.d_model = {d_inner}")
-        heads = d_inner // head_dim
-        if heads % model.n_heads:
-            raise ConfigError(f"{heads} SSM heads (d_inner / attn.head_dim) are not a multiple of model.n_heads={model.n_heads}")
-        if heads % self.n_groups:
-            raise ConfigError(f"attn.n_groups={self.n_groups} does not divide the {heads} SSM heads")
+        check_ssm_heads(self.expand, self.head_dim, self.n_groups, model)
 
 
 class SSDMixer(Mixer):
