@@ -18,6 +18,7 @@ intervals count training noise and the windows (``lmzoo.experiments.arms``). Jud
 - softmax: alpha below -``min_exponent`` = -0.05 (S falls at least 3.4% per doubling of n);
 - each linear variant: alpha - softmax's alpha above ``min_exponent`` (flatter than softmax by
   that much); separately trained models, so with one seed per arm it stays undecided.
+FoX, window attention, NSA, DSA, stick-breaking and PaTH are measured and reported beside them, not judged.
 The decayed variants' exponents are reported, not judged: alpha < 0 holds for any row whose
 weight sits on a bounded span of recent keys (S ~ n^(-1/2) once n exceeds the span), whatever
 the model learned, so it cannot tell forgetting from choosing; a test shows it.
@@ -51,6 +52,14 @@ VARIANTS = {
     "retnet": ("decayed", "retnet", []),
     "gla": ("decayed", "gla", []),
     "mamba": ("decayed", "mamba", []),
+    # Softmax's refinements and rivals, measured beside it and not judged: the article's closed forms say
+    # nothing about them.
+    "fox": ("reported", "fox", []),
+    "swa": ("reported", "swa", []),
+    "nsa": ("reported", "nsa", []),
+    "dsa": ("reported", "dsa", []),
+    "stickbreaking": ("reported", "stickbreaking", []),
+    "path": ("reported", "path", []),
 }
 
 
