@@ -285,12 +285,14 @@ def test_dsa_weights_reproduce_the_output_and_steps_equal_the_forward():
 SPARSE = {"nsa": ("attn.block_size=4", "attn.block_counts=3", "attn.window=3"), "dsa": ("attn.topk=5",)}
 
 
+HEAD_OPTIONS = ("attn.qk_norm=true", "attn.output_gate=true")
+
+
 def mixer_outputs(mixer, x):
-    """The forward, its attention matrix applied to the values (then the output projection), and the
-    prefill of the first 13 tokens followed by decoding steps."""
-    b, t, _ = x.shape
-    positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-    v = mixer.project(x, positions)[2]
+    """The forward, its attention matrix applied to the values (then the output gate and projection),
+    and the prefill of the first 13 tokens followed by decoding steps."""
+    t = x.shape[1]
+    v = mixer.rotated_heads(x)[2]
     weights = mixer.attention_matrix(x)
     mixed = jnp.einsum("bhts,bshd->bthd", weights, jnp.repeat(v, mixer.n_heads // mixer.n_kv_heads, axis=2))
     y, state = mixer.prefill(x[:, :13], t)
@@ -298,13 +300,17 @@ def mixer_outputs(mixer, x):
     for i in range(13, t):
         y_t, state = mixer.step(x[:, i], state)
         outs.append(y_t[:, None])
-    return mixer(x), mixer.o_proj(mixed.reshape(b, t, -1)), jnp.concatenate(outs, axis=1), weights
+    return mixer(x), mixer.output(mixed, x), jnp.concatenate(outs, axis=1), weights
 
 
-@pytest.mark.parametrize("variant", ["nsa", "dsa"])
-def test_sparse_mixers_matrix_prefill_and_steps_equal_the_forward(variant):
-    """At settings where the choice is sparse at this length (the generic tests run the YAML's)."""
-    mixer = mixer_checks.first_mixer(variant, *SPARSE[variant])
+@pytest.mark.parametrize("variant, head_options",
+                         [("nsa", ()), ("dsa", ()), ("nsa", HEAD_OPTIONS), ("dsa", HEAD_OPTIONS)],
+                         ids=["nsa", "dsa", "nsa-head_options", "dsa-head_options"])
+def test_sparse_mixers_matrix_prefill_and_steps_equal_the_forward(variant, head_options):
+    """At settings where the choice is sparse at this length (the generic tests run the YAML's), with
+    and without QK-norm and the output gate."""
+    mixer = mixer_checks.first_mixer(variant, *SPARSE[variant], *head_options)
+    assert (mixer.qk_norm is not None, mixer.output_gate is not None) == (bool(head_options),) * 2
     y, mixed, decoded, weights = mixer_checks.compiled(mixer_outputs, mixer)(mixer_checks.inputs(length=17))
     np.testing.assert_allclose(mixed, y, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(decoded, y, rtol=1e-5, atol=1e-5)
@@ -344,6 +350,7 @@ def test_the_dsa_indexer_trains_on_its_own_loss_only():
 @pytest.mark.parametrize("variant, override, message", [
     ("nsa", "pos=alibi", "pos.kind=alibi is not supported by attn.mixer=nsa"),
     ("dsa", "attn.window=8", "attn.window=8 is not supported by attn.mixer=dsa"),
+    ("nsa", "attn.logn=true", "attn.logn=true is not supported by attn.mixer=nsa (set it to false)"),
     ("nsa", "attn.method=blocked", "attn.method='blocked' is not valid (choose from: naive, dense, gather)"),
 ])
 def test_settings_the_sparse_mixers_refuse(variant, override, message, capsys):

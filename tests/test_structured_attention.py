@@ -159,7 +159,7 @@ def test_stick_breaking_weights_with_the_remainder_sum_to_one_and_give_the_outpu
 
     def both(m, x):
         weights = m.attention_matrix(x)  # (B, H, T, T)
-        _, _, v = m.project(x)
+        _, _, v = m.heads(x)
         mixed = jnp.einsum("bhts,bshd->bthd", weights, jnp.repeat(v, 2, axis=2))
         return weights, m.o_proj(mixed.reshape(*x.shape[:2], -1)), m(x)
 
@@ -168,23 +168,34 @@ def test_stick_breaking_weights_with_the_remainder_sum_to_one_and_give_the_outpu
     np.testing.assert_allclose(rebuilt, y, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("variant, overrides", [("fox", ("attn.qk_norm=true", "attn.output_gate=true")),
-                                                ("stickbreaking", ("attn.qk_norm=true", "attn.output_gate=true")),
+HEAD_OPTIONS = ("attn.qk_norm=true", "attn.output_gate=true")
+
+
+@pytest.mark.parametrize("variant, overrides", [("fox", HEAD_OPTIONS), ("stickbreaking", HEAD_OPTIONS),
+                                                ("path", (*HEAD_OPTIONS, "attn.forget_gate=true", "attn.n_kv_heads=2")),
                                                 ("mla", ("attn.output_gate=true",))])
-def test_head_options_decode_as_the_forward(variant, overrides):
+def test_head_options_prefill_and_decode_as_the_forward(variant, overrides):
+    """A prompt of 4 tokens prefilled, the other 5 decoded one by one: the forward's outputs."""
     mixer = first_mixer(variant, *overrides)
     assert mixer.output_gate is not None and (mixer.qk_norm is not None) == ("attn.qk_norm=true" in overrides)
     x = inputs(9, seed=3)
 
-    def stepped_and_forward(m, x):
-        state, outputs = m.init_state(2, 9), []
-        for t in range(x.shape[1]):
+    def decoded_and_forward(m, x, prompt=4):
+        y, state = m.prefill(x[:, :prompt], x.shape[1])
+        outputs = [y]
+        for t in range(prompt, x.shape[1]):
             y_t, state = m.step(x[:, t], state)
-            outputs.append(y_t)
-        return jnp.stack(outputs, axis=1), m(x)
+            outputs.append(y_t[:, None])
+        return jnp.concatenate(outputs, axis=1), m(x)
 
-    stepped, forward = compiled_mixer(stepped_and_forward, mixer)(x)
-    np.testing.assert_allclose(stepped, forward, rtol=1e-5, atol=1e-5)
+    decoded, forward = compiled_mixer(decoded_and_forward, mixer)(x)
+    np.testing.assert_allclose(decoded, forward, rtol=1e-5, atol=1e-5)
+
+
+def test_path_state_size_counts_keys_values_and_gates():
+    mixer = first_mixer("path", "attn.forget_gate=true", "attn.n_kv_heads=2")  # 4 query heads of 8 dims
+    # keys and values; the cumulative gate of each key and the running one
+    assert mixer.state_size(100) == 2 * 100 * 2 * 8 + 4 * (100 + 1)
 
 
 def test_qk_norm_gives_unit_rms_heads_and_the_gate_scales_each_channel():

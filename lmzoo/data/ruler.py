@@ -21,7 +21,7 @@ values and queries at once); each takes ``data.filler=noise`` for a filler of fr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -47,26 +47,18 @@ class NiahConfig(NeedleTask):
     depth_label: ClassVar[str] = "depth of the first needle asked for"
 
 
-@SOURCES.register("niah_multikey")
-@dataclass
-class MultiKeyConfig(NiahConfig):
-    source: str = "niah_multikey"
-    num_keys: int = 4
+def niah_task(class_name: str, source: str, **counts: int) -> type[NiahConfig]:
+    """``NiahConfig`` registered as ``source`` with other default ``counts``: the ``niah_*`` tasks differ
+    in nothing else."""
+    fields = [("source", str, field(default=source)), *((key, int, field(default=n)) for key, n in counts.items())]
+    spec = make_dataclass(class_name, fields, bases=(NiahConfig,))
+    spec.__module__ = __name__  # importable (and picklable) under its name here
+    return SOURCES.register(source)(spec)
 
 
-@SOURCES.register("niah_multivalue")
-@dataclass
-class MultiValueConfig(NiahConfig):
-    source: str = "niah_multivalue"
-    num_values: int = 4
-
-
-@SOURCES.register("niah_multiquery")
-@dataclass
-class MultiQueryConfig(NiahConfig):
-    source: str = "niah_multiquery"
-    num_keys: int = 4
-    num_queries: int = 4
+MultiKeyConfig = niah_task("MultiKeyConfig", "niah_multikey", num_keys=4)
+MultiValueConfig = niah_task("MultiValueConfig", "niah_multivalue", num_values=4)
+MultiQueryConfig = niah_task("MultiQueryConfig", "niah_multiquery", num_keys=4, num_queries=4)
 
 
 @SOURCES.register("variable_tracking")
@@ -89,13 +81,19 @@ class VariableTrackingConfig(RetrievalTask):
         if self.var_vocab < self.num_chains * self.chain_length:
             raise ConfigError(f"data.var_vocab={self.var_vocab} is too small for data.num_chains={self.num_chains} "
                               f"chains of data.hops + 1 = {self.chain_length} distinct variables")
-        if self.base >= 2 and self.digits > 0 and self.base**self.digits >= 2**62:
+        if self.base >= 2 and self.digits > 0:  # otherwise super().check() refuses them
+            self.check_values(self.base**self.digits)
+        super().check()
+
+    def check_values(self, count: int) -> None:
+        """The ``count`` = base**digits numbers the digits write: enough for a different one per chain,
+        and few enough to draw as int64."""
+        if count >= 2**62:
             raise ConfigError(f"data.digits={self.digits} is too many for variable_tracking: values are drawn as "
-                              f"integers below 2**62 (data.base**data.digits = {self.base**self.digits})")
-        if self.base >= 2 and self.digits > 0 and self.base**self.digits < self.num_chains:
+                              f"integers below 2**62 (data.base**data.digits = {count})")
+        if count < self.num_chains:
             raise ConfigError(f"data.base={self.base} and data.digits={self.digits} write fewer values than "
                               f"data.num_chains={self.num_chains}: each chain holds a different value")
-        super().check()
 
     @property
     def chain_length(self) -> int:

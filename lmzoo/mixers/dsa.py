@@ -15,6 +15,12 @@ Positions: the model's rotary method rotates q and k, and the indexer's q_idx an
 indexer can prefer near keys; ALiBi and ReRoPE (pairwise) are refused. Decoding caches the rotated
 keys, the values and the rotated index keys of every token (``DI`` more floats per token).
 Documents: a query's indexer sees its own document only (see ``lmzoo.ops.dsa``).
+
+Head options act on the main attention as for any softmax-family layer
+(``lmzoo.mixers.family.attention``): ``attn.qk_norm`` normalises q and k before they are rotated
+(the indexer's loss then follows the normalised attention; the indexer's own vectors are not
+normalised), ``attn.output_gate`` gates each head's output per channel before the output projection.
+``attn.window`` and ``attn.logn`` are refused: the indexer decides which keys a query sees.
 """
 
 from __future__ import annotations
@@ -22,25 +28,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
 from lmzoo.mixers.base import AuxLoss, MixerContext, dense
-from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, check_kv_heads, Scoring, cache_append, init_cache
+from lmzoo.mixers.family.attention import (HEAD_OPTIONS, AttentionConfig, KVHeadsMixer, Scoring, cache_append,
+                                           check_kv_heads, check_rotary_positions)
 from lmzoo.ops.dsa import METHODS, dsa, dsa_indexer, dsa_indexer_loss, dsa_step, dsa_weights
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
-from lmzoo.schema import ConfigError, ModelConfig, one_of, positive
+from lmzoo.schema import ConfigError, ModelConfig, positive
 from lmzoo.sharding import EMBED, INNER
-
-PAIRWISE_POSITIONS = ("alibi", "rerope", "leaky_rerope")  # act on each query-key score, not on the vectors
 
 
 @register("dsa")
 @dataclass
 class DSAConfig(AttentionConfig):
+    head_options = HEAD_OPTIONS
+    methods = METHODS
+    unsupported = ("window", "logn")  # the indexer decides what a query sees
     method: str = "naive"  # naive | gather (lmzoo.ops.dsa.METHODS): the dense reference is the faster on CPUs at a few hundred tokens
     n_kv_heads: Optional[int] = None  # None: one key/value head per query head
     topk: int = 64  # keys each query attends to (all of them for its first topk positions)
@@ -49,19 +56,13 @@ class DSAConfig(AttentionConfig):
     indexer_loss_weight: float = 1.0  # weight of the indexer's KL loss (0: the indexer stays as initialised)
 
     def check(self, model: ModelConfig) -> None:
-        one_of("attn.method", self.method, METHODS)
+        super().check(model)
+        check_kv_heads(self.n_kv_heads, model)
         for key in ("topk", "index_heads", "index_dim"):
             positive(f"attn.{key}", getattr(self, key))
         positive("attn.indexer_loss_weight", self.indexer_loss_weight, allow_zero=True)
         if self.index_dim % 2:
             raise ConfigError(f"attn.index_dim={self.index_dim} must be even (rotary positions turn pairs of dims)")
-        if self.scale is not None:
-            positive("attn.scale", self.scale)
-        check_kv_heads(self.n_kv_heads, model)
-        for knob in ("window", "logn", "output_gate", "qk_norm"):  # the indexer decides what a query sees
-            if getattr(self, knob, None):
-                raise ConfigError(f"attn.{knob}={getattr(self, knob)} is not supported by attn.mixer=dsa "
-                                  "(leave it unset)")
 
     def build(self, ctx, *, rngs):
         return DeepSeekSparseAttention(self, ctx, rngs=rngs)
@@ -75,36 +76,24 @@ class DSAConfig(AttentionConfig):
         return 6 * (selected * (score_width + value_width) + indexed * self.index_heads * self.index_dim)
 
 
-class DeepSeekSparseAttention(CacheMixer):
+class DeepSeekSparseAttention(KVHeadsMixer):
     def __init__(self, cfg: DSAConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
-        self.n_heads, self.n_kv_heads = ctx.n_heads, cfg.n_kv_heads or ctx.n_heads
-        self.head_dim = ctx.d_model // ctx.n_heads
+        check_rotary_positions(ctx, "dsa")
+        self.init_heads(ctx, cfg.n_kv_heads, rngs=rngs)
         self.scoring = Scoring(cfg, ctx, head_dim=self.head_dim)
-        if ctx.pos.kind in PAIRWISE_POSITIONS:
-            raise ConfigError(f"pos.kind={ctx.pos.kind} is not supported by attn.mixer=dsa (choose a rotary kind or none)")
         self.topk, self.method, self.loss_weight = cfg.topk, cfg.method, cfg.indexer_loss_weight
         self.index_heads, self.index_dim = cfg.index_heads, cfg.index_dim
-        d, hd = ctx.d_model, self.head_dim
-        self.q_proj = dense(ctx, d, self.n_heads * hd, rngs=rngs)
-        self.k_proj = dense(ctx, d, self.n_kv_heads * hd, rngs=rngs)
-        self.v_proj = dense(ctx, d, self.n_kv_heads * hd, rngs=rngs)
-        self.o_proj = dense(ctx, self.n_heads * hd, d, rngs=rngs, residual=True)
+        self.init_output(cfg, ctx, rngs=rngs)  # draws its initial values before the indexer's projections
+        d = ctx.d_model
         self.index_q_proj = dense(ctx, d, cfg.index_heads * cfg.index_dim, rngs=rngs)
         self.index_k_proj = dense(ctx, d, cfg.index_dim, rngs=rngs, axes=(EMBED, None))  # one key for all heads
         self.index_w_proj = dense(ctx, d, cfg.index_heads, rngs=rngs, axes=(EMBED, INNER))
 
-    def project(self, x, positions):
-        """Rotated q [B,T,H,D] and k [B,T,K,D], and v [B,T,K,D]."""
-        b, t, _ = x.shape
-        rotate = self.scoring.rotate
-        q = rotate(self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim), positions)
-        k = rotate(self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim), positions)
-        return q, k, self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
-
-    def index_inputs(self, x, positions):
+    def index_inputs(self, x, positions=None):
         """The indexer's rotated q_idx [B,T,HI,DI] and k_idx [B,T,DI], and w_idx [B,T,HI], read from x
-        through a stop-gradient (the indexer trains on its own loss only)."""
+        through a stop-gradient (the indexer trains on its own loss only); ``positions`` [B,T] (None: 0 .. T-1)."""
         b, t, _ = x.shape
+        positions = default_positions(b, t) if positions is None else positions
         x = lax.stop_gradient(x)
         q_idx = self.index_q_proj(x).reshape(b, t, self.index_heads, self.index_dim)
         k_idx = self.index_k_proj(x).reshape(b, t, 1, self.index_dim)
@@ -113,9 +102,7 @@ class DeepSeekSparseAttention(CacheMixer):
         return rotate(q_idx, positions), rotate(k_idx, positions)[:, :, 0], w_idx
 
     def forward(self, x, positions=None, segment_ids=None):
-        b, t, _ = x.shape
-        positions = default_positions(b, t) if positions is None else positions
-        q, k, v = self.project(x, positions)
+        q, k, v = self.rotated_heads(x, positions)
         q_idx, k_idx, w_idx = self.index_inputs(x, positions)
         scores, indices = dsa_indexer(q_idx, k_idx, w_idx, topk=self.topk, segment_ids=segment_ids)
         if self.training and self.loss_weight > 0:
@@ -123,30 +110,23 @@ class DeepSeekSparseAttention(CacheMixer):
             self.sow(AuxLoss, "indexer", self.loss_weight * loss)
         y, _ = dsa(q, k, v, None, None, topk=self.topk, indices=indices, scale=self.scoring.scale,
                    segment_ids=segment_ids, method=self.method)  # (B, T, H, D)
-        return self.o_proj(y.reshape(b, t, -1)), {"k": k, "v": v, "k_idx": k_idx}
+        return self.output(y, x), {"k": k, "v": v, "k_idx": k_idx}
 
     def init_state(self, batch_size, max_len):
-        dtype = self.k_proj.dtype or jnp.float32
-        kv = ((self.n_kv_heads, self.head_dim), dtype)
-        return init_cache(batch_size, max_len, k=kv, v=kv, k_idx=((self.index_dim,), dtype))
+        return self.init_kv_cache(batch_size, max_len, k_idx=((self.index_dim,), self.k_proj.dtype or jnp.float32))
 
     def step(self, x_t, state):
-        t, b = state["t"], x_t.shape[0]
-        positions = jnp.full((b, 1), t, jnp.int32)
-        q, k, v = self.project(x_t[:, None, :], positions)
-        q_idx, k_idx, w_idx = self.index_inputs(x_t[:, None, :], positions)
+        x_t, t = x_t[:, None, :], state["t"]
+        positions = default_positions(x_t.shape[0], 1, t)
+        q, k, v = self.rotated_heads(x_t, positions)
+        q_idx, k_idx, w_idx = self.index_inputs(x_t, positions)
         state = cache_append(state, k=k[:, 0], v=v[:, 0], k_idx=k_idx[:, 0])
         y, _ = dsa_step(q, state["k"], state["v"], q_idx, state["k_idx"], w_idx, t, topk=self.topk,
                         scale=self.scoring.scale)  # (B, 1, H, D)
-        return self.o_proj(y.reshape(b, -1)), state
+        return self.output(y, x_t)[:, 0], state
 
     def attention_matrix(self, x, *, positions=None, segment_ids=None):
         """[B, H, T, T]: each head's softmax over its query's selected keys."""
-        b, t, _ = x.shape
-        positions = default_positions(b, t) if positions is None else positions
-        q, k, _ = self.project(x, positions)
+        q, k, _ = self.rotated_heads(x, positions)
         _, indices = dsa_indexer(*self.index_inputs(x, positions), topk=self.topk, segment_ids=segment_ids)
         return dsa_weights(q, k, indices, scale=self.scoring.scale, segment_ids=segment_ids)
-
-    def state_size(self, max_len):
-        return max_len * (2 * self.n_kv_heads * self.head_dim + self.index_dim)

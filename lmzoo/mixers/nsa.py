@@ -17,6 +17,12 @@ position methods that rotate work; ALiBi and ReRoPE, which act on each query-key
 reach a block mean and are refused. Decoding caches the *rotated* keys and the values of every
 token (selection may reach any block), and recomputes the block means of the cache each step.
 Documents: each is cut into blocks from its own first token (see ``lmzoo.ops.nsa``).
+
+Head options act as for any softmax-family layer (``lmzoo.mixers.family.attention``): ``attn.qk_norm``
+normalises q and k before they are rotated (block means are then means of normalised keys),
+``attn.output_gate`` gates the branches' gated sum per channel before the output projection.
+``attn.logn`` is refused: the branches see different numbers of keys (block means, selected tokens,
+the window), so no single factor per query fits them.
 """
 
 from __future__ import annotations
@@ -29,25 +35,28 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lmzoo.mixers.base import MixerContext, dense
-from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, check_kv_heads, Scoring, cache_append, init_cache
+from lmzoo.mixers.family.attention import (HEAD_OPTIONS, AttentionConfig, KVHeadsMixer, Scoring, cache_append,
+                                           check_kv_heads, check_rotary_positions)
 from lmzoo.ops.nsa import METHODS, nsa, nsa_step, nsa_weights
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
-from lmzoo.schema import ConfigError, ModelConfig, one_of, positive
-
-PAIRWISE_POSITIONS = ("alibi", "rerope", "leaky_rerope")  # act on each query-key pair: no block mean carries them
+from lmzoo.schema import ModelConfig, positive
 
 
 @register("nsa")
 @dataclass
 class NSAConfig(AttentionConfig):
+    head_options = HEAD_OPTIONS
+    methods = METHODS
+    unsupported = ("logn",)  # each branch sees its own keys: one log-n factor does not fit
     method: str = "dense"  # naive | dense | gather (lmzoo.ops.nsa.METHODS)
     n_kv_heads: Optional[int] = None  # None: one key/value head (and one block choice) per query head
     block_size: int = 16  # tokens per block, compressed and selected
     block_counts: int = 4  # blocks each kv head selects per query, the first and the two latest included
 
     def check(self, model: ModelConfig) -> None:
-        check_sparse(self, model, "nsa", METHODS)
+        super().check(model)
+        check_kv_heads(self.n_kv_heads, model)
         positive("attn.block_size", self.block_size)
         positive("attn.block_counts", self.block_counts)
 
@@ -66,76 +75,40 @@ class NSAConfig(AttentionConfig):
         return (t + 1) // self.block_size + min(self.block_counts * self.block_size, t + 1) + window
 
 
-def check_sparse(cfg: AttentionConfig, model: ModelConfig, mixer: str, methods) -> None:
-    """The family knobs a sparse mixer honours (method, scale, n_kv_heads) and those it refuses."""
-    one_of("attn.method", cfg.method, methods)
-    if cfg.scale is not None:
-        positive("attn.scale", cfg.scale)
-    if cfg.window is not None:
-        positive("attn.window", cfg.window)
-    check_kv_heads(cfg.n_kv_heads, model)
-    for knob in ("logn", "output_gate", "qk_norm"):  # each branch sees its own keys: one log-n factor does not fit
-        if getattr(cfg, knob, False):
-            raise ConfigError(f"attn.{knob}=true is not supported by attn.mixer={mixer} (set it to false)")
-
-
-def check_positions(ctx: MixerContext, mixer: str) -> None:
-    if ctx.pos.kind in PAIRWISE_POSITIONS:
-        raise ConfigError(f"pos.kind={ctx.pos.kind} is not supported by attn.mixer={mixer} "
-                          "(choose a rotary kind or none)")
-
-
-class NativeSparseAttention(CacheMixer):
+class NativeSparseAttention(KVHeadsMixer):
     def __init__(self, cfg: NSAConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
-        self.n_heads, self.n_kv_heads = ctx.n_heads, cfg.n_kv_heads or ctx.n_heads
-        self.head_dim = ctx.d_model // ctx.n_heads
+        check_rotary_positions(ctx, "nsa")
+        self.init_heads(ctx, cfg.n_kv_heads, rngs=rngs)
         self.scoring = Scoring(cfg, ctx, head_dim=self.head_dim)
-        check_positions(ctx, "nsa")
         self.options = dict(block_counts=cfg.block_counts, block_size=cfg.block_size, window=cfg.window or 0,
                             scale=self.scoring.scale)
         self.method = cfg.method
-        d, hd = ctx.d_model, self.head_dim
-        self.q_proj = dense(ctx, d, self.n_heads * hd, rngs=rngs)
-        self.k_proj = dense(ctx, d, self.n_kv_heads * hd, rngs=rngs)
-        self.v_proj = dense(ctx, d, self.n_kv_heads * hd, rngs=rngs)
-        self.gate_proj = dense(ctx, d, 3 * self.n_heads, rngs=rngs, bias=True)  # sigmoid(0) = 1/2 per branch
-        self.o_proj = dense(ctx, self.n_heads * hd, d, rngs=rngs, residual=True)
+        self.gate_proj = dense(ctx, ctx.d_model, 3 * self.n_heads, rngs=rngs, bias=True)  # sigmoid(0) = 1/2 per branch
+        self.init_output(cfg, ctx, rngs=rngs)
 
-    def project(self, x, positions):
+    def project(self, x, positions=None):
         """Rotated q [B,T,H,D] and k [B,T,K,D], v [B,T,K,D], and the gates (cmp, slc, win) [B,T,H] float32."""
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
         gates = jax.nn.sigmoid(self.gate_proj(x).astype(jnp.float32)).reshape(b, t, 3, self.n_heads)
-        rotate = self.scoring.rotate
-        return rotate(q, positions), rotate(k, positions), v, tuple(gates[:, :, i] for i in range(3))
+        return *self.rotated_heads(x, positions), tuple(gates[:, :, i] for i in range(3))
 
     def forward(self, x, positions=None, segment_ids=None):
-        b, t, _ = x.shape
-        positions = default_positions(b, t) if positions is None else positions
         q, k, v, gates = self.project(x, positions)
         y, _ = nsa(q, k, v, *gates, segment_ids=segment_ids, method=self.method, **self.options)  # (B, T, H, D)
-        return self.o_proj(y.reshape(b, t, -1)), {"k": k, "v": v}
+        return self.output(y, x), {"k": k, "v": v}
 
     def init_state(self, batch_size, max_len):
-        kv = ((self.n_kv_heads, self.head_dim), self.k_proj.dtype or jnp.float32)
-        return init_cache(batch_size, max_len, k=kv, v=kv)
+        return self.init_kv_cache(batch_size, max_len)
 
     def step(self, x_t, state):
-        t, b = state["t"], x_t.shape[0]
-        q, k, v, gates = self.project(x_t[:, None, :], jnp.full((b, 1), t, jnp.int32))
+        x_t, t = x_t[:, None, :], state["t"]
+        q, k, v, gates = self.project(x_t, default_positions(x_t.shape[0], 1, t))
         state = cache_append(state, k=k[:, 0], v=v[:, 0])
         y = nsa_step(q, state["k"], state["v"], *gates, t, **self.options)  # (B, 1, H, D)
-        return self.o_proj(y.reshape(b, -1)), state
+        return self.output(y, x_t)[:, 0], state
 
     def attention_matrix(self, x, *, positions=None, segment_ids=None):
         """[B, H, T, T]: the three branches' weights on the tokens, each scaled by its gate (the
         compressed branch's spread evenly over each block), so rows sum to the gates' sum."""
-        b, t, _ = x.shape
-        positions = default_positions(b, t) if positions is None else positions
         q, k, _, gates = self.project(x, positions)
         return nsa_weights(q, k, *gates, segment_ids=segment_ids, **self.options)
-
-    def state_size(self, max_len):
-        return 2 * max_len * self.n_kv_heads * self.head_dim

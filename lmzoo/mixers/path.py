@@ -26,11 +26,11 @@ import jax
 import jax.numpy as jnp
 
 from lmzoo.mixers.base import MixerContext, dense
-from lmzoo.mixers.family.attention import CacheMixer, check_kv_heads, HeadOptions, cache_append, init_cache, mean_keys_seen
+from lmzoo.mixers.family.attention import KVHeadsMixer, check_kv_heads, HeadOptions, cache_append, mean_keys_seen
 from lmzoo.ops.attention import repeat_kv
 from lmzoo.ops.path import METHODS, path_attention, path_matrix, reflect_keys
 from lmzoo.registry import register
-from lmzoo.schema import ConfigError, ModelConfig, one_of, positive
+from lmzoo.schema import ModelConfig, one_of, positive
 from lmzoo.sharding import EMBED, INNER
 
 
@@ -66,17 +66,13 @@ class PathConfig(HeadOptions):
         return 6 * mean_keys_seen(seq_len, None) * (2 * model.d_model + carry)
 
 
-class PathAttention(CacheMixer):
+class PathAttention(KVHeadsMixer):
     def __init__(self, cfg: PathConfig, ctx: MixerContext, *, rngs):
         d = ctx.d_model
-        self.n_heads, self.n_kv_heads = ctx.n_heads, cfg.n_kv_heads or ctx.n_heads
-        self.head_dim = hd = d // ctx.n_heads
-        self.scale = hd**-0.5 if cfg.scale is None else cfg.scale
+        self.init_heads(ctx, cfg.n_kv_heads, rngs=rngs)
+        self.scale = self.head_dim**-0.5 if cfg.scale is None else cfg.scale
         self.method, self.chunk_size = cfg.method, cfg.chunk_size
-        kv_width = self.n_kv_heads * hd
-        self.q_proj = dense(ctx, d, self.n_heads * hd, rngs=rngs)
-        self.k_proj = dense(ctx, d, kv_width, rngs=rngs)
-        self.v_proj = dense(ctx, d, kv_width, rngs=rngs)
+        kv_width = self.n_kv_heads * self.head_dim
         if cfg.w_rank:
             self.w_down = dense(ctx, d, cfg.w_rank, rngs=rngs, axes=(EMBED, None))
             self.w_up = dense(ctx, cfg.w_rank, kv_width, rngs=rngs, axes=(None, INNER))
@@ -88,15 +84,12 @@ class PathAttention(CacheMixer):
             self.forget_proj.bias[...] = jnp.full((self.n_heads,), cfg.forget_bias_init, jnp.float32)
         else:
             self.forget_proj = None
-        self.o_proj = dense(ctx, self.n_heads * hd, d, rngs=rngs, residual=True)
-        self.init_head_options(cfg, ctx, head_dim=hd, width=self.n_heads * hd, rngs=rngs)
+        self.init_output(cfg, ctx, rngs=rngs)
 
     def project(self, x):
         """q [B,T,H,D]; k, v [B,T,K,D]; unit w [B,T,K,D] and beta [B,T,K] float32; log gates [B,T,H] or None."""
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
-        k, v = (proj(x).reshape(b, t, self.n_kv_heads, self.head_dim) for proj in (self.k_proj, self.v_proj))
-        q, k = self.normalize_qk(q, k)
+        q, k, v = self.heads(x)
         w = self.w_up(x if self.w_down is None else self.w_down(x)).astype(jnp.float32)
         w = w.reshape(b, t, self.n_kv_heads, self.head_dim)
         w = w * jax.lax.rsqrt(jnp.sum(w * w, axis=-1, keepdims=True) + 1e-12)
@@ -120,14 +113,10 @@ class PathAttention(CacheMixer):
         return y, state
 
     def init_state(self, batch_size, max_len):
-        dtype = self.v_proj.dtype or jnp.float32
-        fields = {"k": ((self.n_kv_heads, self.head_dim), jnp.float32), "v": ((self.n_kv_heads, self.head_dim), dtype)}
-        if self.forget_proj is not None:
-            fields["g"] = ((self.n_heads,), jnp.float32)
-        cache = init_cache(batch_size, max_len, **fields)
-        if self.forget_proj is not None:
-            cache["g_now"] = jnp.zeros((batch_size, self.n_heads), jnp.float32)
-        return cache
+        if self.forget_proj is None:
+            return self.init_kv_cache(batch_size, max_len, key_dtype=jnp.float32)
+        cache = self.init_kv_cache(batch_size, max_len, key_dtype=jnp.float32, g=((self.n_heads,), jnp.float32))
+        return {**cache, "g_now": jnp.zeros((batch_size, self.n_heads), jnp.float32)}
 
     def step(self, x_t, state):
         q, k, v, w, beta, log_g = self.project(x_t[:, None, :])  # (B, 1, ...)
@@ -150,7 +139,3 @@ class PathAttention(CacheMixer):
         q, k, _, w, beta, log_g = self.project(x)
         return path_matrix(q, k, w, beta, log_g, scale=self.scale, segment_ids=segment_ids, method=self.method,
                            chunk_size=self.chunk_size)
-
-    def state_size(self, max_len):
-        gates = self.n_heads * (max_len + 1) if self.forget_proj is not None else 0
-        return 2 * max_len * self.n_kv_heads * self.head_dim + gates

@@ -19,12 +19,12 @@ from typing import ClassVar, Optional
 
 import jax.numpy as jnp
 
-from lmzoo.mixers.base import MixerContext, dense
-from lmzoo.mixers.family.attention import CacheMixer, check_kv_heads, HeadOptions, cache_append, init_cache, mean_keys_seen
+from lmzoo.mixers.base import MixerContext
+from lmzoo.mixers.family.attention import KVHeadsMixer, check_kv_heads, HeadOptions, cache_append, mean_keys_seen
 from lmzoo.ops.attention import repeat_kv
 from lmzoo.ops.stick_breaking import METHODS, stick_breaking_attention, stick_breaking_matrix, stick_breaking_weights
 from lmzoo.registry import register
-from lmzoo.schema import ConfigError, ModelConfig, one_of, positive
+from lmzoo.schema import ModelConfig, one_of, positive
 
 REMAINDERS = ("current", "drop")
 
@@ -55,27 +55,13 @@ class StickBreakingConfig(HeadOptions):
         return 6 * mean_keys_seen(seq_len, None) * 2 * model.d_model
 
 
-class StickBreakingAttention(CacheMixer):
+class StickBreakingAttention(KVHeadsMixer):
     def __init__(self, cfg: StickBreakingConfig, ctx: MixerContext, *, rngs):
-        d = ctx.d_model
-        self.n_heads, self.n_kv_heads = ctx.n_heads, cfg.n_kv_heads or ctx.n_heads
-        self.head_dim = hd = d // ctx.n_heads
-        self.scale = hd**-0.5 if cfg.scale is None else cfg.scale
+        self.init_heads(ctx, cfg.n_kv_heads, rngs=rngs)
+        self.scale = self.head_dim**-0.5 if cfg.scale is None else cfg.scale
         self.method, self.attend_current = cfg.method, cfg.attend_current
         self.keep_remainder = cfg.remainder == "current"
-        self.q_proj = dense(ctx, d, self.n_heads * hd, rngs=rngs)
-        self.k_proj = dense(ctx, d, self.n_kv_heads * hd, rngs=rngs)
-        self.v_proj = dense(ctx, d, self.n_kv_heads * hd, rngs=rngs)
-        self.o_proj = dense(ctx, self.n_heads * hd, d, rngs=rngs, residual=True)
-        self.init_head_options(cfg, ctx, head_dim=hd, width=self.n_heads * hd, rngs=rngs)
-
-    def project(self, x):
-        """Queries [B,T,H,D], keys and values [B,T,K,D] (normalised with qk_norm)."""
-        b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
-        return *self.normalize_qk(q, k), v
+        self.init_output(cfg, ctx, rngs=rngs)
 
     def with_remainder(self, o, rem, v_now):
         """o [B,T,H,D] plus rem [B,T,H] times each token's own value v_now [B,T,K,D], when kept."""
@@ -85,18 +71,17 @@ class StickBreakingAttention(CacheMixer):
         return (o.astype(jnp.float32) + rem[..., None] * v_now).astype(o.dtype)
 
     def forward(self, x, positions=None, segment_ids=None):
-        q, k, v = self.project(x)
+        q, k, v = self.heads(x)
         o, rem = stick_breaking_attention(q, k, v, scale=self.scale, attend_current=self.attend_current,
                                           segment_ids=segment_ids, method=self.method)
         return self.output(self.with_remainder(o, rem, v), x), {"k": k, "v": v}
 
     def init_state(self, batch_size, max_len):
-        kv = ((self.n_kv_heads, self.head_dim), self.k_proj.dtype or jnp.float32)
-        return init_cache(batch_size, max_len, k=kv, v=kv)
+        return self.init_kv_cache(batch_size, max_len)
 
     def step(self, x_t, state):
         t = state["t"]
-        q, k, v = self.project(x_t[:, None, :])  # (B, 1, H|K, D)
+        q, k, v = self.heads(x_t[:, None, :])  # (B, 1, H|K, D)
         state = cache_append(state, k=k[:, 0], v=v[:, 0])  # slots in time order: the cache never wraps
         keys, values = (repeat_kv(state[name], self.n_heads // self.n_kv_heads) for name in ("k", "v"))
         logits = jnp.einsum("bthd,bshd->bhts", q, keys, preferred_element_type=jnp.float32) * self.scale
@@ -109,12 +94,9 @@ class StickBreakingAttention(CacheMixer):
 
     def attention_matrix(self, x, *, positions=None, segment_ids=None):
         """The stick-breaking weights A [B,H,T,T], with each query's remainder on the diagonal when kept."""
-        q, k, _ = self.project(x)
+        q, k, _ = self.heads(x)
         weights, rem = stick_breaking_matrix(q, k, scale=self.scale, attend_current=self.attend_current,
                                              segment_ids=segment_ids)
         if self.keep_remainder:
             weights = weights + jnp.eye(x.shape[1]) * rem.swapaxes(1, 2)[..., None]
         return weights
-
-    def state_size(self, max_len):
-        return 2 * max_len * self.n_kv_heads * self.head_dim

@@ -254,6 +254,20 @@ def nsa_selection(q, k, v, block_indices, *, block_size: int, scale: Optional[fl
     return SELECTION[method](q, k, v, block_indices, lay, block_size=block_size, scale=scale).astype(v.dtype)
 
 
+def compress_and_choose(q, k, *, block_counts: int, block_size: int, scale: float, segment_ids=None,
+                        block_indices=None):
+    """What every branch of a whole sequence builds on: its layout, the pooling matrix [B, NC, T] of
+    the block means, the compression probabilities and the chosen blocks (``block_indices`` given: kept)."""
+    b, t = q.shape[:2]
+    lay = query_layout(b, t, block_size, segment_ids)
+    pool = pooling_matrix(b, t, block_size, segment_ids)  # (B, NC, T)
+    k_cmp = jnp.einsum("bct,bthd->bchd", pool, k.astype(jnp.float32)).astype(k.dtype)
+    probs, _ = compression_probs(q, k_cmp, lay, block_size=block_size, scale=scale)
+    if block_indices is None:
+        block_indices = top_blocks(probs, lay, block_counts=block_counts, block_size=block_size)
+    return lay, pool, probs, block_indices
+
+
 def nsa(q, k, v, g_cmp, g_slc, g_win=None, *, block_counts: int, block_size: int, window: int = 0,
         scale: Optional[float] = None, segment_ids=None, method: str = "dense", block_indices=None):
     """Native sparse attention: q [B,T,HQ,D], k [B,T,H,D], v [B,T,H,Dv], gates [B,T,HQ] ->
@@ -263,13 +277,9 @@ def nsa(q, k, v, g_cmp, g_slc, g_win=None, *, block_counts: int, block_size: int
     if window > 0 and g_win is None:
         raise ValueError(f"window={window} needs g_win, the sliding window branch's gate")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    b, t = q.shape[:2]
-    lay = query_layout(b, t, block_size, segment_ids)
-    pool = pooling_matrix(b, t, block_size, segment_ids)  # (B, NC, T)
-    k_cmp = jnp.einsum("bct,bthd->bchd", pool, k.astype(jnp.float32)).astype(k.dtype)
-    probs, _ = compression_probs(q, k_cmp, lay, block_size=block_size, scale=scale)
-    if block_indices is None:
-        block_indices = top_blocks(probs, lay, block_counts=block_counts, block_size=block_size)
+    lay, pool, probs, block_indices = compress_and_choose(q, k, block_counts=block_counts, block_size=block_size,
+                                                          scale=scale, segment_ids=segment_ids,
+                                                          block_indices=block_indices)
     v_cmp = jnp.einsum("bct,bthd->bchd", pool, v.astype(jnp.float32)).astype(v.dtype)
     if method == "dense":
         o = nsa_dense(q, k, v, (g_cmp, g_slc, g_win), probs, v_cmp, block_indices, lay, block_size=block_size,
@@ -331,11 +341,8 @@ def nsa_weights(q, k, g_cmp, g_slc, g_win=None, *, block_counts: int, block_size
     compressed one spread evenly over each block's tokens (rows sum to the gates' sum)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     b, t = k.shape[:2]
-    lay = query_layout(b, t, block_size, segment_ids)
-    pool = pooling_matrix(b, t, block_size, segment_ids)  # (B, NC, T)
-    k_cmp = jnp.einsum("bct,bthd->bchd", pool, k.astype(jnp.float32)).astype(k.dtype)
-    probs, _ = compression_probs(q, k_cmp, lay, block_size=block_size, scale=scale)
-    block_indices = top_blocks(probs, lay, block_counts=block_counts, block_size=block_size)
+    lay, pool, probs, block_indices = compress_and_choose(q, k, block_counts=block_counts, block_size=block_size,
+                                                          scale=scale, segment_ids=segment_ids)
     weights = token_weights(q, k, g_slc, g_win, block_indices, lay, block_size=block_size, window=window, scale=scale)
     g = g_cmp.astype(jnp.float32).reshape(b, t, k.shape[2], -1)
     weights = weights + jnp.einsum("bthg,bthgc,bcs->bhgts", g, probs, pool)  # each block's share to its tokens

@@ -5,13 +5,16 @@
 heads, as in OLMo-2 and Qwen3, applied before any position method, so the cache holds normalised
 keys) and ``output_gate`` (``o <- o * sigmoid(x W_gate)`` on each head's output channels before the
 output projection, as in Qwen3-Next). ``AttentionConfig`` holds the knobs every softmax-family spec
-shares (softmax, MLA and GAU extend it) and counts the family's FLOPs; ``Scoring`` applies the knobs
-identically in the parallel forward, the decoding step and the probes: position method, logit scale,
-log-n factor, window. Decoding
-caches keys *before* any position method, together with each slot's position, so every method
-reads the same cache (ReRoPE rotates each key two ways); with a window the cache is a ring buffer
-of ``window`` slots. ``CacheMixer`` is the family's base: a layer's ``forward`` returns its output
-together with what the cache keeps of every token, so ``__call__`` and ``prefill`` share one computation.
+shares (softmax, MLA and GAU extend it; a spec names its own ``methods`` and the knobs it cannot
+apply, ``unsupported``) and counts the family's FLOPs; ``Scoring`` applies the knobs identically in
+the parallel forward, the decoding step and the probes: position method, logit scale, log-n factor,
+window. Decoding caches keys *before* any position method, together with each slot's position, so
+every method reads the same cache (ReRoPE rotates each key two ways); with a window the cache is a
+ring buffer of ``window`` slots. ``CacheMixer`` is the family's base: a layer's ``forward`` returns
+its output together with what the cache keeps of every token, so ``__call__`` and ``prefill`` share
+one computation, and its state size is counted from ``init_state``. ``KVHeadsMixer`` adds the usual
+heads: query heads over grouped key/value heads projected from x, and a cache of a key and a value
+per kv head and token.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.ops import causal_mask
 from lmzoo.ops.common import same_segment
 from lmzoo.ops.attention import METHODS, logn_scale, repeat_kv, softmax_attention
-from lmzoo.positions import Positions
+from lmzoo.positions import Positions, default_positions
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 from lmzoo.sharding import partitioned
 
@@ -56,6 +59,8 @@ class HeadOptions(MixerConfig):
 class AttentionConfig(HeadOptions):
     """Knobs shared by the softmax family; each can also be switched when evaluating a checkpoint."""
 
+    methods: ClassVar[tuple[str, ...]] = METHODS  # the forms attn.method may name (a mixer with its own ops: those)
+    unsupported: ClassVar[tuple[str, ...]] = ()  # knobs below that the mixer cannot apply: setting one is an error
     method: str = "xla"  # a form in lmzoo.ops.attention.METHODS; ReRoPE kinds always compute the readable one
     window: Optional[int] = None  # sliding window: a query sees itself and the window - 1 keys before it; None: all
     scale: Optional[float] = None  # logit scale; None: head_dim ** -0.5 (1 with key_norm)
@@ -66,13 +71,18 @@ class AttentionConfig(HeadOptions):
 
     def check(self, model: ModelConfig) -> None:
         super().check(model)
-        one_of("attn.method", self.method, METHODS)
+        one_of("attn.method", self.method, self.methods)
         if self.window is not None:
             positive("attn.window", self.window)
         if self.scale is not None:
             positive("attn.scale", self.scale)
         if self.logn_base is not None and self.logn_base < 2:
             raise ConfigError(f"attn.logn_base={self.logn_base} must be at least 2")
+        for knob in self.unsupported:
+            value = getattr(self, knob)
+            if value:
+                shown, fix = ("true", "set it to false") if value is True else (value, "leave it unset")
+                raise ConfigError(f"attn.{knob}={shown} is not supported by attn.mixer={self.mixer} ({fix})")
 
     def flops_per_token(self, model: ModelConfig, seq_len: int) -> float:
         """Query-key scores and weighted values over the keys a query sees on average, forward and
@@ -91,6 +101,17 @@ def check_kv_heads(n_kv_heads: Optional[int], model: ModelConfig) -> None:
     positive("attn.n_kv_heads", kv)
     if model.n_heads % kv:
         raise ConfigError(f"model.n_heads={model.n_heads} is not divisible by attn.n_kv_heads={kv}")
+
+
+PAIRWISE_POSITIONS = ("alibi", "rerope", "leaky_rerope")  # act on each query-key score, not on q and k
+
+
+def check_rotary_positions(ctx: MixerContext, mixer: str) -> None:
+    """Refuse position methods that act on each query-key pair (ALiBi, ReRoPE): a layer that chooses
+    keys apart from the pair's score (block means, an indexer) can take positions only as rotations."""
+    if ctx.pos.kind in PAIRWISE_POSITIONS:
+        raise ConfigError(f"pos.kind={ctx.pos.kind} is not supported by attn.mixer={mixer} "
+                          "(choose a rotary kind or none)")
 
 
 def mean_keys_seen(seq_len: int, window: Optional[int]) -> float:
@@ -333,3 +354,50 @@ class CacheMixer(Mixer):
     def prefill(self, x, max_len=None, *, positions=None):
         y, entries = self.forward(x, positions)
         return y, cache_fill(self.init_state(x.shape[0], max_len or x.shape[1]), **entries)
+
+    def state_size(self, max_len):
+        """Floats of one sequence's decoding state: the floating arrays ``init_state`` allocates."""
+        state = jax.eval_shape(lambda: self.init_state(1, max_len))
+        return sum(leaf.size for leaf in jax.tree.leaves(state) if jnp.issubdtype(leaf.dtype, jnp.floating))
+
+
+class KVHeadsMixer(CacheMixer):
+    """A ``CacheMixer`` with ``n_heads`` query heads over ``n_kv_heads`` key/value heads (GQA), all of
+    ``head_dim`` dims, projected from x, whose cache holds one key and one value per kv head and token.
+    ``init_heads`` makes the q/k/v projections, ``init_output`` the output projection and the head
+    options; parameters draw their initial values in the order they are made."""
+
+    def init_heads(self, ctx: MixerContext, n_kv_heads: Optional[int], *, rngs) -> None:
+        d = ctx.d_model
+        self.n_heads, self.n_kv_heads = ctx.n_heads, n_kv_heads or ctx.n_heads
+        self.head_dim = hd = d // ctx.n_heads
+        self.q_proj = dense(ctx, d, self.n_heads * hd, rngs=rngs)
+        self.k_proj = dense(ctx, d, self.n_kv_heads * hd, rngs=rngs)
+        self.v_proj = dense(ctx, d, self.n_kv_heads * hd, rngs=rngs)
+
+    def init_output(self, cfg: HeadOptions, ctx: MixerContext, *, rngs) -> None:
+        width = self.n_heads * self.head_dim
+        self.o_proj = dense(ctx, width, ctx.d_model, rngs=rngs, residual=True)
+        self.init_head_options(cfg, ctx, head_dim=self.head_dim, width=width, rngs=rngs)
+
+    def heads(self, x):
+        """q [B,T,H,D], k and v [B,T,K,D] of x [B,T,d]; q and k normalised when qk_norm is set."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
+        return *self.normalize_qk(q, k), v
+
+    def rotated_heads(self, x, positions=None):
+        """``heads`` with q and k rotated by ``self.scoring``'s position method at ``positions`` [B,T]
+        (None: 0 .. T-1), for a layer whose ops and cache take rotated keys."""
+        positions = default_positions(*x.shape[:2]) if positions is None else positions
+        q, k, v = self.heads(x)
+        return self.scoring.rotate(q, positions), self.scoring.rotate(k, positions), v
+
+    def init_kv_cache(self, batch_size: int, size: int, *, key_dtype=None, **fields) -> dict:
+        """``size`` slots of a key (in ``key_dtype``; None: the projections' dtype) and a value per kv
+        head, and ``fields`` as in ``init_cache``."""
+        dtype = self.v_proj.dtype or jnp.float32
+        shape = (self.n_kv_heads, self.head_dim)
+        return init_cache(batch_size, size, k=(shape, key_dtype or dtype), v=(shape, dtype), **fields)
