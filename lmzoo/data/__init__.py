@@ -4,7 +4,8 @@
 source or synthetic task (``lmzoo.registry.SOURCES``; ``data=<name>`` picks one), which builds its
 data. Text corpora (see ``corpus``, and a module per source: ``stdlib``, ``text_files``, ``hf``) are
 tokenised (see ``tokenizers``) into a ``Data`` whose methods hand out batches (see ``pipeline``);
-synthetic tasks (see ``synthetic``) generate theirs.
+synthetic tasks (see ``synthetic``) generate theirs. A mix (``mix``, ``data=mix``) draws its rows from several
+named corpora and tasks in given proportions, all in one tokenizer.
 Batch sizes passed to ``Data`` are global; each process gets its own rows of every batch.
 
 Every module in this package is imported here, so a module holding a new source or task registers
