@@ -38,6 +38,7 @@ class TrainConfig:
     progress: bool = True  # a progress bar on the terminal
     probe_batch: int = 2  # sequences whose attention sparsity/entropy is logged at each validation; 0: off
     max_nonfinite: int = 5  # consecutive steps with a non-finite loss or gradient (each skipped) that stop the run
+    state_passing: bool = False  # each batch row continues the last batch's row from its final recurrent state
     z_loss: float = 0.0  # adds z_loss * mean(logsumexp(logits)^2) to the objective (logged apart as z_loss); 0: off
     distributed: bool = False  # one run over several processes: jax.distributed.initialize() (reads SLURM's settings)
     coordinator_address: Optional[str] = None  # distributed: host:port of process 0; None: from the cluster
@@ -151,6 +152,18 @@ def check(cfg: Config) -> None:
     o.check(t.steps)
     cfg.data.check()
     cfg.attn.check(m)
+    if t.state_passing:
+        check_state_passing(cfg.attn, m.n_layers)
+
+
+def check_state_passing(attn: MixerConfig, n_layers: int) -> None:
+    """``train.state_passing`` needs every layer's mixer to continue from a given state (``Mixer.carry``)."""
+    lacking = sorted({attn.for_layer(i, n_layers).name for i in range(n_layers)
+                      if not attn.for_layer(i, n_layers).carries_state})
+    if lacking:
+        able = [name for name in registry.MIXERS.names() if registry.MIXERS.lookup(name).carries_state]
+        raise ConfigError(f"train.state_passing=true needs recurrent mixers, and {', '.join(lacking)} carries no state "
+                          f"between batches (choose from: {', '.join(able)})")
 
 
 def variant_names(config_dir: str | None = None) -> list[str]:

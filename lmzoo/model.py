@@ -7,6 +7,10 @@ configured by ``cfg.attn.for_layer(layer, n_layers)`` (per-layer patterns such a
 backward pass instead of keeping them: the same gradients for less memory and more compute.
 With ``segment_ids [B, T]`` (documents packed into one window) every mixer keeps the documents
 apart, and positions restart at each document unless given.
+
+``LM.carry`` is the forward of a window that continues earlier windows from their final recurrent
+state (``train.state_passing``): each mixer's ``carry`` and a per-row position counter, so that
+running a sequence window by window equals running it whole (for mixers that have ``carry``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from flax import nnx
 from lmzoo.config import Config
 from lmzoo.mixers import MixerContext, build_mixer
 from lmzoo.mixers.base import dense
-from lmzoo.positions import Positions, segment_positions
+from lmzoo.ops.common import segment_starts
+from lmzoo.positions import Positions, default_positions, segment_positions
 from lmzoo.sharding import EMBED, MLP, VOCAB, constrain_rows, partitioned
 
 
@@ -52,6 +57,10 @@ def _call(module, x, positions, segment_ids):
     return module(x, positions=positions, segment_ids=segment_ids)
 
 
+def _carry(module, x, state, positions, segment_ids):
+    return module.carry(x, state, positions=positions, segment_ids=segment_ids)
+
+
 class Block(nnx.Module):
     def __init__(self, cfg: Config, ctx: MixerContext, *, rngs: nnx.Rngs):
         eps = cfg.model.norm_eps
@@ -67,6 +76,12 @@ class Block(nnx.Module):
     def __call__(self, x, positions=None, segment_ids=None):
         mix = nnx.remat(_call) if self.remat_mixer else _call
         return self.feed_forward(x + mix(self.mixer, self.mixer_norm(x), positions, segment_ids))
+
+    def carry(self, x, state, *, positions=None, segment_ids=None):
+        """The block on x continuing from its mixer's carried ``state`` (None: a fresh start), and the state after x."""
+        mix = nnx.remat(_carry) if self.remat_mixer else _carry
+        y, state = mix(self.mixer, self.mixer_norm(x), state, positions, segment_ids)
+        return self.feed_forward(x + y), state
 
     def step(self, x_t, state):
         y_t, state = self.mixer.step(self.mixer_norm(x_t), state)
@@ -111,6 +126,36 @@ class LM(nnx.Module):
             h = constrain_rows(run(block, h, positions, segment_ids))
         return self.logits(h)
 
+    def carry(self, tokens, state=None, *, segment_ids=None, continues=None):
+        """(logits [B, T, vocab], state after them) for tokens [B, T] that continue the rows of ``state``.
+
+        ``state`` is what an earlier ``carry`` returned (None: every row starts afresh): ``{"layers": each
+        mixer's carried state, "position": [B] int32, tokens of each row's current document so far}``, every
+        leaf with the batch first. ``continues`` [B] bool: False starts that row afresh (its state zeroed),
+        e.g. where its tokens open a new document. Positions count on from ``position`` until the first
+        document start in ``segment_ids``; later documents start at 0 as in ``__call__``.
+        """
+        if state is not None and continues is not None:
+            state = restart_rows(state, continues)
+        offset = jnp.zeros(tokens.shape[:1], jnp.int32) if state is None else state["position"]
+        positions = continued_positions(offset, tokens.shape[1], segment_ids)
+        layers = [None] * len(self.blocks) if state is None else state["layers"]
+        h, carried = constrain_rows(self.embed(tokens)), []
+        run = nnx.remat(_carry) if self.remat_blocks else _carry
+        for block, s in zip(self.blocks, layers):
+            h, s = run(block, h, s, positions, segment_ids)
+            h = constrain_rows(h)
+            carried.append(s)
+        return self.logits(h), {"layers": carried, "position": positions[:, -1] + 1}
+
+    def carry_start(self, batch_size: int, length: int):
+        """The all-zero state ``carry`` continues from: rows that start afresh, shaped as ``carry`` returns them
+        after windows of ``length`` tokens."""
+        graphdef, variables = nnx.split(self)  # traced as a pure function: the module itself stays untouched
+        tokens = jax.ShapeDtypeStruct((batch_size, length), jnp.int32)
+        shapes = jax.eval_shape(lambda v, t: nnx.merge(graphdef, v).carry(t)[1], variables, tokens)
+        return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+
     def mixer_inputs(self, tokens, positions=None, segment_ids=None) -> list[jax.Array]:
         """What each layer's mixer sees on this input (the block's normalised stream), bottom layer first."""
         h, inputs = self.embed(tokens), []
@@ -153,6 +198,22 @@ class LM(nnx.Module):
 def document_positions(positions, segment_ids):
     """The positions given, else with segments each document's own (restarting at 0), else None."""
     return segment_positions(segment_ids) if positions is None and segment_ids is not None else positions
+
+
+def continued_positions(offset, length: int, segment_ids=None) -> jax.Array:
+    """[B, T] int32: ``offset`` [B], offset + 1, ... until the first document start in ``segment_ids``, then
+    each document's own positions from 0."""
+    if segment_ids is None:
+        return default_positions(offset.shape[0], length) + offset[:, None]
+    first = jnp.cumsum(segment_starts(segment_ids), axis=1) == 0  # (B, T) steps of the document carried in
+    return segment_positions(segment_ids) + jnp.where(first, offset[:, None], 0)
+
+
+def restart_rows(state, continues):
+    """``state`` (leaves [B, ...]) with the rows where ``continues`` [B] is False zeroed: started afresh."""
+    def keep(a):
+        return jnp.where(continues.reshape(-1, *([1] * (a.ndim - 1))), a, jnp.zeros((), a.dtype))
+    return jax.tree.map(keep, state)
 
 
 def count_params(model: nnx.Module) -> int:

@@ -146,6 +146,10 @@ class MixerConfig:
     ``@lmzoo.registry.register("<name>")`` and implements ``build``.
     """
 
+    # Whether the mixer this spec builds has ``carry`` (a forward from a given recurrent state, the base
+    # of ``train.state_passing``); a class attribute, not a config key.
+    carries_state = False
+
     name: str = MISSING  # the variant's name in logs and comparisons (its YAML file name)
     mixer: str = MISSING  # registry key of the spec that builds it
 

@@ -5,6 +5,11 @@ The objective is the mean next-token cross-entropy over the scored targets, plus
 mixers sow, plus with ``train.z_loss=c`` the z-loss ``c * mean_t(logsumexp(logits_t)^2)`` (PaLM), which
 keeps the softmax normaliser near 1 so that logits do not drift; each is logged apart from the loss.
 
+With ``train.state_passing`` the training state also holds ``carried``, the model's recurrent state after
+the last batch (``LM.carry``): each batch row continues from its row of it, gradients stopped there
+(truncated backpropagation through time), and a row whose batch says it does not continue
+(``continues`` False: a new document, or a new pass over the data) starts from zeros.
+
 Pure functions of (graphdef, state, batch); ``lmzoo.training`` jits them, and benchmarks and tests
 call them directly.
 """
@@ -21,6 +26,7 @@ from jax import lax
 
 from lmzoo.checkpoint import split_model
 from lmzoo.config import Config
+from lmzoo.data.mix import component_terms
 from lmzoo.evaluator import logit_scores, token_scores
 from lmzoo.mixers.base import AuxLoss
 from lmzoo.model import LM
@@ -35,16 +41,31 @@ def scored_mean(values: jax.Array, batch) -> jax.Array:
     return (values * weights).sum() / jnp.maximum(weights.sum(), 1.0)
 
 
-def next_token_loss(model: LM, batch, z_loss: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+def next_token_loss(model: LM, batch, z_loss: float = 0.0, carried=None):
     """Next-token cross-entropy, its accuracy, the auxiliary losses mixers sowed in the forward, and
-    (``z_loss`` > 0) the z-loss term."""
-    logits, sown = nnx.capture(model, AuxLoss)(batch["inputs"], segment_ids=batch.get("segment_ids"))  # (B, T, V)
+    (``z_loss`` > 0) the z-loss term: ``(loss, metrics)``; given the ``carried`` state, the batch continues
+    from it and ``(loss, metrics, carried after the batch)``."""
+    logits, sown, carried = forward(model, batch, carried)  # (B, T, V)
     scores = logit_scores(logits, batch["targets"])
     loss, accuracy = scored_mean(scores["loss"], batch), scored_mean(scores["correct"], batch)
     metrics = {"accuracy": accuracy, **sum_by_name(sown)}
     if z_loss:
         metrics["z_loss"] = z_loss_term(logits, batch, z_loss)
-    return loss, metrics
+    if "component_onehot" in batch:  # a mix: each component's loss terms (lmzoo.data.mix)
+        metrics.update(component_terms(scores["loss"], batch))
+    return (loss, metrics) if carried is None else (loss, metrics, carried)
+
+
+def forward(model: LM, batch, carried=None):
+    """(logits, sown auxiliary losses, the carried state after the batch or None): the parallel forward, or
+    with ``carried`` the batch continuing from it (no gradient flows into it: truncated backpropagation)."""
+    segment_ids = batch.get("segment_ids")
+    if carried is None:
+        logits, sown = nnx.capture(model, AuxLoss)(batch["inputs"], segment_ids=segment_ids)
+        return logits, sown, None
+    (logits, carried), sown = nnx.capture(model.carry, AuxLoss)(
+        batch["inputs"], lax.stop_gradient(carried), segment_ids=segment_ids, continues=batch["continues"])
+    return logits, sown, carried
 
 
 def z_loss_term(logits: jax.Array, batch, coefficient: float) -> jax.Array:
@@ -62,13 +83,16 @@ def sum_by_name(sown) -> dict[str, jax.Array]:
     return totals
 
 
-def loss_and_extra(params, extra, graphdef, batch, z_loss: float = 0.0):
+def loss_and_extra(params, extra, graphdef, batch, z_loss: float = 0.0, carried=None):
+    """(objective, (metrics, after)): ``after`` is the non-parameter state the forward updated, and with a
+    ``carried`` state ``{"extra": that state, "carried": the carried state after the batch}``."""
     model = nnx.merge(graphdef, params, extra, copy=True)  # fresh Variables: in-place writes stay traceable
     model = nnx.view(model, training=True)  # mixers' training-time behaviour on (see Mixer.training)
-    loss, metrics = next_token_loss(model, batch, z_loss)
+    loss, metrics, *after_batch = next_token_loss(model, batch, z_loss, carried)
     objective = loss + sum(v for k, v in metrics.items() if k.startswith("aux/") or k == "z_loss")
     metrics = {"loss": loss, **metrics}
-    return objective, (metrics, nnx.state(model, nnx.Not(nnx.Param)))  # non-parameter state the forward updated
+    extra = nnx.state(model, nnx.Not(nnx.Param))
+    return objective, (metrics, extra if carried is None else {"extra": extra, "carried": after_batch[0]})
 
 
 def scored_count(batch) -> jax.Array:
@@ -77,34 +101,44 @@ def scored_count(batch) -> jax.Array:
     return jnp.asarray(batch["targets"].size if weights is None else weights.sum(), jnp.float32)
 
 
-def gradients(params, extra, graphdef, batch, micro_batches: int = 1, z_loss: float = 0.0):
-    """(grads, metrics, extra) of the objective on ``batch``, over ``micro_batches`` slices of its rows in turn.
+def gradients(params, extra, graphdef, batch, micro_batches: int = 1, z_loss: float = 0.0, carried=None):
+    """(grads, metrics, extra, carried) of the objective on ``batch``, over ``micro_batches`` slices of its rows in
+    turn.
 
     Each slice's loss is a mean over its scored tokens, so weighting the slices by their share of
     the batch's scored tokens gives the whole batch's gradient with one slice's activations in
     memory. Slice i takes rows i, i + m, i + 2m, ... so that every device's rows feed every slice.
-    Non-parameter state the forward updates (``extra``) passes from slice to slice.
+    Non-parameter state the forward updates (``extra``) passes from slice to slice; the ``carried``
+    state's rows (None without state passing) go with their batch rows, and come back in their places.
     """
     grad_fn = jax.value_and_grad(partial(loss_and_extra, z_loss=z_loss), has_aux=True)
+
+    def objective_of(extra, piece, rows):
+        (_, (metrics, after)), grads = grad_fn(params, extra, graphdef, piece, carried=rows)
+        return (grads, metrics, after, None) if rows is None else (grads, metrics, after["extra"], after["carried"])
+
     if micro_batches == 1:
-        (_, (metrics, extra)), grads = grad_fn(params, extra, graphdef, batch)
-        return grads, metrics, extra
-    slices = jax.tree.map(lambda x: x.reshape(x.shape[0] // micro_batches, micro_batches, *x.shape[1:]).swapaxes(0, 1), batch)
+        return objective_of(extra, batch, carried)
+    to_slices = lambda x: x.reshape(-1, micro_batches, *x.shape[1:]).swapaxes(0, 1)  # noqa: E731  (row j m + i -> i, j)
+    slices, carried_slices = jax.tree.map(to_slices, (batch, carried))
     counts = jax.vmap(scored_count)(slices)
     shares = counts / counts.sum()
 
     def one_slice(carry, inputs):
         grads_sum, metrics_sum, extra = carry
-        piece, share = inputs
-        (_, (metrics, extra)), grads = grad_fn(params, extra, graphdef, piece)
+        piece, share, rows = inputs
+        grads, metrics, extra, rows = objective_of(extra, piece, rows)
         weighted_add = lambda total, x: total + share * x  # noqa: E731
-        return (jax.tree.map(weighted_add, grads_sum, grads), jax.tree.map(weighted_add, metrics_sum, metrics), extra), None
+        sums = (jax.tree.map(weighted_add, grads_sum, grads), jax.tree.map(weighted_add, metrics_sum, metrics))
+        return (*sums, extra), rows
 
-    first = jax.tree.map(lambda x: x[0], slices)
-    (_, (metrics_shape, _)), grads_shape = jax.eval_shape(grad_fn, params, extra, graphdef, first)
+    first = jax.tree.map(lambda x: x[0], (slices, carried_slices))
+    grads_shape, metrics_shape, _, _ = jax.eval_shape(objective_of, extra, *first)
     zeros = lambda tree: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), tree)  # noqa: E731
-    (grads, metrics, extra), _ = lax.scan(one_slice, (zeros(grads_shape), zeros(metrics_shape), extra), (slices, shares))
-    return grads, metrics, extra
+    (grads, metrics, extra), carried_slices = lax.scan(
+        one_slice, (zeros(grads_shape), zeros(metrics_shape), extra), (slices, shares, carried_slices))
+    from_slices = lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:])  # noqa: E731  (i, j -> row j m + i)
+    return grads, metrics, extra, jax.tree.map(from_slices, carried_slices)
 
 
 def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1, z_loss: float = 0.0):
@@ -115,11 +149,14 @@ def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1, z_loss: fl
     guard the parameters only, not the non-parameter state the forward updates, and would change the
     checkpoint layout.)
     """
-    grads, metrics, extra = gradients(state["params"], state["extra"], graphdef, batch, micro_batches, z_loss)
+    grads, metrics, extra, carried = gradients(state["params"], state["extra"], graphdef, batch, micro_batches, z_loss,
+                                               state.get("carried"))
     updates, opt = tx.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     grad_norm = optax.tree.norm(grads)
     updated = {"params": params, "extra": extra, "opt": opt}
+    if carried is not None:  # a skipped step keeps the old state too: the next batch continues from it
+        updated["carried"] = carried
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & all_finite(updated)
     kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, {k: state[k] for k in updated})
     new_state = {**kept, "step": state["step"] + 1}
@@ -137,8 +174,11 @@ def eval_step(graphdef, state, inputs, targets, segment_ids=None):
 
 
 def init_train_state(cfg: Config, model: LM):
-    """(graphdef, state, optimizer): the state pytree is what checkpoints hold."""
+    """(graphdef, state, optimizer): the state pytree is what checkpoints hold (with ``train.state_passing``,
+    the carried state of every batch row too)."""
     graphdef, model_state = split_model(model)
     tx = make_optimizer(cfg.optim, cfg.train.steps)
     state = {**model_state, "opt": tx.init(model_state["params"]), "step": jnp.zeros((), jnp.int32)}
+    if cfg.train.state_passing:
+        state["carried"] = model.carry_start(cfg.train.batch_size, cfg.data.seq_len)
     return graphdef, state, tx

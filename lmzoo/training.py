@@ -11,7 +11,9 @@ A resume may change how training goes on; the learning-rate schedule is a functi
 (``lmzoo.optim``), so raising ``train.steps`` and setting ``optim.decay_start`` at a stable-phase
 checkpoint of a WSD (or constant) run continues it into a decay. The changed keys are recorded in
 ``resumes.jsonl``; a change that makes the learning rate jump at the resumed step is named in a warning,
-and a change of optimizer (whose state the checkpoint could not hold) is refused. A run whose
+and a change of optimizer (whose state the checkpoint could not hold) is refused, as is turning
+``train.state_passing`` on or off (its checkpoints hold each batch row's carried state, and its data
+position is a place in the stream's lanes). A run whose
 ``data.tokenizer=bpe`` keeps its tokenizer (``tokenizer.json``), and its resumes tokenise with it.
 """
 
@@ -39,6 +41,7 @@ from lmzoo.checkpoint import Checkpointer
 from lmzoo.config import Config, ConfigError
 from lmzoo.data import build_data
 from lmzoo.data.corpus import with_saved_tokenizer
+from lmzoo.data.mix import ComponentLosses, component_validation, component_windows
 from lmzoo.data.tokenizers import BPE
 from lmzoo.evaluator import score_length
 from lmzoo.faults import Diverged, RunLock
@@ -102,7 +105,7 @@ def open_data(cfg: Config, run: RunDir, resuming: bool):
     spec = with_saved_tokenizer(cfg.data, run.tokenizer_path) if resuming else cfg.data
     try:
         data = build_data(spec, seed=cfg.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
-        train_iter = data.train_iterator(cfg.train.batch_size)
+        train_iter = training_batches(cfg, data)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e).splitlines()[0]) from e
     try:
@@ -110,6 +113,17 @@ def open_data(cfg: Config, run: RunDir, resuming: bool):
     except ValueError as e:
         raise ConfigError(f"train.eval_tokens={cfg.train.eval_tokens}: {e}") from e
     return data, train_iter, val_windows
+
+
+def training_batches(cfg: Config, data):
+    """The endless training batches: shuffled windows, or with ``train.state_passing`` the stream's lanes
+    (each row continuing the row before it)."""
+    if not cfg.train.state_passing:
+        return data.train_iterator(cfg.train.batch_size)
+    if not hasattr(data, "stream_iterator"):
+        raise ConfigError(f"train.state_passing=true needs a text corpus whose documents run on from batch to batch; "
+                          f"data.source={cfg.data.source} has no such stream")
+    return data.stream_iterator(cfg.train.batch_size)
 
 
 def join_processes(cfg: Config) -> None:
@@ -151,6 +165,16 @@ def check_same_optimizer(run: RunDir, cfg: Config) -> None:
         raise ConfigError(f"optim.name={cfg.optim.name!r}: run_dir {str(run.path)!r} trained with optim.name="
                           f"{before.name!r}, whose state its checkpoints hold; resume with optim={before.name} "
                           "or pick another run_dir")
+
+
+def check_same_state_passing(run: RunDir, cfg: Config) -> None:
+    """Before restoring: checkpoints with a carried state (and lanes' data positions) belong to state passing alone."""
+    before = bool(OmegaConf.select(run.settings_in_effect(), "train.state_passing", default=False))
+    if before != cfg.train.state_passing:
+        now = str(cfg.train.state_passing).lower()
+        raise ConfigError(f"train.state_passing={now}: run_dir {str(run.path)!r} trained with train.state_passing="
+                          f"{str(before).lower()}, which its checkpoints are saved for; resume with "
+                          f"train.state_passing={str(before).lower()} or pick another run_dir")
 
 
 def check_continuation(run: RunDir, cfg: Config, step: int) -> None:
@@ -219,6 +243,7 @@ class Trainer:
         resuming = bool(self.checkpointer.all_steps()) and self.run.config_path.exists()
         if resuming:
             check_same_optimizer(self.run, cfg)
+            check_same_state_passing(self.run, cfg)
         data, self.train_iter, self.val_windows = open_data(cfg, self.run, resuming)
         model = LM(cfg, data.tokenizer.vocab_size, rngs=nnx.Rngs(cfg.seed))
         self.n_params = n_params = count_params(model)
@@ -226,6 +251,8 @@ class Trainer:
 
         self.graphdef, state, tx = init_train_state(cfg, model)
         self.shardings = state_shardings(state, self.mesh, cfg.train.mesh.rules)
+        if "carried" in state:  # each batch row's carried state lives where the row does
+            self.shardings["carried"] = jax.tree.map(lambda _: batch_sharding(self.mesh), state["carried"])
         self.state = jax.device_put(state, self.shardings)
         start = self.resume()
         if jax.process_index() == 0:
@@ -238,6 +265,8 @@ class Trainer:
                          self.run.resumes_path)
             write_run_info(self.run, cfg, data, model, n_params)
 
+        self.component_losses = ComponentLosses(data)  # a mix's loss/<name>; nothing for other data
+        self.component_windows = component_windows(data, cfg.data.seq_len, cfg.train.eval_tokens)
         self.step_fn = jax.jit(partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum,
                                        z_loss=cfg.train.z_loss),
                                donate_argnums=0, out_shardings=(self.shardings, replicated))  # state keeps its layout
@@ -301,6 +330,7 @@ class Trainer:
         self.step += 1
         self.check_finite(bool(metrics["finite"]))  # one scalar read per step, so divergence stops at once
         self.window_losses.append(metrics["loss"])
+        self.component_losses.add(metrics)
         self.bar.update(1)
         return metrics
 
@@ -336,6 +366,7 @@ class Trainer:
             "accuracy": float(metrics["accuracy"]),
             **{k: float(v) for k, v in metrics.items() if k.startswith("aux/") or k == "z_loss"},
             "nonfinite_steps": self.window_nonfinite,
+            **self.component_losses.pop(),
         }
         self.window_losses, self.window_start, self.window_nonfinite = [], time.perf_counter(), 0
         self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
@@ -357,6 +388,8 @@ class Trainer:
         val = {f"val_{k}": v for k, v in scores.summary(self.bits_per_byte).items()}
         interval = scores.bpb_interval(self.bits_per_byte)
         val.update(val_bpb_lo=interval.lo, val_bpb_hi=interval.hi)
+        val.update(component_validation(self.score, self.component_windows, rows=self.cfg.train.batch_size,
+                                        scored=(self.val_windows, scores)))
         if len(self.probe_tokens):
             model = nnx.merge(self.graphdef, self.state["params"], self.state["extra"])
             val.update(probe_metrics(model, self.probe_tokens, self.probe_segments))

@@ -10,6 +10,10 @@ With ``data.document_boundaries=mask`` a batch also carries ``segment_ids`` [row
 EOS tokens before each input in its window, so each document (its closing EOS included) has its own
 id and the model keeps documents apart; positions restart with each document (``lmzoo.model``).
 
+With ``train.state_passing`` the training batches come from ``stream_iterator`` instead: row ``r`` of each
+batch is the window right after row ``r``'s window in the batch before (``StreamLanes``), and ``continues``
+[rows] says whether it follows on from it, so that a recurrent model can carry each row's state on.
+
 Validation scores ``N`` targets spread over the whole validation stream (``spread_spans``): spans of
 ``S`` targets, ``S`` the least common multiple of the evaluated lengths (the longest, for doubling
 lengths), so windows of every length tile every span and every length scores the same targets; only
@@ -159,6 +163,55 @@ def train_iterator(
         .map(_ProcessRows(shard_index, rows))
         .map(windows)
     )
+    return iter(dataset.to_iter_dataset(_READ_OPTIONS))
+
+
+class StreamLanes:
+    """Step ``s``'s batch of windows for state passing: row ``r`` reads lane ``r`` of the stream, one window a step.
+
+    The stream's W windows make ``batch_size`` lanes of L = W // batch_size consecutive windows, lane ``r``
+    beginning at window ``offset + r L`` (mod W; ``offset`` drawn from the seed, so that seeds cut the
+    stream differently). Step ``s`` reads window ``s mod L`` of every lane: each pass of L steps reads
+    L * batch_size windows once, and a lane that runs out wraps to its start. ``continues`` [rows] bool is
+    whether a row's window follows on from its window at the step before: False on a lane's first window
+    (each pass), on the stream's first (a lane running past the end wraps to it) and, with ``eos_id``,
+    after a window that ended with EOS (a new document begins: documents are mixed alone). This process
+    keeps its contiguous block of rows, as ``train_iterator`` does.
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, shard_index: int = 0,
+                 shard_count: int = 1, eos_id: Optional[int] = None):
+        self.windows = TokenWindows(tokens, seq_len, eos_id)
+        if len(self.windows) < batch_size:
+            raise ValueError(f"the training split has {len(self.windows)} windows of data.seq_len={seq_len}, "
+                             f"fewer than train.batch_size={batch_size} lanes")
+        self.steps_per_pass = len(self.windows) // batch_size
+        offset = int(np.random.default_rng(seed).integers(len(self.windows)))
+        lanes = (offset + np.arange(batch_size) * self.steps_per_pass) % len(self.windows)
+        rows = _rows_per_process(batch_size, shard_count)
+        self.lane_starts = lanes[shard_index * rows : (shard_index + 1) * rows]
+
+    def __call__(self, step: int) -> Batch:
+        """The batch of ``step`` within a pass (0 .. steps_per_pass - 1)."""
+        index = (self.lane_starts + step) % len(self.windows)
+        batch = self.windows(index)
+        batch["continues"] = self.continues(index, step)
+        return batch
+
+    def continues(self, index: np.ndarray, step: int) -> np.ndarray:
+        follows = (index > 0) & (step > 0)
+        eos = self.windows.eos_id
+        if eos is not None:  # the input before the window (index 0 reads the stream's last, masked above)
+            follows &= self.windows.tokens[index * self.windows.seq_len - 1] != eos
+        return follows
+
+
+def stream_iterator(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, shard_index: int = 0,
+                    shard_count: int = 1, eos_id: Optional[int] = None) -> grain.DatasetIterator:
+    """Endless ``StreamLanes`` batches (``inputs``, ``targets``, ``continues`` and with ``eos_id`` ``segment_ids``);
+    ``get_state()`` / ``set_state()`` resume exactly, as ``train_iterator``'s do."""
+    lanes = StreamLanes(tokens, seq_len, batch_size, seed, shard_index, shard_count, eos_id)
+    dataset = grain.MapDataset.range(lanes.steps_per_pass).repeat().map(lanes)
     return iter(dataset.to_iter_dataset(_READ_OPTIONS))
 
 
@@ -376,6 +429,12 @@ class Data:
     def train_iterator(self, batch_size: int) -> grain.DatasetIterator:
         """Endless shuffled batches ``{"inputs", "targets"}: int32[batch_size // shard_count, seq_len]``."""
         return train_iterator(
+            self.train_tokens, self.seq_len, batch_size, self.seed, self.shard_index, self.shard_count, self.eos_id
+        )
+
+    def stream_iterator(self, batch_size: int) -> grain.DatasetIterator:
+        """Endless batches for state passing (``StreamLanes``): each row continues the row of the batch before."""
+        return stream_iterator(
             self.train_tokens, self.seq_len, batch_size, self.seed, self.shard_index, self.shard_count, self.eos_id
         )
 

@@ -34,7 +34,7 @@ from lmzoo.rundir import atomic_write_text
 from lmzoo.schema import ConfigError, one_of, to_dataclass
 
 MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "sparsity_predicted", "decode_cache", "logn_entropy",
-           "position_extrapolation", "mqar_state_size", "state_tracking")
+           "position_extrapolation", "mqar_state_size", "state_tracking", "state_passing")
 VERDICTS = (*OUTCOMES, SMOKE)  # what verdict.json may say; SMOKE only for quick runs
 
 

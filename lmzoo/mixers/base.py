@@ -13,6 +13,15 @@ each segment start, and ``positions`` restart there too) and also offers
   (same structure, shapes and dtypes), so that decoding continues from it with ``step`` at position
   T; ``max_len`` None sizes a cache for x alone;
 - ``state_size(max_len)``: floats of decoding state carried per sequence.
+
+Recurrent mixers also offer ``carry`` (optional; ``train.state_passing`` needs it, and a spec whose mixer
+has it sets ``carries_state``):
+- ``carry(x, state, *, positions=None, segment_ids=None) -> (y, state)``: the parallel forward of x
+  continuing from ``state``, the one an earlier ``carry`` returned (None: from the start; every leaf has
+  the batch first, and an all-zero row is a fresh start), and the state after x. The state belongs to
+  the first segment of x (``segment_ids`` restart recurrences at later starts as in ``__call__``), and
+  ``positions`` count on from the state's tokens (the model passes them). Over two pieces of a sequence
+  it equals ``__call__`` on the whole: ``carry(x1 ++ x2, None) == carry(x2, carry(x1, None)[1])``.
 """
 
 from __future__ import annotations
@@ -114,6 +123,9 @@ class Mixer(nnx.Module):
     def state_size(self, max_len: int) -> int:
         raise NotImplementedError
 
+    # Optional, for recurrent mixers (see the module docstring; ``hasattr(mixer, "carry")`` tells):
+    #   carry(x, state, *, positions=None, segment_ids=None) -> (y, state)
+    #
     # Optional, for mixers whose weights are a function of query-key dot products (the sparsity
     # experiments read it where a mixer has it):
     #   scored_vectors(x, *, positions=None) -> (q [B,T,H,D], k [B,T,H,D] float32, scale): the vectors

@@ -21,6 +21,10 @@ those weights per head. Three forms compute it (``method``):
 With ``segment_ids [B,T]`` (packed documents) the shift SSM's taps stay inside a document and the
 weights between documents are zero (for "fft", ``ops.diagonal_ssm`` then convolves by a masked
 matrix, O(T^2) like "quadratic"; for "scan", the state restarts at each document start).
+
+``carry`` continues from a given shift window and SSM state h0: "fft" and "scan" hand h0 to the op;
+"quadratic" adds what h0 contributes in closed form, ``q_t^T Re Σ_n c_n a_n^(t+1) h0`` to the first
+document's outputs and ``a^T h0`` to the final state.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from flax import nnx
 
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.mixers.family.ssm import CausalConv, check_dt_range
-from lmzoo.ops.common import same_segment
+from lmzoo.ops.common import same_segment, segment_starts
 from lmzoo.ops.lti import causal_toeplitz, diagonal_ssm, diagonal_ssm_kernel, vandermonde
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
@@ -46,6 +50,8 @@ METHODS = ("quadratic", "fft", "scan")
 @register("h3")
 @dataclass
 class H3Config(MixerConfig):
+    carries_state = True  # continues from a given shift window and SSM state (``H3.carry``)
+
     d_state: int = 16  # N: state size of the diagonal SSM per kv entry (N/2 complex-conjugate pairs)
     shift_size: int = 4  # taps of the shift SSM on k (its state holds shift_size - 1 past keys)
     dt_min: float = 0.001  # Δ of each head's SSM is initialised log-uniformly in [dt_min, dt_max]
@@ -62,6 +68,12 @@ class H3Config(MixerConfig):
 
     def build(self, ctx, *, rngs):
         return H3(self, ctx, rngs=rngs)
+
+
+def document_mask(segment_ids, *, last: bool) -> jax.Array:
+    """[B, T] bool: the steps of the last document of each row (``last``), or of its first."""
+    opened = jnp.cumsum(segment_starts(segment_ids), axis=1)  # documents begun after the first
+    return opened == opened[:, -1:] if last else opened == 0
 
 
 class H3(Mixer):
@@ -124,13 +136,43 @@ class H3(Mixer):
         y, k, v, shift = self.forward(x)
         return y, {"shift": shift, "ssm": self.final_ssm_state(k, v)}
 
-    def final_ssm_state(self, k, v):
+    def carry(self, x, state, *, positions=None, segment_ids=None):  # the shift SSM gives order: positions are unused
+        """(y, {"shift", "ssm"} after x) from ``state`` (None: zeros), in the configured form."""
+        state = state or {}
+        batch, length, _ = x.shape
+        q, k, v, shift = self.project(x, state.get("shift"), segment_ids)
+        if self.method != "quadratic":
+            y, ssm = self.recurrent(q, k, v, state.get("ssm"), self.method, segment_ids)
+        else:
+            y = jnp.einsum("bhij,bjhp->bihp", self.weights(q, k, segment_ids).astype(v.dtype), v)
+            ssm = self.final_ssm_state(k, v, segment_ids)
+            if "ssm" in state:
+                read, kept = self.from_state(q, state["ssm"], segment_ids)
+                y, ssm = y + read.astype(y.dtype), ssm + kept
+        return self.out_proj(y.reshape(batch, length, -1)), {"shift": shift, "ssm": ssm}
+
+    def final_ssm_state(self, k, v, segment_ids=None):
         """The diagonal SSM's state after k'v^T [B,T,H,P,P] from zero, in closed form without forming k'v^T:
-        h_T = b Σ_t a^(T-1-t) k'_t v_t^T, [B,H,P,P,N/2] complex64."""
+        h_T = b Σ_t a^(T-1-t) k'_t v_t^T over the last document's steps, [B,H,P,P,N/2] complex64."""
         log_a, b, _ = self.ssm_params()
         weights = b * jnp.flip(vandermonde(log_a, k.shape[1]), axis=0)  # (T, H, N/2): a^(T-1-t) b
         k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
+        if segment_ids is not None:
+            k32 = jnp.where(document_mask(segment_ids, last=True)[..., None, None], k32, 0.0)
         return jnp.einsum("thn,bthp,bthq->bhpqn", weights, k32, v32).astype(jnp.complex64)
+
+    def from_state(self, q, h0, segment_ids=None):
+        """What an initial SSM state h0 [B,H,P,P,N/2] adds, in closed form: to the outputs of x's first
+        document, q_t^T Re Σ_n c_n a_n^(t+1) h0 [B,T,H,P] float32, and to the final state, a^T h0 when x
+        is one document."""
+        log_a, _, c = self.ssm_params()
+        decayed = jnp.exp(log_a) * vandermonde(log_a, q.shape[1])  # (T, H, N/2): a^(t+1)
+        read = jnp.real(jnp.einsum("bthp,thn,bhpqn->bthq", q.astype(jnp.complex64), c * decayed, h0))
+        kept = decayed[-1][:, None, None] * h0
+        if segment_ids is None:
+            return read, kept
+        first = document_mask(segment_ids, last=False)  # (B, T)
+        return jnp.where(first[..., None, None], read, 0.0), jnp.where(first[:, -1, None, None, None, None], kept, 0)
 
     def init_state(self, batch_size, max_len):
         p = self.head_dim

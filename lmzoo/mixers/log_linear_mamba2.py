@@ -112,6 +112,14 @@ class LogLinearMamba2(SSDMixer):
         y, conv, levels = self.mix(x)
         return y, {"conv": conv, "levels": levels, "t": jnp.full((), x.shape[1], jnp.int32)}
 
+    def carry(self, x, state, *, positions=None, segment_ids=None):
+        """(y, {"conv", "levels"} after x) from ``state`` (None: zeros); the first document of x starts at
+        ``positions[:, 0]`` (the Fenwick levels are a function of it)."""
+        state = state or {}
+        start = 0 if positions is None else positions[:, 0]
+        y, conv, levels = self.mix(x, state.get("conv"), state.get("levels"), start, segment_ids)
+        return y, {"conv": conv, "levels": levels}
+
     def init_state(self, batch_size, max_len):
         return {
             "conv": self.conv.init_state(batch_size, self.dtype),

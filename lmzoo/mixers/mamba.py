@@ -34,6 +34,8 @@ from lmzoo.sharding import INNER, param, partitioned
 @register("mamba")
 @dataclass
 class MambaConfig(MixerConfig):
+    carries_state = True  # continues from a given conv window and scan state (``Mamba.carry``)
+
     d_state: int = 16  # N: state entries per channel
     d_conv: int = 4  # width of the causal depthwise convolution
     expand: int = 2  # d_inner = expand * d_model
@@ -101,6 +103,13 @@ class Mamba(Mixer):
     def prefill(self, x, max_len=None, *, positions=None):
         *inputs, conv = self.ssm_inputs(x)
         y, ssm = self.scan(*inputs)
+        return self.out_proj(y), {"conv": conv, "ssm": ssm}
+
+    def carry(self, x, state, *, positions=None, segment_ids=None):
+        """(y, {"conv", "ssm"} after x) from ``state`` (None: zeros)."""
+        state = state or {}
+        *inputs, conv = self.ssm_inputs(x, state.get("conv"), segment_ids)
+        y, ssm = self.scan(*inputs, initial_state=state.get("ssm"), segment_ids=segment_ids)
         return self.out_proj(y), {"conv": conv, "ssm": ssm}
 
     def init_state(self, batch_size, max_len):

@@ -51,6 +51,12 @@ class Mamba2(SSDMixer):
         y, conv, ssm = self.mix(x)
         return y, {"conv": conv, "ssm": ssm}
 
+    def carry(self, x, state, *, positions=None, segment_ids=None):
+        """(y, {"conv", "ssm"} after x) from ``state`` (None: zeros)."""
+        state = state or {}
+        y, conv, ssm = self.mix(x, state.get("conv"), state.get("ssm"), segment_ids=segment_ids)
+        return y, {"conv": conv, "ssm": ssm}
+
     def init_state(self, batch_size, max_len):
         return {
             "conv": self.conv.init_state(batch_size, self.dtype),

@@ -36,6 +36,8 @@ from lmzoo.sharding import param
 @register("mamba3")
 @dataclass
 class Mamba3Config(MixerConfig):
+    carries_state = True  # continues from a given state (``Mamba3.carry``)
+
     d_state: int = 32  # N: state entries per head row
     expand: int = 2  # d_inner = expand * d_model
     head_dim: Optional[int] = None  # P; None: d_inner / model.n_heads (one SSM head per model head)
@@ -113,6 +115,10 @@ class Mamba3(Mixer):
 
     def prefill(self, x, max_len=None, *, positions=None):
         return self.mix(x)
+
+    def carry(self, x, state, *, positions=None, segment_ids=None):
+        """(y, the op's state after x) from ``state`` (None: zeros)."""
+        return self.mix(x, state, segment_ids=segment_ids)
 
     def init_state(self, batch_size, max_len):
         return zero_state(batch_size, self.ssm_heads, self.head_dim, self.d_state, self.angles)

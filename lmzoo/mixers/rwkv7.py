@@ -188,6 +188,12 @@ class RWKV7(LinearFamilyMixer):
         y, s = self.run(x)
         return y, {"S": s, "last": x[:, -1]}
 
+    def carry(self, x, state, *, positions=None, segment_ids=None):
+        """(y, {"S", "last"} after x) from ``state`` (None: zeros); x's last token is its last document's."""
+        state = state or {}
+        y, s = self.run(x, state.get("S"), state.get("last"), segment_ids=segment_ids)
+        return y, {"S": s, "last": x[:, -1]}
+
     def init_state(self, batch_size, max_len):
         return {"S": self.recurrent_state(batch_size),
                 "last": jnp.zeros((batch_size, self.shift_mix.shape[1]), self.dtype or jnp.float32)}

@@ -172,6 +172,13 @@ class DeltaRuleMixer(LinearFamilyMixer):
         o, s = self.mix(*heads)
         return self.output(x, o), {"S": s, "conv": conv}
 
+    def carry(self, x, state, *, positions=None, segment_ids=None):  # the convs carry order: positions are unused
+        """(y, {"S", "conv"} after x) from ``state`` (None: zeros): the delta rule's state and the convs' window."""
+        state = state or {}
+        heads, conv = self.project(x, state.get("conv"), segment_ids)
+        o, s = self.mix(*heads, state=state.get("S"), segment_ids=segment_ids)
+        return self.output(x, o), {"S": s, "conv": conv}
+
     def init_state(self, batch_size, max_len):
         return {"S": self.recurrent_state(batch_size), "conv": self.conv.init_state(batch_size, self.dtype or jnp.float32)}
 

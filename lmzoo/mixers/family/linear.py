@@ -10,13 +10,13 @@ A family mixer declares three parts,
     output(x, o) -> y                                         per-head o [.., H, Dv] to [.., d_model]
 
 plus ``mix_weights(*heads, segment_ids=None)``, the [B, H, T, T] weights the op applies to v, and the
-base does the rest: the forward is ``output(x, mix(*heads(x, positions))[0])`` and ``prefill`` keeps the op's
-final state from the same computation; decoding runs the same ``mix`` in
-its ``"scan"`` form one token at a time from a state of ``recurrent_state``'s shape, and
-``state_size`` counts that state.
+base does the rest: the forward is ``output(x, mix(*heads(x, positions))[0])``, ``prefill`` keeps the op's
+final state from the same computation and ``carry`` starts ``mix`` from a given one; decoding runs
+the same ``mix`` in its ``"scan"`` form one token at a time from a state of ``recurrent_state``'s shape,
+and ``state_size`` counts that state.
 
 A family mixer whose inputs pass through a short causal conv over past tokens (the delta rule's,
-``family.delta``) keeps that conv's window as decoding state beside S: it extends ``prefill``,
+``family.delta``) keeps that conv's window as decoding state beside S: it extends ``prefill``, ``carry``,
 ``init_state``, ``step`` and ``state_size`` with the window.
 
 Mamba-2 runs on the same core (``lmzoo.ops.ssd`` is ``lmzoo.ops.gated.gla`` with one gate per head,
@@ -52,6 +52,7 @@ class LinearFamilyConfig(MixerConfig):
     """
 
     forms = METHODS  # the op's forms; a class attribute, not a config key
+    carries_state = True  # every family mixer continues from a given state (``LinearFamilyMixer.carry``)
 
     method: str = "chunk"  # parallel | scan | assoc | chunk | pallas (see the family's op)
     chunk_size: int = 64  # tokens per chunk for method=chunk|pallas
@@ -105,6 +106,13 @@ class LinearFamilyMixer(Mixer):
     def prefill(self, x, max_len=None, *, positions=None):
         y, s = self.forward(x, positions)
         return y, {"S": s, "t": jnp.full((), x.shape[1], jnp.int32)}
+
+    def carry(self, x, state, *, positions=None, segment_ids=None):
+        """(y, {"S": the op's state after x}) from ``state`` (None: zeros); positions count on from the state's."""
+        positions = default_positions(*x.shape[:2]) if positions is None else positions
+        heads = self.heads(x, positions, segment_ids)
+        o, s = self.mix(*heads, state=None if state is None else state["S"], segment_ids=segment_ids)
+        return self.output(x, o), {"S": s}
 
     def init_state(self, batch_size, max_len):
         return {"S": self.recurrent_state(batch_size), "t": jnp.zeros((), jnp.int32)}

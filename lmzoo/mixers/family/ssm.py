@@ -83,6 +83,7 @@ class SSDConfig(MixerConfig):
     B/C groups, the Δ initialisation, and the op's form and chunk length."""
 
     forms = SSD_FORMS  # the op's forms; a class attribute, not a config key (a variant with another op sets its own)
+    carries_state = True  # the layer continues from a given conv window and op state (``carry``)
 
     d_state: int = 32  # N: state entries per head row
     d_conv: int = 4  # width of the causal depthwise convolution over x, B and C
@@ -106,7 +107,7 @@ class SSDMixer(Mixer):
     """Mamba-2's layer without its op: the input projection to (z, xBC, dt), the causal conv over
     x, B and C, Δ = softplus(dt + dt_bias), the decay A = -exp(A_log), the skip D and the gated
     RMSNorm before ``out_proj``. Subclasses run their op on ``ssm_inputs`` and implement the mixer
-    protocol (``__call__``, ``prefill``, ``init_state``, ``step``, ``attention_matrix``, ``state_size``);
+    protocol (``__call__``, ``prefill``, ``carry``, ``init_state``, ``step``, ``attention_matrix``, ``state_size``);
     parameters they add come after these, so these initialise the same in every subclass."""
 
     def __init__(self, cfg: SSDConfig, ctx: MixerContext, *, rngs: nnx.Rngs):

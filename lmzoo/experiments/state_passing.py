@@ -1,0 +1,158 @@
+"""Train on windows, test long: recurrent models trained with and without state passing.
+
+Each variant in ``variants`` (GLA, Mamba-2 and Gated DeltaNet by default) trains twice per seed on the same
+budget: on windows of T tokens that each start from a zero state (``windows``), and with
+``train.state_passing=true`` (``passing``): consecutive batches are consecutive windows of the same
+documents, each starting from the state the window before it ended in, gradients stopped there (truncated
+backpropagation through time). Both arms keep documents apart (``data.document_boundaries=mask``), so what
+differs is whether a document's state runs on across windows, and with it the order the windows come in
+(shuffled windows; lanes that each read a stretch of the stream in order, which state passing needs). Every run is evaluated by
+``lmzoo.eval``'s evaluation on the same validation targets at 1x-8x T (``factors``), inside long documents
+only (``eval.min_doc_tokens`` = the longest length, 8T: every target at every length sees as much of its own
+document as the window holds), as the parallel forward over whole windows.
+
+Judged (``judge``; ``lmzoo.experiments.judging``), fixed before any run:
+- positive controls: every ``windows`` model learned the text (bpb at T below ``learned_bpb``), and the
+  ``control_variant`` (Mamba-2, whose failure past its training length is documented) trained on windows
+  degrades: its ratio bpb@8T / bpb@T above ``degrades``; where it does not, there is no blow-up to remove;
+- for each variant, trained with state passing its ratio bpb@8T / bpb@T stays below ``no_blowup``
+  (no blow-up: more context does not hurt), and that ratio minus the ``windows`` arm's is below
+  ``-min_effect`` (state passing lowers it; separately trained models: seeds+text, undecided with one
+  seed per arm).
+The cost at T (bpb at T, passing minus windows) is reported, not judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List
+
+from lmzoo.evaluation import eval_settings, evaluate, result_settings
+from lmzoo.eval_outputs import write_outputs
+from lmzoo.experiments import Outcome
+from lmzoo.experiments.arms import bpb_difference, bpb_estimate, ratio_difference, ratio_estimate
+from lmzoo.experiments.judging import Check, measured
+from lmzoo.experiments.runs import train_run
+from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
+from lmzoo.rundir import RunDir
+from lmzoo.schema import ConfigError
+from lmzoo.trained import open_trained
+
+CLAIM = ("Recurrent models trained on windows of T tokens degrade past T; training with state passing (each "
+         "window continuing from the final state of the window before it in the same documents, truncated "
+         "backpropagation through time) removes the degradation.")
+SEED = "003"
+ARMS = {"windows": [], "passing": ["train.state_passing=true"]}  # arm: its training overrides
+TAG = "state_passing"
+
+
+@dataclass
+class Settings:
+    variants: List[str] = field(default_factory=lambda: ["gla", "mamba2", "gated_deltanet"])
+    seeds: List[int] = field(default_factory=lambda: [0, 1, 2])  # one training run per seed, variant and arm
+    steps: int = 600
+    seq_len: int = 128  # the training length T
+    factors: List[int] = field(default_factory=lambda: [1, 2, 4, 8])  # evaluation lengths, in training lengths
+    eval_tokens: int = 65536  # validation targets scored at every length (the same for every run)
+    control_variant: str = "mamba2"  # the positive control: trained on windows, it must degrade past T
+    degrades: float = 1.05  # the control's ratio bpb@8T / bpb@T must be above this
+    learned_bpb: float = 4.0  # every windows model's bpb at T must be below this (8: guessing bytes)
+    no_blowup: float = 1.02  # with state passing, the ratio at 8T must be below this
+    min_effect: float = 0.05  # the smallest drop of the ratio at 8T a check counts
+    overrides: List[str] = field(default_factory=list)  # more training settings, e.g. ["model.n_layers=2"]
+
+
+QUICK = {"steps": 4, "seeds": [0], "variants": ["gla"], "control_variant": "gla", "seq_len": 16, "factors": [1, 2],
+         "eval_tokens": 512,
+         "overrides": ["train.batch_size=4", "model.n_layers=1", "model.d_model=32", "train.eval_every=4",
+                       "train.eval_tokens=256", "train.probe_batch=0"]}
+
+
+def run(settings: Settings, out_dir: Path) -> Outcome:
+    if settings.control_variant not in settings.variants:
+        raise ConfigError(f"control_variant={settings.control_variant!r} is not valid (choose from: "
+                          f"{', '.join(settings.variants)})")
+    if settings.factors[0] != 1 or sorted(set(settings.factors)) != settings.factors:
+        raise ConfigError(f"factors={settings.factors} must rise from 1 (the training length)")
+    lengths = [f * settings.seq_len for f in settings.factors]
+    train_overrides = [f"data.seq_len={settings.seq_len}", "data.document_boundaries=mask", *settings.overrides]
+    run_dir = lambda variant, arm, seed: out_dir / "runs" / f"{variant}-{arm}-s{seed}"  # noqa: E731
+
+    results = {}
+    for variant in settings.variants:
+        for arm, extra in ARMS.items():
+            for seed in settings.seeds:
+                train_run(variant, run_dir(variant, arm, seed), seed=seed, steps=settings.steps,
+                          overrides=[*train_overrides, *extra])
+            results[f"{variant} {arm}"] = [evaluate_long(run_dir(variant, arm, seed), lengths, settings.eval_tokens)
+                                           for seed in settings.seeds]
+
+    train_len, longest = lengths[0], lengths[-1]
+    differences = {}
+    for variant in settings.variants:
+        passing, windows = results[f"{variant} passing"], results[f"{variant} windows"]
+        key = f"{variant}: bpb %s, passing - windows"
+        differences[key % f"ratio at {longest}"] = ratio_difference(passing, windows, longest)
+        differences[key % f"at {train_len}"] = bpb_difference(passing, windows, train_len)  # reported, not judged
+    conditions = {name: curves(r, lengths) for name, r in results.items()}
+    evidence = {"differences": differences, "conditions": conditions}
+    figures = [plot(conditions, lengths, key, len(settings.seeds), out_dir / f"{key}_vs_length.png")
+               for key in ("ratio", "bpb")]
+    runs = [run_dir(v, arm, seed) for v in settings.variants for arm in ARMS for seed in settings.seeds]
+    return Outcome(evidence, figures, runs)
+
+
+def evaluate_long(run_dir: Path, lengths: list[int], tokens: int) -> dict:
+    """The run evaluated at ``lengths`` on ``tokens`` validation targets inside documents of at least the longest
+    length, written under ``eval/state_passing`` as ``lmzoo.eval`` writes it; its results."""
+    eval_cfg = eval_settings([f"eval.tokens={tokens}", f"eval.lengths=[{','.join(map(str, lengths))}]",
+                              f"eval.min_doc_tokens={lengths[-1]}", "eval.probe_batch=0", "eval.progress=false",
+                              f"eval.tag={TAG}"])
+    run = RunDir(run_dir)
+    results = evaluate(open_trained(run), eval_cfg, tag=TAG, extra_dir=run.eval_dir(TAG))
+    results["settings"] = result_settings(eval_cfg, [])
+    write_outputs(run, results)
+    return results
+
+
+def judge(evidence: dict, settings: Settings) -> list[Check]:
+    train_len, longest = settings.seq_len, settings.factors[-1] * settings.seq_len
+    conditions, differences = evidence["conditions"], evidence["differences"]
+    checks = [Check(f"{v} windows: bpb at {train_len}", f"control: {v} trained on windows learned the text",
+                    measured(conditions[f"{v} windows"]["bpb"][str(train_len)]), "below", settings.learned_bpb,
+                    control=True) for v in settings.variants]
+    control = settings.control_variant
+    checks.append(Check(f"{control} windows: bpb ratio at {longest}",
+                        f"control: {control} trained on windows degrades past its training length",
+                        measured(conditions[f"{control} windows"]["ratio"][str(longest)]), "above", settings.degrades,
+                        control=True))
+    for v in settings.variants:
+        checks.append(Check(f"{v} passing: bpb ratio at {longest}",
+                            f"{v} trained with state passing does not degrade past its training length",
+                            measured(conditions[f"{v} passing"]["ratio"][str(longest)]), "below", settings.no_blowup))
+        key = f"{v}: bpb ratio at {longest}, passing - windows"
+        checks.append(Check(key, f"state passing lowers {v}'s bpb@8T / bpb@T", measured(differences[key]), "below",
+                            -settings.min_effect, trained_comparison=True))
+    return checks
+
+
+def curves(results: list[dict], lengths: list[int]) -> dict:
+    """bpb and ratio to the training length at each length, over seeds."""
+    return {"bpb": {str(n): bpb_estimate(results, n) for n in lengths},
+            "ratio": {str(n): ratio_estimate(results, n) for n in lengths}}
+
+
+def plot(conditions: dict, lengths: list[int], key: str, seeds: int, path: Path) -> str:
+    fig, ax = new_axes((6, 4))
+    for index, (name, curve) in enumerate(conditions.items()):
+        points = [measured(curve[key][str(n)]) for n in lengths]
+        error_bars(ax, spread(lengths, index, len(conditions)), [p.estimate for p in points], [p.lo for p in points],
+                   [p.hi for p in points], label=name, **series_style(index))
+    ax.set_xscale("log", base=2)
+    what = "bpb@L / bpb@train" if key == "ratio" else "bits per byte"
+    save_axes(fig, ax, path, train_len=lengths[0], xticks=lengths,
+              title=f"state passing: {'ratio to the training length' if key == 'ratio' else 'bits per byte'} "
+                    f"in long documents ({seeds} seed{'s' * (seeds > 1)})",
+              xlabel="evaluation length (tokens)", ylabel=f"{what} (95% interval)")
+    return str(path)
