@@ -47,11 +47,13 @@ def state_floats(cfg: Config) -> int:
     return model.state_size(cfg.data.seq_len)
 
 
-def evaluate_run(run_dir: Path, *, tag: str, lengths: list[int], tokens: int, overrides: list[str] = ()) -> dict:
-    """The evaluation of ``run_dir`` at ``lengths`` on ``tokens`` validation targets spread over every document, written under
-    ``eval/<tag>`` as ``lmzoo.eval`` writes it; its results."""
+def evaluate_run(run_dir: Path, *, tag: str, lengths: list[int], tokens: int, overrides: list[str] = (),
+                 eval_overrides: list[str] = ()) -> dict:
+    """The evaluation of ``run_dir`` at ``lengths`` on ``tokens`` validation targets spread over every document (and
+    ``eval_overrides``, e.g. ``eval.min_doc_tokens``), written under ``eval/<tag>`` as ``lmzoo.eval`` writes it; its
+    results. ``overrides`` change the trained model's settings (``open_trained``)."""
     eval_cfg = eval_settings([f"eval.tokens={tokens}", f"eval.lengths=[{','.join(map(str, lengths))}]",
-                              "eval.probe_batch=0", "eval.progress=false", f"eval.tag={tag}"])
+                              "eval.probe_batch=0", "eval.progress=false", f"eval.tag={tag}", *eval_overrides])
     run = RunDir(run_dir)
     results = evaluate(open_trained(run, overrides), eval_cfg, tag=tag, extra_dir=run.eval_dir(tag))
     results["settings"] = result_settings(eval_cfg, list(overrides))

@@ -28,12 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List
 
-from lmzoo.evaluation import eval_settings, evaluate, result_settings
-from lmzoo.eval_outputs import write_outputs
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import bpb_difference, bpb_estimate, ratio_difference, ratio_estimate
 from lmzoo.experiments.judging import Check, measured
-from lmzoo.experiments.runs import train_run
+from lmzoo.experiments.runs import evaluate_run, train_run
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 from lmzoo.rundir import RunDir
 from lmzoo.schema import ConfigError
@@ -85,7 +83,9 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
             for seed in settings.seeds:
                 train_run(variant, run_dir(variant, arm, seed), seed=seed, steps=settings.steps,
                           overrides=[*train_overrides, *extra])
-            results[f"{variant} {arm}"] = [evaluate_long(run_dir(variant, arm, seed), lengths, settings.eval_tokens)
+            long_documents = [f"eval.min_doc_tokens={lengths[-1]}"]  # every target sees only its own document
+            results[f"{variant} {arm}"] = [evaluate_run(run_dir(variant, arm, seed), tag=TAG, lengths=lengths,
+                                                        tokens=settings.eval_tokens, eval_overrides=long_documents)
                                            for seed in settings.seeds]
 
     train_len, longest = lengths[0], lengths[-1]
@@ -101,19 +101,6 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
                for key in ("ratio", "bpb")]
     runs = [run_dir(v, arm, seed) for v in settings.variants for arm in ARMS for seed in settings.seeds]
     return Outcome(evidence, figures, runs)
-
-
-def evaluate_long(run_dir: Path, lengths: list[int], tokens: int) -> dict:
-    """The run evaluated at ``lengths`` on ``tokens`` validation targets inside documents of at least the longest
-    length, written under ``eval/state_passing`` as ``lmzoo.eval`` writes it; its results."""
-    eval_cfg = eval_settings([f"eval.tokens={tokens}", f"eval.lengths=[{','.join(map(str, lengths))}]",
-                              f"eval.min_doc_tokens={lengths[-1]}", "eval.probe_batch=0", "eval.progress=false",
-                              f"eval.tag={TAG}"])
-    run = RunDir(run_dir)
-    results = evaluate(open_trained(run), eval_cfg, tag=TAG, extra_dir=run.eval_dir(TAG))
-    results["settings"] = result_settings(eval_cfg, [])
-    write_outputs(run, results)
-    return results
 
 
 def judge(evidence: dict, settings: Settings) -> list[Check]:
