@@ -33,9 +33,7 @@ from lmzoo.experiments.arms import bpb_difference, bpb_estimate, ratio_differenc
 from lmzoo.experiments.judging import Check, measured
 from lmzoo.experiments.runs import evaluate_run, train_run
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
-from lmzoo.rundir import RunDir
 from lmzoo.schema import ConfigError
-from lmzoo.trained import open_trained
 
 CLAIM = ("Recurrent models trained on windows of T tokens degrade past T; training with state passing (each "
          "window continuing from the final state of the window before it in the same documents, truncated "
