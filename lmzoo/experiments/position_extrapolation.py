@@ -29,9 +29,8 @@ from typing import List
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import bpb_estimate, bpb_runs, ratio_difference, ratio_estimate, switch
 from lmzoo.experiments.judging import Check, measured
-from lmzoo.experiments.runs import evaluate_run, train_run
+from lmzoo.experiments.runs import evaluate_run, plot_against_length, train_run
 from lmzoo.metrics.intervals import bits_per_nat, ratio_of_sums
-from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 from lmzoo.schema import one_of
 
 CLAIM = ("RoPE alone degrades past its training length; training-free extensions (PI, NTK, YaRN, ReRoPE) "
@@ -106,8 +105,8 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
     for name in settings.trained_in:
         differences[f"{name}: bpb ratio at {longest} - rope's"] = ratio_difference(results[name], results["rope"], longest)
     evidence = {"paired_differences": differences, "conditions": {name: curves(r, lengths) for name, r in results.items()}}
-    figures = [plot(evidence["conditions"], lengths, "ratio", len(settings.seeds), out_dir / "ratio_vs_length.png"),
-               plot(evidence["conditions"], lengths, "bpb", len(settings.seeds), out_dir / "bpb_vs_length.png")]
+    figures = [plot_against_length(evidence["conditions"], lengths, key, len(settings.seeds), out_dir / f"{key}_vs_length.png",
+                                   what="train short, test long") for key in ("ratio", "bpb")]
     runs = [run_dir(name, seed) for name in ("rope", *settings.trained_in) for seed in settings.seeds]
     return Outcome(evidence, figures, runs)
 
@@ -133,23 +132,3 @@ def curves(results: list[dict], lengths: list[int]) -> dict:
     """bpb and ratio at each length, over seeds."""
     return {"bpb": {str(n): bpb_estimate(results, n) for n in lengths},
             "ratio": {str(n): ratio_estimate(results, n) for n in lengths}}
-
-
-def point(record: dict) -> tuple[float, float, float]:
-    """(estimate, lo, hi) of a record, or of an older run's {"value", "ci"}."""
-    m = measured(record)
-    return m.estimate, m.lo, m.hi
-
-
-def plot(conditions: dict, lengths: list[int], key: str, seeds: int, path: Path) -> str:
-    fig, ax = new_axes((6, 4))
-    for index, (name, curve) in enumerate(conditions.items()):
-        y, lo, hi = zip(*(point(curve[key][str(n)]) for n in lengths))
-        error_bars(ax, spread(lengths, index, len(conditions)), y, lo, hi, label=name, **series_style(index))
-    ax.set_xscale("log", base=2)
-    what = "bpb@L / bpb@train" if key == "ratio" else "bits per byte"
-    save_axes(fig, ax, path, train_len=lengths[0], xticks=lengths,
-              title=f"train short, test long: {'ratio to the training length' if key == 'ratio' else 'bits per byte'} "
-                    f"({seeds} seed{'s' * (seeds > 1)})",
-              xlabel="evaluation length (tokens)", ylabel=f"{what} (95% interval)")
-    return str(path)

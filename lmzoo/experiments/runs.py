@@ -20,10 +20,12 @@ from lmzoo.config import Config
 from lmzoo.data.tokenizers import ByteTokenizer
 from lmzoo.eval_outputs import write_outputs
 from lmzoo.evaluation import eval_settings, evaluate, result_settings
+from lmzoo.experiments.judging import measured
 from lmzoo.faults import Interrupted
 from lmzoo.metrics.intervals import Interval, bootstrap, paired_difference_interval
 from lmzoo.model import LM
 from lmzoo.ops.common import causal_mask
+from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 from lmzoo.rundir import RunDir
 from lmzoo.trained import open_trained
 from lmzoo.training import train
@@ -111,3 +113,19 @@ def over_windows(values: np.ndarray, statistic=mean_of_windows) -> Interval:
 def paired_over_windows(first: np.ndarray, second: np.ndarray, statistic) -> dict:
     """statistic(first) - statistic(second) on the same windows, with its paired 95% interval."""
     return as_record(paired_difference_interval([(first, np.ones_like(first))], [(second, np.ones_like(second))], statistic))
+
+
+def plot_against_length(conditions: dict, lengths: list[int], key: str, seeds: int, path: Path, *, what: str) -> str:
+    """Each condition's ``key`` ("ratio": bpb@L / bpb@train, or "bpb") at every evaluated length with its 95%
+    interval, titled "<what>: ..."; the figure's path."""
+    fig, ax = new_axes((6, 4))
+    for index, (name, curve) in enumerate(conditions.items()):
+        points = [measured(curve[key][str(n)]) for n in lengths]
+        error_bars(ax, spread(lengths, index, len(conditions)), [p.estimate for p in points], [p.lo for p in points],
+                   [p.hi for p in points], label=name, **series_style(index))
+    ax.set_xscale("log", base=2)
+    quantity = "ratio to the training length" if key == "ratio" else "bits per byte"
+    save_axes(fig, ax, path, train_len=lengths[0], xticks=lengths,
+              title=f"{what}: {quantity} ({seeds} seed{'s' * (seeds > 1)})", xlabel="evaluation length (tokens)",
+              ylabel=f"{'bpb@L / bpb@train' if key == 'ratio' else 'bits per byte'} (95% interval)")
+    return str(path)

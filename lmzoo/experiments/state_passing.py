@@ -31,8 +31,7 @@ from typing import List
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import bpb_difference, bpb_estimate, ratio_difference, ratio_estimate
 from lmzoo.experiments.judging import Check, measured
-from lmzoo.experiments.runs import evaluate_run, train_run
-from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
+from lmzoo.experiments.runs import evaluate_run, plot_against_length, train_run
 from lmzoo.schema import ConfigError
 
 CLAIM = ("Recurrent models trained on windows of T tokens degrade past T; training with state passing (each "
@@ -95,7 +94,8 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
         differences[key % f"at {train_len}"] = bpb_difference(passing, windows, train_len)  # reported, not judged
     conditions = {name: curves(r, lengths) for name, r in results.items()}
     evidence = {"differences": differences, "conditions": conditions}
-    figures = [plot(conditions, lengths, key, len(settings.seeds), out_dir / f"{key}_vs_length.png")
+    figures = [plot_against_length(conditions, lengths, key, len(settings.seeds), out_dir / f"{key}_vs_length.png",
+                                   what="state passing in long documents")
                for key in ("ratio", "bpb")]
     runs = [run_dir(v, arm, seed) for v in settings.variants for arm in ARMS for seed in settings.seeds]
     return Outcome(evidence, figures, runs)
@@ -126,18 +126,3 @@ def curves(results: list[dict], lengths: list[int]) -> dict:
     """bpb and ratio to the training length at each length, over seeds."""
     return {"bpb": {str(n): bpb_estimate(results, n) for n in lengths},
             "ratio": {str(n): ratio_estimate(results, n) for n in lengths}}
-
-
-def plot(conditions: dict, lengths: list[int], key: str, seeds: int, path: Path) -> str:
-    fig, ax = new_axes((6, 4))
-    for index, (name, curve) in enumerate(conditions.items()):
-        points = [measured(curve[key][str(n)]) for n in lengths]
-        error_bars(ax, spread(lengths, index, len(conditions)), [p.estimate for p in points], [p.lo for p in points],
-                   [p.hi for p in points], label=name, **series_style(index))
-    ax.set_xscale("log", base=2)
-    what = "bpb@L / bpb@train" if key == "ratio" else "bits per byte"
-    save_axes(fig, ax, path, train_len=lengths[0], xticks=lengths,
-              title=f"state passing: {'ratio to the training length' if key == 'ratio' else 'bits per byte'} "
-                    f"in long documents ({seeds} seed{'s' * (seeds > 1)})",
-              xlabel="evaluation length (tokens)", ylabel=f"{what} (95% interval)")
-    return str(path)
