@@ -30,14 +30,32 @@ def share_compiled_programs() -> None:
 share_compiled_programs()
 
 
+LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def xla_accepts(flag: str) -> bool:
+    """Whether this jaxlib's XLA knows ``flag``: it aborts the process on an unknown one, so a child tries it."""
+    probe = "import jax; jax.jit(lambda x: x + 1)(1.0).block_until_ready()"
+    env = {**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
+    try:
+        return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=120).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def compile_quickly() -> None:
     """LLVM's cheapest optimisation level for every program the tests compile, here and in the processes
     they start (which inherit the environment). Compiling, not running, is what tiny test programs spend
     their time on (two tiny training runs: 194 s at the default level, 112 s at 0, on a loaded 2-core CPU).
-    One level everywhere, so bit-for-bit comparisons inside the suite (resumes, layouts) compare like with like."""
-    flag = "--xla_backend_optimization_level=0"
-    if flag not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+    Where this XLA still has them, the CPU's elemental emitters instead of its fusion emitters: they compile
+    a model's gradient in about half the time and run these tiny programs as fast. One setting everywhere,
+    so bit-for-bit comparisons inside the suite (resumes, layouts) compare like with like. Set by the first
+    process (the xdist controller), whose environment the workers inherit."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_backend_optimization_level=0" in flags:
+        return
+    quick = ["--xla_backend_optimization_level=0"] + ([LEGACY_EMITTERS] if xla_accepts(LEGACY_EMITTERS) else [])
+    os.environ["XLA_FLAGS"] = " ".join([flags, *quick]).strip()
 
 
 compile_quickly()
@@ -50,7 +68,9 @@ VARIANTS = variant_names()
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` / ``tpu`` run only where JAX's default backend is that device."""
+    """Tests marked ``gpu`` / ``tpu`` run only where JAX's default backend is that device. Tests marked
+    ``slow`` (a minute or two each) go first: xdist hands tests out in this order, so they start at once
+    on every worker instead of running alone at the end while the other workers idle."""
     from lmzoo.ops.pallas.common import current_platform
 
     here = current_platform()
@@ -58,6 +78,7 @@ def pytest_collection_modifyitems(config, items):
         for device in ("gpu", "tpu"):
             if item.get_closest_marker(device) and here != device:
                 item.add_marker(pytest.mark.skip(reason=f"needs a {device.upper()}; JAX runs on {here}"))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the rest keep their order
 
 TINY = [
     "model.d_model=32",
@@ -103,7 +124,8 @@ def covering_layers(variant: str) -> int:
 def layer_specs(variant: str) -> list:
     """The spec of every layer of ``variant``'s model at ``covering_layers``, bottom first."""
     n = covering_layers(variant)
-    return [tiny_config(variant).attn.for_layer(i, n) for i in range(n)]
+    attn = tiny_config(variant).attn
+    return [attn.for_layer(i, n) for i in range(n)]
 
 
 @pytest.fixture

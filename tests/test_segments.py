@@ -194,7 +194,7 @@ VOCAB, FIRST = 259, 16  # documents of 16 and 13 tokens: an odd window of 29
 
 def model_of(variant: str):
     cfg = tiny_config(variant, f"model.n_layers={covering_layers(variant)}")
-    return LM(cfg, VOCAB, rngs=nnx.Rngs(0))
+    return cfg, LM(cfg, VOCAB, rngs=nnx.Rngs(0))
 
 
 def forward_and_pull_back(model, tokens, cotangent, segment_ids=None):
@@ -205,6 +205,17 @@ def forward_and_pull_back(model, tokens, cotangent, segment_ids=None):
 
     grads, logits = nnx.grad(pulled, has_aux=True)(model)
     return logits, grads, model.attention_matrices(tokens, segment_ids=segment_ids)
+
+
+def packed_and_alone(model, tokens, cotangent, segment_ids):
+    """``forward_and_pull_back`` of the packed windows with their ``segment_ids``, and of their documents alone
+    (without ids) in one batch: rows [:B] the first document in a window of the packed shape, no gradient after
+    it (a causal model's outputs there do not see what follows); rows [B:] the second, rolled to the start."""
+    rolled = lambda x: jnp.roll(x, -FIRST, axis=1)
+    alone_tokens = jnp.concatenate([tokens, rolled(tokens)])
+    alone_cotangent = jnp.concatenate([cotangent.at[:, FIRST:].set(0.0), rolled(cotangent.at[:, :FIRST].set(0.0))])
+    return (forward_and_pull_back(model, tokens, cotangent, segment_ids),
+            forward_and_pull_back(model, alone_tokens, alone_cotangent))
 
 
 def documents_and_cotangent(seed=0):
@@ -218,32 +229,28 @@ def documents_and_cotangent(seed=0):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_variant_mixes_each_document_as_if_alone(variant):
-    """Against each document run alone -- first in a window of the packed shape, so one compiled
-    program serves both, a causal model's outputs there not seeing what follows -- with a random
-    upstream gradient on the logits: each document's logits are its own, the parameter gradients
-    are the sum of the documents', and every layer's attention matrix [B, H, T, T] is causal, zero
-    across documents, and the document's own inside them (positions restarting, every layer)."""
-    model = model_of(variant)
+    """Against each document run alone (one program computes both, see ``packed_and_alone``), with a random
+    upstream gradient on the logits: each document's logits are its own, the parameter gradients are the sum
+    of the documents', and every layer's attention matrix [B, H, T, T] is causal, zero across documents, and
+    the document's own inside them (positions restarting, every layer)."""
+    cfg, model = model_of(variant)
     tokens, cotangent, ids = documents_and_cotangent()
-    logits, grads, weights = mixer_checks.compiled(forward_and_pull_back, model)(tokens, cotangent, ids)
-    alone = mixer_checks.compiled(forward_and_pull_back, model)
-    first, first_grads, first_weights = alone(tokens, cotangent.at[:, FIRST:].set(0.0))  # no gradient after it
-    rolled = lambda x: jnp.roll(x, -FIRST, axis=1)
-    second, second_grads, second_weights = alone(rolled(tokens), rolled(cotangent.at[:, :FIRST].set(0.0)))
+    packed, alone = mixer_checks.compiled(packed_and_alone, model)(tokens, cotangent, ids)
+    (logits, grads, weights), (alone_logits, alone_grads, alone_weights) = packed, alone
+    batch, second = len(tokens), 13
 
-    np.testing.assert_allclose(logits[:, :FIRST], first[:, :FIRST], rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(logits[:, FIRST:], second[:, :13], rtol=2e-5, atol=2e-5)
-    for (path, got), a, b in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(first_grads),
-                                 jax.tree.leaves(second_grads)):
-        scale = float(np.abs(a + b).max()) + 1e-6
-        np.testing.assert_allclose(got / scale, (a + b) / scale, atol=2e-4, err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_allclose(logits[:, :FIRST], alone_logits[:batch, :FIRST], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(logits[:, FIRST:], alone_logits[batch:, :second], rtol=2e-5, atol=2e-5)
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(alone_grads)):
+        scale = float(np.abs(want).max()) + 1e-6  # the batch's gradient: the sum of both documents'
+        np.testing.assert_allclose(got / scale, want / scale, atol=2e-4, err_msg=jax.tree_util.keystr(path))
     assert len(weights) == len(model.blocks)
-    upper = np.triu(np.ones((FIRST + 13, FIRST + 13), bool), k=1)
-    for layer, w in enumerate(weights):
-        assert w.shape == (2, tiny_config(variant).model.n_heads, FIRST + 13, FIRST + 13)
+    upper = np.triu(np.ones((FIRST + second, FIRST + second), bool), k=1)
+    for layer, (w, alone_w) in enumerate(zip(weights, alone_weights)):
+        assert w.shape == (batch, cfg.model.n_heads, FIRST + second, FIRST + second)
         assert np.all(np.asarray(w)[..., upper] == 0), f"layer {layer}: not causal"
         assert np.all(np.asarray(w)[..., FIRST:, :FIRST] == 0), f"layer {layer}"
-        np.testing.assert_allclose(w[..., :FIRST, :FIRST], first_weights[layer][..., :FIRST, :FIRST], rtol=1e-4,
+        np.testing.assert_allclose(w[..., :FIRST, :FIRST], alone_w[:batch, :, :FIRST, :FIRST], rtol=1e-4,
                                    atol=1e-5, err_msg=f"layer {layer}")
-        np.testing.assert_allclose(w[..., FIRST:, FIRST:], second_weights[layer][..., :13, :13], rtol=1e-4,
+        np.testing.assert_allclose(w[..., FIRST:, FIRST:], alone_w[batch:, :, :second, :second], rtol=1e-4,
                                    atol=1e-5, err_msg=f"layer {layer}")
