@@ -18,6 +18,7 @@ line naming about the largest that can. The results layout: ``lmzoo.metrics.inte
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -34,7 +35,6 @@ from tqdm.auto import tqdm
 
 from lmzoo.checkpoint import split_model
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, to_dataclass
-from lmzoo.data.pipeline import Data
 from lmzoo.evaluator import Forward, LengthScores, score_length, token_scores, windows_per_batch
 from lmzoo.metrics.intervals import LEVEL, length_intervals
 from lmzoo.metrics.probes import attention_stats
@@ -78,7 +78,8 @@ def evaluated_lengths(eval_cfg: EvalConfig, train_len: int) -> list[int]:
 def validation_windows(data, eval_cfg: EvalConfig, lengths: list[int]) -> dict:
     """The windows of every length over the same ``eval.tokens`` scored targets (with ``eval.min_doc_tokens``,
     only inside documents at least that long); a budget, length or minimum the data cannot give is a ConfigError."""
-    if eval_cfg.min_doc_tokens is not None and not isinstance(data, Data):
+    takes_documents = "min_doc_tokens" in inspect.signature(data.validation_windows).parameters  # text, or a mix
+    if eval_cfg.min_doc_tokens is not None and not takes_documents:
         raise ConfigError(f"eval.min_doc_tokens={eval_cfg.min_doc_tokens}: this run's data are generated "
                           "examples, not documents; it applies to text corpora (set it to null)")
     try:

@@ -151,6 +151,14 @@ def test_each_component_is_validated_on_its_own_windows(tmp_path):
         component_windows(data, L, L)
 
 
+def test_long_document_evaluation_reads_the_text_component(tmp_path):
+    from lmzoo.evaluation import eval_settings, validation_windows
+
+    data = mix(corpus(tmp_path)).build(seed=0, shard_index=0, shard_count=1)
+    long_only = validation_windows(data, eval_settings(["eval.tokens=38", "eval.min_doc_tokens=38"]), [L])[L]
+    assert long_only.sampling_keys()["sampling"] == "long_documents"
+
+
 class FakeScores:
     mean_loss, answers_only = 1.5, False
 
