@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 
 import jax
+import pytest
+import jax.numpy as jnp
 from flax import nnx
 
 from lmzoo.model import LM
@@ -36,3 +38,21 @@ def first_mixer(*config):
 
 def inputs(length=11, seed=2):
     return jax.random.normal(jax.random.key(seed), (2, length, 32))
+
+
+def step_through(mixer, x, state):
+    """(outputs [B, T, d], final state) of ``mixer.step`` over every position of x, from ``state``."""
+    outputs = []
+    for t in range(x.shape[1]):
+        y_t, state = mixer.step(x[:, t], state)
+        outputs.append(y_t)
+    return jnp.stack(outputs, axis=1), state
+
+
+def assert_refused_in_one_line(overrides, expected, capsys):
+    """The config of ``overrides`` exits with code 2 and one line of error that names every ``expected`` piece."""
+    with pytest.raises(SystemExit) as exit_info:
+        tiny_config(*overrides)
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err.strip()
+    assert len(message.splitlines()) == 1 and all(e in message for e in expected), message

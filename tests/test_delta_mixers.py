@@ -7,17 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from mixer_checks import compiled, first_mixer, inputs
+from mixer_checks import compiled, first_mixer, inputs, step_through
 
 CHANNEL_GATES = ("gated_deltanet", "attn.gate=channel")
-
-
-def step_through(mixer, x, state):
-    outputs = []
-    for t in range(x.shape[1]):
-        y_t, state = mixer.step(x[:, t], state)
-        outputs.append(y_t)
-    return jnp.stack(outputs, axis=1), state
 
 
 def test_channel_gates_step_equals_forward_and_matrix_reproduces_mixing():

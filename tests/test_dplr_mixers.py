@@ -10,16 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
-from mixer_checks import compiled, first_mixer, inputs
-
-
-def step_through(mixer, x, state):
-    outputs = []
-    for t in range(x.shape[1]):
-        y_t, state = mixer.step(x[:, t], state)
-        outputs.append(y_t)
-    return jnp.stack(outputs, axis=1), state
+from mixer_checks import compiled, first_mixer, inputs, step_through, assert_refused_in_one_line
 
 
 def test_kda_grouped_value_heads_step_equals_forward_and_matrix_reproduces_mixing():
@@ -109,8 +100,4 @@ def test_rwkv7_token_shift_reads_the_previous_token():
     ],
 )
 def test_bad_settings_fail_with_one_line(overrides, expected, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        tiny_config(*overrides)
-    assert exit_info.value.code == 2
-    message = capsys.readouterr().err.strip()
-    assert len(message.splitlines()) == 1 and all(e in message for e in expected), message
+    assert_refused_in_one_line(overrides, expected, capsys)

@@ -8,19 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from mixer_checks import compiled, first_mixer, inputs
+from mixer_checks import compiled, first_mixer, inputs, step_through, assert_refused_in_one_line
 
 from lmzoo.ops.mamba3 import mamba3
 
-from conftest import tiny_config
-
-
-def step_through(mixer, x, state):
-    outputs = []
-    for t in range(x.shape[1]):
-        y_t, state = mixer.step(x[:, t], state)
-        outputs.append(y_t)
-    return jnp.stack(outputs, axis=1), state
 
 
 # Settings the YAMLs leave at their defaults (Comba's output_correction=false only drops a subtraction).
@@ -100,11 +91,7 @@ def test_mamba3_attention_matrix_reproduces_the_scan():
     ],
 )
 def test_bad_settings_fail_with_one_line(overrides, expected, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        tiny_config(*overrides)
-    assert exit_info.value.code == 2
-    message = capsys.readouterr().err.strip()
-    assert len(message.splitlines()) == 1 and all(e in message for e in expected), message
+    assert_refused_in_one_line(overrides, expected, capsys)
 
 
 # ----------------------------------------------------------------------------- state-tracking data and judging
