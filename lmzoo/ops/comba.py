@@ -52,8 +52,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.ops.common import (
-    check_form, decay_since, decay_until_end, from_chunks, gate_layout, reset_gates, same_segment, segment_starts,
-    to_chunks,
+    check_form, decay_since, decay_until_end, from_chunks, gates_float32, same_segment, segment_starts, to_chunks,
 )
 from lmzoo.ops.ut import ChunkTerms, decayed_pairs, invert_unit_lower
 
@@ -97,10 +96,9 @@ def comba_weights(q, k, p, beta, log_g=None, *, scale=None, segment_ids=None) ->
 def inputs_float32(q, k, v, p, log_g, segment_ids):
     """float32 q, k, v, p and log gates [B,T,H,Dg] (or None); with documents, gates that forget at
     each document start and p zeroed there."""
-    g32 = None if log_g is None else gate_layout(log_g, k.shape).astype(jnp.float32)
+    g32 = gates_float32(log_g, segment_ids, k.shape)
     p32 = p.astype(jnp.float32)
     if segment_ids is not None:
-        g32 = reset_gates(log_g, segment_ids, k.shape)
         p32 = jnp.where(segment_starts(segment_ids)[:, :, None, None], 0.0, p32)
     return q.astype(jnp.float32), k.astype(jnp.float32), None if v is None else v.astype(jnp.float32), p32, g32
 

@@ -55,6 +55,19 @@ def reset_gates(log_g, segment_ids, key_shape) -> jax.Array:
     return gates.astype(jnp.float32) + reset
 
 
+def gates_float32(log_g, segment_ids, key_shape) -> Optional[jax.Array]:
+    """The log gates a recurrence runs on, [B, T, H, Dg] float32: ``log_g`` laid out (None without a decay),
+    and with ``segment_ids`` forgetting everything at each document start (``reset_gates``)."""
+    if segment_ids is not None:
+        return reset_gates(log_g, segment_ids, key_shape)
+    return None if log_g is None else gate_layout(log_g, key_shape).astype(jnp.float32)
+
+
+def state_float32(initial_state, shape) -> jax.Array:
+    """The initial state as float32, zeros of ``shape`` where None: recurrences accumulate in float32."""
+    return jnp.zeros(shape, jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
+
+
 def check_form(method: str, methods: tuple[str, ...], chunk_size: Optional[int] = None) -> None:
     """The errors an op raises for a form it lacks or a chunk size that is not positive."""
     if method not in methods:

@@ -61,7 +61,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import check_form, from_chunks, gate_layout, reset_gates, same_segment, to_chunks
+from lmzoo.ops.common import (
+    check_form, from_chunks, gate_layout, gates_float32, reset_gates, same_segment, state_float32, to_chunks,
+)
 from lmzoo.ops.pallas.delta import delta_rule_pallas
 from lmzoo.ops.ut import chunk_terms, decayed_pairs, invert_unit_lower, unit_lower
 
@@ -86,12 +88,8 @@ def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, met
     batch, _, heads, d_key = k.shape
     if beta.shape != k.shape[:3]:
         raise ValueError(f"beta has shape {beta.shape}; expected {k.shape[:3]}")
-    if initial_state is None:
-        initial_state = jnp.zeros((batch, heads, d_key, v.shape[-1]), jnp.float32)
-    s0 = initial_state.astype(jnp.float32)
-    g32 = None if log_g is None else gate_layout(log_g, k.shape).astype(jnp.float32)
-    if segment_ids is not None:
-        g32 = reset_gates(log_g, segment_ids, k.shape)
+    s0 = state_float32(initial_state, (batch, heads, d_key, v.shape[-1]))
+    g32 = gates_float32(log_g, segment_ids, k.shape)
     q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
     out, state = _FORMS[method](q32 * scale, k32, v32, beta.astype(jnp.float32), g32, s0, chunk_size)
     return out.astype(v.dtype), state

@@ -44,8 +44,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.ops.common import (
-    causal_mask, check_form, decay_since, decay_until_end, from_chunks, gate_layout, reset_gates, same_segment,
-    segment_sums, to_chunks,
+    causal_mask, check_form, decay_since, decay_until_end, from_chunks, gate_layout, gates_float32, same_segment,
+    segment_sums, state_float32, to_chunks,
 )
 from lmzoo.ops.pallas.gla import gla_pallas
 
@@ -63,12 +63,8 @@ def gla(q, k, v, log_g=None, *, scale=None, initial_state=None, method="chunk", 
     check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     batch, _, heads, d_key = k.shape
-    if initial_state is None:
-        initial_state = jnp.zeros((batch, heads, d_key, v.shape[-1]), jnp.float32)
-    s0 = initial_state.astype(jnp.float32)
-    g32 = None if log_g is None else gate_layout(log_g, k.shape).astype(jnp.float32)
-    if segment_ids is not None:
-        g32 = reset_gates(log_g, segment_ids, k.shape)
+    s0 = state_float32(initial_state, (batch, heads, d_key, v.shape[-1]))
+    g32 = gates_float32(log_g, segment_ids, k.shape)
     if method == "pallas":
         q_scaled = (q.astype(jnp.float32) * scale).astype(q.dtype)
         gates = jnp.zeros((*k.shape[:3], 1), jnp.float32) if g32 is None else g32
