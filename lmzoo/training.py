@@ -27,6 +27,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict
 from functools import partial
+from operator import attrgetter
 from pathlib import Path
 
 import jax
@@ -158,23 +159,32 @@ def schedule_in_effect(run: RunDir) -> tuple[OptimConfig, int]:
     return to_dataclass(OptimConfig, settings.optim, prefix="optim."), int(settings.train.steps)
 
 
-def check_same_optimizer(run: RunDir, cfg: Config) -> None:
-    """Before restoring: the checkpoints hold the state of the optimizer the run trained with, and no other."""
-    before, _ = schedule_in_effect(run)
-    if before.name != cfg.optim.name:
-        raise ConfigError(f"optim.name={cfg.optim.name!r}: run_dir {str(run.path)!r} trained with optim.name="
-                          f"{before.name!r}, whose state its checkpoints hold; resume with optim={before.name} "
-                          "or pick another run_dir")
+# Settings a run's checkpoints are made for, which a resume must keep: key: (its value in runs that predate it,
+# what the checkpoints hold, the override that keeps it).
+CHECKPOINT_SETTINGS = {
+    "optim.name": ("adamw", "whose state its checkpoints hold", "optim={}"),
+    "train.state_passing": (False, "which its checkpoints are saved for", "train.state_passing={}"),  # carried state
+}
 
 
-def check_same_state_passing(run: RunDir, cfg: Config) -> None:
-    """Before restoring: checkpoints with a carried state (and lanes' data positions) belong to state passing alone."""
-    before = bool(OmegaConf.select(run.settings_in_effect(), "train.state_passing", default=False))
-    if before != cfg.train.state_passing:
-        now = str(cfg.train.state_passing).lower()
-        raise ConfigError(f"train.state_passing={now}: run_dir {str(run.path)!r} trained with train.state_passing="
-                          f"{str(before).lower()}, which its checkpoints are saved for; resume with "
-                          f"train.state_passing={str(before).lower()} or pick another run_dir")
+def check_checkpoints_fit(run: RunDir, cfg: Config) -> None:
+    """Before restoring: every setting in ``CHECKPOINT_SETTINGS`` is what the run trained with."""
+    settings = run.settings_in_effect()
+    for key, (default, held, keep) in CHECKPOINT_SETTINGS.items():
+        before, now = OmegaConf.select(settings, key, default=default), attrgetter(key)(cfg)
+        if before != now:
+            raise ConfigError(f"{key}={shown(now)}: run_dir {str(run.path)!r} trained with {key}={shown(before)}, "
+                              f"{held}; resume with {keep.format(plain(before))} or pick another run_dir")
+
+
+def plain(value) -> str:
+    """A setting as the command line writes it."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def shown(value) -> str:
+    """A setting as an error line names it (strings quoted)."""
+    return repr(value) if isinstance(value, str) else plain(value)
 
 
 def check_continuation(run: RunDir, cfg: Config, step: int) -> None:
@@ -242,8 +252,7 @@ class Trainer:
         self.held.callback(self.checkpointer.close)
         resuming = bool(self.checkpointer.all_steps()) and self.run.config_path.exists()
         if resuming:
-            check_same_optimizer(self.run, cfg)
-            check_same_state_passing(self.run, cfg)
+            check_checkpoints_fit(self.run, cfg)
         data, self.train_iter, self.val_windows = open_data(cfg, self.run, resuming)
         model = LM(cfg, data.tokenizer.vocab_size, rngs=nnx.Rngs(cfg.seed))
         self.n_params = n_params = count_params(model)
