@@ -101,9 +101,7 @@ class Mamba(Mixer):
         return self.out_proj(y)
 
     def prefill(self, x, max_len=None, *, positions=None):
-        *inputs, conv = self.ssm_inputs(x)
-        y, ssm = self.scan(*inputs)
-        return self.out_proj(y), {"conv": conv, "ssm": ssm}
+        return self.carry(x, None)
 
     def carry(self, x, state, *, positions=None, segment_ids=None):
         """(y, {"conv", "ssm"} after x) from ``state`` (None: zeros)."""

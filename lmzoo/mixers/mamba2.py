@@ -48,8 +48,7 @@ class Mamba2(SSDMixer):
         return self.mix(x, segment_ids=segment_ids)[0]
 
     def prefill(self, x, max_len=None, *, positions=None):
-        y, conv, ssm = self.mix(x)
-        return y, {"conv": conv, "ssm": ssm}
+        return self.carry(x, None)
 
     def carry(self, x, state, *, positions=None, segment_ids=None):
         """(y, {"conv", "ssm"} after x) from ``state`` (None: zeros)."""

@@ -185,8 +185,7 @@ class RWKV7(LinearFamilyMixer):
         return self.run(x, segment_ids=segment_ids)[0]
 
     def prefill(self, x, max_len=None, *, positions=None):
-        y, s = self.run(x)
-        return y, {"S": s, "last": x[:, -1]}
+        return self.carry(x, None)
 
     def carry(self, x, state, *, positions=None, segment_ids=None):
         """(y, {"S", "last"} after x) from ``state`` (None: zeros); x's last token is its last document's."""

@@ -167,10 +167,8 @@ class DeltaRuleMixer(LinearFamilyMixer):
     def output(self, x, o):
         return self.o_proj(self.out_gate(x, o))
 
-    def prefill(self, x, max_len=None, *, positions=None):  # the convs carry order: positions are unused
-        heads, conv = self.project(x)
-        o, s = self.mix(*heads)
-        return self.output(x, o), {"S": s, "conv": conv}
+    def prefill(self, x, max_len=None, *, positions=None):
+        return self.carry(x, None)
 
     def carry(self, x, state, *, positions=None, segment_ids=None):  # the convs carry order: positions are unused
         """(y, {"S", "conv"} after x) from ``state`` (None: zeros): the delta rule's state and the convs' window."""
