@@ -8,7 +8,9 @@ keeps the softmax normaliser near 1 so that logits do not drift; each is logged 
 With ``train.state_passing`` the training state also holds ``carried``, the model's recurrent state after
 the last batch (``LM.carry``): each batch row continues from its row of it, gradients stopped there
 (truncated backpropagation through time), and a row whose batch says it does not continue
-(``continues`` False: a new document, or a new pass over the data) starts from zeros.
+(``continues`` False: a new document, or a new pass over the data) starts from zeros. A step skipped as
+non-finite restarts every row too: its data has moved one window on, and the state it would carry is
+the one the step refused.
 
 Pure functions of (graphdef, state, batch); ``lmzoo.training`` jits them, and benchmarks and tests
 call them directly.
@@ -29,7 +31,7 @@ from lmzoo.config import Config
 from lmzoo.data.mix import component_terms
 from lmzoo.evaluator import logit_scores, token_scores
 from lmzoo.mixers.base import AuxLoss
-from lmzoo.model import LM
+from lmzoo.model import LM, restart_rows
 from lmzoo.optim import make_optimizer
 
 
@@ -142,7 +144,8 @@ def gradients(params, extra, graphdef, batch, micro_batches: int = 1, z_loss: fl
 
 
 def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1, z_loss: float = 0.0):
-    """One optimizer step; a step whose loss, gradient norm or new state is not finite keeps the old state.
+    """One optimizer step; a step whose loss, gradient norm or new state is not finite keeps the old state
+    (and restarts any carried state from zeros).
 
     The guard only selects between the updated and the old state (``jnp.where``): it adds no arithmetic
     to a finite step, whose numbers stay those of the unguarded step. (``optax.apply_if_finite`` would
@@ -155,11 +158,12 @@ def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1, z_loss: fl
     params = optax.apply_updates(state["params"], updates)
     grad_norm = optax.tree.norm(grads)
     updated = {"params": params, "extra": extra, "opt": opt}
-    if carried is not None:  # a skipped step keeps the old state too: the next batch continues from it
-        updated["carried"] = carried
-    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & all_finite(updated)
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & all_finite((updated, carried))
     kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, {k: state[k] for k in updated})
     new_state = {**kept, "step": state["step"] + 1}
+    if carried is not None:  # the data moves one window on either way: after a skipped step, rows start afresh
+        rows = jax.tree.leaves(carried)[0].shape[0]
+        new_state["carried"] = restart_rows(carried, jnp.broadcast_to(finite, (rows,)))
     return new_state, {**metrics, "grad_norm": grad_norm, "finite": finite}
 
 

@@ -108,7 +108,7 @@ def after_eos_seen(batch, tokens, eos):
     return opened.any()
 
 
-def test_micro_batches_keep_each_rows_state_in_its_place_and_a_skipped_step_keeps_the_old_state():
+def test_micro_batches_keep_each_rows_state_in_its_place_and_a_skipped_step_restarts_every_row():
     cfg = tiny_config("gla", "model.n_layers=1", "train.state_passing=true", "data.seq_len=9", "train.batch_size=4")
     model = LM(cfg, VOCAB, rngs=nnx.Rngs(0))
     graphdef, state, tx = init_train_state(cfg, model)
@@ -127,7 +127,9 @@ def test_micro_batches_keep_each_rows_state_in_its_place_and_a_skipped_step_keep
     blown_up = {**state, "params": jax.tree.map(lambda x: x * 1e30 if x.ndim == 2 else x, state["params"])}
     kept, metrics = step(blown_up, batch)
     assert not bool(metrics["finite"])
-    jax.tree.map(np.testing.assert_array_equal, kept["carried"], state["carried"])
+    jax.tree.map(np.testing.assert_array_equal, kept["params"], blown_up["params"])
+    for a in jax.tree.leaves(kept["carried"]):  # the data moved on: no row continues a state the step refused
+        np.testing.assert_array_equal(a, np.zeros_like(a))
 
 
 RESUME = ["model.n_layers=1", "train.state_passing=true", "data.document_boundaries=mask", "train.steps=6",
