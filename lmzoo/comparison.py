@@ -489,7 +489,7 @@ def legend_label(group: Group) -> str:
 
 
 def plot_length_curves(groups: list[Group], out: Path, train_len: int, lengths: list[int], settings: dict) -> list[Path]:
-    from lmzoo.plots import error_bars, new_axes, save_axes
+    from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 
     written = []
     for name, title, ylabel, value, interval in [
@@ -499,8 +499,9 @@ def plot_length_curves(groups: list[Group], out: Path, train_len: int, lengths: 
          lambda r, n: r.ratio(n), lambda g, n: arm_ratio(g, n, settings)),
     ]:
         fig, ax = new_axes((6, 4))
-        for group in groups:
-            error_bars(ax, *series(group, lengths, value, interval), label=legend_label(group))
+        for index, group in enumerate(groups):  # nudged apart along x, so bars of close values stay readable
+            xs, *bars = series(group, lengths, value, interval)
+            error_bars(ax, spread(xs, index, len(groups)), *bars, label=legend_label(group), **series_style(index))
         written.append(save_axes(fig, ax, out / f"{name}.png", train_len=train_len, xticks=lengths, xscale="log",
                                  title=title, xlabel="evaluation length (tokens)", ylabel=ylabel))
     return written
@@ -529,13 +530,14 @@ def plot_per_position(groups: list[Group], out: Path, train_len: int) -> Path:
 
 
 def plot_sparsity(groups: list[Group], out: Path, train_len: int, lengths: list[int]) -> Path:
-    from lmzoo.plots import error_bars, new_axes, save_axes
+    from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 
     fig, ax = new_axes((6, 4))
-    for group in groups:
+    for index, group in enumerate(groups):
         xs, ys, los, his = series(group, lengths, lambda r, n: _mean(r.at(n).get("sparsity")), lambda g, n: None)
         if xs:
-            error_bars(ax, xs, ys, los, his, label=f"{group.label} (mean of {len(group.runs)} run(s), no interval)")
+            error_bars(ax, spread(xs, index, len(groups)), ys, los, his,
+                       label=f"{group.label} (mean of {len(group.runs)} run(s), no interval)", **series_style(index))
     return save_axes(fig, ax, out / "sparsity_vs_length.png", train_len=train_len, xticks=lengths, xscale="log",
                      title="Attention sparsity against evaluation length",
                      xlabel="evaluation length (tokens)", ylabel="mean attention sparsity S (1 = uniform)")
