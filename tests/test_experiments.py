@@ -15,6 +15,8 @@ import pytest
 from conftest import REPO
 from lmzoo.experiments import MODULES, run_experiment
 from lmzoo.experiments.judging import SMOKE
+from lmzoo.experiments.runs import train_run
+from lmzoo.rundir import RunDir
 from lmzoo.experiments import sparsity_closed_forms as sparsity
 
 
@@ -98,6 +100,21 @@ def test_decode_cache_quick_run_trains_evaluates_and_reuses_its_runs(tmp_path):
     assert record["runs"] == ["runs/gqa-s0", "runs/mla-s0"]
     again = run_experiment("decode_cache", tmp_path, quick=True, overrides=overrides)  # reuses the finished runs
     assert again["evidence"]["variants"] == variants
+
+
+def test_an_experiment_reuses_a_finished_run_of_the_same_settings_from_another_experiment(tmp_path):
+    tiny = ["data.seq_len=32", "train.batch_size=2", "model.n_layers=1", "model.d_model=32", "train.eval_every=2",
+            "train.eval_tokens=128", "train.probe_batch=0"]
+    first = tmp_path / "one" / "runs" / "softmax-s0"
+    train_run("softmax", first, seed=0, steps=2, overrides=tiny)
+    twin = tmp_path / "two" / "runs" / "rope-s0"
+    train_run("softmax", twin, seed=0, steps=2, overrides=tiny)
+    assert twin.is_symlink() and twin.resolve() == first.resolve()
+    assert not RunDir(first).resumes_path.exists()  # the finished run is not resumed under another name
+    for other_seed_or_steps in [dict(seed=1, steps=2), dict(seed=0, steps=3)]:  # other settings train anew
+        fresh = tmp_path / "three" / "runs" / f"softmax-{len(list((tmp_path / 'three').glob('runs/*')))}"
+        train_run("softmax", fresh, overrides=tiny, **other_seed_or_steps)
+        assert not fresh.is_symlink() and RunDir(fresh).is_trained()
 
 
 def test_entropy_growth_difference_pairs_windows():

@@ -14,9 +14,10 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from omegaconf import OmegaConf
 
 from lmzoo.cli import compose_and_validate
-from lmzoo.config import Config
+from lmzoo.config import Config, ConfigError
 from lmzoo.data.tokenizers import ByteTokenizer
 from lmzoo.eval_outputs import write_outputs
 from lmzoo.evaluation import eval_settings, evaluate, result_settings
@@ -26,20 +27,51 @@ from lmzoo.metrics.intervals import Interval, bootstrap, paired_difference_inter
 from lmzoo.model import LM
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
-from lmzoo.rundir import RunDir
+from lmzoo.rundir import RunDir, flat_settings
 from lmzoo.trained import open_trained
 from lmzoo.training import train
 
 
 def train_run(variant: str, run_dir: Path, *, seed: int, steps: int, overrides: list[str] = ()) -> Config:
-    """Train ``+attn=variant`` into ``run_dir`` (resuming, or reusing a finished run); its config."""
+    """Train ``+attn=variant`` into ``run_dir`` (resuming, or reusing a finished run); its config.
+
+    A finished run of the same settings that another experiment trained under the same ``out_dir`` is
+    reused (``run_dir`` becomes a link to it): training it again would repeat it bit for bit."""
     cfg = compose_and_validate([f"+attn={variant}", f"run_dir={run_dir}", f"seed={seed}", f"train.steps={steps}",
                                 "train.progress=false", *overrides])
+    if run_dir.is_symlink():
+        return cfg
+    if not run_dir.exists() and (twin := finished_twin(cfg, run_dir)) is not None:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        run_dir.symlink_to(twin.resolve(), target_is_directory=True)
+        print(f"{run_dir}: reusing {twin}, trained with the same settings")
+        return cfg
     summary = train(cfg)
     if summary["interrupted"]:
         raise Interrupted(f"interrupted while training {run_dir} (checkpoint at step {summary['step']}); "
                           "run the same experiment again to resume")
     return cfg
+
+
+def finished_twin(cfg: Config, run_dir: Path) -> Path | None:
+    """A run that trained to ``cfg.train.steps`` with the settings of ``cfg`` (``run_dir`` apart) in any
+    experiment's ``runs/`` beside ``run_dir``'s (``<out_dir>/<experiment>/runs/<name>``), or None."""
+    wanted = flat_settings(OmegaConf.structured(cfg))
+    for candidate in sorted(run_dir.parents[2].glob("*/runs/*")):
+        run = RunDir(candidate)
+        if candidate.is_symlink() or not run.is_trained() or final_step(run) != cfg.train.steps:
+            continue
+        try:
+            if flat_settings(run.settings_in_effect()) == wanted:
+                return candidate
+        except ConfigError:  # a sibling whose settings cannot be read is not a twin
+            continue
+    return None
+
+
+def final_step(run: RunDir) -> int:
+    """The newest checkpoint's step, read from the checkpoint folders' names (0 without one)."""
+    return max((int(p.name) for p in run.checkpoints.iterdir() if p.name.isdigit()), default=0)
 
 
 def state_floats(cfg: Config) -> int:
