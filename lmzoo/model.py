@@ -210,7 +210,8 @@ def continued_positions(offset, length: int, segment_ids=None) -> jax.Array:
 
 
 def restart_rows(state, continues):
-    """``state`` (leaves [B, ...]) with the rows where ``continues`` [B] is False zeroed: started afresh."""
+    """``state`` (leaves [B, ...]) with the rows where ``continues`` ([B], or one bool for every row) is False
+    zeroed: started afresh."""
     def keep(a):
         return jnp.where(continues.reshape(-1, *([1] * (a.ndim - 1))), a, jnp.zeros((), a.dtype))
     return jax.tree.map(keep, state)

@@ -162,8 +162,7 @@ def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1, z_loss: fl
     kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, {k: state[k] for k in updated})
     new_state = {**kept, "step": state["step"] + 1}
     if carried is not None:  # the data moves one window on either way: after a skipped step, rows start afresh
-        rows = jax.tree.leaves(carried)[0].shape[0]
-        new_state["carried"] = restart_rows(carried, jnp.broadcast_to(finite, (rows,)))
+        new_state["carried"] = restart_rows(carried, finite)
     return new_state, {**metrics, "grad_norm": grad_norm, "finite": finite}
 
 
