@@ -4,7 +4,9 @@ The run directory (``lmzoo.rundir.RunDir``) holds the config, checkpoints, Tenso
 the metrics log. Training a run directory that holds a run resumes it from its newest intact
 checkpoint, on the same data (a changed corpus is refused unless ``data.allow_changed=true``);
 SIGTERM or Ctrl-C saves a checkpoint before ``train`` returns. A step whose loss or gradient norm
-is not finite leaves the state as it was; ``train.max_nonfinite`` of them in a row stop the run.
+is not finite leaves the state as it was; ``train.max_nonfinite`` of them in a row stop the run. The host
+never waits for a step before dispatching the next: it reads each step's finiteness one step late, and moves
+the next batch to the device while a step runs (``Trainer.advance``).
 One trainer at a time holds a run directory (``lmzoo.faults.RunLock``).
 
 A resume may change how training goes on; the learning-rate schedule is a function of the step alone
@@ -226,6 +228,17 @@ def open_logger(run: RunDir, cfg: Config, n_params: int, start_step: int) -> Met
 # ----------------------------------------------------------------------------- loop
 
 
+def step_on_leaves(state_def, step, leaves: list, batch):
+    """``step`` (state, batch) -> (state, metrics) on the state's leaves. A jitted call flattens its arguments'
+    trees and builds its results' on the host at every call, and a state of nnx Variables takes longer to
+    flatten than a small model's step takes on an accelerator."""
+    state, metrics = step(jax.tree.unflatten(state_def, leaves), batch)
+    if jax.tree.structure(state) != state_def:  # checked once, when traced: the leaves must keep their places
+        raise TypeError(f"the training step changed the state's structure:\n{jax.tree.structure(state)}\n"
+                        f"!= {state_def}")
+    return jax.tree.leaves(state), metrics
+
+
 class Trainer:
     """One run: its training state on the devices, and the named steps of the loop in ``train``."""
 
@@ -247,7 +260,8 @@ class Trainer:
     def _start(self, cfg: Config) -> None:
         self.mesh = training_mesh(cfg)
         replicated = NamedSharding(self.mesh, P())
-        self.to_device = partial(jax.make_array_from_process_local_data, batch_sharding(self.mesh))
+        self.row_sharding = batch_sharding(self.mesh)
+        self.to_device = partial(jax.make_array_from_process_local_data, self.row_sharding)
         self.checkpointer = Checkpointer(self.run.checkpoints, keep=cfg.train.keep_checkpoints)
         self.held.callback(self.checkpointer.close)
         resuming = bool(self.checkpointer.all_steps()) and self.run.config_path.exists()
@@ -276,9 +290,10 @@ class Trainer:
 
         self.component_losses = ComponentLosses(data)  # a mix's loss/<name>; nothing for other data
         self.component_windows = component_windows(data, cfg.data.seq_len, cfg.train.eval_tokens)
-        self.step_fn = jax.jit(partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum,
-                                       z_loss=cfg.train.z_loss),
-                               donate_argnums=0, out_shardings=(self.shardings, replicated))  # state keeps its layout
+        self.state_def = jax.tree.structure(self.state)
+        step = partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum, z_loss=cfg.train.z_loss)
+        self.step_fn = jax.jit(partial(step_on_leaves, self.state_def, step), donate_argnums=0,
+                               out_shardings=(jax.tree.leaves(self.shardings), replicated))  # state keeps its layout
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
         rows = cfg.train.batch_size // jax.process_count()
         self.process_rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
@@ -296,6 +311,8 @@ class Trainer:
         self.step, self.last_val = int(self.state["step"]), {}
         self.window_losses, self.window_start = [], time.perf_counter()  # the steps since the last log row
         self.nonfinite_in_a_row, self.window_nonfinite = 0, 0
+        self.unread_flag = None  # (step, its finiteness flag on the device): the last step's, until ``settle``
+        self.prefetched = None  # (the data position before it, the next batch on the device), pulled by ``advance``
         self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=cfg.attn.name,
                         disable=not cfg.train.progress, dynamic_ncols=True)
         self.held.callback(self.bar.close)
@@ -327,40 +344,103 @@ class Trainer:
         log.info("resumed %s from step %d", self.run_dir, step)
         return step
 
+    @property
+    def state(self) -> dict:
+        """The training state (params, extra, opt, step[, carried]) as checkpoints hold it."""
+        if self._state is None:
+            self._state = jax.tree.unflatten(self.state_def, self._leaves)
+        return self._state
+
+    @state.setter
+    def state(self, state: dict) -> None:
+        self._state, self._leaves = state, None
+
+    @property
+    def leaves(self) -> list:
+        """The training state's arrays, as ``step_fn`` takes and returns them."""
+        if self._leaves is None:
+            self._leaves = jax.tree.leaves(self._state)
+        return self._leaves
+
+    @leaves.setter
+    def leaves(self, leaves: list) -> None:
+        self._leaves, self._state = leaves, None
+
     def due(self, every: int) -> bool:
         """Whether the step just taken is a multiple of ``every``, or the last one."""
         return self.step % every == 0 or self.step == self.cfg.train.steps
 
     def advance(self) -> dict:
-        """One optimizer step on the next training batch; its metrics stay on the device."""
-        batch = jax.tree.map(self.to_device, next(self.train_iter))
+        """One optimizer step on the next training batch, dispatched without waiting for the device: the host
+        reads the step before's finiteness flag (done, or nearly) and moves the batch after to the device while
+        this one runs. Its metrics stay on the device."""
+        batch = self.take_batch()
         with jax.set_mesh(self.mesh):  # the model keeps activations split by rows (sharding.constrain_rows)
-            self.state, metrics = self.step_fn(self.state, batch)
+            self.leaves, metrics = self.step_fn(self.leaves, batch)
         self.step += 1
-        self.check_finite(bool(metrics["finite"]))  # one scalar read per step, so divergence stops at once
+        self.settle()  # the step before's flag: one scalar read a step, one step late
+        metrics["finite"].copy_to_host_async()  # on its way to the host as soon as the step ends
+        self.unread_flag = (self.step, metrics["finite"])
         self.window_losses.append(metrics["loss"])
         self.component_losses.add(metrics)
+        if self.step < self.cfg.train.steps:
+            self.prefetch()
         self.bar.update(1)
         return metrics
 
-    def check_finite(self, finite: bool) -> None:
-        """Count a step the jitted step skipped for a non-finite loss or gradient; Diverged after too many in a row."""
+    def take_batch(self):
+        """The next training batch on the device: the one prefetched, or else pulled now."""
+        if self.prefetched is None:
+            return self.batch_to_device(next(self.train_iter))
+        (_, batch), self.prefetched = self.prefetched, None
+        return batch
+
+    def batch_to_device(self, batch: dict) -> dict:
+        """This process's rows of a training batch on the devices, split by rows: where one process feeds every
+        row, one transfer of the whole batch (about half the host's time of one transfer per array)."""
+        if jax.process_count() == 1:
+            return jax.device_put(batch, self.row_sharding)
+        return jax.tree.map(self.to_device, batch)
+
+    def prefetch(self) -> None:
+        """Pull the next batch and start its copy to the device, keeping the data position from before it."""
+        position = self.train_iter.get_state()
+        self.prefetched = (position, self.batch_to_device(next(self.train_iter)))
+
+    def data_position(self):
+        """The training iterator's state after the batches of the steps taken (a prefetched batch is not one of
+        them): what a checkpoint records, so that a resume reads the same batches."""
+        return self.train_iter.get_state() if self.prefetched is None else self.prefetched[0]
+
+    def settle(self) -> None:
+        """Read the last step's finiteness flag if it is still unread (``check_finite``). ``advance`` reads each
+        flag one step late; everything that reads the state or writes records settles first, so divergence stops
+        the run at the step, with the message and the kept checkpoint, of reading every flag at once."""
+        if self.unread_flag is not None:
+            (step, finite), self.unread_flag = self.unread_flag, None
+            self.check_finite(bool(finite), step)
+
+    def check_finite(self, finite: bool, step: int | None = None) -> None:
+        """Count a step (default: the last one taken) the jitted step skipped for a non-finite loss or gradient;
+        Diverged after too many in a row."""
+        step = self.step if step is None else step
         if finite:
             self.nonfinite_in_a_row = 0
             return
         self.nonfinite_in_a_row += 1
         self.window_nonfinite += 1
         log.warning("warning: step %d: loss or gradient norm is not finite; its update was skipped (%d in a row)",
-                    self.step, self.nonfinite_in_a_row)
+                    step, self.nonfinite_in_a_row)
         if self.nonfinite_in_a_row >= self.cfg.train.max_nonfinite:
             last = self.checkpointer.latest_step()
             where = f"step {last} in {self.run.checkpoints}" if last is not None else "none saved yet"
-            raise Diverged(f"diverged at step {self.step}: {self.nonfinite_in_a_row} steps in a row with a non-finite "
+            raise Diverged(f"diverged at step {step}: {self.nonfinite_in_a_row} steps in a row with a non-finite "
                            f"loss or gradient norm (train.max_nonfinite={self.cfg.train.max_nonfinite}); "
                            f"last finite checkpoint: {where}; lower optim.lr to retry")
 
     def train_metrics(self, metrics: dict) -> dict:
         """Loss and throughput over the steps since the last row; the other metrics of the last step."""
+        self.settle()
         losses = np.asarray(jax.device_get(self.window_losses))  # waits for the steps to finish
         finite_losses = losses[np.isfinite(losses)]  # the steps that updated the model
         loss = float(np.mean(finite_losses)) if len(finite_losses) else float("nan")
@@ -393,6 +473,7 @@ class Trainer:
     def validate(self) -> dict:
         """Loss, bits per byte (with its 95% interval) and accuracy on the ``train.eval_tokens``
         validation targets, scored as ``lmzoo.eval`` scores the training length; the attention probes."""
+        self.settle()
         scores = score_length(self.score, self.val_windows, rows=self.cfg.train.batch_size, blocks=BLOCKS, n_buckets=1)
         val = {f"val_{k}": v for k, v in scores.summary(self.bits_per_byte).items()}
         interval = scores.bpb_interval(self.bits_per_byte)
@@ -415,9 +496,10 @@ class Trainer:
 
     def save(self) -> None:
         """Checkpoint the current step, the logs first: whatever a kill leaves on disk, the logs reach
-        at least the newest checkpoint, and a resume cuts them back to it."""
+        at least the newest checkpoint, and a resume cuts them back to it. A step that diverged saves nothing."""
+        self.settle()
         self.logger.flush()
-        self.checkpointer.save(self.step, self.state, self.train_iter.get_state())
+        self.checkpointer.save(self.step, self.state, self.data_position())
 
     def save_and_stop(self) -> dict:
         """The run was asked to stop: checkpoint where it stands, so the same command resumes it."""
@@ -455,6 +537,7 @@ def train(cfg: Config) -> dict:
                     return trainer.save_and_stop()
                 if trainer.due(cfg.train.checkpoint_every):
                     trainer.save()
+            trainer.settle()  # the last step's flag, if nothing after it read it
         trainer.report_end()
         return trainer.summary()
     finally:

@@ -443,7 +443,7 @@ def parse_shapes(text: str) -> list[Shape]:
     return [Shape(*map(int, item.split("x"))) for item in text.split(",") if item]
 
 
-GPU_SHAPES = "4x2048x16x128,1x8192x16x128"
+GPU_SHAPES = "4x2048x16x128,1x8192x32x128,8x1024x16x64"
 GPU_OPS = "softmax/xla,softmax/cudnn,gla/chunk64,gla/pallas,simple_gla/chunk64,simple_gla/pallas,linear_attention/pallas,selective_scan/scan,selective_scan/pallas"
 
 

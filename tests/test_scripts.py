@@ -111,3 +111,21 @@ def test_fla_check_says_what_to_install_where_torch_or_fla_is_missing():
         pytest.skip("torch and fla-core are installed here: scripts/fla_check.py runs the comparisons")
     proc = subprocess.run([sys.executable, "scripts/fla_check.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "skipped" in proc.stdout and "pip install" in proc.stdout
+
+
+def test_benchmark_loop_times_the_trainer_against_its_bare_step(tmp_path):
+    out = run_script("benchmark_loop.py", "--models", "mqar", "--steps", "2", "--repeats", "1",
+                     "--json", str(tmp_path / "rows.json"))
+    (row,) = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert row["bare_ms"] > 0 and row["loop_ms"] > 0 and "loop/bare" in out
+
+
+def test_gpu_all_runs_chosen_steps_in_order_within_a_budget_and_names_bad_steps(tmp_path):
+    out = run_script("gpu_all.py", "--dry-run", "--out", str(tmp_path), "--only", "env,kernel_tests",
+                     "--budget-s", "20")
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| env | ok |" in summary and "| kernel_tests | not started" in summary  # needs 120 s, 20 were given
+    assert "jax" in (tmp_path / "env.txt").read_text() and "== env" in out
+    bad = subprocess.run([sys.executable, "scripts/gpu_all.py", "--only", "nope"], cwd=REPO, capture_output=True,
+                         text=True)
+    assert bad.returncode != 0 and "unknown step(s) ['nope']" in bad.stderr and "kernel_tests" in bad.stderr
