@@ -30,6 +30,7 @@ class TrainConfig:
     steps: int = 600  # optimizer steps in all (a resume continues to this)
     batch_size: int = 16  # sequences per step, over all devices
     grad_accum: int = 1  # micro-batches per step: the same update, batch_size / grad_accum rows in memory at once
+    steps_per_call: int = 1  # optimizer steps per jitted call (a scan over as many batches): host costs once a call
     eval_every: int = 100  # steps between validations
     eval_tokens: int = 32768  # validation targets scored at each validation (spans spread over every document)
     checkpoint_every: int = 200  # steps between checkpoints (and at the last step)
@@ -128,6 +129,23 @@ def data_spec(source: str | None) -> type:
     return registry.SOURCES.choose("data.source", source)
 
 
+
+# The train.* steps the loop logs, validates or saves at (and its last): with train.steps_per_call=k it stops
+# only between calls, after steps k, 2k, ..., so each must be a multiple of k.
+STEPS_BETWEEN_CALLS = ("steps", "log_every", "eval_every", "checkpoint_every")
+
+
+def check_steps_per_call(train: TrainConfig) -> None:
+    """``train.steps_per_call`` (k optimizer steps in one jitted call) is positive and divides every step count
+    in ``STEPS_BETWEEN_CALLS``."""
+    k = train.steps_per_call
+    positive("train.steps_per_call", k)
+    for key in STEPS_BETWEEN_CALLS:
+        value = getattr(train, key)
+        if value % k:
+            raise ConfigError(f"train.{key}={value} is not a multiple of train.steps_per_call={k} (the loop stops "
+                              f"only between calls of {k} steps): choose a multiple of {k}, or another steps_per_call")
+
 def check(cfg: Config) -> None:
     """Cross-field checks the schema alone cannot express."""
     m, t, o = cfg.model, cfg.train, cfg.optim
@@ -147,6 +165,7 @@ def check(cfg: Config) -> None:
     positive("train.grad_accum", t.grad_accum)
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size={t.batch_size} does not split into train.grad_accum={t.grad_accum} equal micro-batches")
+    check_steps_per_call(t)
     t.mesh.check()
     positive("train.z_loss", t.z_loss, allow_zero=True)
     o.check(t.steps)

@@ -6,7 +6,9 @@ checkpoint, on the same data (a changed corpus is refused unless ``data.allow_ch
 SIGTERM or Ctrl-C saves a checkpoint before ``train`` returns. A step whose loss or gradient norm
 is not finite leaves the state as it was; ``train.max_nonfinite`` of them in a row stop the run. The host
 never waits for a step before dispatching the next: it reads each step's finiteness one step late, and moves
-the next batch to the device while a step runs (``Trainer.advance``).
+the next batch to the device while a step runs (``Trainer.advance``). With ``train.steps_per_call=k`` one jitted
+call runs k steps (a scan over k batches stacked on the device), so the host's fixed costs of a call (dispatch,
+flag read, batch transfer) are paid once per k steps; the loop logs, validates and saves between calls only.
 One trainer at a time holds a run directory (``lmzoo.faults.RunLock``).
 
 A resume may change how training goes on; the learning-rate schedule is a function of the step alone
@@ -228,6 +230,12 @@ def open_logger(run: RunDir, cfg: Config, n_params: int, start_step: int) -> Met
 # ----------------------------------------------------------------------------- loop
 
 
+def summed_over_steps(metrics: dict) -> dict:
+    """A call's ``component_loss`` / ``component_share`` terms ([k, components]) summed over its k steps: what
+    ``ComponentLosses`` adds up over a window's steps (a mix's; nothing for other data)."""
+    return {k: v.sum(0) for k, v in metrics.items() if k.startswith("component_")}
+
+
 def step_on_leaves(state_def, step, leaves: list, batch):
     """``step`` (state, batch) -> (state, metrics) on the state's leaves. A jitted call flattens its arguments'
     trees and builds its results' on the host at every call, and a state of nnx Variables takes longer to
@@ -237,6 +245,21 @@ def step_on_leaves(state_def, step, leaves: list, batch):
         raise TypeError(f"the training step changed the state's structure:\n{jax.tree.structure(state)}\n"
                         f"!= {state_def}")
     return jax.tree.leaves(state), metrics
+
+
+def scan_steps(step, leaves: list, batches):
+    """``step`` (leaves, batch) -> (leaves, metrics) over k stacked batches ([k, B, ...] leaves) in one program:
+    (the leaves after the last step, each metric stacked [k, ...])."""
+    return jax.lax.scan(step, leaves, batches)
+
+
+def check_resume_step(run: RunDir, step: int, steps_per_call: int) -> None:
+    """A run resumes only at a step its calls of ``steps_per_call`` steps reach (say, a run saved at step 6
+    with one step a call cannot go on four at a time)."""
+    if step % steps_per_call:
+        raise ConfigError(f"train.steps_per_call={steps_per_call}: run_dir {str(run.path)!r} resumes at step {step}, "
+                          f"not a multiple of {steps_per_call}; resume with a steps_per_call that divides {step} "
+                          f"(e.g. train.steps_per_call=1)")
 
 
 class Trainer:
@@ -262,6 +285,9 @@ class Trainer:
         replicated = NamedSharding(self.mesh, P())
         self.row_sharding = batch_sharding(self.mesh)
         self.to_device = partial(jax.make_array_from_process_local_data, self.row_sharding)
+        self.steps_per_call = cfg.train.steps_per_call
+        # A call's batches stacked [k, B, ...]: each split by rows like one batch, the leading axis whole.
+        self.stacked_sharding = NamedSharding(self.mesh, P(None, *self.row_sharding.spec))
         self.checkpointer = Checkpointer(self.run.checkpoints, keep=cfg.train.keep_checkpoints)
         self.held.callback(self.checkpointer.close)
         resuming = bool(self.checkpointer.all_steps()) and self.run.config_path.exists()
@@ -278,6 +304,7 @@ class Trainer:
             self.shardings["carried"] = jax.tree.map(lambda _: batch_sharding(self.mesh), state["carried"])
         self.state = jax.device_put(state, self.shardings)
         start = self.resume()
+        check_resume_step(self.run, start, self.steps_per_call)
         if jax.process_index() == 0:
             check_data(self.run, data.fingerprint, step=start, allow_changed=cfg.data.allow_changed)
             keep_tokenizer(self.run, cfg, data.tokenizer)
@@ -292,7 +319,10 @@ class Trainer:
         self.component_windows = component_windows(data, cfg.data.seq_len, cfg.train.eval_tokens)
         self.state_def = jax.tree.structure(self.state)
         step = partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum, z_loss=cfg.train.z_loss)
-        self.step_fn = jax.jit(partial(step_on_leaves, self.state_def, step), donate_argnums=0,
+        call = partial(step_on_leaves, self.state_def, step)
+        if self.steps_per_call > 1:  # one step a call stays the plain step, without a scan around it
+            call = partial(scan_steps, call)
+        self.step_fn = jax.jit(call, donate_argnums=0,
                                out_shardings=(jax.tree.leaves(self.shardings), replicated))  # state keeps its layout
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
         rows = cfg.train.batch_size // jax.process_count()
@@ -309,10 +339,10 @@ class Trainer:
         self.held.callback(self.logger.close)
 
         self.step, self.last_val = int(self.state["step"]), {}
-        self.window_losses, self.window_start = [], time.perf_counter()  # the steps since the last log row
+        self.window_losses, self.window_start = [], time.perf_counter()  # each call's losses since the last log row
         self.nonfinite_in_a_row, self.window_nonfinite = 0, 0
-        self.unread_flag = None  # (step, its finiteness flag on the device): the last step's, until ``settle``
-        self.prefetched = None  # (the data position before it, the next batch on the device), pulled by ``advance``
+        self.unread_flag = None  # (step, the flags of the call that ended there): the last call's, until ``settle``
+        self.prefetched = None  # (the data position before them, the next call's batches on the device)
         self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=cfg.attn.name,
                         disable=not cfg.train.progress, dynamic_ncols=True)
         self.held.callback(self.bar.close)
@@ -371,54 +401,69 @@ class Trainer:
         return self.step % every == 0 or self.step == self.cfg.train.steps
 
     def advance(self) -> dict:
-        """One optimizer step on the next training batch, dispatched without waiting for the device: the host
-        reads the step before's finiteness flag (done, or nearly) and moves the batch after to the device while
-        this one runs. Its metrics stay on the device."""
-        batch = self.take_batch()
+        """One call of ``train.steps_per_call`` optimizer steps on the next training batches, dispatched without
+        waiting for the device: the host reads the call before's finiteness flags (done, or nearly) and moves the
+        batches after to the device while this call runs. Its metrics stay on the device (each stacked [k, ...]
+        when a call takes k > 1 steps)."""
+        batches = self.take_batches()
         with jax.set_mesh(self.mesh):  # the model keeps activations split by rows (sharding.constrain_rows)
-            self.leaves, metrics = self.step_fn(self.leaves, batch)
-        self.step += 1
-        self.settle()  # the step before's flag: one scalar read a step, one step late
-        metrics["finite"].copy_to_host_async()  # on its way to the host as soon as the step ends
+            self.leaves, metrics = self.step_fn(self.leaves, batches)
+        self.step += self.steps_per_call
+        self.settle()  # the call before's flags: one read a call, one call late
+        metrics["finite"].copy_to_host_async()  # on its way to the host as soon as the call ends
         self.unread_flag = (self.step, metrics["finite"])
         self.window_losses.append(metrics["loss"])
-        self.component_losses.add(metrics)
+        self.component_losses.add(metrics if self.steps_per_call == 1 else summed_over_steps(metrics))
         if self.step < self.cfg.train.steps:
             self.prefetch()
-        self.bar.update(1)
+        self.bar.update(self.steps_per_call)
         return metrics
 
-    def take_batch(self):
-        """The next training batch on the device: the one prefetched, or else pulled now."""
+    def take_batches(self):
+        """The next call's training batches on the device: those prefetched, or else pulled now."""
         if self.prefetched is None:
-            return self.batch_to_device(next(self.train_iter))
-        (_, batch), self.prefetched = self.prefetched, None
-        return batch
+            return self.pull_batches()
+        (_, batches), self.prefetched = self.prefetched, None
+        return batches
 
-    def batch_to_device(self, batch: dict) -> dict:
-        """This process's rows of a training batch on the devices, split by rows: where one process feeds every
-        row, one transfer of the whole batch (about half the host's time of one transfer per array)."""
+    def pull_batches(self):
+        """The next call's batches from the training iterator, on their way to the device: one batch, or with
+        k steps a call k batches stacked into [k, B, ...] leaves (one transfer)."""
+        if self.steps_per_call == 1:
+            return self.batch_to_device(next(self.train_iter))
+        batches = [next(self.train_iter) for _ in range(self.steps_per_call)]
+        return self.batch_to_device(jax.tree.map(lambda *leaves: np.stack(leaves), *batches), self.stacked_sharding)
+
+    def batch_to_device(self, batch: dict, sharding: NamedSharding | None = None) -> dict:
+        """This process's rows of a training batch (by default; or of stacked batches with their ``sharding``) on
+        the devices, split by rows: where one process feeds every row, one transfer of the whole batch (about
+        half the host's time of one transfer per array)."""
+        sharding = sharding or self.row_sharding
         if jax.process_count() == 1:
-            return jax.device_put(batch, self.row_sharding)
-        return jax.tree.map(self.to_device, batch)
+            return jax.device_put(batch, sharding)
+        return jax.tree.map(partial(jax.make_array_from_process_local_data, sharding), batch)
 
     def prefetch(self) -> None:
-        """Pull the next batch and start its copy to the device, keeping the data position from before it."""
+        """Pull the next call's batches and start their copy to the device, keeping the data position from
+        before them."""
         position = self.train_iter.get_state()
-        self.prefetched = (position, self.batch_to_device(next(self.train_iter)))
+        self.prefetched = (position, self.pull_batches())
 
     def data_position(self):
-        """The training iterator's state after the batches of the steps taken (a prefetched batch is not one of
+        """The training iterator's state after the batches of the steps taken (prefetched batches are not among
         them): what a checkpoint records, so that a resume reads the same batches."""
         return self.train_iter.get_state() if self.prefetched is None else self.prefetched[0]
 
     def settle(self) -> None:
-        """Read the last step's finiteness flag if it is still unread (``check_finite``). ``advance`` reads each
-        flag one step late; everything that reads the state or writes records settles first, so divergence stops
-        the run at the step, with the message and the kept checkpoint, of reading every flag at once."""
+        """Read the last call's finiteness flags if they are still unread (``check_finite``, each with its own
+        step, in order). ``advance`` reads them one call late; everything that reads the state or writes records
+        settles first, so divergence stops the run at the step, with the message and the kept checkpoint, of
+        reading every flag at once."""
         if self.unread_flag is not None:
-            (step, finite), self.unread_flag = self.unread_flag, None
-            self.check_finite(bool(finite), step)
+            (last, flags), self.unread_flag = self.unread_flag, None
+            flags = np.atleast_1d(np.asarray(flags))  # one per step of the call
+            for step, finite in zip(range(last - len(flags) + 1, last + 1), flags):
+                self.check_finite(bool(finite), step)
 
     def check_finite(self, finite: bool, step: int | None = None) -> None:
         """Count a step (default: the last one taken) the jitted step skipped for a non-finite loss or gradient;
@@ -441,11 +486,12 @@ class Trainer:
     def train_metrics(self, metrics: dict) -> dict:
         """Loss and throughput over the steps since the last row; the other metrics of the last step."""
         self.settle()
-        losses = np.asarray(jax.device_get(self.window_losses))  # waits for the steps to finish
+        metrics = self.last_step(metrics)
+        losses = np.asarray(jax.device_get(self.window_losses)).ravel()  # waits for the steps to finish
         finite_losses = losses[np.isfinite(losses)]  # the steps that updated the model
         loss = float(np.mean(finite_losses)) if len(finite_losses) else float("nan")
         elapsed = time.perf_counter() - self.window_start
-        steps = len(self.window_losses)
+        steps = losses.size
         row = {
             "loss": loss, "bpb": loss * self.bits_per_byte, "ppl": math.exp(min(loss, 50.0)),
             **{name: float(schedule(self.step - 1)) for name, schedule in self.schedules.items()},
@@ -462,6 +508,12 @@ class Trainer:
         log.info("step %d: loss %.4f  lr %.3g  grad_norm %.3g  tokens/s %.0f", self.step, loss, row["lr"],
                  row["grad_norm"], row["tokens_per_s"])
         return row
+
+    def last_step(self, metrics: dict) -> dict:
+        """The metrics of a call's last step (a call of k > 1 steps stacks them [k, ...]; read to the host)."""
+        if self.steps_per_call == 1:
+            return metrics
+        return jax.tree.map(lambda x: x[-1], jax.device_get(metrics))
 
     def score(self, *arrays: np.ndarray) -> dict:
         """Per-target loss and correctness of a global batch of validation windows (inputs, targets and any
@@ -491,7 +543,8 @@ class Trainer:
     def log(self, row: dict, metrics: dict) -> None:
         """Write a row when this step logged or validated; a validation-only row still gets the step's loss."""
         if row:
-            row.setdefault("loss", float(metrics["loss"]))
+            if "loss" not in row:
+                row["loss"] = float(self.last_step(metrics)["loss"])
             self.logger.log(self.step, row)
 
     def save(self) -> None:
