@@ -129,7 +129,6 @@ def data_spec(source: str | None) -> type:
     return registry.SOURCES.choose("data.source", source)
 
 
-
 # The train.* steps the loop logs, validates or saves at (and its last): with train.steps_per_call=k it stops
 # only between calls, after steps k, 2k, ..., so each must be a multiple of k.
 STEPS_BETWEEN_CALLS = ("steps", "log_every", "eval_every", "checkpoint_every")
@@ -145,6 +144,7 @@ def check_steps_per_call(train: TrainConfig) -> None:
         if value % k:
             raise ConfigError(f"train.{key}={value} is not a multiple of train.steps_per_call={k} (the loop stops "
                               f"only between calls of {k} steps): choose a multiple of {k}, or another steps_per_call")
+
 
 def check(cfg: Config) -> None:
     """Cross-field checks the schema alone cannot express."""

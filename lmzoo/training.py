@@ -284,7 +284,6 @@ class Trainer:
         self.mesh = training_mesh(cfg)
         replicated = NamedSharding(self.mesh, P())
         self.row_sharding = batch_sharding(self.mesh)
-        self.to_device = partial(jax.make_array_from_process_local_data, self.row_sharding)
         self.steps_per_call = cfg.train.steps_per_call
         # A call's batches stacked [k, B, ...]: each split by rows like one batch, the leading axis whole.
         self.stacked_sharding = NamedSharding(self.mesh, P(None, *self.row_sharding.spec))
@@ -435,9 +434,9 @@ class Trainer:
         return self.batch_to_device(jax.tree.map(lambda *leaves: np.stack(leaves), *batches), self.stacked_sharding)
 
     def batch_to_device(self, batch: dict, sharding: NamedSharding | None = None) -> dict:
-        """This process's rows of a training batch (by default; or of stacked batches with their ``sharding``) on
-        the devices, split by rows: where one process feeds every row, one transfer of the whole batch (about
-        half the host's time of one transfer per array)."""
+        """This process's rows of a batch (a tree of arrays or one array; by default split like one batch, or
+        stacked batches with their ``sharding``) on the devices, split by rows: where one process feeds every
+        row, one transfer of the whole batch (about half the host's time of one transfer per array)."""
         sharding = sharding or self.row_sharding
         if jax.process_count() == 1:
             return jax.device_put(batch, sharding)
@@ -518,7 +517,7 @@ class Trainer:
     def score(self, *arrays: np.ndarray) -> dict:
         """Per-target loss and correctness of a global batch of validation windows (inputs, targets and any
         segment ids); this process feeds its rows."""
-        local = [self.to_device(x[self.process_rows]) for x in arrays]
+        local = [self.batch_to_device(x[self.process_rows]) for x in arrays]
         with jax.set_mesh(self.mesh):
             return jax.device_get(self.eval_fn(self.state, *local))
 
