@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import subprocess
@@ -15,7 +16,8 @@ import pytest
 from conftest import REPO
 from lmzoo.experiments import MODULES, run_experiment
 from lmzoo.experiments.judging import SMOKE
-from lmzoo.experiments.runs import train_run
+from lmzoo.experiments import runs
+from lmzoo.experiments.runs import evaluate_run, train_run
 from lmzoo.rundir import RunDir
 from lmzoo.experiments import sparsity_closed_forms as sparsity
 
@@ -115,6 +117,21 @@ def test_an_experiment_reuses_a_finished_run_of_the_same_settings_from_another_e
         fresh = tmp_path / "three" / "runs" / f"softmax-{len(list((tmp_path / 'three').glob('runs/*')))}"
         train_run("softmax", fresh, overrides=tiny, **other_seed_or_steps)
         assert not fresh.is_symlink() and RunDir(fresh).is_trained()
+
+
+def test_a_finished_evaluation_is_read_back_unless_its_settings_or_checkpoint_changed(tmp_path, monkeypatch):
+    tiny = ["data.seq_len=32", "train.batch_size=2", "model.n_layers=1", "model.d_model=32", "train.eval_every=2",
+            "train.eval_tokens=128", "train.probe_batch=0"]
+    run_dir = tmp_path / "runs" / "softmax-s0"
+    train_run("softmax", run_dir, seed=0, steps=2, overrides=tiny)
+    first = evaluate_run(run_dir, tag="t", lengths=[32, 64], tokens=256)
+    scored = []
+    monkeypatch.setattr(runs, "evaluate", lambda *a, **k: scored.append(1) or copy.deepcopy(first))
+    assert evaluate_run(run_dir, tag="t", lengths=[32, 64], tokens=256) == first and not scored  # read back
+    evaluate_run(run_dir, tag="t", lengths=[32, 64], tokens=128)  # other settings: scored anew
+    RunDir(run_dir).write_results("t", {**first, "step": 1})  # made from an older checkpoint
+    evaluate_run(run_dir, tag="t", lengths=[32, 64], tokens=256)
+    assert len(scored) == 2
 
 
 def test_entropy_growth_difference_pairs_windows():

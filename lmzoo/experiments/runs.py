@@ -2,7 +2,9 @@
 differences between two evaluations of the same validation tokens.
 
 Runs live in ordinary run directories, so a rerun with the same ``out_dir`` resumes (or reuses) them
-and each one can be opened in TensorBoard or compared with ``lmzoo.compare`` like any other run. A run
+and each one can be opened in TensorBoard or compared with ``lmzoo.compare`` like any other run; an
+evaluation already made with the same settings from the run's newest checkpoint is read back, not
+scored again (delete ``eval/<tag>`` to score it anew). A run
 that stops early (interrupted, diverged) stops the experiment with the run's fault: nothing is judged
 on a half-trained model, and rerunning the experiment resumes the run.
 """
@@ -16,6 +18,7 @@ import numpy as np
 from flax import nnx
 from omegaconf import OmegaConf
 
+from lmzoo.checkpoint import Checkpointer
 from lmzoo.cli import compose_and_validate
 from lmzoo.config import Config, ConfigError
 from lmzoo.data.tokenizers import ByteTokenizer
@@ -88,11 +91,28 @@ def evaluate_run(run_dir: Path, *, tag: str, lengths: list[int], tokens: int, ov
     results. ``overrides`` change the trained model's settings (``open_trained``)."""
     eval_cfg = eval_settings([f"eval.tokens={tokens}", f"eval.lengths=[{','.join(map(str, lengths))}]",
                               "eval.probe_batch=0", "eval.progress=false", f"eval.tag={tag}", *eval_overrides])
-    run = RunDir(run_dir)
+    run, settings = RunDir(run_dir), result_settings(eval_cfg, list(overrides))
+    finished = finished_evaluation(run, tag, settings)
+    if finished is not None:
+        return finished
     results = evaluate(open_trained(run, overrides), eval_cfg, tag=tag, extra_dir=run.eval_dir(tag))
-    results["settings"] = result_settings(eval_cfg, list(overrides))
+    results["settings"] = settings
     write_outputs(run, results)
     return results
+
+
+def finished_evaluation(run: RunDir, tag: str, settings: dict) -> dict | None:
+    """The tag's results if they were made with ``settings`` from the run's newest checkpoint, else None: an
+    experiment rerun after an interruption does not score its finished evaluations again."""
+    results = run.read_results(tag)
+    if results is None or results.get("settings") != settings:
+        return None
+    checkpointer = Checkpointer(run.checkpoints)
+    try:
+        newest = checkpointer.latest_step()
+    finally:
+        checkpointer.close()
+    return results if results.get("step") == newest else None
 
 
 def blocks(results: dict, length: int) -> tuple[np.ndarray, np.ndarray]:
