@@ -18,7 +18,6 @@ import numpy as np
 from flax import nnx
 from omegaconf import OmegaConf
 
-from lmzoo.checkpoint import Checkpointer
 from lmzoo.cli import compose_and_validate
 from lmzoo.config import Config, ConfigError
 from lmzoo.data.tokenizers import ByteTokenizer
@@ -105,14 +104,9 @@ def finished_evaluation(run: RunDir, tag: str, settings: dict) -> dict | None:
     """The tag's results if they were made with ``settings`` from the run's newest checkpoint, else None: an
     experiment rerun after an interruption does not score its finished evaluations again."""
     results = run.read_results(tag)
-    if results is None or results.get("settings") != settings:
+    if results is None or results.get("settings") != settings or results.get("step") != final_step(run):
         return None
-    checkpointer = Checkpointer(run.checkpoints)
-    try:
-        newest = checkpointer.latest_step()
-    finally:
-        checkpointer.close()
-    return results if results.get("step") == newest else None
+    return results
 
 
 def blocks(results: dict, length: int) -> tuple[np.ndarray, np.ndarray]:
