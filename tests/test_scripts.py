@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +132,26 @@ def test_gpu_all_runs_chosen_steps_in_order_within_a_budget_and_names_bad_steps(
     bad = subprocess.run([sys.executable, "scripts/gpu_all.py", "--only", "nope"], cwd=REPO, capture_output=True,
                          text=True)
     assert bad.returncode != 0 and "unknown step(s) ['nope']" in bad.stderr and "kernel_tests" in bad.stderr
+
+
+@pytest.mark.slow
+def test_cpu_recipe_keeps_each_runs_record_and_skips_the_kept_runs(tmp_path):
+    env = {"VARIANTS": "softmax", "SEEDS": "0", "STEPS": "2", "SEQ_LEN": "16", "OUT": str(tmp_path / "out"),
+           "KEEP": str(tmp_path / "keep"), "EVAL_EXTRA": "eval.tokens=256 eval.probe_batch=0",
+           "EXTRA": "model.n_layers=1 model.d_model=32 train.batch_size=2 train.eval_tokens=128 train.probe_batch=0"}
+
+    def recipe():
+        result = subprocess.run(["bash", "scripts/cpu_recipe.sh"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                                env={**os.environ, **env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+        assert result.returncode == 0, result.stderr[-2000:]
+
+    recipe()
+    kept = tmp_path / "keep" / "softmax-s0"
+    assert (kept / "eval" / "default" / "results.json").is_file() and (kept / "config.yaml").is_file()
+    assert not (kept / "checkpoints").exists() and not (kept / "tb").exists()
+    assert (tmp_path / "out" / "softmax-s0" / "checkpoints").is_dir()
+    shutil.rmtree(tmp_path / "out")
+    (tmp_path / "keep" / "comparison.md").unlink()
+    recipe()  # the kept run is not trained again; the comparison reads the records
+    assert not (tmp_path / "out").exists()
+    assert "softmax-s0" in (tmp_path / "keep" / "comparison.md").read_text()
