@@ -222,12 +222,13 @@ def test_sparsity_predicted_quick_run_puts_a_point_per_head(tmp_path):
     record = run_experiment("sparsity_predicted", tmp_path, quick=True)
     assert record["runs"] == ["runs/softmax-s0", "runs/gau_relu2-s0", "runs/linear_identity-s0"]
     assert len(record["checks"]) == 7 and sum(c["control"] for c in record["checks"]) == 1
-    for name, heads in record["evidence"]["heads"].items():
-        assert len(heads["predicted"]) == len(heads["measured"]) == (2 if name == "gau relu2" else 8)  # 2 layers
-        assert all(0 < s <= 1 for s in heads["measured"]), name
+    for name, heads in record["evidence"]["heads"].items():  # [seed][layer x head]
+        assert [len(h) for h in heads["predicted"]] == [len(h) for h in heads["measured"]] == [2 if name == "gau relu2" else 8]
+        assert all(0 < s <= 1 for s in heads["measured"][0]), name
     gap = record["evidence"]["checks"]["softmax"]["mean_abs_gap"]
     heads = record["evidence"]["heads"]["softmax"]
-    assert gap["value"] == pytest.approx(np.mean(np.abs(np.subtract(heads["predicted"], heads["measured"]))))
+    assert gap["estimate"] == pytest.approx(np.mean(np.abs(np.subtract(heads["predicted"][0], heads["measured"][0]))))
+    assert gap["uncertainty"] == "heads" and gap["lo"] <= gap["estimate"] <= gap["hi"]
     assert (tmp_path / "sparsity_predicted" / record["figures"][0]).stat().st_size > 0
 
 

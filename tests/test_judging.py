@@ -177,15 +177,39 @@ def test_sparsity_predicted_judge_does_not_pass_shuffled_or_uniform_heads():
     from lmzoo.experiments.sparsity_predicted import Settings, judge, judge_heads
 
     rng = np.random.default_rng(0)
-    predicted = rng.uniform(0.1, 0.9, 16)
-    shuffled = rng.permutation(predicted + rng.normal(0, 0.02, 16))  # the right levels, paired with the wrong heads
-    evidence = {"checks": {"softmax": judge_heads(predicted, shuffled)},
-                "heads": {"softmax": {"predicted": predicted.tolist(), "measured": shuffled.tolist()}}}
-    assert by_name(judge(evidence, Settings()))["softmax: correlation of predicted and measured S"] is not True
-    uniform = np.ones(16) - rng.uniform(0, 0.01, 16)  # untrained: every row near uniform, and so predicted
-    evidence = {"checks": {"softmax": judge_heads(uniform, uniform)},
-                "heads": {"softmax": {"predicted": uniform.tolist(), "measured": uniform.tolist()}}}
-    assert outcome(judge(evidence, Settings()))[0] == "inconclusive"
+
+    def evidence(per_seed):
+        return {"checks": {"softmax": judge_heads(per_seed)},
+                "heads": {"softmax": {"predicted": [p.tolist() for p, _ in per_seed],
+                                      "measured": [m.tolist() for _, m in per_seed]}}}
+
+    def shuffled():  # the right levels, paired with the wrong heads
+        predicted = rng.uniform(0.1, 0.5, 16)
+        return predicted, rng.permutation(predicted + rng.normal(0, 0.02, 16))
+
+    for seeds in (1, 3):
+        checks = by_name(judge(evidence([shuffled() for _ in range(seeds)]), Settings()))
+        assert checks["softmax: correlation of predicted and measured S"] is not True
+    uniform = [(u, u) for u in (np.ones(16) - rng.uniform(0, 0.01, 16) for _ in range(3))]  # untrained: near uniform
+    assert outcome(judge(evidence(uniform), Settings()))[0] == "inconclusive"
+    ordered = []  # the claim true in every seed: predicted orders the heads and gets their level
+    for _ in range(3):
+        predicted = rng.uniform(0.1, 0.5, 16)
+        ordered.append((predicted, predicted + rng.normal(0, 0.02, 16)))
+    assert outcome(judge(evidence(ordered), Settings()))[0] == "reproduced"
+
+
+def test_sparsity_predicted_intervals_count_the_spread_between_seeds():
+    from lmzoo.experiments.sparsity_predicted import judge_heads
+
+    rng = np.random.default_rng(1)
+    predicted = rng.uniform(0.1, 0.5, 16)
+    per_seed = [(predicted, predicted + offset + rng.normal(0, 0.005, 16)) for offset in (0.0, 0.1, 0.2)]
+    gap = judge_heads(per_seed)["mean_abs_gap"]
+    assert gap["uncertainty"] == "seeds+heads" and gap["seeds"] == [3]
+    assert gap["estimate"] == pytest.approx(0.1, abs=0.01) and gap["hi"] - gap["lo"] > 0.4  # t with 2 df: wide
+    pooled = judge_heads([tuple(np.concatenate(parts) for parts in zip(*per_seed))])["mean_abs_gap"]
+    assert pooled["uncertainty"] == "heads" and pooled["hi"] - pooled["lo"] < 0.1  # pooled heads look far surer
 
 
 def test_mqar_judge():
