@@ -140,16 +140,18 @@ def record(estimate: float, lo: float, hi: float, uncertainty: str, seeds: int) 
 def judge_heads(per_seed: list[tuple[np.ndarray, np.ndarray]]) -> dict:
     """Each statistic of the heads with its 95% interval: Student's t over the per-seed values with two seeds
     or more (seeds+heads), a bootstrap over the heads of a single seed (heads)."""
+    if len(per_seed) == 1:
+        return {name: record(*bootstrap(statistic, terms), "heads", 1)
+                for name, (statistic, terms) in head_sums(*per_seed[0]).items()}
+    values = {}  # statistic: its value in each seed
+    for points in per_seed:
+        for name, (statistic, terms) in head_sums(*points).items():
+            values.setdefault(name, []).append(float(statistic(*[t.sum() for t in terms])))
     out = {}
-    for name, (statistic, _) in head_sums(*per_seed[0]).items():
-        if len(per_seed) == 1:
-            interval = bootstrap(statistic, head_sums(*per_seed[0])[name][1])
-            out[name] = record(interval.estimate, interval.lo, interval.hi, "heads", 1)
-            continue
-        values = np.array([statistic(*[terms.sum() for terms in head_sums(*points)[name][1]]) for points in per_seed])
-        mean, n = float(values.mean()), len(values)
-        out[name] = record(mean, *welch_interval(mean, [(float(values.var(ddof=1)) / n, n)], 0.0, 0.95),
-                           "seeds+heads", n)
+    for name, per_seed_values in values.items():
+        mean, n = float(np.mean(per_seed_values)), len(per_seed_values)
+        spread = [(float(np.var(per_seed_values, ddof=1)) / n, n)]
+        out[name] = record(mean, *welch_interval(mean, spread, 0.0, 0.95), "seeds+heads", n)
     return out
 
 
