@@ -7,8 +7,9 @@
 # baseline's. Three seeds per arm at least: with one, training noise cannot be estimated.
 # Rerunning resumes: a run already evaluated is skipped, an unfinished one resumes from its checkpoint.
 # KEEP=<dir> copies each evaluated run's record (config, run info, metrics, evaluation results: no checkpoints
-# or figures, about 50 kB) to <dir>/<variant>-s<seed>, skips the runs whose record is there, and compares the
-# records: a long measurement can be stopped, carried elsewhere as its records, and continued.
+# or figures, about 80 kB) to <dir>/<variant>-s<seed>, skips the runs whose record is there, and compares the
+# records: a long measurement can be stopped, carried elsewhere as its records, and continued (git ignores any
+# folder named runs/, so records to commit go elsewhere, e.g. KEEP=docs/frontier/records).
 # EXTRA adds training settings, EVAL_EXTRA evaluation settings (e.g. eval.min_doc_tokens=1024: score inside long
 # documents only).
 set -euo pipefail
