@@ -38,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from lmzoo.experiments import Outcome
-from lmzoo.experiments.judging import Check, measured
+from lmzoo.experiments.judging import LEVEL, Check, Measured, measured
 from lmzoo.experiments.runs import train_run
 from lmzoo.experiments.sparsity_closed_forms import closed_exp, closed_identity, closed_relu2
 from lmzoo.metrics.intervals import bootstrap
@@ -133,15 +133,11 @@ def head_sums(predicted: np.ndarray, measured: np.ndarray) -> dict:
             "mean_measured": (mean_of, [measured, ones])}
 
 
-def record(estimate: float, lo: float, hi: float, uncertainty: str, seeds: int) -> dict:
-    return {"estimate": float(estimate), "lo": float(lo), "hi": float(hi), "uncertainty": uncertainty, "seeds": [seeds]}
-
-
 def judge_heads(per_seed: list[tuple[np.ndarray, np.ndarray]]) -> dict:
     """Each statistic of the heads with its 95% interval: Student's t over the per-seed values with two seeds
     or more (seeds+heads), a bootstrap over the heads of a single seed (heads)."""
     if len(per_seed) == 1:
-        return {name: record(*bootstrap(statistic, terms), "heads", 1)
+        return {name: Measured(*bootstrap(statistic, terms), "heads").record()
                 for name, (statistic, terms) in head_sums(*per_seed[0]).items()}
     values = {}  # statistic: its value in each seed
     for points in per_seed:
@@ -151,7 +147,7 @@ def judge_heads(per_seed: list[tuple[np.ndarray, np.ndarray]]) -> dict:
     for name, per_seed_values in values.items():
         mean, n = float(np.mean(per_seed_values)), len(per_seed_values)
         spread = [(float(np.var(per_seed_values, ddof=1)) / n, n)]
-        out[name] = record(mean, *welch_interval(mean, spread, 0.0, 0.95), "seeds+heads", n)
+        out[name] = Measured(mean, *welch_interval(mean, spread, 0.0, LEVEL), "seeds+heads", (n,)).record()
     return out
 
 
