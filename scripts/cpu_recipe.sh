@@ -35,10 +35,12 @@ for variant in ${VARIANTS//,/ }; do
         train.eval_every=100 train.progress=false "run_dir=${OUT}/${name}" ${EXTRA}
       python -m lmzoo.eval "run_dir=${OUT}/${name}" "eval.lengths=${LENGTHS}" eval.progress=false ${EVAL_EXTRA}
     fi
-    if [[ -n "${KEEP}" ]]; then
-      mkdir -p "${KEEP}/${name}"  # the files lmzoo.compare reads
+    if [[ -n "${KEEP}" ]]; then  # the files lmzoo.compare reads, moved in whole: a kill leaves no torn record
+      partial="${KEEP}/.${name}.partial"
+      rm -rf "${partial}" && mkdir -p "${partial}"
       (cd "${OUT}/${name}" && ls -d ./*.json ./*.jsonl config.yaml eval/*/results.json | tar -cf - -T -) |
-        tar -C "${KEEP}/${name}" -xf -
+        tar -C "${partial}" -xf -
+      rm -rf "${KEEP:?}/${name}" && mv "${partial}" "${KEEP}/${name}"
     fi
   done
 done

@@ -149,6 +149,7 @@ def test_cpu_recipe_keeps_each_runs_record_and_skips_the_kept_runs(tmp_path):
     kept = tmp_path / "keep" / "softmax-s0"
     assert (kept / "eval" / "default" / "results.json").is_file() and (kept / "config.yaml").is_file()
     assert not (kept / "checkpoints").exists() and not (kept / "tb").exists()
+    assert sorted(p.name for p in (tmp_path / "keep").iterdir() if p.is_dir()) == ["softmax-s0"]  # nothing partial left
     assert (tmp_path / "out" / "softmax-s0" / "checkpoints").is_dir()
     shutil.rmtree(tmp_path / "out")
     (tmp_path / "keep" / "comparison.md").unlink()
