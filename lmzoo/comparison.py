@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from lmzoo.evaluator import sampling_note
 from lmzoo.metrics.intervals import RESAMPLES, SEED, bits_per_nat, over_seeds, ratio_of_sums, ratio_to_reference
-from lmzoo.metrics.seeds import Comparison, arm_difference, arm_estimate
+from lmzoo.metrics.seeds import Comparison, arm_difference, arm_estimate, seed_difference
 from lmzoo.rundir import CONFIG, RunDir, atomic_write_text, describe_changes
 from lmzoo.schema import ConfigError, flatten
 
@@ -143,12 +143,15 @@ class Group:
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Run directories (holding config.yaml and metrics.jsonl) at or below each path."""
+    """Run directories (holding config.yaml and metrics.jsonl) at or below each path. Below a path, folders whose
+    name starts with a dot are skipped: they hold copies still being written (``scripts/cpu_recipe.sh KEEP=``)."""
     found = []
     for path in paths:
         if not path.exists():
             raise FileNotFoundError(f"no such run or sweep directory: {path}")
-        candidates = [path] if RunDir(path).is_run() else sorted(p.parent for p in path.rglob(CONFIG))
+        hidden = lambda run: any(part.startswith(".") for part in run.relative_to(path).parts)  # noqa: E731
+        candidates = [path] if RunDir(path).is_run() else sorted(p.parent for p in path.rglob(CONFIG)
+                                                                  if not hidden(p.parent))
         found += [p for p in candidates if RunDir(p).is_run() and p not in found]
     return found
 
@@ -388,10 +391,13 @@ def differences(groups: list[Group], baseline: Group, settings: dict) -> tuple[s
     """Markdown table of each arm's difference to ``baseline`` (bpb at the training length, ratios), and its records."""
     lengths = other_lengths([r for g in groups for r in g.runs])
     header = ["variant", "seeds", "Δ bpb@train"] + [f"Δ bpb@{n} / bpb@train" for n in lengths] + ["interval"]
+    header += ["Δ mean S@train (seeds)"]
     lines = [
         f"Difference to {baseline.label}: the mean over each arm's seeds, minus the baseline's; 95% intervals "
         "count training noise (seeds, resampled within each arm) and the text (blocks, resampled jointly); "
-        "* = significant. An arm of one seed gives a text-only interval, never significant.",
+        "* = significant. An arm of one seed gives a text-only interval, never significant. Mean S (the attention "
+        "probe's sparsity over layers and heads, on the same windows for every run) has Welch's interval over "
+        "the seeds alone, and none with one seed in an arm.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -403,9 +409,12 @@ def differences(groups: list[Group], baseline: Group, settings: dict) -> tuple[s
         row = [group.label, seeds_cell(bpb, group, baseline), interval_cell(bpb, "+.3f", mark=True)]
         row += [interval_cell(ratios[n], "+.3f", mark=True) for n in lengths]
         row.append(interval_note([bpb, *ratios.values()]))
+        sparsity = seed_difference(*[[_mean(r.at_train.get("sparsity")) for r in g.evaluated] for g in (group, baseline)])
+        row.append(interval_cell(sparsity, "+.3f", mark=True))
         lines.append("| " + " | ".join(row) + " |")
         records.append({"label": group.label, "baseline": baseline.label, "bpb": bpb.record() if bpb else None,
-                        "ratio": {str(n): c.record() for n, c in ratios.items() if c is not None}})
+                        "ratio": {str(n): c.record() for n, c in ratios.items() if c is not None},
+                        "sparsity": sparsity.record() if sparsity else None})
     return "\n".join(lines), records
 
 

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 from omegaconf import OmegaConf
 
 from lmzoo import compare, comparison
@@ -22,9 +23,9 @@ COUNT = RNG.integers(80, 120, BLOCKS).astype(float)  # scored tokens per block, 
 
 
 def write_run(root, name, *, variant, seed, growth, shift=0, lr=1e-3, new_keys=True, label=None, level=1.0,
-              corpus="abc"):
+              corpus="abc", sparsity=None):
     """A fake run whose per-block loss at length L is the text's, shifted ``shift`` blocks, times growth[L] and
-    ``level``, on the corpus named ``corpus``."""
+    ``level``, on the corpus named ``corpus``; with ``sparsity``, its probe's S per layer and head (``[[...]]``)."""
     run_dir = root / name
     (run_dir / "eval" / "default").mkdir(parents=True)
     config = {"seed": seed, "label": label, "run_dir": str(run_dir), "attn": {"name": variant}, "optim": {"lr": lr},
@@ -42,6 +43,8 @@ def write_run(root, name, *, variant, seed, growth, shift=0, lr=1e-3, new_keys=T
         mean = loss[n].sum() / COUNT.sum()
         results["lengths"][str(n)] = {"loss": mean, "bpb": mean * BITS, "ppl": math.exp(mean), "accuracy": 0.5}
         results["per_position"][str(n)] = {"positions": [n // 2, n], "loss": [mean + 0.1, mean - 0.1]}
+        if sparsity is not None:
+            results["lengths"][str(n)]["sparsity"] = sparsity
         if new_keys:
             sums = {"loss": loss[n], "count": COUNT}
             train_sums = {"loss": loss[TRAIN_LEN], "count": COUNT}
@@ -210,3 +213,28 @@ def test_a_run_that_cannot_be_read_is_left_out_in_one_line(sweep, tmp_path):
     assert len(report.notes) == 1 and report.notes[0].startswith(f"left out {sweep / 'gla-1'}: ")
     _, rows = rows_of(report.markdown.split("Difference")[0])
     assert rows["gla"]["n"] == "1" and rows["softmax"]["n"] == "2"
+
+
+def test_a_hidden_folder_below_a_sweep_is_not_a_run(sweep, tmp_path):
+    write_run(sweep, ".gla-2.partial", variant="gla", seed=2, growth=FLAT, shift=1)  # a copy not yet moved in place
+    _, rows = rows_of(compare.main([str(sweep), "--out", str(tmp_path / "out")]))
+    assert rows["gla"]["n"] == "2"
+    assert comparison.find_runs([sweep / ".gla-2.partial"]) == [sweep / ".gla-2.partial"]  # named: still read
+
+
+def test_sparsity_differences_count_the_seeds_and_need_two_of_them(tmp_path):
+    for seed, (s_soft, s_gla) in enumerate([(0.30, 0.52), (0.32, 0.50), (0.31, 0.51)]):
+        write_run(tmp_path, f"softmax-{seed}", variant="softmax", seed=seed, growth=FLAT, sparsity=[[s_soft, s_soft]])
+        write_run(tmp_path, f"gla-{seed}", variant="gla", seed=seed, growth=FLAT, sparsity=[[s_gla - 0.1, s_gla + 0.1]])
+    write_run(tmp_path, "retnet-0", variant="retnet", seed=0, growth=FLAT, sparsity=[[0.9, 0.9]])
+    report = comparison.compare([tmp_path], baseline="softmax")
+    header, rows = rows_of(report.markdown.split("Difference to softmax")[1])
+    column = "Δ mean S@train (seeds)"
+    estimate, rest = rows["gla"][column].split(" ", 1)
+    assert float(estimate) == pytest.approx(0.20, abs=1e-9) and rest.endswith("*")
+    lo, hi = map(float, rest.removesuffix(" *").strip("[]").split(", "))
+    half = stats.t.ppf(0.975, 4) * math.sqrt(0.01**2 / 3 + 0.01**2 / 3)  # equal spreads: Welch's df is 4
+    assert (lo, hi) == pytest.approx((0.2 - half, 0.2 + half), abs=2e-3)  # the table rounds to 3 decimals
+    assert rows["retnet"][column] == "—"  # one seed: its training noise is unknown
+    record = {d["label"]: d for d in report.record["differences"]}
+    assert record["gla"]["sparsity"]["uncertainty"] == "seeds" and record["retnet"]["sparsity"] is None

@@ -42,6 +42,7 @@ from scipy import stats
 from lmzoo.metrics.intervals import LEVEL, RESAMPLES, SEED, bootstrap, draws, ratio_of_sums, resampled_sums
 
 SEEDS_AND_TEXT = "seeds+text"
+SEEDS = "seeds"  # a per-run statistic measured on text every run shares and that is not resampled (e.g. a probe's)
 TEXT = "text"
 
 Run = Sequence[np.ndarray]  # block-sum arrays [B] of one run, the arguments of a metric (e.g. (loss, count))
@@ -60,13 +61,13 @@ class Comparison:
     @property
     def significant(self) -> bool:
         """The interval excludes zero and counts training noise: never for a text-only interval."""
-        return self.uncertainty == SEEDS_AND_TEXT and bool(self.lo > 0 or self.hi < 0)
+        return self.uncertainty in (SEEDS_AND_TEXT, SEEDS) and bool(self.lo > 0 or self.hi < 0)
 
     @property
     def note(self) -> str:
         """What the interval covers, in the words a table shows beside it."""
-        if self.uncertainty == SEEDS_AND_TEXT:
-            return "seeds+text"
+        if self.uncertainty in (SEEDS_AND_TEXT, SEEDS):
+            return self.uncertainty
         return "1 seed: text only" if min(self.seeds) == 1 else "text only"
 
     def scaled(self, factor: float) -> Comparison:
@@ -167,6 +168,20 @@ def arm_estimate(
     text = shared_text_variance([values], [1.0])
     lo, hi = welch_interval(float(full.mean()), [(float(full.var(ddof=1)) / len(full), len(full))], text, level)
     return Comparison(float(full.mean()), lo, hi, (len(runs),), SEEDS_AND_TEXT).scaled(scale)
+
+
+def seed_difference(values: Sequence[float], baselines: Sequence[float], *, level: float = LEVEL) -> Comparison | None:
+    """Mean of ``values`` minus mean of ``baselines`` (one number per run), Welch's interval over the seeds alone.
+
+    For a statistic every run measures on the same fixed text without block sums behind it (the attention
+    probes' sparsity and entropy): the text's part of the uncertainty is not counted, and the interval says so
+    (``uncertainty="seeds"``). None where an arm has fewer than two runs: its training noise is unknown."""
+    a, b = (np.asarray([v for v in arm if v is not None], dtype=np.float64) for arm in (values, baselines))
+    if min(len(a), len(b)) < 2:
+        return None
+    estimate = float(a.mean() - b.mean())
+    lo, hi = welch_interval(estimate, [(float(x.var(ddof=1)) / len(x), len(x)) for x in (a, b)], 0.0, level)
+    return Comparison(estimate, lo, hi, (len(a), len(b)), SEEDS)
 
 
 def text_only_difference(runs, baselines, metric, seeds, **bootstrap_args) -> Comparison:
