@@ -387,17 +387,25 @@ def seeds_cell(comparison: Comparison | None, group: Group, baseline: Group) -> 
     return f"{n[0]} vs {n[1]}"
 
 
+def sparsity_difference(group: Group, baseline: Group, length: int | None) -> Comparison | None:
+    """The arms' difference in mean probe sparsity at ``length`` (None: the training length), over seeds alone."""
+    def values(g: Group) -> list:
+        return [_mean((r.at(length) if length else r.at_train).get("sparsity")) for r in g.evaluated]
+    return seed_difference(values(group), values(baseline))
+
+
 def differences(groups: list[Group], baseline: Group, settings: dict) -> tuple[str, list[dict]]:
     """Markdown table of each arm's difference to ``baseline`` (bpb at the training length, ratios), and its records."""
     lengths = other_lengths([r for g in groups for r in g.runs])
     header = ["variant", "seeds", "Δ bpb@train"] + [f"Δ bpb@{n} / bpb@train" for n in lengths] + ["interval"]
-    header += ["Δ mean S@train (seeds)"]
+    longest = lengths[-1:]  # S where the arms are furthest from training: the table's one other sparsity column
+    header += ["Δ mean S@train (seeds)"] + [f"Δ mean S@{n} (seeds)" for n in longest]
     lines = [
         f"Difference to {baseline.label}: the mean over each arm's seeds, minus the baseline's; 95% intervals "
         "count training noise (seeds, resampled within each arm) and the text (blocks, resampled jointly); "
         "* = significant. An arm of one seed gives a text-only interval, never significant. Mean S (the attention "
-        "probe's sparsity over layers and heads, on the same windows for every run) has Welch's interval over "
-        "the seeds alone, and none with one seed in an arm.",
+        "probe's sparsity over layers and heads, on the same windows for every run; at the training length and "
+        "at the longest evaluated) has Welch's interval over the seeds alone, and none with one seed in an arm.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -409,12 +417,14 @@ def differences(groups: list[Group], baseline: Group, settings: dict) -> tuple[s
         row = [group.label, seeds_cell(bpb, group, baseline), interval_cell(bpb, "+.3f", mark=True)]
         row += [interval_cell(ratios[n], "+.3f", mark=True) for n in lengths]
         row.append(interval_note([bpb, *ratios.values()]))
-        sparsity = seed_difference(*[[_mean(r.at_train.get("sparsity")) for r in g.evaluated] for g in (group, baseline)])
-        row.append(interval_cell(sparsity, "+.3f", mark=True))
+        sparsity = sparsity_difference(group, baseline, None)
+        beyond = {n: sparsity_difference(group, baseline, n) for n in lengths}
+        row += [interval_cell(c, "+.3f", mark=True) for c in (sparsity, *(beyond[n] for n in longest))]
         lines.append("| " + " | ".join(row) + " |")
         records.append({"label": group.label, "baseline": baseline.label, "bpb": bpb.record() if bpb else None,
                         "ratio": {str(n): c.record() for n, c in ratios.items() if c is not None},
-                        "sparsity": sparsity.record() if sparsity else None})
+                        "sparsity": sparsity.record() if sparsity else None,
+                        "sparsity_by_length": {str(n): c.record() for n, c in beyond.items() if c is not None}})
     return "\n".join(lines), records
 
 

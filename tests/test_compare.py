@@ -238,3 +238,5 @@ def test_sparsity_differences_count_the_seeds_and_need_two_of_them(tmp_path):
     assert rows["retnet"][column] == "—"  # one seed: its training noise is unknown
     record = {d["label"]: d for d in report.record["differences"]}
     assert record["gla"]["sparsity"]["uncertainty"] == "seeds" and record["retnet"]["sparsity"] is None
+    assert rows["gla"]["Δ mean S@128 (seeds)"] == rows["gla"][column]  # the fake runs' S is the same at every length
+    assert set(record["gla"]["sparsity_by_length"]) == {"64", "128"} and record["retnet"]["sparsity_by_length"] == {}

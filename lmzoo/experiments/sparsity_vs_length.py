@@ -60,6 +60,8 @@ VARIANTS = {
     "dsa": ("reported", "dsa", []),
     "stickbreaking": ("reported", "stickbreaking", []),
     "path": ("reported", "path", []),
+    "gated_softmax": ("reported", "gated_softmax", []),
+    "log_linear_mamba2": ("reported", "log_linear_mamba2", []),
 }
 
 
