@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from lmzoo.evaluator import sampling_note
 from lmzoo.metrics.intervals import RESAMPLES, SEED, bits_per_nat, over_seeds, ratio_of_sums, ratio_to_reference
-from lmzoo.metrics.seeds import Comparison, arm_difference, arm_estimate, seed_difference
+from lmzoo.metrics.seeds import Comparison, arm_difference, arm_estimate, seed_difference, seed_mean
 from lmzoo.rundir import CONFIG, RunDir, atomic_write_text, describe_changes
 from lmzoo.schema import ConfigError, flatten
 
@@ -553,10 +553,12 @@ def plot_sparsity(groups: list[Group], out: Path, train_len: int, lengths: list[
 
     fig, ax = new_axes((6, 4))
     for index, group in enumerate(groups):
-        xs, ys, los, his = series(group, lengths, lambda r, n: _mean(r.at(n).get("sparsity")), lambda g, n: None)
+        xs, ys, los, his = series(group, lengths, lambda r, n: _mean(r.at(n).get("sparsity")),
+                                  lambda g, n: seed_mean([_mean(r.at(n).get("sparsity")) for r in g.evaluated]))
+        n = len(group.evaluated)
+        label = f"{group.label} ({n} seeds, 95% over seeds)" if n > 1 else f"{group.label} (1 run, no interval)"
         if xs:
-            error_bars(ax, spread(xs, index, len(groups)), ys, los, his,
-                       label=f"{group.label} (mean of {len(group.runs)} run(s), no interval)", **series_style(index))
+            error_bars(ax, spread(xs, index, len(groups)), ys, los, his, label=label, **series_style(index))
     return save_axes(fig, ax, out / "sparsity_vs_length.png", train_len=train_len, xticks=lengths, xscale="log",
                      title="Attention sparsity against evaluation length",
                      xlabel="evaluation length (tokens)", ylabel="mean attention sparsity S (1 = uniform)")

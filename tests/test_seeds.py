@@ -9,7 +9,7 @@ import pytest
 
 from lmzoo.metrics import calibration
 from lmzoo.metrics.intervals import ratio_of_sums, ratio_to_reference
-from lmzoo.metrics.seeds import SEEDS_AND_TEXT, TEXT, arm_difference, arm_estimate, switch_difference
+from lmzoo.metrics.seeds import SEEDS, SEEDS_AND_TEXT, TEXT, arm_difference, arm_estimate, seed_mean, switch_difference
 
 
 def arms(scenario, seed=0):
@@ -85,3 +85,12 @@ def test_runs_on_other_blocks_are_refused():
     a, b = arms(calibration.DEFAULT)
     with pytest.raises(ValueError, match="different blocks"):
         arm_difference([(loss[:-1], count[:-1]) for loss, count in a], b, ratio_of_sums)
+
+
+def test_a_per_run_statistic_gets_students_interval_over_the_seeds():
+    values = [0.30, 0.33, 0.31, None]  # a run without the statistic is left out
+    mean = seed_mean(values)
+    half = 4.302653 * np.std([0.30, 0.33, 0.31], ddof=1) / np.sqrt(3)  # t at 97.5% with 2 degrees of freedom
+    assert (mean.estimate, mean.lo, mean.hi) == pytest.approx((0.31333333, 0.31333333 - half, 0.31333333 + half))
+    assert mean.seeds == (3,) and mean.uncertainty == SEEDS
+    assert seed_mean([0.3, None]) is None  # one run: its training noise is unknown

@@ -184,6 +184,18 @@ def seed_difference(values: Sequence[float], baselines: Sequence[float], *, leve
     return Comparison(estimate, lo, hi, (len(a), len(b)), SEEDS)
 
 
+def seed_mean(values: Sequence[float], *, level: float = LEVEL) -> Comparison | None:
+    """Mean of ``values`` (one number per run of an arm) with Student's interval over the seeds alone.
+
+    The single-arm counterpart of ``seed_difference``, for the same kind of statistic; None with fewer than two
+    runs."""
+    a = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    if len(a) < 2:
+        return None
+    lo, hi = welch_interval(float(a.mean()), [(float(a.var(ddof=1)) / len(a), len(a))], 0.0, level)
+    return Comparison(float(a.mean()), lo, hi, (len(a),), SEEDS)
+
+
 def text_only_difference(runs, baselines, metric, seeds, **bootstrap_args) -> Comparison:
     """Mean over runs minus mean over baselines, every run resampled with the same block draws."""
     width = len(runs[0])
