@@ -337,7 +337,7 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
     masked = any(r.documents == "mask" for r in runs)
     header = ["variant", "n", "params", "state size", *(["documents"] if masked else []), "val bpb", "bpb@train"]
     header += [f"bpb@{n} / bpb@train" for n in lengths]
-    header += ["interval", "mean S", "entropy", "accuracy", "tokens/s", "runs"]
+    header += ["interval", "mean S", "entropy", "first key", "accuracy", "tokens/s", "runs"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     records = []
     for group in groups:
@@ -351,6 +351,7 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
         row += [
             summary_cell(group, lambda r: _mean(r.at_train.get("sparsity")) if r.results else r.last("val_sparsity")),
             summary_cell(group, lambda r: _mean(r.at_train.get("entropy")) if r.results else r.last("val_entropy")),
+            summary_cell(group, lambda r: _mean(r.at_train.get("first_key"))),
             summary_cell(group, lambda r: r.last("val_accuracy")),
             summary_cell(group, lambda r: r.mean_throughput(), spec=",.0f"),
             ", ".join(str(r.path) + (" †" if r.changes else "") for r in group.runs),
@@ -387,10 +388,11 @@ def seeds_cell(comparison: Comparison | None, group: Group, baseline: Group) -> 
     return f"{n[0]} vs {n[1]}"
 
 
-def sparsity_difference(group: Group, baseline: Group, length: int | None) -> Comparison | None:
-    """The arms' difference in mean probe sparsity at ``length`` (None: the training length), over seeds alone."""
+def probe_difference(group: Group, baseline: Group, length: int | None, name: str = "sparsity") -> Comparison | None:
+    """The arms' difference in a probe's mean (``sparsity``, ``first_key``) at ``length`` (None: the training
+    length), over seeds alone."""
     def values(g: Group) -> list:
-        return [_mean((r.at(length) if length else r.at_train).get("sparsity")) for r in g.evaluated]
+        return [_mean((r.at(length) if length else r.at_train).get(name)) for r in g.evaluated]
     return seed_difference(values(group), values(baseline))
 
 
@@ -399,13 +401,14 @@ def differences(groups: list[Group], baseline: Group, settings: dict) -> tuple[s
     lengths = other_lengths([r for g in groups for r in g.runs])
     header = ["variant", "seeds", "Δ bpb@train"] + [f"Δ bpb@{n} / bpb@train" for n in lengths] + ["interval"]
     longest = lengths[-1:]  # S where the arms are furthest from training: the table's one other sparsity column
-    header += ["Δ mean S@train (seeds)"] + [f"Δ mean S@{n} (seeds)" for n in longest]
+    header += ["Δ mean S@train (seeds)"] + [f"Δ mean S@{n} (seeds)" for n in longest] + ["Δ first key@train (seeds)"]
     lines = [
         f"Difference to {baseline.label}: the mean over each arm's seeds, minus the baseline's; 95% intervals "
         "count training noise (seeds, resampled within each arm) and the text (blocks, resampled jointly); "
         "* = significant. An arm of one seed gives a text-only interval, never significant. Mean S (the attention "
         "probe's sparsity over layers and heads, on the same windows for every run; at the training length and "
-        "at the longest evaluated) has Welch's interval over the seeds alone, and none with one seed in an arm.",
+        "at the longest evaluated) and the first-key share (a row's weight on its first key, where attention "
+        "sinks form) have Welch's interval over the seeds alone, and none with one seed in an arm.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -417,14 +420,16 @@ def differences(groups: list[Group], baseline: Group, settings: dict) -> tuple[s
         row = [group.label, seeds_cell(bpb, group, baseline), interval_cell(bpb, "+.3f", mark=True)]
         row += [interval_cell(ratios[n], "+.3f", mark=True) for n in lengths]
         row.append(interval_note([bpb, *ratios.values()]))
-        sparsity = sparsity_difference(group, baseline, None)
-        beyond = {n: sparsity_difference(group, baseline, n) for n in lengths}
-        row += [interval_cell(c, "+.3f", mark=True) for c in (sparsity, *(beyond[n] for n in longest))]
+        sparsity = probe_difference(group, baseline, None)
+        beyond = {n: probe_difference(group, baseline, n) for n in lengths}
+        first_key = probe_difference(group, baseline, None, "first_key")
+        row += [interval_cell(c, "+.3f", mark=True) for c in (sparsity, *(beyond[n] for n in longest), first_key)]
         lines.append("| " + " | ".join(row) + " |")
         records.append({"label": group.label, "baseline": baseline.label, "bpb": bpb.record() if bpb else None,
                         "ratio": {str(n): c.record() for n, c in ratios.items() if c is not None},
                         "sparsity": sparsity.record() if sparsity else None,
-                        "sparsity_by_length": {str(n): c.record() for n, c in beyond.items() if c is not None}})
+                        "sparsity_by_length": {str(n): c.record() for n, c in beyond.items() if c is not None},
+                        "first_key": first_key.record() if first_key else None})
     return "\n".join(lines), records
 
 

@@ -15,7 +15,8 @@ from lmzoo.rundir import RunDir, atomic_write_text, json_text
 from lmzoo.faults import probe_writable
 
 CSV_COLUMNS = ["length", "length_ratio", "tokens", "loss", "bpb", "bpb_lo", "bpb_hi", "ratio", "ratio_lo",
-               "ratio_hi", "accuracy", "mean_sparsity", "mean_entropy"]
+               "ratio_hi", "accuracy", "mean_sparsity", "mean_entropy", "mean_first_key"]
+PROBES = ("sparsity", "entropy", "first_key")  # the attention probes' per-layer, per-head results
 
 
 def check_writable(run: RunDir, tag: str) -> None:
@@ -42,7 +43,7 @@ def results_csv(results: dict) -> str:
     writer = csv.writer(text)
     writer.writerow(CSV_COLUMNS)
     for length, r in results["lengths"].items():
-        means = [float(np.nanmean(r[k])) if k in r else "" for k in ("sparsity", "entropy")]
+        means = [float(np.nanmean(r[k])) if k in r else "" for k in PROBES]
         writer.writerow([length, int(length) / train_len, r["tokens"], r["loss"], r["bpb"], *r["bpb_ci"],
                          r["ratio"], *r["ratio_ci"], r["accuracy"], *means])
     return text.getvalue()
@@ -59,7 +60,7 @@ def write_tensorboard(run: RunDir, results: dict, pngs: list[Path]) -> None:
         for length, r in results["lengths"].items():
             tb.add_scalar(f"eval/{tag}/bpb_vs_length", r["bpb"], int(length))
             tb.add_scalar(f"eval/{tag}/loss_vs_length", r["loss"], int(length))
-            for name in ("sparsity", "entropy"):
+            for name in PROBES:
                 if name in r:
                     tb.add_scalar(f"eval/{tag}/{name}_vs_length", float(np.nanmean(r[name])), int(length))
         for png in pngs:  # under plots/: an image never shares a scalar's tag

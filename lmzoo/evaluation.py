@@ -188,11 +188,12 @@ def position_entry(scores: LengthScores, bootstrap_args: dict) -> dict:
 
 
 def probe_entries(model: LM, windows, eval_cfg: EvalConfig) -> tuple[dict, dict]:
-    """Attention sparsity and entropy on the first windows: per layer and head, and per span of positions."""
+    """Attention sparsity, entropy and first-key share on the first windows: per layer and head, and per span of
+    positions."""
     batch = windows(np.arange(min(eval_cfg.probe_batch, len(windows))))
     stats = attention_stats(model, batch["inputs"], batch.get("segment_ids"), position_buckets=eval_cfg.position_buckets)
-    return ({"sparsity": stats["sparsity"], "entropy": stats["entropy"]},
-            {"sparsity": stats["sparsity_by_position"], "entropy": stats["entropy_by_position"]})
+    names = ("sparsity", "entropy", "first_key")
+    return {n: stats[n] for n in names}, {n: stats[f"{n}_by_position"] for n in names}
 
 
 def score_lengths(forwards: dict[int, Forward], windows: dict, rows: dict[int, int], eval_cfg: EvalConfig,

@@ -23,9 +23,10 @@ COUNT = RNG.integers(80, 120, BLOCKS).astype(float)  # scored tokens per block, 
 
 
 def write_run(root, name, *, variant, seed, growth, shift=0, lr=1e-3, new_keys=True, label=None, level=1.0,
-              corpus="abc", sparsity=None):
+              corpus="abc", sparsity=None, first_key=None):
     """A fake run whose per-block loss at length L is the text's, shifted ``shift`` blocks, times growth[L] and
-    ``level``, on the corpus named ``corpus``; with ``sparsity``, its probe's S per layer and head (``[[...]]``)."""
+    ``level``, on the corpus named ``corpus``; with ``sparsity`` and ``first_key``, its probes' values per layer and
+    head (``[[...]]``)."""
     run_dir = root / name
     (run_dir / "eval" / "default").mkdir(parents=True)
     config = {"seed": seed, "label": label, "run_dir": str(run_dir), "attn": {"name": variant}, "optim": {"lr": lr},
@@ -43,8 +44,9 @@ def write_run(root, name, *, variant, seed, growth, shift=0, lr=1e-3, new_keys=T
         mean = loss[n].sum() / COUNT.sum()
         results["lengths"][str(n)] = {"loss": mean, "bpb": mean * BITS, "ppl": math.exp(mean), "accuracy": 0.5}
         results["per_position"][str(n)] = {"positions": [n // 2, n], "loss": [mean + 0.1, mean - 0.1]}
-        if sparsity is not None:
-            results["lengths"][str(n)]["sparsity"] = sparsity
+        for name, value in (("sparsity", sparsity), ("first_key", first_key)):
+            if value is not None:
+                results["lengths"][str(n)][name] = value
         if new_keys:
             sums = {"loss": loss[n], "count": COUNT}
             train_sums = {"loss": loss[TRAIN_LEN], "count": COUNT}
@@ -225,7 +227,8 @@ def test_a_hidden_folder_below_a_sweep_is_not_a_run(sweep, tmp_path):
 def test_sparsity_differences_count_the_seeds_and_need_two_of_them(tmp_path):
     for seed, (s_soft, s_gla) in enumerate([(0.30, 0.52), (0.32, 0.50), (0.31, 0.51)]):
         write_run(tmp_path, f"softmax-{seed}", variant="softmax", seed=seed, growth=FLAT, sparsity=[[s_soft, s_soft]])
-        write_run(tmp_path, f"gla-{seed}", variant="gla", seed=seed, growth=FLAT, sparsity=[[s_gla - 0.1, s_gla + 0.1]])
+        write_run(tmp_path, f"gla-{seed}", variant="gla", seed=seed, growth=FLAT, sparsity=[[s_gla - 0.1, s_gla + 0.1]],
+                  first_key=[[0.1 + 0.01 * seed, 0.1]])
     write_run(tmp_path, "retnet-0", variant="retnet", seed=0, growth=FLAT, sparsity=[[0.9, 0.9]])
     report = comparison.compare([tmp_path], baseline="softmax")
     header, rows = rows_of(report.markdown.split("Difference to softmax")[1])
@@ -240,3 +243,6 @@ def test_sparsity_differences_count_the_seeds_and_need_two_of_them(tmp_path):
     assert record["gla"]["sparsity"]["uncertainty"] == "seeds" and record["retnet"]["sparsity"] is None
     assert rows["gla"]["Δ mean S@128 (seeds)"] == rows["gla"][column]  # the fake runs' S is the same at every length
     assert set(record["gla"]["sparsity_by_length"]) == {"64", "128"} and record["retnet"]["sparsity_by_length"] == {}
+    _, summary = rows_of(report.markdown.split("Difference to softmax")[0])
+    assert summary["gla"]["first key"] == "0.105 ± 0.005" and summary["softmax"]["first key"] == "—"
+    assert rows["gla"]["Δ first key@train (seeds)"] == "—" and record["gla"]["first_key"] is None  # softmax has none

@@ -172,6 +172,7 @@ def test_eval_reports_sparsity_and_entropy_per_layer_and_head(trained_run):
     assert len(probed["sparsity"]) == 2 and len(probed["sparsity"][0]) == 4  # layers x heads
     assert len(probed["entropy"]) == 2 and len(probed["entropy"][0]) == 4
     assert all(0 < s <= 1 for layer in probed["sparsity"] for s in layer)
+    assert all(0 < share < 1 for layer in probed["first_key"] for share in layer)  # softmax rows: every key > 0
     assert "sparsity" not in skipped  # longer than eval.probe_max_len
     assert len(results["per_position"]["32"]["sparsity"][0]) == 4  # buckets per layer
     assert (trained_run / "eval" / "probed" / "sparsity_vs_length.png").exists()

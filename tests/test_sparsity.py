@@ -1,11 +1,11 @@
-"""Sparsity and entropy on rows whose answers are known by hand."""
+"""Sparsity, entropy and first-key share on rows whose answers are known by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lmzoo.metrics import attention_entropy, l1_l2_sparsity
+from lmzoo.metrics import attention_entropy, first_key_share, l1_l2_sparsity
 
 
 def test_uniform_row_is_one_and_has_maximal_entropy():
@@ -56,6 +56,25 @@ def test_empty_rows_are_nan():
     assert np.isnan(float(l1_l2_sparsity(np.ones(4), np.zeros(4, bool))))
 
 
+def test_first_key_share_reads_each_rows_first_valid_key():
+    t = 5
+    causal = np.tril(np.ones((t, t), bool))
+    uniform = np.where(causal, 1.0 / np.arange(1, t + 1)[:, None], 0.0)
+    shares = np.asarray(first_key_share(uniform, causal))
+    assert np.isnan(shares[0])  # one key: the first by force, not a sink
+    np.testing.assert_allclose(shares[1:], 1 / np.arange(2, t + 1), rtol=1e-6)
+    sink = np.where(causal, 0.0, 0.0)
+    sink[:, 0], sink[np.arange(t), np.arange(t)] = 0.75, 0.25  # each row parks 3/4 of its weight on key 0
+    np.testing.assert_allclose(np.asarray(first_key_share(sink, causal))[1:], 0.75, rtol=1e-6)
+    # two documents packed in one row: the second document's rows start at its own first key (position 2)
+    segments = np.array([0, 0, 1, 1, 1])
+    visible = causal & (segments[:, None] == segments[None, :])
+    weights = np.where(visible, 1.0, 0.0)
+    weights[3, 2], weights[4, 2] = 3.0, 2.0
+    np.testing.assert_allclose(np.asarray(first_key_share(weights, visible))[[1, 3, 4]], [0.5, 0.75, 0.5], rtol=1e-6)
+    assert np.isnan(np.asarray(first_key_share(weights, visible))[2])  # the document's first row
+
+
 def test_probes_report_each_layer_of_the_model():
     import jax
     from flax import nnx
@@ -79,6 +98,7 @@ def test_probes_report_each_layer_of_the_model():
         weights = block.mixer.attention_matrix(block.mixer_norm(h))
         np.testing.assert_allclose(stats["sparsity"][layer], np.nanmean(l1_l2_sparsity(weights, causal), axis=(0, 2)), rtol=1e-5)
         np.testing.assert_allclose(stats["entropy"][layer], np.nanmean(attention_entropy(weights, causal), axis=(0, 2)), rtol=1e-5)
+        np.testing.assert_allclose(stats["first_key"][layer], np.nanmean(first_key_share(weights, causal), axis=(0, 2)), rtol=1e-5)
         h = block(h)
     # softmax rows are positive and normalised: 1/sqrt(n) <= S <= 1 and 0 <= H <= log(n)
     assert np.all(np.array(stats["sparsity"]) <= 1 + 1e-6) and np.all(np.array(stats["entropy"]) >= 0)

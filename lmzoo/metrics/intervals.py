@@ -52,6 +52,7 @@ readers say so: ``lmzoo.evaluator.sampling_note``)::
           "bpb": float,                  # bits per byte: loss / (ln 2 * bytes per token)
           "ppl": float, "accuracy": float,
           "sparsity": [[...]], "entropy": [[...]],   # optional: per layer, per head
+          "first_key": [[...]],          # optional: the share of each row's weight on its first key
           # new, all written by length_intervals(block sums at L, block sums at L0, ...):
           "tokens": int,                 # scored targets at L: sum of count; the same at every L
           "bpb_ci": [lo, hi],            # metric_interval(loss, count, scale=bits_per_nat)
@@ -65,7 +66,7 @@ readers say so: ``lmzoo.evaluator.sampling_note``)::
           "positions": [int, ...],       # last position (1-based) of each bucket of positions
           "loss": [float, ...],          # sum of loss / sum of count over the bucket's positions
           "loss_ci": [[lo, ...], [hi, ...]],         # new: metric_interval(loss [B, buckets], count [B, buckets])
-          "sparsity": [...], "entropy": [...]        # optional, as today
+          "sparsity": [...], "entropy": [...], "first_key": [...]   # optional, per bucket
         }
       },
       "block_sums": {                    # new: what lets compare pair two runs on the same blocks

@@ -1,4 +1,4 @@
-"""Probes: every layer's effective attention matrix reduced to per-head sparsity and entropy.
+"""Probes: every layer's effective attention matrix reduced to per-head sparsity, entropy and first-key share.
 
 Row statistics are averaged over the batch and over query positions (each causal row i over its
 i + 1 visible keys, or over its document's when documents are kept apart); ``position_buckets``
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lmzoo.metrics.sparsity import attention_entropy, l1_l2_sparsity
+from lmzoo.metrics.sparsity import attention_entropy, first_key_share, l1_l2_sparsity
 from lmzoo.ops.common import causal_mask, same_segment
 
 
@@ -24,9 +24,10 @@ def _row_stats(model, tokens, segment_ids, position_buckets: int):
     if segment_ids is not None:  # a row spans the keys of the query's own document
         visible = visible & same_segment(segment_ids)[:, None]  # (B, 1, T, T)
     spans = np.array_split(np.arange(t), min(position_buckets, t))
-    stats = {"sparsity": [], "entropy": [], "sparsity_by_position": [], "entropy_by_position": []}
+    measures = (("sparsity", l1_l2_sparsity), ("entropy", attention_entropy), ("first_key", first_key_share))
+    stats = {key: [] for name, _ in measures for key in (name, f"{name}_by_position")}
     for weights in model.attention_matrices(tokens, segment_ids=segment_ids):  # (B, H, T, T) per layer
-        for name, fn in (("sparsity", l1_l2_sparsity), ("entropy", attention_entropy)):
+        for name, fn in measures:
             rows = fn(weights, visible)  # (B, H, T)
             stats[name].append(jnp.nanmean(rows, axis=(0, 2)))  # (H,)
             stats[f"{name}_by_position"].append(jnp.stack([jnp.nanmean(rows[..., s]) for s in spans]))
@@ -34,7 +35,7 @@ def _row_stats(model, tokens, segment_ids, position_buckets: int):
 
 
 def attention_stats(model, tokens, segment_ids=None, *, position_buckets: int = 8) -> dict:
-    """{"sparsity", "entropy": [layer][head], "*_by_position": [layer][bucket], "positions": [bucket end]};
+    """{"sparsity", "entropy", "first_key": [layer][head], "*_by_position": [layer][bucket], "positions": [bucket end]};
     with ``segment_ids`` each document's rows over its own keys."""
     segment_ids = None if segment_ids is None else jnp.asarray(segment_ids)
     stats, ends = _row_stats(model, jnp.asarray(tokens), segment_ids, position_buckets)
