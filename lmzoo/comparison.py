@@ -558,8 +558,9 @@ def plot_sparsity(groups: list[Group], out: Path, train_len: int, lengths: list[
 
     fig, ax = new_axes((6, 4))
     for index, group in enumerate(groups):
-        xs, ys, los, his = series(group, lengths, lambda r, n: _mean(r.at(n).get("sparsity")),
-                                  lambda g, n: seed_mean([_mean(r.at(n).get("sparsity")) for r in g.evaluated]))
+        def sparsity(r: Run, n: int) -> float | None:
+            return _mean(r.at(n).get("sparsity"))
+        xs, ys, los, his = series(group, lengths, sparsity, lambda g, n: seed_mean([sparsity(r, n) for r in g.evaluated]))
         n = len(group.evaluated)
         label = f"{group.label} ({n} seeds, 95% over seeds)" if n > 1 else f"{group.label} (1 run, no interval)"
         if xs:

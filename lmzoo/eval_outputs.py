@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 
+from lmzoo.metrics.probes import PROBES
 from lmzoo.rundir import RunDir, atomic_write_text, json_text
 from lmzoo.faults import probe_writable
 
 CSV_COLUMNS = ["length", "length_ratio", "tokens", "loss", "bpb", "bpb_lo", "bpb_hi", "ratio", "ratio_lo",
                "ratio_hi", "accuracy", "mean_sparsity", "mean_entropy", "mean_first_key"]
-PROBES = ("sparsity", "entropy", "first_key")  # the attention probes' per-layer, per-head results
 
 
 def check_writable(run: RunDir, tag: str) -> None:

@@ -37,7 +37,7 @@ from lmzoo.checkpoint import split_model
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, to_dataclass
 from lmzoo.evaluator import Forward, LengthScores, score_length, token_scores, windows_per_batch
 from lmzoo.metrics.intervals import LEVEL, length_intervals
-from lmzoo.metrics.probes import attention_stats
+from lmzoo.metrics.probes import PROBES, attention_stats
 from lmzoo.model import LM
 from lmzoo.rundir import RunDir
 from lmzoo.trained import Trained, trained_config
@@ -192,8 +192,7 @@ def probe_entries(model: LM, windows, eval_cfg: EvalConfig) -> tuple[dict, dict]
     positions."""
     batch = windows(np.arange(min(eval_cfg.probe_batch, len(windows))))
     stats = attention_stats(model, batch["inputs"], batch.get("segment_ids"), position_buckets=eval_cfg.position_buckets)
-    names = ("sparsity", "entropy", "first_key")
-    return {n: stats[n] for n in names}, {n: stats[f"{n}_by_position"] for n in names}
+    return {n: stats[n] for n in PROBES}, {n: stats[f"{n}_by_position"] for n in PROBES}
 
 
 def score_lengths(forwards: dict[int, Forward], windows: dict, rows: dict[int, int], eval_cfg: EvalConfig,

@@ -63,7 +63,7 @@ def test_first_key_share_reads_each_rows_first_valid_key():
     shares = np.asarray(first_key_share(uniform, causal))
     assert np.isnan(shares[0])  # one key: the first by force, not a sink
     np.testing.assert_allclose(shares[1:], 1 / np.arange(2, t + 1), rtol=1e-6)
-    sink = np.where(causal, 0.0, 0.0)
+    sink = np.zeros((t, t))
     sink[:, 0], sink[np.arange(t), np.arange(t)] = 0.75, 0.25  # each row parks 3/4 of its weight on key 0
     np.testing.assert_allclose(np.asarray(first_key_share(sink, causal))[1:], 0.75, rtol=1e-6)
     # two documents packed in one row: the second document's rows start at its own first key (position 2)

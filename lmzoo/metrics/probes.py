@@ -16,6 +16,9 @@ from flax import nnx
 from lmzoo.metrics.sparsity import attention_entropy, first_key_share, l1_l2_sparsity
 from lmzoo.ops.common import causal_mask, same_segment
 
+MEASURES = (("sparsity", l1_l2_sparsity), ("entropy", attention_entropy), ("first_key", first_key_share))
+PROBES = tuple(name for name, _ in MEASURES)  # the keys each probe result has per layer and head
+
 
 @nnx.jit(static_argnames="position_buckets")
 def _row_stats(model, tokens, segment_ids, position_buckets: int):
@@ -24,10 +27,9 @@ def _row_stats(model, tokens, segment_ids, position_buckets: int):
     if segment_ids is not None:  # a row spans the keys of the query's own document
         visible = visible & same_segment(segment_ids)[:, None]  # (B, 1, T, T)
     spans = np.array_split(np.arange(t), min(position_buckets, t))
-    measures = (("sparsity", l1_l2_sparsity), ("entropy", attention_entropy), ("first_key", first_key_share))
-    stats = {key: [] for name, _ in measures for key in (name, f"{name}_by_position")}
+    stats = {key: [] for name in PROBES for key in (name, f"{name}_by_position")}
     for weights in model.attention_matrices(tokens, segment_ids=segment_ids):  # (B, H, T, T) per layer
-        for name, fn in measures:
+        for name, fn in MEASURES:
             rows = fn(weights, visible)  # (B, H, T)
             stats[name].append(jnp.nanmean(rows, axis=(0, 2)))  # (H,)
             stats[f"{name}_by_position"].append(jnp.stack([jnp.nanmean(rows[..., s]) for s in spans]))
