@@ -23,6 +23,7 @@ from lmzoo.config import Config
 from lmzoo.mixers import MixerContext, build_mixer
 from lmzoo.mixers.base import dense
 from lmzoo.ops.common import segment_starts
+from lmzoo.ops.kernels import traced_choices
 from lmzoo.positions import Positions, default_positions, segment_positions
 from lmzoo.sharding import EMBED, MLP, VOCAB, constrain_rows, partitioned
 
@@ -190,6 +191,14 @@ class LM(nnx.Module):
             h, s = block.step(h, s)
             new_state.append(s)
         return self.logits(h), new_state
+
+    def mixer_kernels(self, batch_size: int, length: int, documents: bool = False) -> list[list[dict]]:
+        """Per layer, the implementation each op of its mixer runs on [batch_size, length] inputs (and why
+        a fallback happened): ``lmzoo.ops.kernels.Choice``, found by tracing each mixer once."""
+        x = jax.ShapeDtypeStruct((batch_size, length, self.embed.features), self.dtype)
+        ids = jax.ShapeDtypeStruct((batch_size, length), jnp.int32) if documents else None
+        return [[choice.as_dict() for choice in traced_choices(lambda x, ids: block.mixer(x, segment_ids=ids), x, ids)]
+                for block in self.blocks]
 
     def state_size(self, max_len: int) -> int:
         return sum(block.mixer.state_size(max_len) for block in self.blocks)

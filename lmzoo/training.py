@@ -216,6 +216,8 @@ def write_run_info(run: RunDir, cfg: Config, data, model: LM, n_params: int) -> 
         "state_size_per_layer": [b.mixer.state_size(cfg.data.seq_len) for b in model.blocks],
         "devices": jax.device_count(), "platform": jax.default_backend(),
         "document_boundaries": getattr(data, "document_boundaries", "none"),  # synthetic tasks: one sequence each
+        "kernels": model.mixer_kernels(cfg.train.batch_size // cfg.train.grad_accum, cfg.data.seq_len,
+                                       documents=getattr(data, "document_boundaries", "none") != "none"),
     })
 
 

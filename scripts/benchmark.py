@@ -66,7 +66,41 @@ def offered(methods: tuple[str, ...], method: str) -> str:
     """``method`` if the op offers it, else ``Unavailable``."""
     if method not in methods:
         raise Unavailable(f"this lmzoo.ops has no form {method!r}")
+    if method == "jla" and jla() is None:
+        raise Unavailable("jax-linear-attention is not installed (pip install -e '.[kernels]', Python >= 3.12)")
     return method
+
+
+def jla():
+    """``jla.ops`` where jax-linear-attention is installed (lmzoo.ops.kernels), else None."""
+    try:
+        from lmzoo.ops.kernels import jla_ops
+    except ImportError:  # timing an older tree
+        return None
+    return jla_ops()
+
+
+def jla_own_case(kind: str, gate: str):
+    """jax-linear-attention's own call (``impl="auto"``: its Hopper kernel where it takes the call): the time
+    lmzoo's ``method="jla"`` and ``"auto"`` rows should match."""
+    def build(shape, dtype, key):
+        if jla() is None:
+            raise Unavailable("jax-linear-attention is not installed")
+        q, k, v = qkv(shape, dtype, key)
+        g = jax.nn.log_sigmoid(jax.random.normal(jax.random.fold_in(key, 7), q.shape if gate == "channel" else q.shape[:3])) / 16
+        gates = {"g": g}
+        if kind in ("deltanet", "gated_deltanet", "kda"):
+            k = (k / jnp.linalg.norm(k.astype(jnp.float32), axis=-1, keepdims=True)).astype(dtype)
+            gates = {"beta": jax.nn.sigmoid(jax.random.normal(jax.random.fold_in(key, 5), k.shape[:3])),
+                     **({} if kind == "deltanet" else gates)}
+        names = tuple(gates)
+
+        def fn(q, k, v, *values):
+            return jla().linear_attention(kind, q, k, v, **dict(zip(names, values)))[0]
+
+        return fn, (q, k, v, *gates.values())
+
+    return build
 
 
 def case(name: str, *, flops: Callable | None = None, bytes_moved: Callable | None = None):
@@ -253,7 +287,7 @@ case("lti/scan")(lti_case("scan"))
 
 # Linear-attention family (lmzoo.ops.linear / lmzoo.ops.gated): every form of the causal sum, of
 # GLA with per-dimension gates and of simple GLA / RetNet with one gate per head.
-LINEAR_FORMS = ("naive", "parallel", "scan", "assoc", "chunk", "pallas")
+LINEAR_FORMS = ("naive", "parallel", "scan", "assoc", "chunk", "pallas", "jla", "auto")
 
 
 def gated_args(shape: Shape, dtype, key, *, per_dimension: bool):
@@ -282,7 +316,7 @@ def gla_case(method: str, *, per_dimension: bool):
 
 
 for _form in LINEAR_FORMS:
-    _chunked = _form in ("chunk", "pallas")
+    _chunked = _form in ("chunk", "pallas", "jla", "auto")
     _label = f"{_form}64" if _form == "chunk" else _form  # chunk_size is the ops' default, 64
     _flops = chunked_flops(64) if _chunked else None
     case(f"linear_attention/{_label}", flops=_flops)(linear_attention_case(_form))
@@ -292,7 +326,7 @@ for _form in LINEAR_FORMS:
 
 # The delta rule (lmzoo.ops.delta_rule): DeltaNet (no gate), Gated DeltaNet (one gate per head) and
 # per-channel gates (KDA), each in every form, with the mixers' inputs: unit keys, beta in (0, 1).
-DELTA_FORMS = ("scan", "parallel", "chunk", "pallas")
+DELTA_FORMS = ("scan", "parallel", "chunk", "pallas", "jla", "auto")
 
 
 def delta_args(shape: Shape, dtype, key, *, gate: str):
@@ -339,9 +373,14 @@ def delta_chunk_flops(chunk: int):
 
 for _gate, _op in (("none", "delta_rule"), ("head", "gated_delta_rule"), ("channel", "channel_delta_rule")):
     for _form in DELTA_FORMS:
-        _chunked = _form in ("chunk", "pallas")
-        _label = f"{_form}64" if _chunked else _form
+        _chunked = _form in ("chunk", "pallas", "jla", "auto")
+        _label = f"{_form}64" if _form == "chunk" else _form
         case(f"{_op}/{_label}", flops=delta_chunk_flops(64) if _chunked else None)(delta_rule_case(_form, gate=_gate))
+
+
+for _kind, _gate in (("gla", "channel"), ("simple_gla", "head"), ("deltanet", "none"), ("gated_deltanet", "head"),
+                     ("kda", "channel")):
+    case(f"jla_{_kind}/own")(jla_own_case(_kind, _gate))
 
 
 def fox_case(shape, dtype, key):

@@ -31,6 +31,13 @@ XLA_OPS = ("softmax/xla,softmax/cudnn,fox/xla,gla/chunk64,simple_gla/chunk64,ssd
 PALLAS_OPS = ("gla/pallas", "simple_gla/pallas", "ssd/pallas", "selective_scan/pallas", "delta_rule/pallas",
               "gated_delta_rule/pallas")
 FLA_OPS = "chunk_gla,chunk_gated_delta_rule,chunk_delta_rule,chunk_simple_gla"  # mamba-ssm: not installable there
+# lmzoo's default (auto) and jla forms beside jax-linear-attention's own call: the kernel table, first
+PROVIDER_OPS = ("gla/auto,gla/jla,jla_gla/own,gla/chunk64,simple_gla/auto,simple_gla/jla,jla_simple_gla/own,"
+                "simple_gla/pallas,gated_delta_rule/auto,gated_delta_rule/jla,jla_gated_deltanet/own,"
+                "gated_delta_rule/chunk64,delta_rule/auto,jla_deltanet/own,channel_delta_rule/auto,jla_kda/own")
+# every variant at its default form (auto: jla's kernels on Hopper, cuDNN for softmax), the issue's table
+DEFAULT_VARIANTS = ["softmax", "gla", "gated_deltanet", "mamba2", "kda", "rwkv7", "retnet", "deltaproduct", "gdn2",
+                    "mamba3"]
 THROUGHPUT_VARIANTS = ["softmax", "softmax attn.method=cudnn", "gla attn.method=chunk", "gla attn.method=pallas",
                        "mamba2", "gated_deltanet attn.method=chunk", "mamba2 attn.method=pallas",
                        "gated_deltanet attn.method=pallas"]  # in the order a short loan should measure them
@@ -65,6 +72,17 @@ def steps() -> list[Step]:
                 "    except Exception as e: print(name, 'unavailable:', type(e).__name__)")
     env_cmd = [PY, "-c", versions]
     return [
+        Step("kernels_install", ["bash", "-c", "pip install --no-deps wheels/*.whl && " + shlex.join(env_cmd)],
+             ["bash", "-c", "ls wheels/*.whl 2>/dev/null; " + shlex.join(env_cmd)], 120, min_s=20),
+        Step("ops_providers", [PY, "scripts/benchmark.py", "--shapes", "4x2048x16x128", "--dtype", "bfloat16", "--ops",
+                               PROVIDER_OPS, "--repeats", "20", "--json", "{out}/ops_providers.json"],
+             [PY, "scripts/benchmark.py", "--shapes", "1x67x2x16", "--ops", "gla/auto,gla/jla,jla_gla/own", "--repeats", "2",
+              "--json", "{out}/ops_providers.json"], 240, min_s=60),
+        Step("throughput_default", [PY, "scripts/throughput.py", "--model", "small", "--lengths", "2048,8192",
+                                    "--batch-tokens", "65536", "--variants", *DEFAULT_VARIANTS,
+                                    "--json", "{out}/throughput_default.json"],
+             [PY, "scripts/throughput.py", "--model", "tiny", "--lengths", "64", "--batch-tokens", "256", "--steps",
+              "2", "--variants", "softmax", "gla"], 420, min_s=120),
         Step("env", ["bash", "-c", "nvidia-smi; nvidia-smi -q -d CLOCK | head -30; " + shlex.join(env_cmd)],
              env_cmd, 60, min_s=5),
         Step("kernel_tests", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "4", *KERNEL_TESTS],

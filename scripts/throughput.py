@@ -69,9 +69,12 @@ def measure(variant: str, overrides: list[str], model: str, length: int, batch_t
     state = jax.device_put(state, shardings)
     tokens = jax.random.randint(jax.random.key(0), (batch_size, length + 1), 0, VOCAB)
     batch = jax.device_put({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, batch_sharding(mesh))
+    kernels = {op["implementation"] for layer in lm.mixer_kernels(batch_size, length) for op in layer}
     with jax.set_mesh(mesh):
+        compile_start = time.perf_counter()
         step = jax.jit(partial(train_step, graphdef, tx), donate_argnums=0,
                        out_shardings=(shardings, NamedSharding(mesh, P()))).lower(state, batch).compile()
+        compile_s = time.perf_counter() - compile_start
         state, metrics = step(state, batch)  # warm up
         jax.block_until_ready(metrics)
         times = []
@@ -86,7 +89,7 @@ def measure(variant: str, overrides: list[str], model: str, length: int, batch_t
     return {"variant": " ".join([variant, *overrides]), "mesh": layout, "T": length, "batch": batch_size, "params": params,
             "step_ms": 1e3 * seconds,
             "tokens_per_s": tokens_per_s, "model_tflops": tokens_per_s * model_flops_per_token(cfg, params, length) / 1e12,
-            "memory_gib": compiled_gib(step)}
+            "memory_gib": compiled_gib(step), "compile_s": compile_s, "kernels": ",".join(sorted(kernels))}
 
 
 def compiled_gib(compiled) -> float:
@@ -114,7 +117,7 @@ def main() -> None:
     print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}; model={args.model}, "
           f"{args.batch_tokens} tokens per step; peak {peak or '?'} TFLOP/s")
     print(f"{'variant':<32}{'mesh d x f x t':>15}{'T':>7}{'batch':>7}{'params':>12}{'step ms':>10}{'tokens/s':>12}"
-          f"{'TFLOP/s':>9}{'MFU':>7}{'GiB':>7}")
+          f"{'TFLOP/s':>9}{'MFU':>7}{'GiB':>7}{'compile s':>10}  kernels")
     rows = []
     for entry in args.variants:
         variant, *overrides = entry.split()
@@ -127,7 +130,8 @@ def main() -> None:
             rows.append(row)
             mfu = f"{100 * row['model_tflops'] / peak:.1f}%" if peak else "?"
             print(f"{row['variant']:<32}{row['mesh']:>15}{length:>7}{row['batch']:>7}{row['params']:>12,}{row['step_ms']:>10.1f}"
-                  f"{row['tokens_per_s']:>12,.0f}{row['model_tflops']:>9.2f}{mfu:>7}{row['memory_gib']:>7.2f}", flush=True)
+                  f"{row['tokens_per_s']:>12,.0f}{row['model_tflops']:>9.2f}{mfu:>7}{row['memory_gib']:>7.2f}"
+                  f"{row['compile_s']:>10.1f}  {row['kernels']}", flush=True)
 
     if args.json:
         meta = {"device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lmzoo.ops.kernels import JLA, jla_ops
 from lmzoo.ops.pallas import CHUNK_MULTIPLE
 from lmzoo.positions import Positions
 from lmzoo.schema import ConfigError, one_of, positive
@@ -65,6 +66,9 @@ def chunked_form(method: str, chunk_size: int, methods: tuple | list) -> None:
     """attn.method among ``methods`` and an attn.chunk_size that form accepts."""
     one_of("attn.method", method, methods)
     positive("attn.chunk_size", chunk_size)
+    if method == JLA and jla_ops() is None:
+        raise ConfigError("attn.method=jla needs jax-linear-attention: pip install -e '.[gpu]' (Python >= 3.12); "
+                          "attn.method=auto runs lmzoo's own form without it")
     if method == "pallas" and chunk_size % CHUNK_MULTIPLE:
         raise ConfigError(f"attn.chunk_size={chunk_size}: attn.method=pallas needs a multiple of {CHUNK_MULTIPLE} "
                           "(its kernels' matmul blocks)")

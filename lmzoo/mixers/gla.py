@@ -45,6 +45,9 @@ class GLAConfig(LinearFamilyConfig):
                 f"which must be a whole multiple of model.n_heads={model.n_heads}"
             )
 
+    def head_widths(self, model: ModelConfig) -> tuple[int, int, int]:
+        return model.n_heads, int(self.key_ratio * model.d_model) // model.n_heads, model.d_model // model.n_heads
+
     def build(self, ctx, *, rngs):
         return GatedLinearAttention(self, ctx, rngs=rngs)
 

@@ -21,14 +21,24 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
+from lmzoo.mixers.family.linear import chunked_mixing_flops
 from lmzoo.mixers.family.ssm import SSDConfig, SSDMixer
 from lmzoo.ops.ssd import ssd, ssd_attention
 from lmzoo.registry import register
+from lmzoo.schema import ModelConfig
 
 
 @register("mamba2")
 @dataclass
 class Mamba2Config(SSDConfig):
+    method: str = "auto"  # auto | jla | naive | scan | chunk | pallas (see lmzoo.ops.ssd)
+
+    def flops_per_token(self, model: ModelConfig, seq_len: int) -> float:
+        """SSD counted as the chunked linear recurrence it is: heads of state [N, P] (``chunked_mixing_flops``)."""
+        d_inner = self.expand * model.d_model
+        head_dim = self.head_dim or d_inner // model.n_heads
+        return chunked_mixing_flops(d_inner // head_dim, self.d_state, head_dim, self.chunk_size, seq_len)
+
     def build(self, ctx, *, rngs):
         return Mamba2(self, ctx, rngs=rngs)
 

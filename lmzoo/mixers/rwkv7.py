@@ -49,6 +49,7 @@ SHIFTED = ("r", "w", "k", "v", "a", "g")  # the inputs token shift mixes, each w
 @dataclass
 class RWKV7Config(LinearFamilyConfig):
     forms = METHODS
+    delta = True  # the generalised delta rule reads its state before each write
 
     method: str = "chunk"  # scan | parallel | chunk (see lmzoo.ops.dplr)
     decay_rank: Optional[int] = None  # rank of the decay's LoRA; None: max(32, d_model / 16) rounded to 32

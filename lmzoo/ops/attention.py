@@ -14,9 +14,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lmzoo.ops import kernels
 from lmzoo.ops.common import causal_mask, check_form, same_segment
+from lmzoo.ops.kernels import AUTO
 
-METHODS = ("naive", "blocked", "xla", "cudnn")
+METHODS = ("naive", "blocked", "xla", "cudnn", AUTO)
 QUERY_BLOCK = 64  # queries per block of the blocked form
 
 
@@ -50,9 +52,16 @@ def softmax_attention(q, k, v, *, scale=None, causal=True, window=None, bias=Non
     padding mask of -inf). ``segment_ids`` [B, T] (T = S, equal within a document): no query
     sees a key of another segment. ``method``: "naive" (einsum + softmax, float32 scores), "blocked"
     (the same by blocks of queries, causal only), "xla" or "cudnn" (``jax.nn.dot_product_attention``,
-    the segments as its boolean mask).
+    the segments as its boolean mask); "auto" is "cudnn" where its fused kernel takes the call
+    (``cudnn_refusal``) and "xla" otherwise, recorded as ``lmzoo.ops.kernels`` records every choice.
     """
     check_form(method, METHODS)
+    if method == AUTO:
+        refusal = cudnn_refusal(q, k, bias, segment_ids)
+        method = "xla" if refusal else "cudnn"
+        kernels.note("softmax_attention", method, refusal)
+    else:
+        kernels.note("softmax_attention", method)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if method == "naive":
         return _weighted_values(q, k, v, scale=scale, causal=causal, window=window, bias=bias, segment_ids=segment_ids)
@@ -69,6 +78,22 @@ def softmax_attention(q, k, v, *, scale=None, causal=True, window=None, bias=Non
     return jax.nn.dot_product_attention(
         q, k, v, bias=bias, mask=mask, scale=scale, is_causal=causal, local_window_size=local, implementation=method
     )
+
+
+def cudnn_refusal(q, k, bias, segment_ids) -> str:
+    """Why cuDNN's fused attention would not take this call ("" when it would): it runs on an NVIDIA GPU, in
+    bf16 or fp16, with head sizes up to 128 in multiples of 8. Fail-closed: documents and biases go to "xla",
+    whose masks are tested here on every call."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return f"the device is {device.platform}, not an NVIDIA GPU"
+    if q.dtype not in (jnp.bfloat16, jnp.float16):
+        return f"cuDNN's fused attention takes bf16 or fp16, not {q.dtype}"
+    if q.shape[-1] > 128 or q.shape[-1] % 8:
+        return f"head size {q.shape[-1]} (cuDNN: a multiple of 8 up to 128)"
+    if bias is not None or segment_ids is not None or q.shape[1] != k.shape[1]:
+        return "a bias, documents or a query/key length mismatch: run by xla"
+    return ""
 
 
 def _weighted_values(q, k, v, *, segment_ids=None, key_segment_ids=None, **options):

@@ -107,7 +107,12 @@ def decay_since(log_g, axis: int) -> jax.Array:
 
 
 def decay_until_end(log_g, axis: int) -> jax.Array:
-    """Exclusive reverse cumulative log decay along ``axis``: sum_{m>t} log_g_m (0 at the last step)."""
+    """Exclusive reverse cumulative log decay along ``axis``: sum_{m>t} log_g_m (0 at the last step).
+
+    One step has nothing after it: zeros, with no cumulative sum whose gradient would be a reverse sum over a
+    constant (XLA's GPU pipeline spends minutes constant-folding that reduce-window at training shapes)."""
+    if log_g.shape[axis] == 1:
+        return jnp.zeros_like(log_g)
     after = lax.cumsum(log_g, axis=axis, reverse=True)  # sum_{m>=t}
     later = lax.slice_in_dim(after, 1, None, axis=axis)  # sum_{m>t} for every step but the last
     return jnp.concatenate([later, jnp.zeros_like(lax.slice_in_dim(after, 0, 1, axis=axis))], axis=axis)

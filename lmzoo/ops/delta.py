@@ -61,16 +61,18 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lmzoo.ops import kernels
 from lmzoo.ops.common import (
     check_form, from_chunks, gate_layout, gates_float32, reset_gates, same_segment, state_float32, to_chunks,
 )
+from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.delta import delta_rule_pallas
 from lmzoo.ops.ut import chunk_terms, decayed_pairs, invert_unit_lower, unit_lower
 
-METHODS = ("scan", "parallel", "chunk", "pallas")
+METHODS = ("scan", "parallel", "chunk", "pallas", *PROVIDER_FORMS)
+BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not (``lmzoo.ops.kernels``)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
 def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64,
                segment_ids=None):
     """q, k [B,T,H,Dk], v [B,T,HV,Dv], beta [B,T,HV], log_g None, [B,T,HV] (per head) or [B,T,HV,Dk].
@@ -79,15 +81,42 @@ def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, met
     ``hv // (HV / H)``; each value head has its own state, beta and gates.
     ``segment_ids`` [B,T]: the state restarts at each segment start, as a forget gate of zero
     (``RESET_LOG_DECAY``), which every form already runs exactly however strong.
+    ``method="auto"`` runs jla's Hopper kernel where it takes the call and ``"chunk"`` otherwise.
 
     Returns (o [B, T, HV, Dv] in v's dtype, S_T [B, HV, Dk, Dv] float32).
     """
     check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k = value_heads(q, k, v.shape)
-    batch, _, heads, d_key = k.shape
     if beta.shape != k.shape[:3]:
         raise ValueError(f"beta has shape {beta.shape}; expected {k.shape[:3]}")
+    mapped = lambda: jla_call(q, k, v, beta, log_g, scale, initial_state, segment_ids)  # noqa: E731
+    form = kernels.resolve("delta_rule", method, BEST, mapped)
+    if form == kernels.JLA:
+        out, state = kernels.run(mapped())
+        return out.astype(v.dtype), state
+    return _delta_rule(q, k, v, beta, log_g, scale=scale, initial_state=initial_state, method=form,
+                       chunk_size=chunk_size, segment_ids=segment_ids)
+
+
+def jla_call(q, k, v, beta, log_g, scale, initial_state, segment_ids) -> kernels.JlaCall:
+    """``delta_rule`` (q, k already per value head) as jla's ``deltanet`` (no gate), ``gated_deltanet``
+    (one per head) or ``kda`` (one per key channel); jla normalises neither q nor k, as here."""
+    s0 = state_float32(initial_state, (k.shape[0], k.shape[2], k.shape[3], v.shape[-1]))
+    options = {"scale": scale, "initial_state": s0, "segment_ids": segment_ids, "use_qk_l2norm": False}
+    gates = {"beta": beta}
+    if log_g is None:
+        return kernels.JlaCall("deltanet", q, k, v, gates, options)
+    g = gate_layout(log_g, k.shape).astype(jnp.float32)
+    if g.shape[-1] == 1:
+        return kernels.JlaCall("gated_deltanet", q, k, v, {"g": g[..., 0], **gates}, options)
+    return kernels.JlaCall("kda", q, k, v, {"g": g, **gates}, options)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
+def _delta_rule(q, k, v, beta, log_g, *, scale, initial_state, method, chunk_size, segment_ids):
+    """``delta_rule`` in one of lmzoo's own forms (q, k already per value head)."""
+    batch, _, heads, d_key = k.shape
     s0 = state_float32(initial_state, (batch, heads, d_key, v.shape[-1]))
     g32 = gates_float32(log_g, segment_ids, k.shape)
     q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))

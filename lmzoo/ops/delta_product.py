@@ -39,8 +39,9 @@ from jax import lax
 
 from lmzoo.ops.common import check_form, gate_layout, reset_gates
 from lmzoo.ops.delta import delta_rule, delta_rule_weights
+from lmzoo.ops.kernels import PROVIDER_FORMS
 
-METHODS = ("scan", "chunk", "parallel")
+METHODS = ("scan", "chunk", "parallel", *PROVIDER_FORMS)  # auto, jla: the delta rule's, over the sub-steps
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))

@@ -43,25 +43,50 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lmzoo.ops import kernels
 from lmzoo.ops.common import (
     causal_mask, check_form, decay_since, decay_until_end, from_chunks, gate_layout, gates_float32, same_segment,
     segment_sums, state_float32, to_chunks,
 )
+from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.gla import gla_pallas
 
-METHODS = ("naive", "parallel", "scan", "assoc", "chunk", "pallas")
+METHODS = ("naive", "parallel", "scan", "assoc", "chunk", "pallas", *PROVIDER_FORMS)
+BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not (``lmzoo.ops.kernels``)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
 def gla(q, k, v, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64, segment_ids=None):
     """q, k [B,T,H,Dk], v [B,T,H,Dv], log_g None, [B,T,H], [B,T,H,1] or [B,T,H,Dk].
 
     ``segment_ids`` [B,T] (equal within a document): the state restarts at each segment start, a
     forget gate of zero (``RESET_LOG_DECAY``) that every form, the Pallas kernels too, already runs.
+    ``method="auto"`` runs jla's Hopper kernel where it takes the call and ``"chunk"`` otherwise.
     Returns (o [B, T, H, Dv] in v's dtype, S_T [B, H, Dk, Dv] float32).
     """
     check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    mapped = lambda: jla_call(q, k, v, log_g, scale, initial_state, segment_ids)  # noqa: E731
+    form = kernels.resolve("gla", method, BEST, mapped)
+    if form == kernels.JLA:
+        out, state = kernels.run(mapped())
+        return out.astype(v.dtype), state
+    return _gla(q, k, v, log_g, scale=scale, initial_state=initial_state, method=form, chunk_size=chunk_size,
+                segment_ids=segment_ids)
+
+
+def jla_call(q, k, v, log_g, scale, initial_state, segment_ids) -> kernels.JlaCall:
+    """``gla`` as jla's ``gla`` (a gate per key channel) or ``simple_gla`` (one per head; none is a zero gate)."""
+    s0 = state_float32(initial_state, (*k.shape[:1], k.shape[2], k.shape[3], v.shape[-1]))
+    options = {"scale": scale, "initial_state": s0, "segment_ids": segment_ids}
+    if log_g is not None and log_g.ndim == 4 and log_g.shape[-1] > 1:
+        return kernels.JlaCall("gla", q, k, v, {"g": log_g.astype(jnp.float32)}, options)
+    g = jnp.zeros(k.shape[:3], jnp.float32) if log_g is None else gate_layout(log_g, k.shape)[..., 0]
+    return kernels.JlaCall("simple_gla", q, k, v, {"g": g.astype(jnp.float32)}, options)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
+def _gla(q, k, v, log_g, *, scale, initial_state, method, chunk_size, segment_ids):
+    """``gla`` in one of lmzoo's own forms."""
     batch, _, heads, d_key = k.shape
     s0 = state_float32(initial_state, (batch, heads, d_key, v.shape[-1]))
     g32 = gates_float32(log_g, segment_ids, k.shape)

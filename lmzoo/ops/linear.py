@@ -48,6 +48,10 @@ def linear_attention(
     See the module docstring for the state layout and ``lmzoo.ops.gated`` for the forms; with
     ``segment_ids`` [B, T] the sums (and key sums) restart at each segment start.
     """
+    if not normalize:  # gla itself: inputs in their own dtype, which jla's kernels take (method="auto")
+        out, state = gla(q, k, v, scale=scale, initial_state=initial_state, method=method, chunk_size=chunk_size,
+                         segment_ids=segment_ids)
+        return out.astype(v.dtype), state
     q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
     d_value = v.shape[-1]
     state = initial_state

@@ -9,7 +9,9 @@ arguments onto it, so it has GLA's forms except the per-dimension ones (``method
   does not go through GLA, so it also checks the mapping);
 - "scan":   GLA's ``lax.scan`` over time;
 - "chunk":  GLA's chunk form, whose one-gate-per-head path is the [C, C] decay matrix per chunk;
-- "pallas": GLA's Pallas kernels (one gate per head).
+- "pallas": GLA's Pallas kernels (one gate per head);
+- "jla", "auto": jax-linear-attention's ``simple_gla`` on the same mapping, inputs in x's dtype
+  (``lmzoo.ops.kernels``); ``auto`` runs "chunk" where jla's Hopper kernel does not take the call.
 
 Documents: with ``segment_ids [B,T]`` the state restarts at each document start: the op adds
 ``RESET_LOG_DECAY`` to the log decay ``dt A`` there (exp(-40): nothing of the old state survives in
@@ -29,21 +31,23 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lmzoo.ops import kernels
 from lmzoo.ops.common import RESET_LOG_DECAY, check_form, same_segment, segment_starts
 from lmzoo.ops.gated import gla, gla_weights
+from lmzoo.ops.kernels import PROVIDER_FORMS
 
-METHODS = ("naive", "scan", "chunk", "pallas")
+METHODS = ("naive", "scan", "chunk", "pallas", *PROVIDER_FORMS)
+BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not
 
 
-def per_head(x: jax.Array, heads: int) -> jax.Array:
-    """B or C ``[B,T,G,N]`` as ``[B,T,H,N]`` float32."""
+def per_head(x: jax.Array, heads: int, dtype=jnp.float32) -> jax.Array:
+    """B or C ``[B,T,G,N]`` as ``[B,T,H,N]`` in ``dtype``."""
     groups = x.shape[2]
     if heads % groups:
         raise ValueError(f"B/C have {groups} groups, which does not divide the {heads} heads")
-    return jnp.repeat(x.astype(jnp.float32), heads // groups, axis=2)
+    return jnp.repeat(x.astype(dtype), heads // groups, axis=2)
 
 
-@functools.partial(jax.jit, static_argnames=("method", "chunk_size"))
 def ssd(x, dt, A, B, C, *, D=None, initial_state=None, method="chunk", chunk_size=64, segment_ids=None):
     """x ``[B,T,H,P]``; dt ``[B,T,H]`` (positive); A ``[H]`` (negative); B, C ``[B,T,G,N]``; D ``[H]``.
 
@@ -51,6 +55,33 @@ def ssd(x, dt, A, B, C, *, D=None, initial_state=None, method="chunk", chunk_siz
     ``segment_ids [B,T]`` (int) restart the state at every document start.
     """
     check_form(method, METHODS, chunk_size)
+    mapped = lambda: jla_call(x, dt, A, B, C, initial_state, segment_ids)  # noqa: E731
+    form = kernels.resolve("ssd", method, BEST, mapped)
+    if form != kernels.JLA:
+        return _ssd(x, dt, A, B, C, D=D, initial_state=initial_state, method=form, chunk_size=chunk_size,
+                    segment_ids=segment_ids)
+    y, state = kernels.run(mapped())
+    if D is not None:
+        y = y.astype(jnp.float32) + D.astype(jnp.float32)[:, None] * x.astype(jnp.float32)
+    return y.astype(x.dtype), state.swapaxes(-1, -2)
+
+
+def jla_call(x, dt, A, B, C, initial_state, segment_ids) -> kernels.JlaCall:
+    """SSD as jla's ``simple_gla``: q = C, k = B (per head), v = dt x in x's dtype, g = dt A, scale 1;
+    the state is jla's [N, P] per head."""
+    batch, _, heads, p = x.shape
+    c, b = per_head(C, heads, C.dtype), per_head(B, heads, B.dtype)
+    dt32 = dt.astype(jnp.float32)
+    v = (dt32[..., None] * x.astype(jnp.float32)).astype(x.dtype)
+    s0 = (jnp.zeros((batch, heads, b.shape[-1], p), jnp.float32) if initial_state is None
+          else initial_state.astype(jnp.float32).swapaxes(-1, -2))
+    options = {"scale": 1.0, "initial_state": s0, "segment_ids": segment_ids}
+    return kernels.JlaCall("simple_gla", c, b, v, {"g": dt32 * A.astype(jnp.float32)}, options)
+
+
+@functools.partial(jax.jit, static_argnames=("method", "chunk_size"))
+def _ssd(x, dt, A, B, C, *, D, initial_state, method, chunk_size, segment_ids):
+    """``ssd`` in one of lmzoo's own forms."""
     batch, _, heads, p = x.shape
     x32, dt = x.astype(jnp.float32), dt.astype(jnp.float32)
     b, c = per_head(B, heads), per_head(C, heads)

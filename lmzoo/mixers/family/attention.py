@@ -61,7 +61,7 @@ class AttentionConfig(HeadOptions):
 
     methods: ClassVar[tuple[str, ...]] = METHODS  # the forms attn.method may name (a mixer with its own ops: those)
     unsupported: ClassVar[tuple[str, ...]] = ()  # knobs below that the mixer cannot apply: setting one is an error
-    method: str = "xla"  # a form in lmzoo.ops.attention.METHODS; ReRoPE kinds always compute the readable one
+    method: str = "auto"  # a form in lmzoo.ops.attention.METHODS; ReRoPE kinds always compute the readable one
     window: Optional[int] = None  # sliding window: a query sees itself and the window - 1 keys before it; None: all
     scale: Optional[float] = None  # logit scale; None: head_dim ** -0.5 (1 with key_norm)
     logn: bool = False  # multiply each query's logits by log(n) / log(logn_base), n = the keys it sees

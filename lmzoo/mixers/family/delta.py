@@ -45,8 +45,9 @@ class DeltaRuleConfig(LinearFamilyConfig):
     """Knobs every delta-rule spec has (the form, chunk length, and the width of the short convs)."""
 
     forms = METHODS  # the op's forms; a class attribute, not a config key
+    delta = True
 
-    method: str = "chunk"  # scan | parallel | chunk | pallas (see lmzoo.ops.delta)
+    method: str = "auto"  # auto | jla | scan | parallel | chunk | pallas (see lmzoo.ops.delta)
     conv_size: int = 4  # taps of the causal depthwise conv on q, k and v (1: a per-channel scale)
 
     def check(self, model: ModelConfig) -> None:

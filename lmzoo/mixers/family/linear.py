@@ -45,20 +45,38 @@ from lmzoo.sharding import partitioned
 class LinearFamilyConfig(MixerConfig):
     """Knobs every linear-family spec has: the form of its op and the chunk length.
 
-    ``flops_per_token`` stays 0: a token's state update and read-out cost O(heads * Dk * Dv) however
-    long the sequence, and the chunk form's in-chunk matmuls add O(chunk_size) per token, a
-    choice of form rather than work the model needs; counting neither keeps throughput reports
-    comparable across forms and chunk sizes (their MFU understates the hardware's work).
+    ``flops_per_token`` counts the chunked computation as the chunked kernels run it
+    (``chunked_mixing_flops``), so a recurrent mixer's MFU compares with softmax attention's.
+    ``head_widths`` gives the heads and their key and value widths it counts over.
     """
+
+    delta = False  # the delta rule reads its state before each write: one more state-sized product per token
 
     forms = METHODS  # the op's forms; a class attribute, not a config key
     carries_state = True  # every family mixer continues from a given state (``LinearFamilyMixer.carry``)
 
-    method: str = "chunk"  # parallel | scan | assoc | chunk | pallas (see the family's op)
+    method: str = "auto"  # auto | jla | naive | parallel | scan | assoc | chunk | pallas (see the family's op)
     chunk_size: int = 64  # tokens per chunk for method=chunk|pallas
 
     def check(self, model: ModelConfig) -> None:
         chunked_form(self.method, self.chunk_size, self.forms)
+
+    def head_widths(self, model: ModelConfig) -> tuple[int, int, int]:
+        """(heads, Dk, Dv) of the recurrence: one head per model head, d_model / heads wide, unless a variant says."""
+        return model.n_heads, model.d_model // model.n_heads, model.d_model // model.n_heads
+
+    def flops_per_token(self, model: ModelConfig, seq_len: int) -> float:
+        return chunked_mixing_flops(*self.head_widths(model), self.chunk_size, seq_len, delta=self.delta)
+
+
+def chunked_mixing_flops(heads: int, d_key: int, d_value: int, chunk: int, seq_len: int, *, delta: bool = False) -> float:
+    """Training FLOPs per token of a chunked linear recurrence, counted as its kernels compute it: per head the
+    state's update and read-out (2 Dk Dv multiply-adds; the delta rule's read before a write, Dk Dv more) and the
+    causal half of each chunk's q k^T and scores times values ((Dk + Dv) C / 2); forward and backward are 3 passes
+    of 2 FLOPs per multiply-add. The count does not grow with the length: that is what these mixers buy."""
+    state = d_key * d_value
+    per_head = 4.0 * state + (2.0 * state if delta else 0.0) + (d_key + d_value) * min(chunk, seq_len)
+    return 3.0 * heads * per_head
 
 
 class LinearFamilyMixer(Mixer):

@@ -1,0 +1,215 @@
+"""Kernel providers (``lmzoo.ops.kernels``): every op mapped onto jax-linear-attention equals the op's
+reference form, and ``method="auto"`` is fail-closed and recorded.
+
+The jla tests need jax-linear-attention (Python >= 3.12, CI's second leg); on a CPU its chunked JAX
+ops run (they are its Mosaic kernels' reference), on a Hopper GPU its kernels (``gpu`` marker).
+Each mapped op is compared with lmzoo's reference form on outputs, final states and the gradients of
+every input (random cotangents for both), from a random initial state, over two documents and an odd
+length, in float32 and in bfloat16.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.extend.core as jex_core
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from op_checks import assert_trees_close, random_like
+
+from lmzoo import ops
+from lmzoo.ops import kernels
+
+B, T, H, DK, DV = 2, 37, 2, 16, 16
+SPLIT = 20  # the second document starts here
+F32_TOLERANCE = 1e-4  # two exact float32 computations in different orders
+BF16_TOLERANCE = 3e-2  # bf16 q, k, v (8 mantissa bits) in jla's matmuls against a float32 reference on the same inputs
+
+
+def _normal(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _log_sigmoid(x):
+    return -np.log1p(np.exp(-(x + 2.0)))  # gates ~0.5 .. 1
+
+
+def _unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _inputs(case: str, seed: int = 0, *, H: int = H, DK: int = DK, DV: int = DV) -> dict:
+    """Random inputs of ``case`` at these head sizes, every float one differentiated."""
+    rng = np.random.default_rng(seed)
+    n = lambda *shape: _normal(rng, *shape)  # noqa: E731
+    if case == "ssd":  # Mamba-2: x, dt, A, B, C (2 groups over 4 heads), D
+        heads, groups, p, d_state = 4, 2, DV, DK
+        return {"x": n(B, T, heads, p), "dt": np.log1p(np.exp(n(B, T, heads) - 1.0)), "A": -np.exp(n(heads) * 0.5),
+                "B": n(B, T, groups, d_state), "C": n(B, T, groups, d_state), "D": n(heads),
+                "state": n(B, heads, p, d_state)}
+    if case.startswith("delta_product"):
+        steps = 2
+        return {"q": n(B, T, H, DK), "k": _unit(n(B, T, H, steps, DK)), "v": n(B, T, H, steps, DV),
+                "beta": 1 / (1 + np.exp(-n(B, T, H, steps))), "log_g": _log_sigmoid(n(B, T, H)), "state": n(B, H, DK, DV)}
+    if case.startswith("delta"):
+        value_heads = 2 * H if case == "delta_grouped" else H
+        args = {"q": n(B, T, H, DK), "k": _unit(n(B, T, H, DK)), "v": n(B, T, value_heads, DV),
+                "beta": 1 / (1 + np.exp(-n(B, T, value_heads))), "state": n(B, value_heads, DK, DV)}
+        if case in ("delta_head", "delta_grouped"):
+            args["log_g"] = _log_sigmoid(n(B, T, value_heads))
+        if case == "delta_channel":
+            args["log_g"] = _log_sigmoid(n(B, T, value_heads, DK))
+        return args
+    args = {"q": n(B, T, H, DK), "k": n(B, T, H, DK), "v": n(B, T, H, DV), "state": n(B, H, DK, DV)}
+    if case == "gla_channel":
+        args["log_g"] = _log_sigmoid(n(B, T, H, DK))
+    if case == "gla_head":
+        args["log_g"] = _log_sigmoid(n(B, T, H))
+    return args
+
+
+def _call(case: str, method: str, args: dict, segment_ids):
+    """The op of ``case`` in ``method``: (o, final state)."""
+    state = args["state"]
+    if case == "ssd":
+        return ops.ssd(args["x"], args["dt"], args["A"], args["B"], args["C"], D=args["D"], initial_state=state,
+                       method=method, chunk_size=16, segment_ids=segment_ids)
+    if case.startswith("delta_product"):
+        return ops.delta_product(args["q"], args["k"], args["v"], args["beta"], args["log_g"], initial_state=state,
+                                 method=method, chunk_size=16, segment_ids=segment_ids)
+    if case.startswith("delta"):
+        return ops.delta_rule(args["q"], args["k"], args["v"], args["beta"], args.get("log_g"), initial_state=state,
+                              method=method, chunk_size=16, segment_ids=segment_ids)
+    if case == "linear":
+        return ops.linear_attention(args["q"], args["k"], args["v"], initial_state=state, method=method, chunk_size=16,
+                                    segment_ids=segment_ids)
+    return ops.gla(args["q"], args["k"], args["v"], args.get("log_g"), initial_state=state, method=method,
+                   chunk_size=16, segment_ids=segment_ids)
+
+
+# case -> the op's reference form
+CASES = {"gla_channel": "naive", "gla_head": "naive", "gla_none": "naive", "linear": "naive", "ssd": "naive",
+         "delta_none": "scan", "delta_head": "scan", "delta_channel": "scan", "delta_grouped": "scan",
+         "delta_product": "scan"}
+# case -> the implementation method="jla" runs on a CPU
+JLA_KINDS = {"gla_channel": "gla", "gla_head": "simple_gla", "gla_none": "simple_gla", "linear": "simple_gla",
+             "ssd": "simple_gla", "delta_none": "deltanet", "delta_head": "gated_deltanet", "delta_channel": "kda",
+             "delta_grouped": "gated_deltanet", "delta_product": "gated_deltanet"}
+OPS = {"ssd": "ssd", "delta_product": "delta_rule"}  # the op whose choice is recorded, where not the case's family
+
+
+def _segments():
+    return jnp.asarray(np.repeat([[0] * SPLIT + [1] * (T - SPLIT)], B, axis=0), jnp.int32)
+
+
+def _outputs_and_grads(case, method, args, cotangent):
+    segment_ids = _segments()
+    out, vjp = jax.vjp(lambda a: _call(case, method, a, segment_ids), args)
+    return out, vjp(jax.tree.map(lambda c, o: c.astype(o.dtype), cotangent, out))[0]
+
+
+def _compare(case: str, dtype, tol: float, **sizes):
+    args = jax.tree.map(lambda x: jnp.asarray(x).astype(dtype), _inputs(case, **sizes))
+    args["state"] = args["state"].astype(jnp.float32)  # states are float32 whatever the inputs
+    reference_args = jax.tree.map(lambda x: x.astype(jnp.float32), args)
+    cotangent = random_like(jax.eval_shape(lambda a: _call(case, CASES[case], a, _segments()), reference_args), 7)
+    expected = _outputs_and_grads(case, CASES[case], reference_args, cotangent)
+    actual = _outputs_and_grads(case, "jla", args, cotangent)
+    assert actual[0][0].dtype == dtype  # o in the inputs' dtype, the state float32
+    assert actual[0][1].dtype == jnp.float32
+    assert_trees_close(jax.tree.map(lambda x: x.astype(jnp.float32), actual), expected, tol)
+
+
+needs_jla = pytest.mark.skipif(kernels.jla_ops() is None, reason="jax-linear-attention is not installed")
+
+
+@needs_jla
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_jla_equals_reference(case, dtype):
+    if jax.default_backend() == "gpu" and not kernels.hopper():
+        pytest.skip("jla's kernels run on Hopper; its chunked path is tested on the CPU")
+    _compare(case, dtype, F32_TOLERANCE if dtype == jnp.float32 else BF16_TOLERANCE)
+
+
+@needs_jla
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_jla_records_its_kind(case):
+    args = jax.tree.map(jnp.asarray, _inputs(case))
+    choices = kernels.traced_choices(lambda a: _call(case, "jla", a, _segments()), args)
+    impl = "mosaic_gpu" if kernels.hopper() else "chunked"
+    op = OPS.get(case, "delta_rule" if case.startswith("delta") else "gla")
+    assert kernels.Choice(op, f"jla.{impl}:{JLA_KINDS[case]}") in choices
+
+
+@pytest.mark.gpu
+@needs_jla
+@pytest.mark.skipif(not kernels.hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize("case", ["gla_channel", "gla_head", "delta_head", "delta_channel", "ssd"])
+def test_mosaic_kernels_equal_reference(case):
+    """On a Hopper GPU at shapes its kernels take (bf16, K = V = 64, H K a multiple of 128)."""
+    _compare(case, jnp.bfloat16, BF16_TOLERANCE, H=2, DK=64, DV=64)
+
+
+@pytest.mark.parametrize("case", ["gla_channel", "delta_head", "ssd", "delta_product"])
+def test_auto_off_hopper_is_the_best_form_bit_for_bit(case):
+    """Fail-closed: where jla's kernel does not run (here: no Hopper GPU), ``auto`` is the op's own best form."""
+    if kernels.hopper():
+        pytest.skip("on a Hopper GPU auto runs jla's kernels")
+    args = jax.tree.map(jnp.asarray, _inputs(case))
+    with kernels.recording() as choices:
+        auto = _call(case, "auto", args, _segments())
+    best = _call(case, "chunk", args, _segments())
+    for a, b in zip(jax.tree.leaves(auto), jax.tree.leaves(best)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert choices[0].implementation == "lmzoo:chunk"
+    assert "not installed" in choices[0].reason or "not a Hopper GPU" in choices[0].reason
+
+
+def test_jla_form_without_jla_is_one_line():
+    if kernels.jla_ops() is not None:
+        pytest.skip("jax-linear-attention is installed")
+    args = jax.tree.map(jnp.asarray, _inputs("gla_channel"))
+    with pytest.raises(ValueError, match=r"method='jla' needs jax-linear-attention"):
+        _call("gla_channel", "jla", args, None)
+
+
+def test_explicit_forms_are_recorded_as_lmzoo():
+    args = jax.tree.map(jnp.asarray, _inputs("gla_head"))
+    with kernels.recording() as choices:
+        _call("gla_head", "scan", args, None)
+    assert choices == [kernels.Choice("gla", "lmzoo:scan")]
+
+
+# ----------------------------------------------------------------------------- nothing constant to fold
+
+
+def _const_reductions(jaxpr, consts_in=()) -> list:
+    """Cumulative sums / reduce-windows in ``jaxpr`` (and the jaxprs inside it) whose operand depends on no input
+    (or only on empty arrays): XLA constant-folds those, in its slow evaluator, at their full size."""
+    const = set(consts_in)
+    found = []
+    for eqn in jaxpr.eqns:
+        inputs = [v for v in eqn.invars if not isinstance(v, jex_core.Literal)]
+        is_const = all(v in const or v.aval.size == 0 for v in inputs)  # an empty array is a constant too
+        if eqn.primitive.name in ("cumsum", "cumlogsumexp", "reduce_window_sum", "reduce_window") and is_const:
+            found.append(f"{eqn.primitive.name} {[v.aval.str_short() for v in eqn.invars]}")
+        for sub in jex_core.jaxprs_in_params(eqn.params):
+            sub = getattr(sub, "jaxpr", sub)
+            aligned = len(sub.invars) == len(eqn.invars)  # calls and scans; other bodies count nothing as constant
+            inner = [w for v, w in zip(eqn.invars, sub.invars)
+                     if aligned and not isinstance(v, jex_core.Literal) and v in const]
+            found += _const_reductions(sub, inner)
+        if is_const:
+            const.update(eqn.outvars)
+    return found
+
+
+@pytest.mark.parametrize("case", ["gla_channel", "gla_head", "delta_channel", "delta_head"])
+def test_chunk_gradients_fold_no_constant_reduction(case):
+    """The chunk form's gradient holds no cumulative sum over a constant (GLA's train step took minutes to
+    compile on a GPU while XLA folded one, from the one-step blocks of its per-channel halving)."""
+    args = jax.tree.map(jnp.asarray, _inputs(case))
+    loss = lambda a: sum(jnp.sum(x * x) for x in jax.tree.leaves(_call(case, "chunk", a, _segments())))  # noqa: E731
+    closed = jax.make_jaxpr(jax.grad(loss))(args)
+    assert _const_reductions(closed.jaxpr) == []
