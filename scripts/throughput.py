@@ -16,10 +16,12 @@ MFU = model FLOPs per second / the device's peak dense bf16 FLOP/s (``--peak-tfl
 of known devices). Model FLOPs per token are 6 x parameters for the matmuls, plus layers x what the
 attn spec's ``flops_per_token`` counts for the token-token mixing the 6N rule misses (forward +
 backward): softmax attention's causal scores and values, 6 x T x d_model per layer without a
-window; 0 for the recurrent mixers, whose MFU therefore understates the hardware's work. GiB is
+window; the recurrent mixers' chunked matmuls (``lmzoo.mixers.family.linear.chunked_mixing_flops``). GiB is
 what the compiled step holds at once on one device (XLA's memory analysis: train state, batch,
-outputs and temporaries), comparable across variants, layouts and devices. A variant that fails (out of memory, a
-method the device lacks) prints one line and the sweep goes on.
+outputs and temporaries), comparable across variants, layouts and devices; ``--steps 0`` only compiles (compile
+seconds and GiB, e.g. on a CPU as a proxy for a GPU's memory). Each row names the kernels its mixers ran
+(``lmzoo.ops.kernels``). A variant that fails (out of memory, a method the device lacks) prints one line and
+the sweep goes on.
 """
 
 from __future__ import annotations
@@ -75,9 +77,11 @@ def measure(variant: str, overrides: list[str], model: str, length: int, batch_t
         step = jax.jit(partial(train_step, graphdef, tx), donate_argnums=0,
                        out_shardings=(shardings, NamedSharding(mesh, P()))).lower(state, batch).compile()
         compile_s = time.perf_counter() - compile_start
-        state, metrics = step(state, batch)  # warm up
-        jax.block_until_ready(metrics)
-        times = []
+        times = [float("nan")]
+        if steps:
+            state, metrics = step(state, batch)  # warm up
+            jax.block_until_ready(metrics)
+            times = []
         for _ in range(steps):
             start = time.perf_counter()
             state, metrics = step(state, batch)

@@ -64,6 +64,7 @@ def test_jla_form_needs_jla_at_config_time(capsys):
 
 
 def test_default_form_is_auto():
-    for variant in ("gla", "retnet", "linear", "deltanet", "gated_deltanet", "kda", "deltaproduct", "mamba2"):
+    for variant in ("gla", "retnet", "linear", "deltanet", "gated_deltanet", "kda", "deltaproduct", "mamba2", "gdn2",
+                    "rwkv7", "mamba", "softmax", "gqa", "swa"):
         assert tiny_config(variant).attn.method == "auto", variant
     assert jax.default_backend()  # the default device decides what auto runs

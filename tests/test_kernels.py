@@ -47,6 +47,20 @@ def _inputs(case: str, seed: int = 0, *, H: int = H, DK: int = DK, DV: int = DV)
         return {"x": n(B, T, heads, p), "dt": np.log1p(np.exp(n(B, T, heads) - 1.0)), "A": -np.exp(n(heads) * 0.5),
                 "B": n(B, T, groups, d_state), "C": n(B, T, groups, d_state), "D": n(heads),
                 "state": n(B, heads, p, d_state)}
+    if case == "gdn2":  # erase gates on the keys' channels, write gates on the values'
+        return {"q": n(B, T, H, DK), "k": _unit(n(B, T, H, DK)), "v": n(B, T, H, DV), "log_g": _log_sigmoid(n(B, T, H, DK)),
+                "erase": 1 / (1 + np.exp(-n(B, T, H, DK))), "write": 1 / (1 + np.exp(-n(B, T, H, DV))),
+                "state": n(B, H, DK, DV)}
+    if case == "selective_scan":  # Mamba-1: u, delta (before bias and softplus), A, B, C in 2 groups, D, z
+        channels, d_state = 8, DK
+        return {"u": n(B, T, channels), "delta": n(B, T, channels), "A": -np.exp(n(channels, d_state) * 0.5),
+                "B": n(B, T, 2, d_state), "C": n(B, T, 2, d_state), "D": n(channels), "z": n(B, T, channels),
+                "bias": n(channels) * 0.5, "state": n(B, channels, d_state)}
+    if case == "dplr":  # RWKV-7's generalised delta rule: a = -kappa, b = kappa * a-gate
+        kappa = _unit(n(B, T, H, DK))
+        return {"q": n(B, T, H, DK), "k": n(B, T, H, DK) * 0.5, "v": n(B, T, H, DV), "alpha": -kappa,
+                "beta": kappa / (1 + np.exp(-n(B, T, H, DK))), "log_g": _log_sigmoid(n(B, T, H, DK)),
+                "state": n(B, H, DK, DV)}
     if case.startswith("delta_product"):
         steps = 2
         return {"q": n(B, T, H, DK), "k": _unit(n(B, T, H, steps, DK)), "v": n(B, T, H, steps, DV),
@@ -74,6 +88,16 @@ def _call(case: str, method: str, args: dict, segment_ids):
     if case == "ssd":
         return ops.ssd(args["x"], args["dt"], args["A"], args["B"], args["C"], D=args["D"], initial_state=state,
                        method=method, chunk_size=16, segment_ids=segment_ids)
+    if case == "selective_scan":
+        return ops.selective_scan(args["u"], args["delta"], args["A"], args["B"], args["C"], D=args["D"], z=args["z"],
+                                  delta_bias=args["bias"], delta_softplus=True, initial_state=state, method=method,
+                                  chunk_size=16, segment_ids=segment_ids)
+    if case == "dplr":
+        return ops.dplr(args["q"], args["k"], args["v"], args["alpha"], args["beta"], args["log_g"], scale=1.0,
+                        initial_state=state, method=method, chunk_size=16, segment_ids=segment_ids)
+    if case == "gdn2":
+        return ops.gdn2(args["q"], args["k"], args["v"], args["log_g"], args["erase"], args["write"], initial_state=state,
+                        method=method, chunk_size=16, segment_ids=segment_ids)
     if case.startswith("delta_product"):
         return ops.delta_product(args["q"], args["k"], args["v"], args["beta"], args["log_g"], initial_state=state,
                                  method=method, chunk_size=16, segment_ids=segment_ids)
@@ -90,12 +114,13 @@ def _call(case: str, method: str, args: dict, segment_ids):
 # case -> the op's reference form
 CASES = {"gla_channel": "naive", "gla_head": "naive", "gla_none": "naive", "linear": "naive", "ssd": "naive",
          "delta_none": "scan", "delta_head": "scan", "delta_channel": "scan", "delta_grouped": "scan",
-         "delta_product": "scan"}
+         "delta_product": "scan", "gdn2": "scan", "dplr": "scan", "selective_scan": "naive"}
 # case -> the implementation method="jla" runs on a CPU
 JLA_KINDS = {"gla_channel": "gla", "gla_head": "simple_gla", "gla_none": "simple_gla", "linear": "simple_gla",
              "ssd": "simple_gla", "delta_none": "deltanet", "delta_head": "gated_deltanet", "delta_channel": "kda",
-             "delta_grouped": "gated_deltanet", "delta_product": "gated_deltanet"}
-OPS = {"ssd": "ssd", "delta_product": "delta_rule"}  # the op whose choice is recorded, where not the case's family
+             "delta_grouped": "gated_deltanet", "delta_product": "gated_deltanet", "gdn2": "gdn2", "dplr": "rwkv7", "selective_scan": "mamba1"}
+BEST = {"selective_scan": "scan"}  # the form auto runs off Hopper, where not "chunk"
+OPS = {"ssd": "ssd", "delta_product": "delta_rule", "gdn2": "gdn2", "dplr": "dplr", "selective_scan": "selective_scan"}  # the op whose choice is recorded, where not the case's family
 
 
 def _segments():
@@ -145,13 +170,13 @@ def test_jla_records_its_kind(case):
 @pytest.mark.gpu
 @needs_jla
 @pytest.mark.skipif(not kernels.hopper(), reason="needs a Hopper GPU")
-@pytest.mark.parametrize("case", ["gla_channel", "gla_head", "delta_head", "delta_channel", "ssd"])
+@pytest.mark.parametrize("case", ["gla_channel", "gla_head", "delta_head", "delta_channel", "ssd", "gdn2", "dplr"])
 def test_mosaic_kernels_equal_reference(case):
     """On a Hopper GPU at shapes its kernels take (bf16, K = V = 64, H K a multiple of 128)."""
     _compare(case, jnp.bfloat16, BF16_TOLERANCE, H=2, DK=64, DV=64)
 
 
-@pytest.mark.parametrize("case", ["gla_channel", "delta_head", "ssd", "delta_product"])
+@pytest.mark.parametrize("case", ["gla_channel", "delta_head", "ssd", "delta_product", "gdn2", "dplr", "selective_scan"])
 def test_auto_off_hopper_is_the_best_form_bit_for_bit(case):
     """Fail-closed: where jla's kernel does not run (here: no Hopper GPU), ``auto`` is the op's own best form."""
     if kernels.hopper():
@@ -159,10 +184,10 @@ def test_auto_off_hopper_is_the_best_form_bit_for_bit(case):
     args = jax.tree.map(jnp.asarray, _inputs(case))
     with kernels.recording() as choices:
         auto = _call(case, "auto", args, _segments())
-    best = _call(case, "chunk", args, _segments())
-    for a, b in zip(jax.tree.leaves(auto), jax.tree.leaves(best)):
+    best = BEST.get(case, "chunk")
+    for a, b in zip(jax.tree.leaves(auto), jax.tree.leaves(_call(case, best, args, _segments()))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert choices[0].implementation == "lmzoo:chunk"
+    assert len(choices) == 1 and choices[0].implementation == f"lmzoo:{best}"  # the op's choice, not its inner calls
     assert "not installed" in choices[0].reason or "not a Hopper GPU" in choices[0].reason
 
 

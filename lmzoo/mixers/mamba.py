@@ -42,7 +42,7 @@ class MambaConfig(MixerConfig):
     dt_rank: Optional[int] = None  # rank of the Δ projection; None: ceil(d_model / 16)
     dt_min: float = 0.001  # Δ is initialised log-uniformly in [dt_min, dt_max]
     dt_max: float = 0.1
-    method: str = "scan"  # scan | assoc | chunk | pallas (see lmzoo.ops.selective_scan); scan is the fastest on CPU
+    method: str = "auto"  # auto (jla's Hopper kernel, else scan) | jla | scan | assoc | chunk | pallas (lmzoo.ops.selective_scan)
     chunk_size: int = 16  # tokens per chunk for method=chunk and method=pallas
 
     def check(self, model: ModelConfig) -> None:

@@ -51,7 +51,7 @@ class RWKV7Config(LinearFamilyConfig):
     forms = METHODS
     delta = True  # the generalised delta rule reads its state before each write
 
-    method: str = "chunk"  # scan | parallel | chunk (see lmzoo.ops.dplr)
+    method: str = "auto"  # auto | jla | scan | parallel | chunk (see lmzoo.ops.dplr)
     decay_rank: Optional[int] = None  # rank of the decay's LoRA; None: max(32, d_model / 16) rounded to 32
     a_rank: Optional[int] = None  # rank of the in-context learning rate's LoRA; None: as decay_rank
     gate_rank: Optional[int] = None  # rank of the output gate's LoRA; None: max(32, d_model / 8) rounded to 32

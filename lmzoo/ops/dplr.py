@@ -67,23 +67,46 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lmzoo.ops import kernels
 from lmzoo.ops.common import (check_form, decay_since, decay_until_end, from_chunks, gate_layout, reset_gates,
-                              same_segment, segment_starts, to_chunks)
+                              same_segment, segment_starts, state_float32, to_chunks)
+from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.ut import decay_before, decayed_pairs, invert_unit_lower
 
-METHODS = ("scan", "parallel", "chunk")
+METHODS = ("scan", "parallel", "chunk", *PROVIDER_FORMS)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
 def dplr(q, k, v, alpha, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64,
          segment_ids=None):
     """q, k, alpha, beta [B,T,H,Dk], v [B,T,H,Dv], log_g None (no decay), [B,T,H] or [B,T,H,Dk].
 
-    ``segment_ids`` [B,T]: the state restarts at each segment start.
+    ``segment_ids`` [B,T]: the state restarts at each segment start. ``method="auto"`` runs jla's Hopper
+    kernel (its ``rwkv7``, the same recurrence) where it takes the call and ``"chunk"`` otherwise.
     Returns (o [B, T, H, Dv] in v's dtype, S_T [B, H, Dk, Dv] float32).
     """
     check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    mapped = lambda: dplr_jla_call(q, k, v, alpha, beta, log_g, scale, initial_state, segment_ids)  # noqa: E731
+    form = kernels.resolve("dplr", method, "chunk", mapped)
+    if form == kernels.JLA:
+        out, state = kernels.run(mapped())
+        return out.astype(v.dtype), state
+    return _dplr(q, k, v, alpha, beta, log_g, scale=scale, initial_state=initial_state, method=form,
+                 chunk_size=chunk_size, segment_ids=segment_ids)
+
+
+def dplr_jla_call(q, k, v, alpha, beta, log_g, scale, initial_state, segment_ids) -> kernels.JlaCall:
+    """``dplr`` as jla's ``rwkv7``: ``S_t = diag(exp(w_t)) S + b_t (a_t^T S) + k_t v_t^T`` with w = log_g (spread
+    over the key channels; zero without a decay), a = alpha, b = beta; jla zeroes the state at a segment start."""
+    s0 = state_float32(initial_state, (k.shape[0], k.shape[2], k.shape[3], v.shape[-1]))
+    w = jnp.zeros(k.shape, jnp.float32) if log_g is None else jnp.broadcast_to(gate_layout(log_g, k.shape), k.shape)
+    return kernels.JlaCall("rwkv7", q, k, v, {"w": w.astype(jnp.float32), "a": alpha, "b": beta},
+                           {"scale": scale, "initial_state": s0, "segment_ids": segment_ids})
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
+def _dplr(q, k, v, alpha, beta, log_g, *, scale, initial_state, method, chunk_size, segment_ids):
+    """``dplr`` in one of lmzoo's own forms."""
     alpha, beta, g32 = _checked(k, alpha, beta, log_g, segment_ids)
     batch, _, heads, d_key = k.shape
     if initial_state is None:
@@ -108,7 +131,6 @@ def dplr_weights(q, k, alpha, beta, log_g=None, *, scale=None, segment_ids=None)
     return jnp.where(same_segment(segment_ids)[:, None], weights, 0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
 def gdn2(q, k, v, log_g, erase, write, *, scale=None, initial_state=None, method="chunk", chunk_size=64,
          segment_ids=None):
     """GDN-2: ``S' = diag(exp(g_t)) S_{t-1};  S_t = S' + k_t (write_t * v_t - S'^T (erase_t * k_t))^T``.
@@ -118,9 +140,32 @@ def gdn2(q, k, v, log_g, erase, write, *, scale=None, initial_state=None, method
     ``alpha = exp(g) * erase * k``, ``beta = -k`` and values ``write * v``.
     Returns (o [B, T, H, Dv] in v's dtype, S_T [B, H, Dk, Dv] float32).
     """
+    check_form(method, METHODS, chunk_size)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    mapped = lambda: gdn2_jla_call(q, k, v, log_g, erase, write, scale, initial_state, segment_ids)  # noqa: E731
+    form = kernels.resolve("gdn2", method, "chunk", mapped)
+    if form == kernels.JLA:
+        out, state = kernels.run(mapped())
+        return out.astype(v.dtype), state
+    return _gdn2(q, k, v, log_g, erase, write, scale=scale, initial_state=initial_state, method=form,
+                 chunk_size=chunk_size, segment_ids=segment_ids)
+
+
+def gdn2_jla_call(q, k, v, log_g, erase, write, scale, initial_state, segment_ids) -> kernels.JlaCall:
+    """``gdn2`` as jla's ``gdn2``, the same recurrence with its gates named g, b (erase) and w (write); a gate
+    per head is spread over the key channels."""
+    s0 = state_float32(initial_state, (k.shape[0], k.shape[2], k.shape[3], v.shape[-1]))
+    g = jnp.broadcast_to(gate_layout(log_g, k.shape), k.shape).astype(jnp.float32)
+    return kernels.JlaCall("gdn2", q, k, v, {"g": g, "b": erase, "w": write},
+                           {"scale": scale, "initial_state": s0, "segment_ids": segment_ids, "use_qk_l2norm": False})
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
+def _gdn2(q, k, v, log_g, erase, write, *, scale, initial_state, method, chunk_size, segment_ids):
+    """``gdn2`` in one of lmzoo's own forms."""
     alpha, beta, written = gdn2_as_dplr(k, v, log_g, erase, write)
-    out, state = dplr(q, k, written, alpha, beta, log_g, scale=scale, initial_state=initial_state, method=method,
-                      chunk_size=chunk_size, segment_ids=segment_ids)
+    out, state = _dplr(q, k, written, alpha, beta, log_g, scale=scale, initial_state=initial_state, method=method,
+                       chunk_size=chunk_size, segment_ids=segment_ids)
     return out.astype(v.dtype), state
 
 

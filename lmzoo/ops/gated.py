@@ -70,7 +70,7 @@ def gla(q, k, v, log_g=None, *, scale=None, initial_state=None, method="chunk", 
     if form == kernels.JLA:
         out, state = kernels.run(mapped())
         return out.astype(v.dtype), state
-    return _gla(q, k, v, log_g, scale=scale, initial_state=initial_state, method=form, chunk_size=chunk_size,
+    return gla_form(q, k, v, log_g, scale=scale, initial_state=initial_state, method=form, chunk_size=chunk_size,
                 segment_ids=segment_ids)
 
 
@@ -85,7 +85,7 @@ def jla_call(q, k, v, log_g, scale, initial_state, segment_ids) -> kernels.JlaCa
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
-def _gla(q, k, v, log_g, *, scale, initial_state, method, chunk_size, segment_ids):
+def gla_form(q, k, v, log_g, *, scale, initial_state, method, chunk_size, segment_ids):
     """``gla`` in one of lmzoo's own forms."""
     batch, _, heads, d_key = k.shape
     s0 = state_float32(initial_state, (batch, heads, d_key, v.shape[-1]))

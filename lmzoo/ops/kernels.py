@@ -60,8 +60,7 @@ class JlaCall:
     options: dict = field(default_factory=dict)
 
     def describe(self) -> str:
-        heads, d_key, d_value = self.q.shape[2], self.q.shape[-1], self.v.shape[-1]
-        return f"{self.q.dtype} q, T={self.q.shape[1]}, H={heads}, K={d_key}, V={d_value}"
+        return f"{self.q.dtype} q {list(self.q.shape)}, v {list(self.v.shape)}"
 
 
 _LOG: contextvars.ContextVar[list | None] = contextvars.ContextVar("lmzoo_kernel_choices", default=None)

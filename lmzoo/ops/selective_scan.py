@@ -39,10 +39,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lmzoo.ops import kernels
 from lmzoo.ops.common import causal_mask, check_form, same_segment, segment_starts, to_chunks
+from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.selective_scan import selective_scan_pallas
 
-METHODS = ("naive", "scan", "assoc", "chunk", "pallas")
+METHODS = ("naive", "scan", "assoc", "chunk", "pallas", *PROVIDER_FORMS)
 
 
 def grouped(x: jax.Array, channels: int) -> jax.Array:
@@ -70,7 +72,6 @@ def effective_delta(delta, delta_bias=None, delta_softplus=False) -> jax.Array:
     return jax.nn.softplus(delta) if delta_softplus else delta
 
 
-@functools.partial(jax.jit, static_argnames=("delta_softplus", "method", "chunk_size"))
 def selective_scan(
     u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_softplus=False,
     initial_state=None, method="scan", chunk_size=64, segment_ids=None,
@@ -78,9 +79,26 @@ def selective_scan(
     """u, delta, z ``[B,T,D]``; A ``[D,N]``; B, C ``[B,T,N]`` or ``[B,T,G,N]``; D, delta_bias ``[D]``.
 
     Returns ``(y [B,T,D], final_state [B,D,N] float32)``; ``initial_state`` is ``[B,D,N]``;
-    ``segment_ids [B,T]`` (int) restart the state at every document start.
+    ``segment_ids [B,T]`` (int) restart the state at every document start. ``method="auto"`` runs jla's
+    Hopper kernel (its ``mamba1``, the same scan) where it takes the call and ``"scan"`` otherwise.
     """
     check_form(method, METHODS, chunk_size)
+    mapped = lambda: kernels.JlaCall(  # noqa: E731  (jla's names: q = C, k = B, v = u, its own D, z and bias)
+        "mamba1", C, B, u, {"dt": delta, "a": A},
+        {"d": D, "z": z, "dt_bias": delta_bias, "dt_softplus": delta_softplus, "initial_state": initial_state,
+         "segment_ids": segment_ids})
+    form = kernels.resolve("selective_scan", method, "scan", mapped)
+    if form == kernels.JLA:
+        y, state = kernels.run(mapped())
+        return y.astype(u.dtype), state
+    return selective_scan_form(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus,
+                               initial_state=initial_state, method=form, chunk_size=chunk_size, segment_ids=segment_ids)
+
+
+@functools.partial(jax.jit, static_argnames=("delta_softplus", "method", "chunk_size"))
+def selective_scan_form(u, delta, A, B, C, *, D, z, delta_bias, delta_softplus, initial_state, method, chunk_size,
+                        segment_ids):
+    """``selective_scan`` in one of lmzoo's own forms."""
     batch, _, channels = u.shape
     u32, A = u.astype(jnp.float32), A.astype(jnp.float32)
     delta = effective_delta(delta, delta_bias, delta_softplus)

@@ -33,7 +33,7 @@ from jax import lax
 
 from lmzoo.ops import kernels
 from lmzoo.ops.common import RESET_LOG_DECAY, check_form, same_segment, segment_starts
-from lmzoo.ops.gated import gla, gla_weights
+from lmzoo.ops.gated import gla_form, gla_weights
 from lmzoo.ops.kernels import PROVIDER_FORMS
 
 METHODS = ("naive", "scan", "chunk", "pallas", *PROVIDER_FORMS)
@@ -94,8 +94,8 @@ def _ssd(x, dt, A, B, C, *, D, initial_state, method, chunk_size, segment_ids):
     if method == "naive":
         y, h = _naive(dt[..., None] * x32, log_a, b, c, h0)
     else:
-        y, state = gla(c, b, dt[..., None] * x32, log_a, scale=1.0, initial_state=h0.swapaxes(-1, -2),
-                       method=method, chunk_size=chunk_size)
+        y, state = gla_form(c, b, dt[..., None] * x32, log_a, scale=1.0, initial_state=h0.swapaxes(-1, -2),
+                        method=method, chunk_size=chunk_size, segment_ids=None)
         h = state.swapaxes(-1, -2)  # GLA's [N, P] -> SSD's [P, N]
     if D is not None:
         y = y + D.astype(jnp.float32)[:, None] * x32
