@@ -133,9 +133,9 @@ def _outputs_and_grads(case, method, args, cotangent):
     return out, vjp(jax.tree.map(lambda c, o: c.astype(o.dtype), cotangent, out))[0]
 
 
-def _compare(case: str, dtype, tol: float, **sizes):
+def _compare(case: str, dtype, tol: float, *, with_state: bool = True, **sizes):
     args = jax.tree.map(lambda x: jnp.asarray(x).astype(dtype), _inputs(case, **sizes))
-    args["state"] = args["state"].astype(jnp.float32)  # states are float32 whatever the inputs
+    args["state"] = args["state"].astype(jnp.float32) if with_state else None  # float32 whatever the inputs
     reference_args = jax.tree.map(lambda x: x.astype(jnp.float32), args)
     cotangent = random_like(jax.eval_shape(lambda a: _call(case, CASES[case], a, _segments()), reference_args), 7)
     expected = _outputs_and_grads(case, CASES[case], reference_args, cotangent)
@@ -155,6 +155,13 @@ def test_jla_equals_reference(case, dtype):
     if jax.default_backend() == "gpu" and not kernels.hopper():
         pytest.skip("jla's kernels run on Hopper; its chunked path is tested on the CPU")
     _compare(case, dtype, F32_TOLERANCE if dtype == jnp.float32 else BF16_TOLERANCE)
+
+
+@needs_jla
+@pytest.mark.parametrize("case", ["gla_channel", "delta_head", "ssd", "dplr", "selective_scan"])
+def test_jla_from_no_state(case):
+    """Without an initial state jla is given none (its kernels then read none)."""
+    _compare(case, jnp.float32, F32_TOLERANCE, with_state=False)
 
 
 @needs_jla

@@ -102,7 +102,7 @@ def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, met
 def jla_call(q, k, v, beta, log_g, scale, initial_state, segment_ids) -> kernels.JlaCall:
     """``delta_rule`` (q, k already per value head) as jla's ``deltanet`` (no gate), ``gated_deltanet``
     (one per head) or ``kda`` (one per key channel); jla normalises neither q nor k, as here."""
-    s0 = state_float32(initial_state, (k.shape[0], k.shape[2], k.shape[3], v.shape[-1]))
+    s0 = kernels.state_or_none(initial_state)
     options = {"scale": scale, "initial_state": s0, "segment_ids": segment_ids, "use_qk_l2norm": False}
     gates = {"beta": beta}
     if log_g is None:

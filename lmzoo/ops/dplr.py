@@ -69,7 +69,7 @@ from jax import lax
 
 from lmzoo.ops import kernels
 from lmzoo.ops.common import (check_form, decay_since, decay_until_end, from_chunks, gate_layout, reset_gates,
-                              same_segment, segment_starts, state_float32, to_chunks)
+                              same_segment, segment_starts, to_chunks)
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.ut import decay_before, decayed_pairs, invert_unit_lower
 
@@ -98,7 +98,7 @@ def dplr(q, k, v, alpha, beta, log_g=None, *, scale=None, initial_state=None, me
 def dplr_jla_call(q, k, v, alpha, beta, log_g, scale, initial_state, segment_ids) -> kernels.JlaCall:
     """``dplr`` as jla's ``rwkv7``: ``S_t = diag(exp(w_t)) S + b_t (a_t^T S) + k_t v_t^T`` with w = log_g (spread
     over the key channels; zero without a decay), a = alpha, b = beta; jla zeroes the state at a segment start."""
-    s0 = state_float32(initial_state, (k.shape[0], k.shape[2], k.shape[3], v.shape[-1]))
+    s0 = kernels.state_or_none(initial_state)
     w = jnp.zeros(k.shape, jnp.float32) if log_g is None else jnp.broadcast_to(gate_layout(log_g, k.shape), k.shape)
     return kernels.JlaCall("rwkv7", q, k, v, {"w": w.astype(jnp.float32), "a": alpha, "b": beta},
                            {"scale": scale, "initial_state": s0, "segment_ids": segment_ids})
@@ -154,7 +154,7 @@ def gdn2(q, k, v, log_g, erase, write, *, scale=None, initial_state=None, method
 def gdn2_jla_call(q, k, v, log_g, erase, write, scale, initial_state, segment_ids) -> kernels.JlaCall:
     """``gdn2`` as jla's ``gdn2``, the same recurrence with its gates named g, b (erase) and w (write); a gate
     per head is spread over the key channels."""
-    s0 = state_float32(initial_state, (k.shape[0], k.shape[2], k.shape[3], v.shape[-1]))
+    s0 = kernels.state_or_none(initial_state)
     g = jnp.broadcast_to(gate_layout(log_g, k.shape), k.shape).astype(jnp.float32)
     return kernels.JlaCall("gdn2", q, k, v, {"g": g, "b": erase, "w": write},
                            {"scale": scale, "initial_state": s0, "segment_ids": segment_ids, "use_qk_l2norm": False})

@@ -76,7 +76,7 @@ def gla(q, k, v, log_g=None, *, scale=None, initial_state=None, method="chunk", 
 
 def jla_call(q, k, v, log_g, scale, initial_state, segment_ids) -> kernels.JlaCall:
     """``gla`` as jla's ``gla`` (a gate per key channel) or ``simple_gla`` (one per head; none is a zero gate)."""
-    s0 = state_float32(initial_state, (*k.shape[:1], k.shape[2], k.shape[3], v.shape[-1]))
+    s0 = kernels.state_or_none(initial_state)
     options = {"scale": scale, "initial_state": s0, "segment_ids": segment_ids}
     if log_g is not None and log_g.ndim == 4 and log_g.shape[-1] > 1:
         return kernels.JlaCall("gla", q, k, v, {"g": log_g.astype(jnp.float32)}, options)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import jax
+import jax.numpy as jnp
 
 AUTO, JLA = "auto", "jla"
 PROVIDER_FORMS = (AUTO, JLA)
@@ -158,6 +159,11 @@ def resolve(op: str, method: str, best: str, call: Callable[[], JlaCall]) -> str
 def note(op: str, form: str, reason: str = "") -> None:
     """Record that ``op`` runs lmzoo's ``form`` (and why, where ``auto`` chose it)."""
     _record(Choice(op, f"lmzoo:{form}", reason))
+
+
+def state_or_none(initial_state):
+    """An initial state for jla in float32, or None: a kernel given no state skips reading one."""
+    return None if initial_state is None else initial_state.astype(jnp.float32)
 
 
 def run(call: JlaCall):

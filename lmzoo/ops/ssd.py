@@ -69,12 +69,11 @@ def ssd(x, dt, A, B, C, *, D=None, initial_state=None, method="chunk", chunk_siz
 def jla_call(x, dt, A, B, C, initial_state, segment_ids) -> kernels.JlaCall:
     """SSD as jla's ``simple_gla``: q = C, k = B (per head), v = dt x in x's dtype, g = dt A, scale 1;
     the state is jla's [N, P] per head."""
-    batch, _, heads, p = x.shape
+    heads = x.shape[2]
     c, b = per_head(C, heads, C.dtype), per_head(B, heads, B.dtype)
     dt32 = dt.astype(jnp.float32)
     v = (dt32[..., None] * x.astype(jnp.float32)).astype(x.dtype)
-    s0 = (jnp.zeros((batch, heads, b.shape[-1], p), jnp.float32) if initial_state is None
-          else initial_state.astype(jnp.float32).swapaxes(-1, -2))
+    s0 = None if initial_state is None else initial_state.astype(jnp.float32).swapaxes(-1, -2)
     options = {"scale": 1.0, "initial_state": s0, "segment_ids": segment_ids}
     return kernels.JlaCall("simple_gla", c, b, v, {"g": dt32 * A.astype(jnp.float32)}, options)
 
