@@ -4,6 +4,10 @@
     python scripts/gpu_all.py --out gpu_out --only fla,throughput           # some steps (names: --list)
     python scripts/gpu_all.py --out smoke --dry-run                         # tiny shapes: checks the commands anywhere
 
+The first step installs jax-linear-attention (the kernel provider behind attn.method=auto) from ``wheels/``,
+prepared beside the checkout with ``pip download --no-deps jax-linear-attention==0.1.0 -d wheels`` (git-ignored;
+carry it to a GPU machine whose image has jax 0.11.2 but not jla; ``import jla.ops`` needs nothing else).
+
 A GPU may be lent for minutes, not hours, so each step runs as its own process under its own limit (the
 smaller of its cap and the budget left) and a step whose minimum no longer fits is skipped rather than
 started: however short the loan, every step that ran leaves its raw output in ``<out>/<step>.txt``
