@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lmzoo import training
 from lmzoo.faults import Diverged
-from lmzoo.steps import train_step
-from lmzoo.training import Trainer, train
+from lmzoo.run import loop as training
+from lmzoo.run.loop import Trainer, train
+from lmzoo.run.steps import train_step
 
 from conftest import tiny_config
 

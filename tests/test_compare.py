@@ -10,7 +10,9 @@ import pytest
 from scipy import stats
 from omegaconf import OmegaConf
 
-from lmzoo import compare, comparison
+from lmzoo import compare
+
+from lmzoo.measure import comparison as comparison
 from lmzoo.metrics.intervals import length_intervals
 
 from conftest import tiny_config
@@ -180,7 +182,7 @@ def test_an_ambiguous_baseline_is_one_line(sweep, tmp_path, capsys):
 
 def test_compare_tabulates_and_plots_a_sweep(tmp_path, capsys):
     from lmzoo import eval as lmzoo_eval
-    from lmzoo.training import train
+    from lmzoo.run.loop import train
 
     for variant, documents in (("softmax", "none"), ("mqa", "mask")):  # mqa keeps packed documents apart
         run_dir = tmp_path / "sweep" / variant

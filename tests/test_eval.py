@@ -9,15 +9,16 @@ import pytest
 from flax import nnx
 
 from lmzoo import eval as lmzoo_eval
-from lmzoo.checkpoint import Checkpointer
 from lmzoo.data import build_data
-from lmzoo.evaluator import sampling_note, score_length
-from lmzoo import evaluation, trained
+from lmzoo.measure import evaluation as evaluation
+from lmzoo.metrics.scoring import sampling_note, score_length
 from lmzoo.model import LM
-from lmzoo.rundir import RunDir
-from lmzoo.steps import init_train_state
-from lmzoo.trained import trained_config
-from lmzoo.training import train
+from lmzoo.run import load as trained
+from lmzoo.run.checkpoint import Checkpointer
+from lmzoo.run.directory import RunDir
+from lmzoo.run.load import trained_config
+from lmzoo.run.loop import train
+from lmzoo.run.steps import init_train_state
 
 from conftest import tiny_config
 
@@ -196,8 +197,8 @@ def test_eval_restores_the_model_without_building_an_optimizer(trained_run, monk
     def no_optimizer(*args, **kwargs):
         raise AssertionError("evaluation built an optimizer")
 
-    monkeypatch.setattr("lmzoo.steps.make_optimizer", no_optimizer)
-    monkeypatch.setattr("lmzoo.optim.make_optimizer", no_optimizer)
+    monkeypatch.setattr("lmzoo.run.steps.make_optimizer", no_optimizer)
+    monkeypatch.setattr("lmzoo.run.optim.make_optimizer", no_optimizer)
     assert evaluate(trained_run, "eval.tag=restore") == reference
 
 

@@ -15,11 +15,11 @@ import pytest
 
 from conftest import REPO
 from lmzoo.experiments import MODULES, run_experiment
-from lmzoo.experiments.judging import SMOKE
 from lmzoo.experiments import runs
-from lmzoo.experiments.runs import evaluate_run, train_run
-from lmzoo.rundir import RunDir
 from lmzoo.experiments import sparsity_closed_forms as sparsity
+from lmzoo.experiments.judging import SMOKE
+from lmzoo.experiments.runs import evaluate_run, train_run
+from lmzoo.run.directory import RunDir
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -26,12 +26,12 @@ from flax import nnx
 from omegaconf import OmegaConf
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 
-from lmzoo.checkpoint import Checkpointer, CorruptCheckpoint
 from lmzoo.faults import EXIT_CONFIG, EXIT_DIVERGED, EXIT_RUN_FAULT, RunFault, RunLock
 from lmzoo.model import LM
-from lmzoo.rundir import RunDir
-from lmzoo.steps import init_train_state, loss_and_extra, train_step
-from lmzoo.training import train
+from lmzoo.run.checkpoint import Checkpointer, CorruptCheckpoint
+from lmzoo.run.directory import RunDir
+from lmzoo.run.loop import train
+from lmzoo.run.steps import init_train_state, loss_and_extra, train_step
 
 from conftest import REPO, TINY, run_lmzoo, tiny_config
 
@@ -209,8 +209,8 @@ KILL_SNIPPET = """
 import os, signal, sys
 from orbax.checkpoint._src.path import atomicity
 from conftest import tiny_config
-from lmzoo.checkpoint import Checkpointer
-from lmzoo.training import train
+from lmzoo.run.checkpoint import Checkpointer
+from lmzoo.run.loop import train
 
 point, run_dir, kill_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
 args = sys.argv[4:]
@@ -327,7 +327,7 @@ def test_a_changed_setting_on_resume_is_recorded_and_compare_marks_the_run(tmp_p
 HOLDER = """
 import sys, time
 from lmzoo.faults import RunLock
-from lmzoo.rundir import RunDir
+from lmzoo.run.directory import RunDir
 with RunLock(RunDir(sys.argv[1]).lock_path):
     print("held", flush=True)
     time.sleep(120)
@@ -405,7 +405,7 @@ def test_an_override_that_changes_nothing_gets_a_warning(tmp_path):
 
 
 def test_a_setting_that_acts_only_beside_another_gets_no_warning(tmp_path, caplog):
-    from lmzoo.evaluation import warn_inert_overrides
+    from lmzoo.measure.evaluation import warn_inert_overrides
 
     cfg = tiny_config("softmax", *ONE_LAYER, run_dir=tmp_path)
     OmegaConf.save(OmegaConf.structured(cfg), tmp_path / "config.yaml")
@@ -476,7 +476,7 @@ def test_a_torn_resumes_line_is_repaired_before_the_next_change_is_recorded(tmp_
 
 def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
     from lmzoo.faults import WriteFault
-    from lmzoo.rundir import atomic_write_text
+    from lmzoo.run.directory import atomic_write_text
 
     target = tmp_path / "verdict.json"
     atomic_write_text(target, "old\n")

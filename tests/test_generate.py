@@ -11,10 +11,10 @@ from flax import nnx
 
 from lmzoo import generate as lmzoo_generate
 from lmzoo.data import ByteTokenizer
-from lmzoo.decoding import Sampling, generate, sample
+from lmzoo.measure.decoding import Sampling, generate, sample
 from lmzoo.model import LM
-from lmzoo.trained import open_trained
-from lmzoo.training import train
+from lmzoo.run.load import open_trained
+from lmzoo.run.loop import train
 
 from conftest import tiny_config
 

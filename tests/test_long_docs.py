@@ -11,8 +11,8 @@ from lmzoo.config import ConfigError
 from lmzoo.data.pipeline import Data, ValidationWindows, document_ids, share_spans, spread_spans
 from lmzoo.data.synthetic import MqarConfig
 from lmzoo.data.tokenizers import ByteTokenizer
-from lmzoo.evaluation import eval_settings, validation_windows
-from lmzoo.evaluator import sampling_note
+from lmzoo.measure.evaluation import eval_settings, validation_windows
+from lmzoo.metrics.scoring import sampling_note
 
 EOS = ByteTokenizer.eos_id
 SIZES = [5, 40, 17, 130, 64, 3, 90, 33, 200, 48, 70, 16]  # tokens of each document before its EOS

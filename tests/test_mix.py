@@ -15,11 +15,11 @@ from lmzoo.data.mix import (
 from lmzoo.data.pipeline import train_iterator
 from lmzoo.data.synthetic import TRAIN, TaskExamples, TaskTokenizer
 from lmzoo.faults import RunFault
-from lmzoo.rundir import RunDir, check_data
+from lmzoo.run import loop as training
+from lmzoo.run.directory import RunDir, check_data
+from lmzoo.run.loop import train
 from lmzoo.schema import ConfigError, to_dataclass
 from lmzoo.train import main as train_main
-from lmzoo import training
-from lmzoo.training import train
 
 from conftest import tiny_config
 
@@ -152,7 +152,7 @@ def test_each_component_is_validated_on_its_own_windows(tmp_path):
 
 
 def test_long_document_evaluation_reads_the_text_component(tmp_path):
-    from lmzoo.evaluation import eval_settings, validation_windows
+    from lmzoo.measure.evaluation import eval_settings, validation_windows
 
     data = mix(corpus(tmp_path)).build(seed=0, shard_index=0, shard_count=1)
     long_only = validation_windows(data, eval_settings(["eval.tokens=38", "eval.min_doc_tokens=38"]), [L])[L]

@@ -176,7 +176,7 @@ def test_bfloat16_compute_stays_close_to_float32():
 def test_rematerialised_blocks_and_mixers_give_the_same_loss_and_gradients(variant):
     """``model.remat``: recomputing activations in the backward pass changes no number (vq sows an
     auxiliary loss inside the recomputed mixer)."""
-    from lmzoo.steps import init_train_state, loss_and_extra
+    from lmzoo.run.steps import init_train_state, loss_and_extra
 
     tokens = random_tokens(2, 17)
     batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1)}

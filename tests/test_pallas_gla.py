@@ -31,7 +31,7 @@ from conftest import tiny_config
 from lmzoo import ops
 from lmzoo.ops.pallas.common import lower_for
 from lmzoo.ops.pallas.gla import gla_pallas
-from lmzoo.training import train
+from lmzoo.run.loop import train
 
 SETTINGS = [
     ("gla", 1, True), ("gla", 63, True), ("gla", 257, False),

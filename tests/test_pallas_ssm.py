@@ -170,7 +170,7 @@ def test_compiled_on_gpu_with_documents_matches_naive():
 
 def test_mamba_training_loss_and_gradients_match_scan():
     """``+attn=mamba attn.method=pallas``: one training step's objective and gradients equal method=scan's."""
-    from lmzoo.steps import init_train_state, loss_and_extra
+    from lmzoo.run.steps import init_train_state, loss_and_extra
 
     tokens = jax.random.randint(jax.random.key(1), (2, 21), 0, 259)
     batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1)}

@@ -177,7 +177,7 @@ def test_the_task_offers_its_grid_to_the_evaluator_and_other_sources_offer_none(
 
 
 def test_training_on_passkey_scores_the_answer(tmp_path):
-    from lmzoo.training import train
+    from lmzoo.run.loop import train
 
     cfg = tiny_config("softmax", "data=passkey", "train.steps=2", "train.eval_every=2", run_dir=tmp_path)
     summary = train(cfg)

@@ -16,13 +16,13 @@ from flax import nnx
 
 from conftest import REPO, VARIANTS, covering_layers, run_lmzoo, tiny_config
 from lmzoo.model import LM
-from lmzoo.optim import learning_rate_schedule, make_optimizer, muon, optimizer_labels
-from lmzoo.rundir import RunDir
+from lmzoo.run.directory import RunDir
+from lmzoo.run.loop import train
+from lmzoo.run.optim import learning_rate_schedule, make_optimizer, muon, optimizer_labels
+from lmzoo.run.steps import loss_and_extra, z_loss_term
 from lmzoo.schema import ConfigError, OptimConfig
 from lmzoo.sharding import EMBED, INNER, VOCAB, param, partitioned
-from lmzoo.steps import loss_and_extra, z_loss_term
 from lmzoo.train import main as train_main
-from lmzoo.training import train
 
 # ----------------------------------------------------------------------------- Muon
 
@@ -93,8 +93,8 @@ import jax, numpy as np
 from flax import nnx
 from conftest import tiny_config
 from lmzoo.model import LM
+from lmzoo.run.steps import init_train_state
 from lmzoo.sharding import MeshConfig, make_mesh, state_shardings
-from lmzoo.steps import init_train_state
 
 cfg = tiny_config("softmax", "optim=muon", "optim.warmup_steps=0", "model.n_layers=1", "model.mlp=false")
 _, state, tx = init_train_state(cfg, LM(cfg, 259, rngs=nnx.Rngs(0)))

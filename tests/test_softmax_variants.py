@@ -210,7 +210,7 @@ def test_vq_compressive_cache_steps_equal_the_forward():
 
 
 def test_vq_training_forward_sows_commitment_and_moves_the_codebook_plain_forward_does_not():
-    from lmzoo.steps import init_train_state, loss_and_extra
+    from lmzoo.run.steps import init_train_state, loss_and_extra
 
     cfg = tiny_config("vq", "attn.block_size=8")
     model = LM(cfg, VOCAB, rngs=nnx.Rngs(0))

@@ -321,7 +321,7 @@ def test_sparse_mixers_matrix_prefill_and_steps_equal_the_forward(variant, head_
 
 def training_losses(model, tokens):
     """(aux/indexer, its gradient, the next-token loss's gradient) of the DSA model in training view."""
-    from lmzoo.steps import next_token_loss
+    from lmzoo.run.steps import next_token_loss
 
     batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
 

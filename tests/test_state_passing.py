@@ -20,9 +20,9 @@ from lmzoo.experiments.judging import SMOKE
 from lmzoo.mixers.base import MixerContext
 from lmzoo.model import LM
 from lmzoo.positions import Positions, PosConfig
-from lmzoo.rundir import RunDir
-from lmzoo.steps import init_train_state, train_step
-from lmzoo.training import Trainer, train
+from lmzoo.run.directory import RunDir
+from lmzoo.run.loop import Trainer, train
+from lmzoo.run.steps import init_train_state, train_step
 
 from conftest import VARIANTS, tiny_config
 from mixer_checks import VOCAB, build, compiled

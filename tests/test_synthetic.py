@@ -95,7 +95,7 @@ def test_every_length_scores_the_same_examples():
 
 def test_training_and_evaluation_on_mqar_report_accuracy_with_intervals(tmp_path):
     from lmzoo import eval as lmzoo_eval
-    from lmzoo.training import train
+    from lmzoo.run.loop import train
 
     cfg = tiny_config("softmax", "data=mqar", "data.seq_len=24", "data.num_pairs=4", "train.steps=4",
                       "train.eval_every=4", run_dir=tmp_path)

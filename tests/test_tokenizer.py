@@ -15,9 +15,9 @@ from conftest import tiny_config
 from lmzoo.data import tokenizers
 from lmzoo.data.corpus import Documents
 from lmzoo.data.text_files import TextFilesConfig, text_file_documents
-from lmzoo.rundir import RunDir
-from lmzoo.trained import open_trained
-from lmzoo.training import train
+from lmzoo.run.directory import RunDir
+from lmzoo.run.load import open_trained
+from lmzoo.run.loop import train
 
 ROUND_TRIP = ["def f(x):\n\treturn x ** 2  # square\n", "naïve café, 東京, Ελληνικά 🙂\r\n",
               "  leading and trailing  ", "", "\x00\x7f odd bytes \u2028 separators"]

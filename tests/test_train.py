@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lmzoo.checkpoint import Checkpointer
 from lmzoo.faults import EXIT_INTERRUPTED
 from lmzoo.model import LM
-from lmzoo.rundir import RunDir
-from lmzoo.steps import init_train_state
-from lmzoo.trained import trained_config
-from lmzoo.training import Trainer, train
+from lmzoo.run.checkpoint import Checkpointer
+from lmzoo.run.directory import RunDir
+from lmzoo.run.load import trained_config
+from lmzoo.run.loop import Trainer, train
+from lmzoo.run.steps import init_train_state
 
 from conftest import REPO, TINY, run_lmzoo, tiny_config
 
@@ -188,7 +188,7 @@ def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
     from lmzoo import registry
     from lmzoo.mixers.base import AuxLoss
     from lmzoo.mixers.softmax import SoftmaxAttention, SoftmaxConfig
-    from lmzoo.steps import loss_and_extra
+    from lmzoo.run.steps import loss_and_extra
 
     @dataclass
     class PenaltyConfig(SoftmaxConfig):
@@ -214,7 +214,7 @@ def test_mixer_auxiliary_losses_join_the_objective(monkeypatch):
 def test_gradient_accumulation_makes_the_large_batch_update(variant, weighted):
     """``train.grad_accum=4``: one step over four micro-batches gives the whole batch's update and
     metrics, also when a synthetic task weights the scored positions unevenly across the slices."""
-    from lmzoo.steps import train_step
+    from lmzoo.run.steps import train_step
 
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, 259, (8, 17)))

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from lmzoo.data import build_data, pipeline
-from lmzoo.data.text_files import TextFilesConfig
 from lmzoo.data.synthetic import MqarConfig
-from lmzoo.evaluator import block_of_units, sampling_note, score_length
+from lmzoo.data.text_files import TextFilesConfig
 from lmzoo.metrics.intervals import block_starts
+from lmzoo.metrics.scoring import block_of_units, sampling_note, score_length
 
 EOS = 0
 

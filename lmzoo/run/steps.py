@@ -12,7 +12,7 @@ the last batch (``LM.carry``): each batch row continues from its row of it, grad
 non-finite restarts every row too: its data has moved one window on, and the state it would carry is
 the one the step refused.
 
-Pure functions of (graphdef, state, batch); ``lmzoo.training`` jits them, and benchmarks and tests
+Pure functions of (graphdef, state, batch); ``lmzoo.run.loop`` jits them, and benchmarks and tests
 call them directly.
 """
 
@@ -26,13 +26,13 @@ import optax
 from flax import nnx
 from jax import lax
 
-from lmzoo.checkpoint import split_model
 from lmzoo.config import Config
 from lmzoo.data.mix import component_terms
-from lmzoo.evaluator import logit_scores, token_scores
+from lmzoo.metrics.scoring import logit_scores, token_scores
 from lmzoo.mixers.base import AuxLoss
 from lmzoo.model import LM, restart_rows
-from lmzoo.optim import make_optimizer
+from lmzoo.run.checkpoint import split_model
+from lmzoo.run.optim import make_optimizer
 
 
 def scored_mean(values: jax.Array, batch) -> jax.Array:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lmzoo.metrics.probes import PROBES
-from lmzoo.rundir import RunDir, atomic_write_text, json_text
 from lmzoo.faults import probe_writable
+from lmzoo.metrics.probes import PROBES
+from lmzoo.run.directory import RunDir, atomic_write_text, json_text
 
 CSV_COLUMNS = ["length", "length_ratio", "tokens", "loss", "bpb", "bpb_lo", "bpb_hi", "ratio", "ratio_lo",
                "ratio_hi", "accuracy", "mean_sparsity", "mean_entropy", "mean_first_key"]

@@ -19,7 +19,7 @@ import numpy as np
 from tensorboardX import SummaryWriter
 from tensorboardX.summary import hparams
 
-from lmzoo.rundir import RunDir
+from lmzoo.run.directory import RunDir
 
 
 def open_in_a_later_second(tb_dir: Path) -> None:

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from lmzoo.evaluator import sampling_note
 from lmzoo.metrics.intervals import RESAMPLES, SEED, bits_per_nat, over_seeds, ratio_of_sums, ratio_to_reference
+from lmzoo.metrics.scoring import sampling_note
 from lmzoo.metrics.seeds import Comparison, arm_difference, arm_estimate, seed_difference, seed_mean
-from lmzoo.rundir import CONFIG, RunDir, atomic_write_text, describe_changes
+from lmzoo.run.directory import CONFIG, RunDir, atomic_write_text, describe_changes
 from lmzoo.schema import ConfigError, flatten
 
 # Config keys that do not make two runs different experiments.

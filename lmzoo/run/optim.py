@@ -34,7 +34,7 @@ Schedules (``optim.schedule``), each after a linear warm-up from 0 over ``optim.
   ``1-sqrt`` ``1 - sqrt(p)``.
 
 A schedule is a function of the optimizer's step count alone, so a run resumed with ``train.steps``
-raised and ``optim.decay_start`` set continues its stable phase into a decay (``lmzoo.training``).
+raised and ``optim.decay_start`` set continues its stable phase into a decay (``lmzoo.run.loop``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Evaluating a trained model: validation loss, bits per byte and accuracy at several lengths, per-position
 loss and attention probes, each with its 95% bootstrap interval; ``evaluate`` returns them as a results dict
-and writes nothing (``lmzoo.eval_outputs`` writes them; ``lmzoo.eval`` is the command).
+and writes nothing (``lmzoo.measure.outputs`` writes them; ``lmzoo.eval`` is the command).
 
-Every length scores the same ``eval.tokens`` validation targets, spread over every document (``lmzoo.evaluator``); the
+Every length scores the same ``eval.tokens`` validation targets, spread over every document (``lmzoo.metrics.scoring``); the
 training length is always among the lengths, since ratios are taken to it. Long windows are cut
 from the validation token stream, in which documents are concatenated with an EOS between them:
 a window longer than a document simply continues into the next one, the same packing as in training.
@@ -33,14 +33,14 @@ from omegaconf import OmegaConf
 from omegaconf import errors as oc_errors
 from tqdm.auto import tqdm
 
-from lmzoo.checkpoint import split_model
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, to_dataclass
-from lmzoo.evaluator import Forward, LengthScores, score_length, token_scores, windows_per_batch
 from lmzoo.metrics.intervals import LEVEL, length_intervals
 from lmzoo.metrics.probes import PROBES, attention_stats
+from lmzoo.metrics.scoring import Forward, LengthScores, score_length, token_scores, windows_per_batch
 from lmzoo.model import LM
-from lmzoo.rundir import RunDir
-from lmzoo.trained import Trained, trained_config
+from lmzoo.run.checkpoint import split_model
+from lmzoo.run.directory import RunDir
+from lmzoo.run.load import Trained, trained_config
 
 log = logging.getLogger("lmzoo.eval")
 

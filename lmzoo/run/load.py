@@ -19,13 +19,13 @@ from flax import nnx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
-from lmzoo.checkpoint import Checkpointer
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, validate
 from lmzoo.data import build_data
 from lmzoo.data.corpus import with_saved_tokenizer
 from lmzoo.faults import RunFault
 from lmzoo.model import LM
-from lmzoo.rundir import RunDir
+from lmzoo.run.checkpoint import Checkpointer
+from lmzoo.run.directory import RunDir
 
 log = logging.getLogger("lmzoo.trained")
 

@@ -1,6 +1,6 @@
 """Training one model, resumably: the ``Trainer`` and its loop (``train``), under ``lmzoo.train``'s command.
 
-The run directory (``lmzoo.rundir.RunDir``) holds the config, checkpoints, TensorBoard events and
+The run directory (``lmzoo.run.directory.RunDir``) holds the config, checkpoints, TensorBoard events and
 the metrics log. Training a run directory that holds a run resumes it from its newest intact
 checkpoint, on the same data (a changed corpus is refused unless ``data.allow_changed=true``);
 SIGTERM or Ctrl-C saves a checkpoint before ``train`` returns. A step whose loss or gradient norm
@@ -12,7 +12,7 @@ flag read, batch transfer) are paid once per k steps; the loop logs, validates a
 One trainer at a time holds a run directory (``lmzoo.faults.RunLock``).
 
 A resume may change how training goes on; the learning-rate schedule is a function of the step alone
-(``lmzoo.optim``), so raising ``train.steps`` and setting ``optim.decay_start`` at a stable-phase
+(``lmzoo.run.optim``), so raising ``train.steps`` and setting ``optim.decay_start`` at a stable-phase
 checkpoint of a WSD (or constant) run continues it into a decay. The changed keys are recorded in
 ``resumes.jsonl``; a change that makes the learning rate jump at the resumed step is named in a warning,
 and a change of optimizer (whose state the checkpoint could not hold) is refused, as is turning
@@ -42,23 +42,23 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from lmzoo.checkpoint import Checkpointer
 from lmzoo.config import Config, ConfigError
 from lmzoo.data import build_data
 from lmzoo.data.corpus import with_saved_tokenizer
 from lmzoo.data.mix import ComponentLosses, component_validation, component_windows
 from lmzoo.data.tokenizers import BPE
-from lmzoo.evaluator import score_length
 from lmzoo.faults import Diverged, RunLock
-from lmzoo.logger import MetricsLogger
 from lmzoo.metrics.intervals import BLOCKS
 from lmzoo.metrics.probes import attention_stats, summary as probe_summary
+from lmzoo.metrics.scoring import score_length
 from lmzoo.model import LM, count_params
-from lmzoo.optim import decay_start, learning_rate_schedule
-from lmzoo.rundir import RunDir, check_data, describe_changes, prepare_run_dir, record_settings
+from lmzoo.run.checkpoint import Checkpointer
+from lmzoo.run.directory import RunDir, check_data, describe_changes, prepare_run_dir, record_settings
+from lmzoo.run.logger import MetricsLogger
+from lmzoo.run.optim import decay_start, learning_rate_schedule
+from lmzoo.run.steps import eval_step, init_train_state, train_step
 from lmzoo.schema import OptimConfig, flatten, to_dataclass
 from lmzoo.sharding import batch_sharding, make_mesh, state_shardings
-from lmzoo.steps import eval_step, init_train_state, train_step
 
 log = logging.getLogger("lmzoo.train")
 logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax reports every file it writes at INFO

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lmzoo.checkpoint import split_model
 from lmzoo.config import ConfigError
 from lmzoo.model import LM
+from lmzoo.run.checkpoint import split_model
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The one evaluator behind training-time validation and ``lmzoo.eval``: the same scored tokens at every length.
+"""The one scorer behind training-time validation and ``lmzoo.eval``: the same scored tokens at every length.
 
 A data object hands out, per evaluated length, the windows that cover its validation budget
 (``validation_windows``): for text, spans spread over the whole validation split, each as long as the
@@ -9,7 +9,7 @@ least that long, so no window crosses a document boundary); for synthetic tasks,
 generated at each length. Every target carries its *unit*, the thing the fixed blocks are made of: its document (its
 span, when the scored text is all one document), or its example. Units are numbered in stream order
 and blocks are runs of whole units, so the bootstrap resamples documents, never pieces of one document
-as if they were independent. The evaluator sums, per block, the loss, the scored count and the correct
+as if they were independent. The scorer sums, per block, the loss, the scored count and the correct
 predictions, and per block and span of positions the loss and count. Those sums are all the bootstrap
 of ``lmzoo.metrics.intervals`` needs, and they stay small however large the budget is. The windows'
 ``sampling_keys()`` say in ``results.json`` which sampling made them (``sampling_note`` reads them back,

@@ -8,7 +8,7 @@
       run_info.json          what the model is: variant, parameters, state size, devices
       metrics.jsonl          one JSON object per logged step
       lock                   held by the trainer using the run (``lmzoo.faults.RunLock``)
-      checkpoints/           Orbax checkpoints (``lmzoo.checkpoint``)
+      checkpoints/           Orbax checkpoints (``lmzoo.run.checkpoint``)
       damaged_checkpoints/   checkpoints that failed their digest, set aside
       eval/<tag>/            results.json, results.csv and plots of one evaluation
       tb/, tb/eval/<tag>/    TensorBoard events of training and of each evaluation
