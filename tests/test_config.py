@@ -169,7 +169,8 @@ def old_run_dir(tmp_path, cfg, **data):
 
 
 def test_an_old_flat_data_config_still_resumes_and_evaluates(tmp_path):
-    from lmzoo.run.directory import RunDir, prepare_run_dir
+    from lmzoo.run.directory import RunDir
+    from lmzoo.run.resume import prepare_run_dir
     from lmzoo.run.load import trained_config
 
     cfg = tiny_config("softmax", run_dir=tmp_path)
@@ -180,7 +181,8 @@ def test_an_old_flat_data_config_still_resumes_and_evaluates(tmp_path):
 
 def test_an_old_flat_data_config_keeps_its_meaning(tmp_path):
     from lmzoo.config import ConfigError
-    from lmzoo.run.directory import RunDir, prepare_run_dir
+    from lmzoo.run.directory import RunDir
+    from lmzoo.run.resume import prepare_run_dir
     from lmzoo.run.load import trained_config
 
     mqar = tiny_config("softmax", "data=mqar", "data.num_pairs=4", run_dir=tmp_path)

@@ -19,8 +19,8 @@ logs (``metrics.jsonl``, ``resumes.jsonl``) are synced after each append, read t
 line cut short is left out with a one-line warning, never fatal) and repaired before the next
 append, so a torn line never swallows the row written after it.
 
-Resuming with any key outside the identity sections changed (``optim.lr``, ``train.steps`` ...)
-is allowed and recorded in ``resumes.jsonl``, so the run's history says how it was trained; the
+Resuming with any key outside the identity sections changed (``optim.lr``, ``train.steps`` ...; the checks are
+``lmzoo.run.resume``) is allowed and recorded in ``resumes.jsonl``, so the run's history says how it was trained; the
 config in effect is ``config.yaml`` with those rows applied in order.
 """
 
@@ -36,7 +36,7 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from lmzoo.config import Config, ConfigError, load_run_config
-from lmzoo.faults import RunFault, WriteFault, first_line, probe_writable
+from lmzoo.faults import WriteFault, first_line, probe_writable
 from lmzoo.schema import flatten
 
 log = logging.getLogger("lmzoo.rundir")
@@ -55,10 +55,6 @@ RESULTS = "results.json"
 RESULTS_CSV = "results.csv"
 TENSORBOARD = "tb"
 
-# Sections that define what a run is; resuming with any of them changed would be a different run.
-IDENTITY_SECTIONS = ("model", "attn", "pos", "data", "seed")
-# Keys inside those sections that say how to go on, not what the run is.
-NOT_IDENTITY = ("data.allow_changed",)
 # Keys that may differ between two invocations of one run without changing how it trains.
 NOT_SETTINGS = ("run_dir",)
 # A resumes.jsonl row that records an event rather than a setting (the corpus changing under the run).
@@ -344,78 +340,10 @@ def check_run_dir(run: RunDir) -> None:
     probe_writable(run.checkpoints, "checkpoints folder")
 
 
-def identity(config: DictConfig) -> dict:
-    """The settings that define what a run is, flattened; keys that only say how to go on left out."""
-    flat = flat_settings(config)
-    return {k: v for k, v in flat.items()
-            if k.split(".")[0] in IDENTITY_SECTIONS and k not in NOT_IDENTITY}
-
-
-def prepare_run_dir(cfg: Config) -> RunDir:
-    """The run directory, refusing to resume a run whose defining config differs."""
-    run = RunDir(cfg.run_dir)
-    if run.config_path.exists() and run.checkpoints.exists():
-        saved, current = identity(run.read_config()), identity(OmegaConf.structured(cfg))
-        for key in sorted(set(saved) | set(current)):
-            if saved.get(key) != current.get(key):
-                raise ConfigError(
-                    f"run_dir {str(run.path)!r} holds a run with a different '{key.split('.')[0]}' config "
-                    f"({key}: {saved.get(key)} there, {current.get(key)} here); pick another run_dir to start a new run"
-                )
-    check_run_dir(run)
-    return run
-
-
 def flat_settings(config: DictConfig) -> dict:
     flat = flatten(OmegaConf.to_container(config, resolve=True))
     return {k: v for k, v in flat.items() if k not in NOT_SETTINGS}
 
 
-def record_settings(cfg: Config, step: int) -> list[dict]:
-    """Write down the settings the run continues with at ``step``; the changes recorded (none at a start).
-
-    Starting at step 0 the run is new: ``config.yaml`` is written and earlier history dropped.
-    """
-    run = RunDir(cfg.run_dir)
-    if step == 0 or not run.config_path.exists():
-        run.write_config(cfg)
-        run.start_afresh()
-        return []
-    before, now = flat_settings(run.settings_in_effect()), flat_settings(OmegaConf.structured(cfg))
-    changes = [{"step": step, "key": key, "old": before.get(key), "new": now.get(key)}
-               for key in sorted(set(before) | set(now)) if before.get(key) != now.get(key)]
-    run.append_resumes(changes)
-    return changes
-
-
 def describe_changes(changes: list[dict]) -> str:
     return ", ".join(f"{c['key']} {c['old']} -> {c['new']}" for c in changes)
-
-
-# ----------------------------------------------------------------------------- the data a run trains on
-
-
-def fingerprint_in_effect(run: RunDir) -> dict | None:
-    """The data fingerprint the run last trained on: the start's, or the newest change allowed since."""
-    changed = [row["new"] for row in run.read_resumes() if row.get("key") == DATA_CHANGED]
-    return changed[-1] if changed else run.read_fingerprint()
-
-
-def check_data(run: RunDir, fingerprint: dict, *, step: int, allow_changed: bool) -> None:
-    """Record the data at a start; on resume, refuse data that differs from what the run trained on
-    (unless ``allow_changed``, then the change is recorded in ``resumes.jsonl``)."""
-    fingerprint = json.loads(json.dumps(fingerprint))  # as JSON holds it: tuples become lists
-    before = fingerprint_in_effect(run) if step else None
-    if before is None:
-        if step == 0 or run.read_fingerprint() is None:
-            run.write_fingerprint(fingerprint)
-        return
-    if before == fingerprint:
-        return
-    differ = sorted(k for k in set(before) | set(fingerprint) if before.get(k) != fingerprint.get(k))
-    if not allow_changed:
-        raise RunFault(f"the data differ from those run_dir {str(run.path)!r} trained on ({', '.join(differ)} changed); "
-                       "restore them, pick another run_dir, or add data.allow_changed=true to go on")
-    log.warning("warning: the data changed since step %d (%s); going on as data.allow_changed=true asks "
-                "(recorded in %s)", step, ", ".join(differ), run.resumes_path)
-    run.append_resumes([{"step": step, "key": DATA_CHANGED, "old": before, "new": fingerprint}])

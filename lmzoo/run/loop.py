@@ -13,7 +13,8 @@ One trainer at a time holds a run directory (``lmzoo.faults.RunLock``).
 
 A resume may change how training goes on; the learning-rate schedule is a function of the step alone
 (``lmzoo.run.optim``), so raising ``train.steps`` and setting ``optim.decay_start`` at a stable-phase
-checkpoint of a WSD (or constant) run continues it into a decay. The changed keys are recorded in
+checkpoint of a WSD (or constant) run continues it into a decay. Every check a resume passes is in
+``lmzoo.run.resume``. The changed keys are recorded in
 ``resumes.jsonl``; a change that makes the learning rate jump at the resumed step is named in a warning,
 and a change of optimizer (whose state the checkpoint could not hold) is refused, as is turning
 ``train.state_passing`` on or off (its checkpoints hold each batch row's carried state, and its data
@@ -31,7 +32,6 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict
 from functools import partial
-from operator import attrgetter
 from pathlib import Path
 
 import jax
@@ -53,11 +53,14 @@ from lmzoo.metrics.probes import attention_stats, summary as probe_summary
 from lmzoo.metrics.scoring import score_length
 from lmzoo.model import LM, count_params
 from lmzoo.run.checkpoint import Checkpointer
-from lmzoo.run.directory import RunDir, check_data, describe_changes, prepare_run_dir, record_settings
+from lmzoo.run.directory import RunDir, describe_changes
 from lmzoo.run.logger import MetricsLogger
-from lmzoo.run.optim import decay_start, learning_rate_schedule
+from lmzoo.run.optim import learning_rate_schedule
+from lmzoo.run.resume import (
+    check_checkpoints_fit, check_continuation, check_data, check_resume_step, prepare_run_dir, record_settings,
+)
 from lmzoo.run.steps import eval_step, init_train_state, train_step
-from lmzoo.schema import OptimConfig, flatten, to_dataclass
+from lmzoo.schema import flatten
 from lmzoo.sharding import batch_sharding, make_mesh, state_shardings
 
 log = logging.getLogger("lmzoo.train")
@@ -157,58 +160,6 @@ def keep_tokenizer(run: RunDir, cfg: Config, tokenizer) -> None:
     run.write_text(run.tokenizer_path.name, Path(tokenizer.path).read_text())
 
 
-def schedule_in_effect(run: RunDir) -> tuple[OptimConfig, int]:
-    """The optimizer settings and step count the run trained with so far."""
-    settings = run.settings_in_effect()
-    return to_dataclass(OptimConfig, settings.optim, prefix="optim."), int(settings.train.steps)
-
-
-# Settings a run's checkpoints are made for, which a resume must keep: key: (its value in runs that predate it,
-# what the checkpoints hold, the override that keeps it).
-CHECKPOINT_SETTINGS = {
-    "optim.name": ("adamw", "whose state its checkpoints hold", "optim={}"),
-    "train.state_passing": (False, "which its checkpoints are saved for", "train.state_passing={}"),  # carried state
-}
-
-
-def check_checkpoints_fit(run: RunDir, cfg: Config) -> None:
-    """Before restoring: every setting in ``CHECKPOINT_SETTINGS`` is what the run trained with."""
-    settings = run.settings_in_effect()
-    for key, (default, held, keep) in CHECKPOINT_SETTINGS.items():
-        before, now = OmegaConf.select(settings, key, default=default), attrgetter(key)(cfg)
-        if before != now:
-            raise ConfigError(f"{key}={shown(now)}: run_dir {str(run.path)!r} trained with {key}={shown(before)}, "
-                              f"{held}; resume with {keep.format(plain(before))} or pick another run_dir")
-
-
-def plain(value) -> str:
-    """A setting as the command line writes it."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def shown(value) -> str:
-    """A setting as an error line names it (strings quoted)."""
-    return repr(value) if isinstance(value, str) else plain(value)
-
-
-def check_continuation(run: RunDir, cfg: Config, step: int) -> None:
-    """Before a resume at ``step`` records its changes: a learning rate that jumps at ``step`` (a schedule
-    changed mid-decay, say) is named in a warning; a WSD decay that goes on from ``step`` says where it decays."""
-    before, steps_before = schedule_in_effect(run)
-    was = float(learning_rate_schedule(before, steps_before)(step))
-    now = float(learning_rate_schedule(cfg.optim, cfg.train.steps)(step))
-    if not math.isclose(was, now, rel_tol=1e-6, abs_tol=1e-12):
-        log.warning("warning: the learning rate jumps at step %d from %.4g to %.4g (the schedule's settings changed: "
-                    "optim.* or train.steps)", step, was, now)
-    elif cfg.optim.schedule == "wsd" and (before, steps_before) != (cfg.optim, cfg.train.steps):
-        log.info("the schedule goes on from step %d at lr %.4g: %s", step, now,
-                 describe_wsd(cfg.optim, cfg.train.steps))
-
-
-def describe_wsd(optim: OptimConfig, steps: int) -> str:
-    return f"stable until step {decay_start(optim, steps)}, then a {optim.decay_shape} decay to step {steps}"
-
-
 def write_run_info(run: RunDir, cfg: Config, data, model: LM, n_params: int) -> None:
     """What the model is and where it trains."""
     run.write_run_info({
@@ -251,15 +202,6 @@ def scan_steps(step, leaves: list, batches):
     """``step`` (leaves, batch) -> (leaves, metrics) over k stacked batches ([k, B, ...] leaves) in one program:
     (the leaves after the last step, each metric stacked [k, ...])."""
     return jax.lax.scan(step, leaves, batches)
-
-
-def check_resume_step(run: RunDir, step: int, steps_per_call: int) -> None:
-    """A run resumes only at a step its calls of ``steps_per_call`` steps reach (say, a run saved at step 6
-    with one step a call cannot go on four at a time)."""
-    if step % steps_per_call:
-        raise ConfigError(f"train.steps_per_call={steps_per_call}: run_dir {str(run.path)!r} resumes at step {step}, "
-                          f"not a multiple of {steps_per_call}; resume with a steps_per_call that divides {step} "
-                          f"(e.g. train.steps_per_call=1)")
 
 
 class Trainer:
