@@ -137,18 +137,6 @@ def test_text_and_hf_sources_from_the_command_line(tmp_path):
     assert (type(cfg.data).__name__, cfg.data.hf_name, cfg.data.tokenizer) == ("HFConfig", "json", "byte")
 
 
-def test_schema_imports_nothing_of_lmzoo():
-    import ast
-    import pathlib
-
-    import lmzoo.schema
-
-    tree = ast.parse(pathlib.Path(lmzoo.schema.__file__).read_text())
-    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    imported += [n.module or "." for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-    assert imported and not [m for m in imported if m == "." or m.split(".")[0] == "lmzoo"], imported
-
-
 # The data section of a run directory written when one flat data config held every source's settings.
 FLAT_STDLIB = {
     "source": "stdlib", "seq_len": 32, "tokenizer": "byte", "val_fraction": 0.05, "paths": None, "text_field": "text",
