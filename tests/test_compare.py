@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from lmzoo import compare
 
-from lmzoo.measure import comparison as comparison
+from lmzoo.measure import comparison
 from lmzoo.metrics.intervals import length_intervals
 
 from conftest import tiny_config
