@@ -3,8 +3,8 @@ is read after the next step is dispatched, the next batch is on its way to the d
 neither shows: divergence stops at the same step with the same message and kept checkpoint, and a checkpoint
 taken with a batch prefetched resumes on that batch.
 
-(tests/test_faults.py stops a diverging run that logs every step; tests/test_train.py, test_state_passing.py and
-test_tfds.py resume interrupted runs bit for bit.)
+(run/test_faults.py stops a diverging run that logs every step; run/test_train.py, run/test_state_passing.py and
+data/test_tfds.py resume interrupted runs bit for bit.)
 """
 
 from __future__ import annotations
