@@ -1,4 +1,4 @@
-"""``python -m lmzoo.compare <run or sweep dir> ... [baseline=ARM] [tag=default] [out=DIR]``.
+"""``python -m lmzoo.compare <run or sweep dir> ... [baseline=ARM] [tag=default] [out=DIR]``: compare runs.
 
 Reads each run (``config.yaml``, ``run_info.json``, ``metrics.jsonl`` and ``eval/<tag>/results.json``)
 and writes a markdown table (printed, and saved as ``comparison.md``), the same numbers as

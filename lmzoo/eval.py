@@ -1,4 +1,5 @@
-"""``python -m lmzoo.eval run_dir=<dir> [eval.<key>=...] [pos=<option> pos.<key>=... attn.<key>=...]``.
+"""``python -m lmzoo.eval run_dir=<dir> [eval.<key>=...] [pos=<option> pos.<key>=... attn.<key>=...]``:
+evaluate a trained run at several lengths.
 
 Loads a run's checkpoint and saved config, applies evaluation-time overrides (position methods,
 attention switches; ``pos=ntk`` picks a config group as in training) without retraining, and

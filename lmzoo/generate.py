@@ -1,5 +1,5 @@
 """``python -m lmzoo.generate run_dir=<dir> prompt="def " [max_new_tokens=256 temperature=0.8 top_k=...
-top_p=... seed=0 num_samples=1] [attn.<key>=... pos.<key>=...]``.
+top_p=... seed=0 num_samples=1] [attn.<key>=... pos.<key>=...]``: continue a prompt from a trained run.
 
 Continues a prompt with the newest intact checkpoint of a run (its saved config and tokenizer, and
 any evaluation-time overrides of the run's config: ``lmzoo.run.load``), sampled by

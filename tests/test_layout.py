@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
+import textwrap
 
 import lmzoo
 
@@ -60,7 +62,8 @@ def imports(module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             names = [f"{base}.{a.name}" for a in node.names]
         else:
             continue
@@ -112,3 +115,66 @@ def test_the_top_level_holds_only_commands_and_shared_modules():
         "train", "eval", "compare", "generate",  # the commands (lmzoo.experiments has its own __main__)
         "cli", "config", "schema", "registry", "faults", "plots", "sharding", "positions", "model",
     )}, top
+
+
+# ----------------------------------------------------------------------------- README's Layout, from the docstrings
+
+README = PACKAGE.parent / "README.md"
+BEGIN, END = "<!-- layout begin (tests/test_layout.py writes it) -->", "<!-- layout end -->"
+# What README's Layout shows, top down: the commands, the stages of a run, the model side, the shared bases.
+# Each lmzoo entry is described by the first paragraph of its docstring; the others here.
+SHOWN = [
+    ("configs/", "Hydra configs: train.yaml and groups attn/ model/ data/ optim/ pos/ eval/ hydra/launcher/"),
+    "train.py", "eval.py", "compare.py", "generate.py", "experiments/",
+    "run/", "run/loop.py", "run/steps.py", "run/optim.py", "run/resume.py", "run/directory.py", "run/checkpoint.py",
+    "run/logger.py", "run/load.py",
+    "measure/", "measure/evaluation.py", "measure/outputs.py", "measure/comparison/", "measure/decoding.py",
+    "metrics/", "metrics/scoring.py", "metrics/probes.py",
+    "data/", "model.py", "mixers/", "mixers/base.py", "mixers/family/", "mixers/hybrid.py", "ops/",
+    "positions.py", "sharding.py", "config.py", "schema.py", "registry.py", "cli.py", "faults.py", "plots.py",
+    ("scripts/", "Thin tools around the package: kernel and training benchmarks (figures in docs/benchmarks.md), "
+                 "plots of metrics, the CPU recipe, SLURM"),
+    ("tests/", "Tests (pytest), one folder per room (ops/ mixers/ run/ measure/ metrics/ data/ experiments/), "
+               "CPU only by default; shared helpers in conftest.py"),
+]
+WIDTH, COLUMN = 120, 28
+
+
+def summary(entry: str) -> str:
+    """The first paragraph of the docstring of ``lmzoo/<entry>`` on one line; a command as ``python -m`` and its job."""
+    path = PACKAGE / entry / "__init__.py" if entry.endswith("/") else PACKAGE / entry
+    first = " ".join(ast.get_docstring(ast.parse(path.read_text())).split("\n\n")[0].split())
+    command = re.fullmatch(r"``python -m (lmzoo[\w.]*)[^`]*``: (.*)", first)
+    text = f"python -m {command[1]}: {command[2]}" if command else first
+    return text.replace("``", "").rstrip(".")
+
+
+def layout() -> str:
+    """README's Layout block."""
+    lines = []
+    for entry in SHOWN:
+        name, text = entry if isinstance(entry, tuple) else (f"lmzoo/{entry}", summary(entry))
+        wrapped = textwrap.wrap(text, WIDTH - COLUMN)
+        lines.append(f"{name:<{COLUMN}}{wrapped[0]}")
+        lines += [" " * COLUMN + more for more in wrapped[1:]]
+    return "\n".join([BEGIN, "```", *lines, "```", END])
+
+
+def readme_layout() -> str:
+    text = README.read_text()
+    return text[text.index(BEGIN):text.index(END) + len(END)]
+
+
+def test_every_room_is_shown_in_the_layout():
+    shown = {e for e in SHOWN if isinstance(e, str)}
+    top = {p.name + ("/" if p.is_dir() else "") for p in PACKAGE.iterdir()
+           if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()}
+    assert top <= shown, top - shown
+
+
+def test_readme_layout_is_the_docstrings():
+    assert readme_layout() == layout(), "README's Layout is stale: python tests/test_layout.py rewrites it"
+
+
+if __name__ == "__main__":  # rewrite README's Layout from the docstrings
+    README.write_text(README.read_text().replace(readme_layout(), layout()))

@@ -1,5 +1,7 @@
-"""Sampling text from a model: ``generate`` reads the prompt once with ``LM.prefill`` (which also fills
-the decoding state), then runs one compiled ``step`` per new token.
+"""Decoding: sampling text from a model, one compiled step per new token.
+
+``generate`` reads the prompt once with ``LM.prefill`` (which also fills the decoding state), then
+runs one compiled ``step`` per new token.
 
 Sampling: ``temperature=0`` is greedy (argmax); otherwise logits / temperature, restricted to the
 ``top_k`` most likely tokens and then to the smallest set whose probability reaches ``top_p``

@@ -1,15 +1,17 @@
-"""Evaluating a trained model: validation loss, bits per byte and accuracy at several lengths, per-position
-loss and attention probes, each with its 95% bootstrap interval; ``evaluate`` returns them as a results dict
-and writes nothing (``lmzoo.measure.outputs`` writes them; ``lmzoo.eval`` is the command).
+"""Evaluating a trained model at several lengths: ``evaluate`` returns a results dict and writes nothing.
 
-Every length scores the same ``eval.tokens`` validation targets, spread over every document (``lmzoo.metrics.scoring``); the
-training length is always among the lengths, since ratios are taken to it. Long windows are cut
-from the validation token stream, in which documents are concatenated with an EOS between them:
-a window longer than a document simply continues into the next one, the same packing as in training.
+Validation loss, bits per byte and accuracy at each length, per-position loss and attention probes,
+each with its 95% bootstrap interval (``lmzoo.measure.outputs`` writes them; ``lmzoo.eval`` is the
+command).
+
+Every length scores the same ``eval.tokens`` validation targets, spread over every document
+(``lmzoo.metrics.scoring``); the training length is always among the lengths, since ratios are taken to it.
+Long windows are cut from the validation token stream, in which documents are concatenated with an EOS between
+them: a window longer than a document simply continues into the next one, the same packing as in training.
 ``eval.min_doc_tokens=n`` scores only windows inside one document of at least ``n`` tokens instead, so a
-target at position ``p`` has ``p`` tokens of its own document before it: what "context of length ``L``"
-means in long-document evaluations (PG-19 and the like). results.json then records how many validation
-documents are long enough at each length; a length no document reaches is refused in one line.
+target at position ``p`` has ``p`` tokens of its own document before it: what "context of length ``L``" means
+in long-document evaluations (PG-19 and the like). results.json then records how many validation documents are
+long enough at each length; a length no document reaches is refused in one line.
 
 Before scoring, each length's forward is compiled and its memory (XLA's own account) compared with
 the device's memory (``eval.memory_budget_gb`` to set it): a length that cannot fit is refused in one

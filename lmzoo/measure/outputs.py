@@ -1,6 +1,8 @@
-"""Where an evaluation's results go: ``eval/<tag>/`` of the run (results.json, results.csv, PNG plots)
-and TensorBoard (``tb/eval/<tag>/``). Each evaluation replaces its tag's files whole, so a rerun
-never leaves duplicate TensorBoard steps or a torn results file behind.
+"""Writing an evaluation's results: results.json, results.csv and plots in ``eval/<tag>/``, and TensorBoard.
+
+The files go to ``eval/<tag>/`` of the run and the scalars to ``tb/eval/<tag>/``. Each evaluation
+replaces its tag's files whole, so a rerun never leaves duplicate TensorBoard steps or a torn results
+file behind.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Measurements shared by training and measuring: the scorer, attention probes, sparsity, intervals and seeds statistics."""
+"""Measurements shared by training and measuring: the scorer, attention probes, intervals, statistics over seeds."""
 
 from lmzoo.metrics.sparsity import attention_entropy, first_key_share, l1_l2_sparsity
 

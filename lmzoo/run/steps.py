@@ -1,5 +1,7 @@
-"""The jitted step math of training and validation: the objective, its gradients (with micro-batches),
-one guarded optimizer step, per-token validation scores, and the training state they act on.
+"""The jitted step math of training and validation, and the training state it acts on.
+
+The objective, its gradients (with micro-batches), one guarded optimizer step and per-token
+validation scores, each a pure function.
 
 The objective is the mean next-token cross-entropy over the scored targets, plus the auxiliary losses
 mixers sow, plus with ``train.z_loss=c`` the z-loss ``c * mean_t(logsumexp(logits_t)^2)`` (PaLM), which
