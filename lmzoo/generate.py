@@ -25,7 +25,7 @@ from omegaconf import errors as oc_errors
 from lmzoo.cli import RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, schema_options, show_help, wants_help
 from lmzoo.config import ConfigError, to_dataclass
 from lmzoo.measure.decoding import SAMPLING_KEYS, Sampling, check_fits, generate, until_eos
-from lmzoo.measure.evaluation import device_memory
+from lmzoo.measure.memory import device_memory
 from lmzoo.run.directory import RunDir
 from lmzoo.run.load import check_overrides, open_trained, trained_run
 
