@@ -58,6 +58,7 @@ def test_bad_input_is_one_line(capsys, argv, expected):
         assert fragment in err, (fragment, err)
 
 
+@pytest.mark.slow
 def test_bad_input_from_the_command_line_exits_2_without_traceback():
     proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", "model.d_model=100", "model.n_heads=3")
     assert proc.returncode == 2

@@ -239,6 +239,7 @@ def test_the_fingerprint_covers_components_and_weights(tmp_path):
 PER_COMPONENT_HOOK = hasattr(training, "ComponentLosses")  # the trainer logs a mix's losses by component
 
 
+@pytest.mark.slow
 def test_a_tiny_mix_trains_and_a_changed_mix_is_not_resumed(tmp_path):
     steps = ["train.steps=4", "train.eval_every=4", "train.log_every=2", "train.probe_batch=0"]
     summary = train(tiny_config("softmax", "data=mix", *steps, run_dir=tmp_path))

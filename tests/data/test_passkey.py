@@ -176,6 +176,7 @@ def test_the_task_offers_its_grid_to_the_evaluator_and_other_sources_offer_none(
     assert registry.SOURCES.lookup("mqar")().extra_evaluation(oracle, [32], tmp_path) is None
 
 
+@pytest.mark.slow
 def test_training_on_passkey_scores_the_answer(tmp_path):
     from lmzoo.run.loop import train
 

@@ -93,6 +93,7 @@ def test_every_length_scores_the_same_examples():
         data.validation_windows([32, 128], budget=200)
 
 
+@pytest.mark.slow
 def test_training_and_evaluation_on_mqar_report_accuracy_with_intervals(tmp_path):
     from lmzoo import eval as lmzoo_eval
     from lmzoo.run.loop import train

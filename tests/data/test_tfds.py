@@ -89,6 +89,7 @@ def test_documents_are_the_splits_rows_and_their_fingerprint_names_the_dataset(t
     assert few.fingerprint["sha256"] != docs.fingerprint["sha256"]
 
 
+@pytest.mark.slow
 def test_tfds_run_trains_resumes_at_the_same_position_and_evaluates_long_documents(tmp_path, tfds_dir, capsys,
                                                                                     monkeypatch):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"

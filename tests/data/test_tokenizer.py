@@ -64,6 +64,7 @@ def stdlib_corpus(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_bpe_run_scores_bits_per_byte_and_is_reopened_with_its_own_tokenizer(tmp_path, bpe_trainings, monkeypatch):
     corpus, run = stdlib_corpus(tmp_path / "corpus"), tmp_path / "run"
     train(tiny_config("softmax", "data=text_files", f"data.paths={corpus}/*.py", "data.tokenizer=bpe",

@@ -26,6 +26,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lmzoo.experiments", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_listing_names_every_experiment_and_its_claim():
     result = cli()
     assert result.returncode == 0
@@ -34,6 +35,7 @@ def test_listing_names_every_experiment_and_its_claim():
     assert "arbitrarily sparse" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["no_such_experiment"], "experiment='no_such_experiment' is not valid (choose from: sparsity_closed_forms"),
     (["sparsity_closed_forms", "replicatez=3"], "unknown key 'replicatez'"),
@@ -68,6 +70,7 @@ def test_decay_closed_form_is_the_sparsity_of_the_decay_vector():
             assert sparsity.closed_decay(n, lam) == pytest.approx(np.abs(a).mean() / np.sqrt((a**2).mean()), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_quick_run_writes_its_verdict_and_figures(tmp_path):
     record = run_experiment("sparsity_closed_forms", tmp_path, quick=True, overrides=["points=3"])
     saved = json.loads((tmp_path / "sparsity_closed_forms" / "verdict.json").read_text())
@@ -84,6 +87,7 @@ def test_quick_run_writes_its_verdict_and_figures(tmp_path):
     assert all(p["agrees"] for p in saved["evidence"]["decay"]["measurements"])  # deterministic: exact
 
 
+@pytest.mark.slow
 def test_decode_cache_quick_run_trains_evaluates_and_reuses_its_runs(tmp_path):
     overrides = ["variants=[gqa,mla]"]
     record = run_experiment("decode_cache", tmp_path, quick=True, overrides=overrides)
@@ -151,6 +155,7 @@ def test_entropy_growth_difference_pairs_windows():
     assert same == {"value": 0.0, "ci": [0.0, 0.0]}
 
 
+@pytest.mark.slow
 def test_logn_entropy_quick_run_compares_three_conditions_on_the_same_tokens(tmp_path):
     record = run_experiment("logn_entropy", tmp_path, quick=True)
     assert record["verdict"] == SMOKE and record["seed_article"] == "003"
@@ -168,6 +173,7 @@ def test_logn_entropy_quick_run_compares_three_conditions_on_the_same_tokens(tmp
     assert [c["control"] for c in record["checks"]] == [True, False, False]
 
 
+@pytest.mark.slow
 def test_position_extrapolation_quick_run_pairs_every_condition_with_rope(tmp_path):
     record = run_experiment("position_extrapolation", tmp_path, quick=True)
     assert record["verdict"] == SMOKE and record["runs"] == ["runs/rope-s0", "runs/alibi-s0"]
@@ -186,6 +192,7 @@ def test_position_extrapolation_quick_run_pairs_every_condition_with_rope(tmp_pa
     assert all((tmp_path / "position_extrapolation" / f).stat().st_size > 0 for f in record["figures"])
 
 
+@pytest.mark.slow
 def test_position_extrapolation_refuses_an_unknown_extension_before_training(tmp_path):
     from lmzoo.schema import ConfigError
 
@@ -203,6 +210,7 @@ def test_sparsity_exponent_is_the_slope_of_log_s_against_log_n():
     assert exponent(np.full((1, 4), 0.7), np.ones((1, 4)), centres)[0] == pytest.approx(0.0, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_sparsity_vs_length_quick_run_fits_an_exponent_per_variant(tmp_path):
     record = run_experiment("sparsity_vs_length", tmp_path, quick=True)
     assert record["verdict"] == SMOKE and record["runs"] == ["runs/softmax-s0", "runs/linear_elu+1-s0", "runs/gla-s0"]
@@ -218,6 +226,7 @@ def test_sparsity_vs_length_quick_run_fits_an_exponent_per_variant(tmp_path):
     assert (tmp_path / "sparsity_vs_length" / record["figures"][0]).stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_sparsity_predicted_quick_run_puts_a_point_per_head(tmp_path):
     record = run_experiment("sparsity_predicted", tmp_path, quick=True)
     assert record["runs"] == ["runs/softmax-s0", "runs/gau_relu2-s0", "runs/linear_identity-s0"]
@@ -255,6 +264,7 @@ def test_scored_vectors_give_each_layers_weights(variant, overrides, weights):
     np.testing.assert_allclose(expected, mixer.attention_matrix(x)[:, : q.shape[2]], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_mqar_state_size_quick_run_grids_accuracy_against_state(tmp_path):
     record = run_experiment("mqar_state_size", tmp_path, quick=True)
     grid = record["evidence"]["grid"]

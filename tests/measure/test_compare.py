@@ -180,6 +180,7 @@ def test_an_ambiguous_baseline_is_one_line(sweep, tmp_path, capsys):
     assert len(error.splitlines()) == 1 and "several rows" in error and "softmax (optim.lr=0.003)" in error
 
 
+@pytest.mark.slow
 def test_compare_tabulates_and_plots_a_sweep(tmp_path, capsys):
     from lmzoo import eval as lmzoo_eval
     from lmzoo.run.loop import train

@@ -35,6 +35,7 @@ def evaluate(run_dir, *args):
                             "eval.progress=false", *args])
 
 
+@pytest.mark.slow
 def test_eval_writes_results_csv_and_plots(trained_run):
     results = evaluate(trained_run)
     out = trained_run / "eval" / "default"
@@ -53,6 +54,7 @@ def test_eval_writes_results_csv_and_plots(trained_run):
         assert (out / f"{name}.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_every_length_scores_the_same_number_of_tokens_with_intervals(trained_run):
     results = evaluate(trained_run, "eval.lengths=[64,128]", "eval.blocks=16", "eval.tag=intervals")
     assert list(results["lengths"]) == ["32", "64", "128"]  # the training length is always evaluated
@@ -73,6 +75,7 @@ def test_every_length_scores_the_same_number_of_tokens_with_intervals(trained_ru
     assert results["blocks"] == min(16, results["documents"]) and results["documents"] > 8
 
 
+@pytest.mark.slow
 def test_a_run_whose_results_predate_the_sampling_keys_still_evaluates(trained_run):
     old = {"variant": "softmax", "train_seq_len": 32, "tag": "before-sampling", "step": 6, "eval_tokens": 2048,
            "lengths": {}, "per_position": {}}
@@ -84,6 +87,7 @@ def test_a_run_whose_results_predate_the_sampling_keys_still_evaluates(trained_r
     assert sampling_note(results).startswith("2048 targets spread over")
 
 
+@pytest.mark.slow
 def test_the_scored_targets_are_the_same_set_at_every_length(trained_run):
     """A stand-in model whose "loss" of a target is the target's token id: equal sums per block at every
     length mean the very same tokens were scored in the very same blocks."""
@@ -100,6 +104,7 @@ def test_the_scored_targets_are_the_same_set_at_every_length(trained_run):
     assert sums[32].count.sum() == 896  # 1000 rounded down to whole windows of 128
 
 
+@pytest.mark.slow
 def test_final_validation_equals_eval_at_the_training_length(trained_run):
     last = [r for r in RunDir(trained_run).read_metrics() if "val_bpb" in r][-1]
     results = evaluate(trained_run, "eval.lengths=[32]", "eval.tokens=512", "eval.tag=equal-budget")
@@ -108,6 +113,7 @@ def test_final_validation_equals_eval_at_the_training_length(trained_run):
     assert last["val_bpb_lo"] < last["val_bpb"] < last["val_bpb_hi"]
 
 
+@pytest.mark.slow
 def test_long_lengths_are_batched_within_the_budget(trained_run, monkeypatch):
     shapes = []
     length_forwards = evaluation.length_forwards
@@ -126,6 +132,7 @@ def test_long_lengths_are_batched_within_the_budget(trained_run, monkeypatch):
         assert small["lengths"][length]["loss"] == pytest.approx(large["lengths"][length]["loss"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_data_source_s_own_evaluation_is_stored_under_extra(trained_run, monkeypatch):
     calls = []
 
@@ -140,6 +147,7 @@ def test_a_data_source_s_own_evaluation_is_stored_under_extra(trained_run, monke
     assert calls == [([32, 64], 0, (16384 // 64, 32, 259))]
 
 
+@pytest.mark.slow
 def test_position_override_is_tagged_and_changes_results(trained_run):
     plain = evaluate(trained_run)
     nope = evaluate(trained_run, "pos.kind=none")
@@ -148,6 +156,7 @@ def test_position_override_is_tagged_and_changes_results(trained_run):
     assert nope["lengths"]["32"]["loss"] != plain["lengths"]["32"]["loss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -167,6 +176,7 @@ def test_eval_bad_input_is_one_line(trained_run, capsys, args, fragment):
     assert len(err.splitlines()) == 1 and fragment in err, err
 
 
+@pytest.mark.slow
 def test_eval_reports_sparsity_and_entropy_per_layer_and_head(trained_run):
     results = evaluate(trained_run, "eval.probe_max_len=32", "eval.tag=probed")
     probed, skipped = results["lengths"]["32"], results["lengths"]["64"]
@@ -189,6 +199,7 @@ def restore_with_optimizer(cfg, vocab_size, run, step, **_):
     return nnx.merge(graphdef, state["params"], state["extra"]), step
 
 
+@pytest.mark.slow
 def test_eval_restores_the_model_without_building_an_optimizer(trained_run, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(trained, "restore_model", restore_with_optimizer)
@@ -202,6 +213,7 @@ def test_eval_restores_the_model_without_building_an_optimizer(trained_run, monk
     assert evaluate(trained_run, "eval.tag=restore") == reference
 
 
+@pytest.mark.slow
 def test_a_tag_evaluated_with_other_settings_is_refused_in_one_line(trained_run, capsys):
     saved = evaluate(trained_run)
     path = trained_run / "eval" / "default" / "results.json"
@@ -216,6 +228,7 @@ def test_a_tag_evaluated_with_other_settings_is_refused_in_one_line(trained_run,
     evaluate(trained_run, "eval.tag=default")  # back to the default settings for the other tests
 
 
+@pytest.mark.slow
 def test_evaluating_a_tag_again_leaves_one_event_per_length(trained_run):
     from test_faults import read_events
 
@@ -228,6 +241,7 @@ def test_evaluating_a_tag_again_leaves_one_event_per_length(trained_run):
             and "eval/twice/loss_vs_length" in {tag for _, tag in values})  # an image and a scalar, apart
 
 
+@pytest.mark.slow
 def test_an_unwritable_evaluation_folder_is_one_line_before_any_compute(trained_run, capsys, monkeypatch):
     (trained_run / "eval").mkdir(exist_ok=True)
     (trained_run / "eval" / "blocked").write_text("")  # a file where the folder would go
@@ -243,6 +257,7 @@ def test_an_unwritable_evaluation_folder_is_one_line_before_any_compute(trained_
     assert len(err.splitlines()) == 1 and "is a file" in err, err
 
 
+@pytest.mark.slow
 def test_a_config_group_is_an_evaluation_override_as_in_training(trained_run):
     cfg = trained_config(RunDir(trained_run), ["pos=ntk", "pos.factor=4"])
     assert (cfg.pos.kind, cfg.pos.factor) == ("ntk", 4.0)

@@ -46,6 +46,7 @@ def test_greedy_generation_is_the_argmax_of_full_forwards_on_the_growing_text():
     np.testing.assert_array_equal(generated, expected)
 
 
+@pytest.mark.slow
 def test_the_command_streams_the_greedy_text_of_the_run(trained_run, capsys):
     model = open_trained(trained_run).model
     expected = generate(model, ByteTokenizer().encode(PROMPT), Sampling(PROMPT, max_new_tokens=10, temperature=0))
@@ -54,6 +55,7 @@ def test_the_command_streams_the_greedy_text_of_the_run(trained_run, capsys):
     assert capsys.readouterr().out == PROMPT + texts[0] + "\n"  # streamed: the prompt, then its continuation
 
 
+@pytest.mark.slow
 def test_sampling_follows_the_seed_and_samples_differ(trained_run, capsys):
     first = run(trained_run, "seed=1", "temperature=1.0", "num_samples=3", "max_new_tokens=24")
     again = run(trained_run, "seed=1", "temperature=1.0", "num_samples=3", "max_new_tokens=24")
@@ -82,6 +84,7 @@ def test_top_k_and_top_p_keep_only_the_likeliest_tokens():
     assert draws() == {0, 1, 2, 3, 4}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["temperature=-0.5"], "temperature=-0.5 must be a finite number of at least 0"),
     (["temperature=nan"], "temperature=nan must be a finite number"),

@@ -159,6 +159,7 @@ def losses(tmp_path, variant, method):
 
 
 # mamba2's kernel is the GLA kernel (ssd maps onto gla), so these cover every kernel family in a model
+@pytest.mark.slow
 @pytest.mark.parametrize("variant, reference_method", [("gla", "chunk"), ("mamba", "scan"), ("gated_deltanet", "chunk")])
 def test_trains_with_the_reference_loss_curve(tmp_path, variant, reference_method):
     """Four optimiser steps and a validation: the kernels' gradients drive the same training."""

@@ -39,6 +39,7 @@ def skipping_steps(*bad: int):
     return step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpoint_every, kept", [(100, "none saved yet"), (3, "step 3 in ")],
                          ids=["read_by_the_next_step", "read_by_its_checkpoint"])
 def test_divergence_read_one_step_late_names_its_step_and_saves_nothing_for_it(tmp_path, monkeypatch, caplog,
@@ -57,6 +58,7 @@ def test_divergence_read_one_step_late_names_its_step_and_saves_nothing_for_it(t
         ["3"] if checkpoint_every == 3 else [])
 
 
+@pytest.mark.slow
 def test_flags_are_read_a_step_late_and_a_resume_reads_the_batch_that_was_prefetched(tmp_path):
     cfg = tiny_config("softmax", *ONE_LAYER, "train.steps=4", "train.log_every=100", "train.checkpoint_every=100",
                       run_dir=tmp_path)
@@ -123,6 +125,7 @@ def recording(monkeypatch, kill_at: int | None = None) -> tuple[list, dict]:
     return losses, final
 
 
+@pytest.mark.slow
 def test_two_steps_a_call_take_the_steps_and_log_the_rows_of_one_step_a_call(tmp_path, monkeypatch):
     """On a mix (whose rows hold each component's loss too): the same losses step by step, parameters and
     logged rows, to float32 rounding (a scan may fuse the step's arithmetic differently)."""
@@ -145,6 +148,7 @@ def test_two_steps_a_call_take_the_steps_and_log_the_rows_of_one_step_a_call(tmp
         assert a["loss"] == pytest.approx(np.mean(losses_1[a["step"] - 2:a["step"]]), rel=1e-5)  # both steps
 
 
+@pytest.mark.slow
 def test_divergence_inside_a_call_names_its_step(tmp_path, monkeypatch, caplog):
     """Two steps a call: steps 5, 6 (a call) and 7 (the first of the last call) skipped stop the run at step 7,
     read by the checkpoint of step 8, which is not saved; step 4's is kept."""
@@ -164,6 +168,7 @@ PASSING = ["model.n_layers=1", "train.state_passing=true", "data.document_bounda
            "train.probe_batch=0", "train.steps_per_call=2"]
 
 
+@pytest.mark.slow
 def test_a_killed_run_of_two_steps_a_call_resumes_bit_identically_and_other_calls_are_refused(tmp_path, monkeypatch,
                                                                                              capsys):
     """State passing and micro-batches inside the scan; the run killed after step 6 (its checkpoint: step 4)."""

@@ -119,6 +119,7 @@ def test_a_non_finite_step_keeps_the_state_and_a_finite_one_is_untouched_by_the_
                  {k: blown_up[k] for k in ("params", "extra", "opt")})
 
 
+@pytest.mark.slow
 def test_divergence_stops_the_run_in_one_line_and_keeps_a_finite_checkpoint(tmp_path):
     proc = train_cli(tmp_path, "optim.lr=1e30", "optim.warmup_steps=3", "train.max_nonfinite=3")
     err = one_line_error(proc, EXIT_DIVERGED)
@@ -153,6 +154,7 @@ def damage(checkpoint: Path, how: str) -> None:
                 f.write(np.random.default_rng(0).bytes(min(64, size - size // 2)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["random_values", "truncated", "garbage_metadata"])  # random_bytes: the eval test
 def test_a_damaged_newest_checkpoint_falls_back_and_finishes_like_the_whole_run(tmp_path, whole_run, how, caplog):
     whole, whole_params = whole_run
@@ -170,6 +172,7 @@ def test_a_damaged_newest_checkpoint_falls_back_and_finishes_like_the_whole_run(
     assert_same_params(params, whole_params)
 
 
+@pytest.mark.slow
 def test_evaluation_passes_over_a_damaged_checkpoint_unless_it_is_asked_for(tmp_path, whole_run):
     run_dir = copy_run(whole_run[0], tmp_path / "run")
     damage(run_dir / "checkpoints" / "12", "random_bytes")
@@ -181,6 +184,7 @@ def test_evaluation_passes_over_a_damaged_checkpoint_unless_it_is_asked_for(tmp_
     assert "checkpoint 12" in err
 
 
+@pytest.mark.slow
 def test_no_intact_checkpoint_stops_train_and_eval_in_one_line(tmp_path, whole_run):
     run_dir = copy_run(whole_run[0], tmp_path / "run")
     for checkpoint in (run_dir / "checkpoints").iterdir():
@@ -289,6 +293,7 @@ def test_a_kill_inside_a_save_resumes_to_the_whole_run_without_doubled_or_lost_l
     assert_same_params(params, whole_run[1])
 
 
+@pytest.mark.slow
 def test_starting_afresh_cuts_the_logs_back_to_step_zero(tmp_path, whole_run):
     run_dir = copy_run(whole_run[0], tmp_path / "run")
     shutil.rmtree(run_dir / "checkpoints")
@@ -301,6 +306,7 @@ def test_starting_afresh_cuts_the_logs_back_to_step_zero(tmp_path, whole_run):
 # ----------------------------------------------------------------------------- 5. settings changed on resume
 
 
+@pytest.mark.slow
 def test_a_changed_setting_on_resume_is_recorded_and_compare_marks_the_run(tmp_path):
     from lmzoo.compare import main as compare
 
@@ -339,6 +345,7 @@ def snapshot(folder: Path) -> dict:
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
 
 
+@pytest.mark.slow
 def test_a_second_trainer_on_a_live_run_is_refused_and_a_dead_holder_releases_it(tmp_path):
     tmp_path.mkdir(exist_ok=True)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
@@ -360,6 +367,7 @@ def test_a_second_trainer_on_a_live_run_is_refused_and_a_dead_holder_releases_it
 # ----------------------------------------------------------------------------- 7-9. early failures, in one line
 
 
+@pytest.mark.slow
 def test_an_unusable_run_dir_fails_in_one_line_before_any_step(tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
@@ -375,6 +383,7 @@ def test_an_unusable_run_dir_fails_in_one_line_before_any_step(tmp_path):
     assert time.perf_counter() - started < 60
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_an_unwritable_checkpoints_folder_fails_in_one_line(tmp_path):
     (tmp_path / "checkpoints").mkdir()
@@ -382,6 +391,7 @@ def test_an_unwritable_checkpoints_folder_fails_in_one_line(tmp_path):
     assert "is not writable" in one_line_error(train_cli(tmp_path), EXIT_RUN_FAULT)
 
 
+@pytest.mark.slow
 def test_evaluation_refuses_impossible_requests_in_one_line(whole_run):
     run_dir = whole_run[0]
     err = one_line_error(eval_cli(run_dir, "eval.lengths=[100000]", "eval.tokens=100000"), EXIT_CONFIG)
@@ -391,6 +401,7 @@ def test_evaluation_refuses_impossible_requests_in_one_line(whole_run):
     assert not (run_dir.parent.parent / "x").exists()
 
 
+@pytest.mark.slow
 def test_an_override_that_changes_nothing_gets_a_warning(tmp_path):
     cfg = tiny_config("mamba", *ONE_LAYER, run_dir=tmp_path)  # a saved initial model is enough to evaluate
     OmegaConf.save(OmegaConf.structured(cfg), tmp_path / "config.yaml")
@@ -417,6 +428,7 @@ def test_a_setting_that_acts_only_beside_another_gets_no_warning(tmp_path, caplo
         "does not use it"]
 
 
+@pytest.mark.slow
 def test_the_printed_job_config_resolves():
     proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", "--cfg", "job", "--resolve", check=True)
     run_dir = next(line for line in proc.stdout.splitlines() if line.startswith("run_dir:"))
@@ -435,6 +447,7 @@ def tear_last_line(path: Path) -> None:
     path.write_text(text[: last_start + (len(text) - last_start) // 2])
 
 
+@pytest.mark.slow
 def test_a_torn_metrics_line_is_cut_then_resume_evaluate_and_compare_go_on(tmp_path, caplog):
     from lmzoo.compare import main as compare
 
@@ -462,6 +475,7 @@ def test_a_torn_line_in_the_middle_is_skipped_with_a_warning(tmp_path, caplog):
     assert run.metrics_path.read_text() == '{"step": 1}\n{"step": 3}\n'
 
 
+@pytest.mark.slow
 def test_a_torn_resumes_line_is_repaired_before_the_next_change_is_recorded(tmp_path):
     run_dir = tmp_path / "run"
     train(tiny_config("softmax", "train.steps=2", *SHORT, run_dir=run_dir))
@@ -490,6 +504,7 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path, mo
     assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["verdict.json"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content, fragment", [("", "is empty"), ("model: {d_model: [", "cannot be read")])
 def test_an_empty_or_torn_config_is_one_line_for_train_and_eval(whole_run, tmp_path, content, fragment):
     run_dir = copy_run(whole_run[0], tmp_path / "run")
@@ -536,6 +551,7 @@ def test_an_experiment_stops_with_its_run_and_writes_no_verdict(tmp_path, monkey
 # ----------------------------------------------------------------------------- 12. the data a run trains on
 
 
+@pytest.mark.slow
 def test_a_changed_corpus_is_refused_on_resume_unless_allowed_and_recorded(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -560,6 +576,7 @@ def test_a_changed_corpus_is_refused_on_resume_unless_allowed_and_recorded(tmp_p
 # ----------------------------------------------------------------------------- 13. a write error at a checkpoint
 
 
+@pytest.mark.slow
 def test_a_write_error_at_a_checkpoint_is_one_line_and_earlier_checkpoints_stay(tmp_path, monkeypatch):
     import orbax.checkpoint as ocp
 
@@ -586,6 +603,7 @@ def test_a_write_error_at_a_checkpoint_is_one_line_and_earlier_checkpoints_stay(
 # ----------------------------------------------------------------------------- 13. what a checkpoint's digest covers
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_its_digest_is_passed_over_not_trusted(tmp_path, whole_run, caplog):
     run_dir = copy_run(whole_run[0], tmp_path / "run")
     shutil.rmtree(run_dir / "checkpoints" / "12" / "digest")
@@ -594,6 +612,7 @@ def test_a_checkpoint_without_its_digest_is_passed_over_not_trusted(tmp_path, wh
     assert (run_dir / "damaged_checkpoints" / "12").is_dir()
 
 
+@pytest.mark.slow
 def test_a_changed_data_position_fails_its_digest(tmp_path, whole_run):
     run_dir = copy_run(whole_run[0], tmp_path / "run")
     position_file = run_dir / "checkpoints" / "12" / "data" / "metadata"  # the data position, as Orbax keeps JSON

@@ -219,6 +219,7 @@ def rows(run_dir) -> list[dict]:
     return [row for row in RunDir(run_dir).read_metrics() if "loss" in row]
 
 
+@pytest.mark.slow
 def test_a_stable_phase_resumed_into_its_decay_is_the_whole_wsd_run(tmp_path):
     """A stable phase (no decay: decay_fraction=0) of 3 steps, resumed with train.steps=6 and
     optim.decay_start=3, trains bit for bit as one 6-step run decaying from step 3 (Muon's state and the

@@ -140,6 +140,7 @@ class Killed(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_bit_identically(tmp_path, monkeypatch):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     train(tiny_config("gla", *RESUME, run_dir=whole))
@@ -206,6 +207,7 @@ def test_every_spec_that_says_it_carries_a_state_builds_a_mixer_with_carry():
     assert {v for v in VARIANTS if v in registry.names() and registry.lookup(v).carries_state} >= set(CARRIERS)
 
 
+@pytest.mark.slow
 def test_state_passing_quick_run_compares_both_arms_at_every_length(tmp_path):
     record = run_experiment("state_passing", tmp_path, quick=True)
     saved = json.loads((tmp_path / "state_passing" / "verdict.json").read_text())

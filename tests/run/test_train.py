@@ -41,6 +41,7 @@ def final_params(run_dir: Path):
     return step, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
+@pytest.mark.slow
 def test_short_run_learns_and_writes_its_run_directory(tmp_path):
     cfg = tiny_config("softmax", "train.steps=40", "train.eval_every=20", "train.log_every=5", run_dir=tmp_path)
     summary = train(cfg)
@@ -81,6 +82,7 @@ def test_model_restore_returns_the_saved_parameters_and_state(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, nnx.state(restored), nnx.state(saved))
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_with_different_model_is_refused(tmp_path):
     train(tiny_config("softmax", "train.steps=2", run_dir=tmp_path))
     proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", *TINY, "train.steps=4", "model.d_model=64", f"run_dir={tmp_path}")
@@ -88,6 +90,7 @@ def test_resuming_a_finished_run_with_different_model_is_refused(tmp_path):
     assert "different 'model' config" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_stop_request_saves_one_checkpoint_and_returns(tmp_path, monkeypatch, caplog):
     saved_steps, save, advance = [], Checkpointer.save, Trainer.advance
     handler_before = signal.getsignal(signal.SIGTERM)
@@ -237,6 +240,7 @@ def test_grad_accum_must_divide_the_batch(capsys):
     assert "train.batch_size=8 does not split into train.grad_accum=3 equal micro-batches" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_training_names_its_run_directory_and_parameter_count_at_start_and_end(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="lmzoo.train")
     train(tiny_config("softmax", "model.n_layers=1", "train.steps=1", "train.probe_batch=0", run_dir=tmp_path))
