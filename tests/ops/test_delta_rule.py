@@ -141,6 +141,7 @@ def test_weights_reproduce_the_outputs(gate):
 # ----------------------------------------------------------------------------- numerics and semantics
 
 
+@pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 @pytest.mark.parametrize("gate", ("head", "channel"))
 def test_strong_decay_in_one_long_chunk_stays_exact(gate):
     """Hundreds of nats of decay inside one chunk: exp(b_i) exp(-b_j) would overflow."""
@@ -198,6 +199,7 @@ PALLAS_SETTINGS = [("none", ODD, True), ("head", ODD, True), ("channel", ODD, Tr
                    ("head", 1, False), ("channel", 1, True)]
 
 
+@pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 @pytest.mark.parametrize("gate, length, with_state", PALLAS_SETTINGS,
                          ids=[f"{g}-{n}-{'state' if s else 'no_state'}" for g, n, s in PALLAS_SETTINGS])
 def test_pallas_matches_scan(gate, length, with_state):
@@ -205,6 +207,7 @@ def test_pallas_matches_scan(gate, length, with_state):
     assert_trees_close(outputs_and_grads("pallas", args, cotangent), expected)
 
 
+@pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 @pytest.mark.parametrize("gate", ("head", "channel"))
 def test_pallas_with_two_sub_blocks_per_chunk_matches_scan(gate):
     args, cotangent, expected = reference(gate, ODD, True)
@@ -223,6 +226,7 @@ def test_pallas_bfloat16_inputs_close_to_float32_reference():
     assert_trees_close((out.astype(jnp.float32), state), expected, tol=BF16_TOLERANCE)
 
 
+@pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 @pytest.mark.parametrize("platform, options", [("tpu_interpret", {}), ("cpu", {"block": 8})],
                          ids=["tpu_interpreter", "two_value_blocks"])
 def test_pallas_on_the_tpu_interpreter_and_in_value_blocks_matches_scan(platform, options):
@@ -248,6 +252,7 @@ def pallas_shapes(gate_width):
             struct((b, t, h), jnp.float32), gates, struct((b, h, dk, dv), jnp.float32))
 
 
+@pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 @pytest.mark.parametrize("gate_width", [48, 1, None], ids=["per_channel", "per_head", "none"])
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
 def test_pallas_kernels_lower_for_accelerators(platform, gate_width):

@@ -39,6 +39,7 @@ SETTINGS = [
 ]
 
 
+@pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 @pytest.mark.parametrize("case, length, with_state", SETTINGS, ids=[f"{c}-{n}-{s}" for c, n, s in SETTINGS])
 def test_pallas_matches_naive(case, length, with_state):
     args, cotangent, expected = reference(case, length, with_state)
@@ -72,6 +73,7 @@ def test_strong_gates_stay_exact():
     assert_trees_close(kernels, outputs_and_grads("gla", "naive", args, cotangent))
 
 
+@pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 @pytest.mark.parametrize("case", ["gla", "gla_scalar"])
 def test_tpu_interpreter_matches_naive(case):
     """The kernels under Pallas' TPU interpreter (the TPU's grid order and memory spaces) on this CPU."""

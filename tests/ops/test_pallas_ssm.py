@@ -50,6 +50,7 @@ def inputs(length, channels, state, *, groups=2, softplus=True, seed=0):
 CASES = [(1, 16, 8, 2, True), (37, 24, 5, None, True), (83, 24, 4, 2, True), (37, 16, 8, 1, False)]
 
 
+@pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 @pytest.mark.parametrize("length, channels, state, groups, softplus", CASES)
 def test_pallas_matches_naive_values_and_gradients(length, channels, state, groups, softplus):
     args = inputs(length, channels, state, groups=groups, softplus=softplus)
@@ -123,6 +124,7 @@ def test_block_channels_must_be_a_power_of_two():
 # ----------------------------------------------------------------------------- lowering and devices
 
 
+@pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 @pytest.mark.parametrize("documents", [False, True])
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
 def test_kernels_lower_for_accelerators(platform, documents):
@@ -168,6 +170,7 @@ def test_compiled_on_gpu_with_documents_matches_naive():
 # ----------------------------------------------------------------------------- in the model
 
 
+@pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 def test_mamba_training_loss_and_gradients_match_scan():
     """``+attn=mamba attn.method=pallas``: one training step's objective and gradients equal method=scan's."""
     from lmzoo.run.steps import init_train_state, loss_and_extra
