@@ -6,12 +6,14 @@ import atexit
 import functools
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from tensorboardX.proto.event_pb2 import Event
 
 
 def share_compiled_programs() -> None:
@@ -149,3 +151,16 @@ def layer_specs(variant: str) -> list:
 @pytest.fixture
 def tiny():
     return tiny_config
+
+
+def read_events(path: Path):
+    """The events of one TFRecord file; a record cut short by a kill ends it."""
+    data = path.read_bytes()
+    offset = 0
+    while offset + 12 <= len(data):
+        (length,) = struct.unpack("<Q", data[offset:offset + 8])
+        end = offset + 12 + length + 4
+        if end > len(data):
+            return
+        yield Event.FromString(data[offset + 12:offset + 12 + length])
+        offset = end

@@ -20,7 +20,7 @@ from lmzoo.run.load import trained_config
 from lmzoo.run.loop import train
 from lmzoo.run.steps import init_train_state
 
-from conftest import tiny_config
+from conftest import read_events, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -230,8 +230,6 @@ def test_a_tag_evaluated_with_other_settings_is_refused_in_one_line(trained_run,
 
 @pytest.mark.slow
 def test_evaluating_a_tag_again_leaves_one_event_per_length(trained_run):
-    from test_faults import read_events
-
     for _ in range(2):
         evaluate(trained_run, "eval.tag=twice")
     files = list((trained_run / "tb" / "eval" / "twice").glob("events.out.tfevents.*"))

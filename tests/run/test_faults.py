@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import optax
 import pytest
 from flax import nnx
 from omegaconf import OmegaConf
-from tensorboardX.proto.event_pb2 import Event, SessionLog
+from tensorboardX.proto.event_pb2 import SessionLog
 
 from lmzoo.faults import EXIT_CONFIG, EXIT_DIVERGED, EXIT_RUN_FAULT, RunFault, RunLock
 from lmzoo.model import LM
@@ -33,7 +32,7 @@ from lmzoo.run.directory import RunDir
 from lmzoo.run.loop import train
 from lmzoo.run.steps import init_train_state, loss_and_extra, train_step
 
-from conftest import REPO, TINY, run_lmzoo, tiny_config
+from conftest import REPO, TINY, read_events, run_lmzoo, tiny_config
 
 ONE_LAYER = ["model.n_layers=1"]  # compiles in half the time of the tiny model's two
 RESUME_ARGS = [*ONE_LAYER, "train.steps=12", "train.checkpoint_every=2", "train.eval_every=12", "train.log_every=1",
@@ -245,19 +244,6 @@ for cls in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryPa
 Checkpointer.save = save_then_maybe_die
 train(tiny_config("softmax", *args, run_dir=run_dir))
 """
-
-
-def read_events(path: Path):
-    """The events of one TFRecord file; a record cut short by a kill ends it."""
-    data = path.read_bytes()
-    offset = 0
-    while offset + 12 <= len(data):
-        (length,) = struct.unpack("<Q", data[offset:offset + 8])
-        end = offset + 12 + length + 4
-        if end > len(data):
-            return
-        yield Event.FromString(data[offset + 12:offset + 12 + length])
-        offset = end
 
 
 def tensorboard_steps(tb_dir: Path, tag: str = "train/loss") -> list[int]:
