@@ -1,4 +1,4 @@
-"""``python -m lmzoo.compare <run or sweep dir> ... [baseline=ARM] [tag=default] [out=DIR]``.
+"""``python -m lmzoo.compare <run or sweep dir> ... [baseline=ARM] [tag=default] [out=DIR]``: compare runs.
 
 Reads each run (``config.yaml``, ``run_info.json``, ``metrics.jsonl`` and ``eval/<tag>/results.json``)
 and writes a markdown table (printed, and saved as ``comparison.md``), the same numbers as
@@ -13,7 +13,7 @@ other length; ``*`` marks a significant difference (never for a one-seed arm). R
 or other scored tokens than the reference run are left out, each named in one line. Run
 ``python -m lmzoo.eval`` on each run first. ``--baseline ARM`` is accepted for ``baseline=ARM``;
 ``--help`` lists the settings.
-The comparison itself is ``lmzoo.comparison``.
+The comparison itself is ``lmzoo.measure.comparison``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, show_help, wants_help
-from lmzoo.comparison import compare, write_report
 from lmzoo.config import ConfigError
+from lmzoo.measure.comparison import compare, write_report
 
 OPTIONS = [
     Option("baseline", "null", "the arm (label or variant) every other row is compared with; null: no second table"),

@@ -1,11 +1,12 @@
-"""``python -m lmzoo.eval run_dir=<dir> [eval.<key>=...] [pos=<option> pos.<key>=... attn.<key>=...]``.
+"""``python -m lmzoo.eval run_dir=<dir> [eval.<key>=...] [pos=<option> pos.<key>=... attn.<key>=...]``:
+evaluate a trained run at several lengths.
 
 Loads a run's checkpoint and saved config, applies evaluation-time overrides (position methods,
 attention switches; ``pos=ntk`` picks a config group as in training) without retraining, and
 measures validation loss and bits per byte at each length, with per-position loss, each with a 95%
-bootstrap interval (``lmzoo.evaluation``). Results go to ``<run_dir>/eval/<tag>/``:
+bootstrap interval (``lmzoo.measure.evaluation``). Results go to ``<run_dir>/eval/<tag>/``:
 ``results.json`` (its layout: ``lmzoo.metrics.intervals``), ``results.csv``, PNG plots, and
-TensorBoard scalars in the run's ``tb/eval/<tag>/`` (``lmzoo.eval_outputs``).
+TensorBoard scalars in the run's ``tb/eval/<tag>/`` (``lmzoo.measure.outputs``).
 
 ``--help`` lists the settings. The tag is named after the overrides (``default`` without any). results.json records the settings
 that made it; evaluating a tag again with other measuring settings (``eval.step``, ``eval.lengths``
@@ -29,10 +30,10 @@ from lmzoo.cli import (
     RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, schema_options, show_help, wants_help, with_defaults,
 )
 from lmzoo.config import CONFIG_DIR, ConfigError, EvalConfig
-from lmzoo.eval_outputs import check_writable, write_outputs
-from lmzoo.evaluation import check_request, eval_settings, evaluate, result_settings, warn_inert_overrides
-from lmzoo.rundir import RunDir, flat_settings
-from lmzoo.trained import check_overrides, open_trained, trained_run
+from lmzoo.measure.evaluation import check_request, eval_settings, evaluate, result_settings, warn_inert_overrides
+from lmzoo.measure.outputs import check_writable, write_outputs
+from lmzoo.run.directory import RunDir, flat_settings
+from lmzoo.run.load import check_overrides, open_trained, trained_run
 
 log = logging.getLogger("lmzoo.eval")
 

@@ -1,9 +1,9 @@
 """``python -m lmzoo.generate run_dir=<dir> prompt="def " [max_new_tokens=256 temperature=0.8 top_k=...
-top_p=... seed=0 num_samples=1] [attn.<key>=... pos.<key>=...]``.
+top_p=... seed=0 num_samples=1] [attn.<key>=... pos.<key>=...]``: continue a prompt from a trained run.
 
 Continues a prompt with the newest intact checkpoint of a run (its saved config and tokenizer, and
-any evaluation-time overrides of the run's config: ``lmzoo.trained``), sampled by
-``lmzoo.decoding.generate``. A single sample is streamed to the terminal as it is produced; several
+any evaluation-time overrides of the run's config: ``lmzoo.run.load``), sampled by
+``lmzoo.measure.decoding.generate``. A single sample is streamed to the terminal as it is produced; several
 (``num_samples``, decoded together as one batch) are printed one after another once done. A
 sample ends at ``max_new_tokens`` or at the tokenizer's end-of-sequence token.
 
@@ -24,13 +24,13 @@ from omegaconf import errors as oc_errors
 
 from lmzoo.cli import RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, schema_options, show_help, wants_help
 from lmzoo.config import ConfigError, to_dataclass
-from lmzoo.decoding import SAMPLING_KEYS, Sampling, check_fits, generate, until_eos
-from lmzoo.evaluation import device_memory
-from lmzoo.rundir import RunDir
-from lmzoo.trained import check_overrides, open_trained, trained_run
+from lmzoo.measure.decoding import SAMPLING_KEYS, Sampling, check_fits, generate, until_eos
+from lmzoo.measure.memory import device_memory
+from lmzoo.run.directory import RunDir
+from lmzoo.run.load import check_overrides, open_trained, trained_run
 
 
-NOTES = {  # the sampling settings without a comment of their own in lmzoo.decoding.Sampling
+NOTES = {  # the sampling settings without a comment of their own in lmzoo.measure.decoding.Sampling
     "max_new_tokens": "tokens added at most (fewer where the end-of-sequence token comes first)",
     "seed": "draws the sampling keys: the same seed gives the same text",
     "num_samples": "samples decoded together as one batch",

@@ -1,4 +1,4 @@
-"""Plot helpers shared by ``lmzoo.eval`` and ``lmzoo.compare`` (matplotlib, no display needed)."""
+"""Plot helpers shared by evaluation, comparison, the experiments and the retrieval heat maps (matplotlib, headless)."""
 
 from __future__ import annotations
 

@@ -93,14 +93,14 @@ class ModelConfig:
     remat: str = "none"  # recompute activations in the backward pass: none | block | mixer (memory for compute)
 
 
-SCHEDULES = ("cosine", "wsd", "linear", "constant")  # optim.schedule (lmzoo.optim)
+SCHEDULES = ("cosine", "wsd", "linear", "constant")  # optim.schedule (lmzoo.run.optim)
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")  # optim.decay_shape of a WSD schedule
 OPTIMIZERS = ("adamw", "muon")  # optim.name: configs/optim/<name>.yaml
 
 
 @dataclass
 class OptimConfig:
-    """The optimizer and its learning-rate schedule (``lmzoo.optim``)."""
+    """The optimizer and its learning-rate schedule (``lmzoo.run.optim``)."""
 
     name: str = "adamw"  # adamw | muon (Muon for the hidden matrices, AdamW for the rest)
     lr: float = 3e-3  # peak learning rate (AdamW's), reached after warmup_steps

@@ -1,9 +1,9 @@
 """``python -m lmzoo.train +attn=<variant> [key=value ...]``: train one model, resumably.
 
 The run directory holds the resolved config, Orbax checkpoints, TensorBoard events and the metrics
-log (``lmzoo.rundir``). Running the same command on an existing run directory resumes from its
+log (``lmzoo.run.directory``). Running the same command on an existing run directory resumes from its
 newest intact checkpoint; SIGTERM or Ctrl-C saves a checkpoint before exiting. The training itself
-is ``lmzoo.training.train``; this module is its command line (Hydra's: ``-m`` sweeps,
+is ``lmzoo.run.loop.train``; this module is its command line (Hydra's: ``-m`` sweeps,
 ``--hydra-help``). ``--help`` lists the settings. Exit codes: ``lmzoo.faults``.
 """
 
@@ -20,8 +20,8 @@ from lmzoo.cli import (
 )
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, data_spec, register_schemas, validate, variant_names
 from lmzoo.faults import EXIT_FINISHED, EXIT_INTERRUPTED, RunFault, check_unlocked, debugging, probe_writable
-from lmzoo.rundir import RunDir
-from lmzoo.training import train
+from lmzoo.run.directory import RunDir
+from lmzoo.run.loop import train
 
 
 # ----------------------------------------------------------------------------- entry point

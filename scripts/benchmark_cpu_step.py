@@ -16,7 +16,7 @@ lmzoo's (above 1: lmzoo is faster), also per round (paired).
 
 The breakdown times, on each side, forward (loss), forward+backward and the optimizer alone, and
 forward+backward of one layer's mixer, MLP and norm and of the head with the loss, on inputs of
-the training shape. ``--trainer-steps`` also runs ``lmzoo.training.train`` itself (data pipeline,
+the training shape. ``--trainer-steps`` also runs ``lmzoo.run.loop.train`` itself (data pipeline,
 per-step finiteness check, logging) and reports the time per step outside the compiled step.
 """
 
@@ -41,12 +41,12 @@ import optax
 from flax import nnx
 
 from lmzoo.cli import compose_and_validate
-from lmzoo.evaluator import logit_scores
-from lmzoo.model import LM, count_params
-from lmzoo.rundir import RunDir
-from lmzoo.steps import gradients, init_train_state, loss_and_extra, train_step
-from lmzoo.training import train
 from lmzoo.data.tokenizers import ByteTokenizer
+from lmzoo.metrics.scoring import logit_scores
+from lmzoo.model import LM, count_params
+from lmzoo.run.directory import RunDir
+from lmzoo.run.loop import train
+from lmzoo.run.steps import gradients, init_train_state, loss_and_extra, train_step
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmark import milliseconds  # noqa: E402
@@ -170,7 +170,7 @@ class LmzooStep:
 
 
 def trainer_step_seconds(overrides: list[str], steps: int) -> list[float]:
-    """Seconds per step of ``lmzoo.training.train`` over ``steps`` steps, per logged window after the first
+    """Seconds per step of ``lmzoo.run.loop.train`` over ``steps`` steps, per logged window after the first
     (which holds the compilation): data, host transfers, the per-step finiteness read and logging included."""
     window = max(1, steps // 5)
     with tempfile.TemporaryDirectory() as run_dir:

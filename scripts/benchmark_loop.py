@@ -33,7 +33,7 @@ import jax
 
 from lmzoo.cli import compose_and_validate
 from lmzoo.data import build_data
-from lmzoo.training import Trainer, training_batches
+from lmzoo.run.loop import Trainer, training_batches
 
 MODELS = {
     "default": [],

@@ -45,7 +45,7 @@ DEFAULT_VARIANTS = ["softmax", "gla", "gated_deltanet", "mamba2", "kda", "rwkv7"
 THROUGHPUT_VARIANTS = ["softmax", "softmax attn.method=cudnn", "gla attn.method=chunk", "gla attn.method=pallas",
                        "mamba2", "gated_deltanet attn.method=chunk", "mamba2 attn.method=pallas",
                        "gated_deltanet attn.method=pallas"]  # in the order a short loan should measure them
-KERNEL_TESTS = ["tests/test_pallas_gla.py", "tests/test_pallas_ssm.py", "tests/test_delta_rule.py"]
+KERNEL_TESTS = ["tests/ops/test_pallas_gla.py", "tests/ops/test_pallas_ssm.py", "tests/ops/test_delta_rule.py"]
 
 
 @dataclass
@@ -90,7 +90,7 @@ def steps() -> list[Step]:
         Step("env", ["bash", "-c", "nvidia-smi; nvidia-smi -q -d CLOCK | head -30; " + shlex.join(env_cmd)],
              env_cmd, 60, min_s=5),
         Step("kernel_tests", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "4", *KERNEL_TESTS],
-             [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "tests/test_pallas_ssm.py", "-k",
+             [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "tests/ops/test_pallas_ssm.py", "-k",
               "gpu or lower"], 300, min_s=120, env=tests_env),
         ops_step("ops_xla", XLA_OPS, 240),
         *(ops_step("ops_" + op.replace("/", "_"), op, 150) for op in PALLAS_OPS),

@@ -38,11 +38,11 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from lmzoo.cli import compose_and_validate
-from lmzoo.model import LM, count_params
-from lmzoo.sharding import batch_sharding, state_shardings
-from lmzoo.steps import init_train_state, train_step
-from lmzoo.training import training_mesh
 from lmzoo.data.tokenizers import ByteTokenizer
+from lmzoo.model import LM, count_params
+from lmzoo.run.loop import training_mesh
+from lmzoo.run.steps import init_train_state, train_step
+from lmzoo.sharding import batch_sharding, state_shardings
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v5": 197.0, "TPU v4": 275.0}  # dense bf16
 VOCAB = ByteTokenizer.vocab_size

@@ -6,12 +6,14 @@ import atexit
 import functools
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from tensorboardX.proto.event_pb2 import Event
 
 
 def share_compiled_programs() -> None:
@@ -67,10 +69,26 @@ REPO = Path(__file__).resolve().parents[1]
 VARIANTS = variant_names()
 
 
+QUICK_VARIANTS = ("softmax", "gla", "mamba")  # the default run's three families
+
+
+def variant_case(item) -> str | None:
+    """The variant a parametrized test case is for, when its parameters name one (``comba``, ``softmax
+    attn.window=4``, a config whose id is a variant's name); None for other tests."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None
+    words = [v.split()[0] for v in callspec.params.values() if isinstance(v, str) and v.strip()]
+    return next((w for w in [*words, *callspec.id.split("-")] if w in VARIANTS), None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the markers added here
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` / ``tpu`` run only where JAX's default backend is that device. Tests marked
-    ``slow`` (a minute or two each) go first: xdist hands tests out in this order, so they start at once
-    on every worker instead of running alone at the end while the other workers idle."""
+    """Tests marked ``gpu`` / ``tpu`` run only where JAX's default backend is that device. A test run for
+    every variant is marked ``slow`` for all but the default run's three families, so the quick subset
+    (``-m "not slow"``) checks each protocol on softmax, gla and mamba and the full suite on every variant.
+    Tests marked ``slow`` (a minute or two each) go first: xdist hands tests out in this order, so they
+    start at once on every worker instead of running alone at the end while the other workers idle."""
     from lmzoo.ops.pallas.common import current_platform
 
     here = current_platform()
@@ -78,6 +96,8 @@ def pytest_collection_modifyitems(config, items):
         for device in ("gpu", "tpu"):
             if item.get_closest_marker(device) and here != device:
                 item.add_marker(pytest.mark.skip(reason=f"needs a {device.upper()}; JAX runs on {here}"))
+        if (variant := variant_case(item)) is not None and variant not in QUICK_VARIANTS:
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the rest keep their order
 
 TINY = [
@@ -131,3 +151,16 @@ def layer_specs(variant: str) -> list:
 @pytest.fixture
 def tiny():
     return tiny_config
+
+
+def read_events(path: Path):
+    """The events of one TFRecord file; a record cut short by a kill ends it."""
+    data = path.read_bytes()
+    offset = 0
+    while offset + 12 <= len(data):
+        (length,) = struct.unpack("<Q", data[offset:offset + 8])
+        end = offset + 12 + length + 4
+        if end > len(data):
+            return
+        yield Event.FromString(data[offset + 12:offset + 12 + length])
+        offset = end

@@ -58,6 +58,7 @@ def test_bad_input_is_one_line(capsys, argv, expected):
         assert fragment in err, (fragment, err)
 
 
+@pytest.mark.slow
 def test_bad_input_from_the_command_line_exits_2_without_traceback():
     proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", "model.d_model=100", "model.n_heads=3")
     assert proc.returncode == 2
@@ -137,18 +138,6 @@ def test_text_and_hf_sources_from_the_command_line(tmp_path):
     assert (type(cfg.data).__name__, cfg.data.hf_name, cfg.data.tokenizer) == ("HFConfig", "json", "byte")
 
 
-def test_schema_imports_nothing_of_lmzoo():
-    import ast
-    import pathlib
-
-    import lmzoo.schema
-
-    tree = ast.parse(pathlib.Path(lmzoo.schema.__file__).read_text())
-    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    imported += [n.module or "." for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-    assert imported and not [m for m in imported if m == "." or m.split(".")[0] == "lmzoo"], imported
-
-
 # The data section of a run directory written when one flat data config held every source's settings.
 FLAT_STDLIB = {
     "source": "stdlib", "seq_len": 32, "tokenizer": "byte", "val_fraction": 0.05, "paths": None, "text_field": "text",
@@ -169,8 +158,9 @@ def old_run_dir(tmp_path, cfg, **data):
 
 
 def test_an_old_flat_data_config_still_resumes_and_evaluates(tmp_path):
-    from lmzoo.rundir import RunDir, prepare_run_dir
-    from lmzoo.trained import trained_config
+    from lmzoo.run.directory import RunDir
+    from lmzoo.run.resume import prepare_run_dir
+    from lmzoo.run.load import trained_config
 
     cfg = tiny_config("softmax", run_dir=tmp_path)
     old_run_dir(tmp_path, cfg)
@@ -180,8 +170,9 @@ def test_an_old_flat_data_config_still_resumes_and_evaluates(tmp_path):
 
 def test_an_old_flat_data_config_keeps_its_meaning(tmp_path):
     from lmzoo.config import ConfigError
-    from lmzoo.rundir import RunDir, prepare_run_dir
-    from lmzoo.trained import trained_config
+    from lmzoo.run.directory import RunDir
+    from lmzoo.run.resume import prepare_run_dir
+    from lmzoo.run.load import trained_config
 
     mqar = tiny_config("softmax", "data=mqar", "data.num_pairs=4", run_dir=tmp_path)
     old_run_dir(tmp_path, mqar, source="mqar", num_pairs=4)

@@ -130,6 +130,7 @@ def test_pos_config_errors_are_one_line():
             PosConfig(**kwargs).check()
 
 
+@pytest.mark.slow
 def test_unknown_kind_on_the_command_line_is_one_line():
     proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", "pos.kind=spiral", "train.steps=1", timeout=120)
     assert proc.returncode == 2

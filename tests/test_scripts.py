@@ -22,6 +22,7 @@ def run_script(name: str, *args: str) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_benchmark_reports_rates_and_skips_what_cannot_run(tmp_path):
     ops = "gla/pallas,simple_gla/chunk64,selective_scan/scan,softmax/cudnn"
     out = run_script("benchmark.py", "--ops", ops, "--shapes", "1x40x2x16", "--repeats", "1", "--copy-mb", "16", "--json", str(tmp_path / "rows.json"))
@@ -32,6 +33,7 @@ def test_benchmark_reports_rates_and_skips_what_cannot_run(tmp_path):
     assert rows["gla/pallas"]["fwd_bwd_tflops"] > 0 and rows["selective_scan/scan"]["fwd_bwd_gbps"] > 0
 
 
+@pytest.mark.slow
 def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
     out = run_script("throughput.py", "--model", "tiny", "--lengths", "32", "--batch-tokens", "64", "--steps", "1",
                      "--variants", "softmax", "gla attn.method=pallas attn.chunk_size=16", "softmax attn.method=cudnn",
@@ -49,6 +51,7 @@ def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
     assert gla["model_tflops"] == pytest.approx(gla["tokens_per_s"] * 6 * gla["params"] / 1e12, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_tune_pallas_times_every_kernel_setting(tmp_path):
     out = run_script("tune_pallas.py", "--smoke", "--ops", "simple_gla", "--json", str(tmp_path / "rows.json"))
     rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
@@ -59,6 +62,7 @@ def test_tune_pallas_times_every_kernel_setting(tmp_path):
     assert "best per kernel" in out
 
 
+@pytest.mark.slow
 def test_plot_metrics_writes_next_to_the_runs(tmp_path):
     sweep = tmp_path / "sweep"
     for name in ("softmax", "gla"):
@@ -71,6 +75,7 @@ def test_plot_metrics_writes_next_to_the_runs(tmp_path):
     assert (sweep / "curves.png").stat().st_size > 0  # several runs: the directory they share
 
 
+@pytest.mark.slow
 def test_benchmark_decode_times_prefill_and_steps_and_sizes_the_state(tmp_path):
     out = run_script("benchmark_decode.py", "--models", "tiny", "--lengths", "8,24,64", "--max-length", "24",
                      "--new-tokens", "2", "--variants", "softmax", "gla", "softmax attn.method=cudnn",
@@ -87,6 +92,7 @@ def test_benchmark_decode_times_prefill_and_steps_and_sizes_the_state(tmp_path):
     assert (tmp_path / "decode.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_benchmark_cpu_step_times_the_step_its_pieces_and_the_trainer(tmp_path):
     out = run_script("benchmark_cpu_step.py", "--smoke", "--rounds", "1", "--steps", "1", "--breakdown", "1",
                      "--trainer-steps", "4", "--json", str(tmp_path / "rows.json"))
@@ -107,6 +113,7 @@ def test_slurm_example_command_is_a_valid_config(tmp_path):
     assert cfg.train.mesh.fsdp == 8 and cfg.model.d_model == 1024
 
 
+@pytest.mark.slow
 def test_fla_check_says_what_to_install_where_torch_or_fla_is_missing():
     import importlib.util
 
@@ -116,6 +123,7 @@ def test_fla_check_says_what_to_install_where_torch_or_fla_is_missing():
     assert proc.returncode == 0 and "skipped" in proc.stdout and "pip install" in proc.stdout
 
 
+@pytest.mark.slow
 def test_benchmark_loop_times_the_trainer_against_its_bare_step(tmp_path):
     out = run_script("benchmark_loop.py", "--models", "mqar", "--steps", "2", "--repeats", "1",
                      "--json", str(tmp_path / "rows.json"))
@@ -123,6 +131,7 @@ def test_benchmark_loop_times_the_trainer_against_its_bare_step(tmp_path):
     assert row["bare_ms"] > 0 and row["loop_ms"] > 0 and "loop/bare" in out
 
 
+@pytest.mark.slow
 def test_gpu_all_runs_chosen_steps_in_order_within_a_budget_and_names_bad_steps(tmp_path):
     out = run_script("gpu_all.py", "--dry-run", "--out", str(tmp_path), "--only", "env,kernel_tests",
                      "--budget-s", "20")

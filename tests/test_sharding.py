@@ -15,8 +15,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from conftest import REPO, VARIANTS, covering_layers, run_lmzoo, tiny_config
-from lmzoo.rundir import RunDir
 from lmzoo.model import LM
+from lmzoo.run.directory import RunDir
 from lmzoo.schema import ConfigError
 from lmzoo.sharding import LOGICAL_AXES, MeshConfig, logical_names, partition_spec
 
@@ -91,8 +91,8 @@ LAYOUT_SNIPPET = """
 import json, shutil, sys
 import jax
 from conftest import tiny_config
-from lmzoo.rundir import RunDir
-from lmzoo.training import Trainer, train
+from lmzoo.run.directory import RunDir
+from lmzoo.run.loop import Trainer, train
 
 layouts, variants, out = json.loads(sys.argv[1]), sys.argv[2].split(","), sys.argv[3]
 result = {"devices": jax.device_count(), "losses": {}, "split": {}}
@@ -157,7 +157,7 @@ def test_layouts_on_eight_devices_give_the_one_device_losses(tmp_path):
 PROCESS_SNIPPET = """
 import os, sys
 from conftest import tiny_config
-from lmzoo import training
+from lmzoo.run import loop as training
 
 run_dir, port, processes, index, killed_at, layout = sys.argv[1:7]
 overrides = ["train.steps=4", "train.log_every=1", "train.eval_every=4", "train.checkpoint_every=2", "train.probe_batch=0",

@@ -1,4 +1,4 @@
-"""Training and validation data for lmzoo.
+"""Training and validation data: registered sources and synthetic tasks, tokenizers, deterministic batches.
 
 ``build_data(cfg, seed=...)`` is the single entry point: ``cfg`` is the spec of a registered data
 source or synthetic task (``lmzoo.registry.SOURCES``; ``data=<name>`` picks one), which builds its

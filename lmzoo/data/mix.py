@@ -405,7 +405,7 @@ def component_terms(token_loss, batch) -> dict:
     component's summed loss and its scored targets, both divided by the batch's scored targets.
 
     Dividing by the batch's scored targets is what lets micro-batches combine them: weighted by their share
-    of the scored targets (``lmzoo.steps.gradients``), the slices' terms add up to the whole batch's. A
+    of the scored targets (``lmzoo.run.steps.gradients``), the slices' terms add up to the whole batch's. A
     component's mean loss is ``component_loss / component_share``."""
     import jax.numpy as jnp  # JAX only once a step is traced: importing lmzoo.data stays light
 
@@ -459,8 +459,8 @@ def component_windows(data, length: int, budget: int) -> dict:
 def component_validation(score, windows: dict, *, rows: int, scored: Optional[tuple] = None) -> dict[str, float]:
     """``val_loss/<name>`` on each component's own validation windows (and ``val_accuracy/<name>`` where only
     answers are scored); ``scored`` = (windows, their ``LengthScores``) already scored, not scored again."""
-    from lmzoo.evaluator import score_length  # JAX only once a model is scored: importing lmzoo.data stays light
     from lmzoo.metrics.intervals import BLOCKS
+    from lmzoo.metrics.scoring import score_length  # JAX only once a model is scored: importing lmzoo.data stays light
 
     metrics = {}
     for name, own in windows.items():

@@ -21,17 +21,17 @@ from omegaconf import OmegaConf
 from lmzoo.cli import compose_and_validate
 from lmzoo.config import Config, ConfigError
 from lmzoo.data.tokenizers import ByteTokenizer
-from lmzoo.eval_outputs import write_outputs
-from lmzoo.evaluation import eval_settings, evaluate, result_settings
 from lmzoo.experiments.judging import measured
 from lmzoo.faults import Interrupted
+from lmzoo.measure.evaluation import eval_settings, evaluate, result_settings
+from lmzoo.measure.outputs import write_outputs
 from lmzoo.metrics.intervals import Interval, bootstrap, paired_difference_interval
 from lmzoo.model import LM
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
-from lmzoo.rundir import RunDir, flat_settings
-from lmzoo.trained import open_trained
-from lmzoo.training import train
+from lmzoo.run.directory import RunDir, flat_settings
+from lmzoo.run.load import open_trained
+from lmzoo.run.loop import train
 
 
 def train_run(variant: str, run_dir: Path, *, seed: int, steps: int, overrides: list[str] = ()) -> Config:

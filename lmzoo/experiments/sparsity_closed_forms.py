@@ -34,7 +34,7 @@ No positive control: nothing is trained, and the sparsity estimator and the clos
 checked against exact values and numerical integrals in the tests.
 
 The decay form is no check: its weights are deterministic, so "measured" is the closed form
-evaluated (an identity, kept as a unit test in tests/test_experiments.py). It is still drawn, to
+evaluated (an identity, kept as a unit test in tests/experiments/test_experiments.py). It is still drawn, to
 show S -> 0 as n grows.
 """
 

@@ -46,8 +46,8 @@ from lmzoo.metrics.seeds import welch_interval
 from lmzoo.metrics.sparsity import l1_l2_sparsity
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import new_axes, save_axes, series_style
+from lmzoo.run.load import open_trained
 from lmzoo.schema import one_of
-from lmzoo.trained import open_trained
 
 CLAIM = ("The closed forms of attention sparsity, fed with the mean and spread of a trained layer's keys and the "
          "norms of its queries (isotropic Gaussian keys), predict the sparsity of its attention rows.")

@@ -1,4 +1,4 @@
-"""Measurements of attention: sparsity, entropy and first-key share of each row, and probes that collect them."""
+"""Measurements shared by training and measuring: the scorer, attention probes, intervals, statistics over seeds."""
 
 from lmzoo.metrics.sparsity import attention_entropy, first_key_share, l1_l2_sparsity
 

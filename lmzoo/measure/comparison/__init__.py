@@ -1,0 +1,83 @@
+"""Comparing trained runs: reading them, grouping seeds into arms, intervals that count seeds and text.
+
+A run is read from its run directory (config, run info, data fingerprint, metrics, resumes and
+``eval/<tag>/results.json``). Runs form one *arm* when they set the same ``label``, or, without
+labels, when their configs differ only in ``seed`` (and ``run_dir``): the seeds of one experiment.
+
+Every interval between arms counts both sources of uncertainty (``lmzoo.metrics.seeds``):
+training noise, from the spread of the seeds inside each arm, and text, from resampling the
+scored blocks jointly across all runs. An arm of one seed gives a text-only interval, said so in
+its row and never marked significant. Runs are only compared on the same data and the same
+scored tokens: a run whose data fingerprint or scored tokens differ from the reference run's is
+left out, with one line saying which and why.
+
+``compare(...)`` returns a ``Report`` (markdown tables and the ``comparison.json`` record);
+``write_report`` writes them with the plots. ``python -m lmzoo.compare`` is the command around it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from lmzoo.measure.comparison.estimates import bootstrap_settings
+from lmzoo.measure.comparison.figures import plot
+from lmzoo.measure.comparison.reading import Group, find_runs, group_runs, load_runs, on_the_same_data, reference_run
+from lmzoo.measure.comparison.tables import differences, find_baseline, table
+from lmzoo.metrics.scoring import sampling_note
+from lmzoo.run.directory import atomic_write_text
+
+
+@dataclass
+class Report:
+    markdown: str
+    record: dict  # comparison.json
+    groups: list[Group]
+    notes: list[str]  # one line each: runs left out, columns left empty
+
+
+def missing_evaluations(groups: list[Group], tag: str) -> list[str]:
+    """A line naming the runs whose evaluation columns are empty, and the command that fills them."""
+    unevaluated = [r for g in groups for r in g.runs if not r.results]
+    if not unevaluated:
+        return []
+    return [f"{len(unevaluated)} run(s) have no eval/{tag}/results.json, so their evaluation columns are empty: "
+            f"run `python -m lmzoo.eval run_dir={unevaluated[0].path}` (and the others) first"]
+
+
+def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = None) -> Report:
+    """Read, group and compare the runs at or below ``paths``; ValueError in one line for a bad baseline."""
+    runs, unreadable = load_runs(find_runs(paths), tag)
+    if not runs:
+        raise FileNotFoundError(f"no readable runs (directories with config.yaml and metrics.jsonl) under "
+                                f"{', '.join(map(str, paths))}" + (f": {unreadable[0][1]}" if unreadable else ""))
+    reference = reference_run(runs, baseline)
+    kept, left_out = on_the_same_data(runs, reference)
+    notes = [f"left out {path}: {why}" for path, why in unreadable]
+    notes += [f"left out {run.path}: {why}" for run, why in left_out]
+    groups = group_runs(kept)
+    settings = bootstrap_settings(kept)
+    markdown, rows = table(groups, settings)
+    record = {"tag": tag, "level": 0.95, "bootstrap": settings, "rows": rows, "differences": [], "baseline": None,
+              "left_out": [{"run": str(path), "reason": why} for path, why in unreadable]
+              + [{"run": str(run.path), "reason": why} for run, why in left_out]}
+    if baseline:
+        base = find_baseline(groups, baseline)
+        text, record["differences"] = differences(groups, base, settings)
+        markdown += "\n\n" + text
+        record["baseline"] = base.label
+    notes += missing_evaluations(groups, tag)
+    if reference.results:
+        markdown += f"\n\nScored text: {sampling_note(reference.results)}."
+    if notes:
+        markdown += "\n\n" + "\n".join(f"- {note}" for note in notes)
+    return Report(markdown, record, groups, notes)
+
+
+def write_report(report: Report, out: Path) -> list[Path]:
+    """``comparison.md``, ``comparison.json`` and the plots in ``out``; the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "comparison.md", report.markdown + "\n")
+    atomic_write_text(out / "comparison.json", json.dumps(report.record, indent=2) + "\n")
+    return [out / "comparison.md", out / "comparison.json", *plot(report.groups, out)]

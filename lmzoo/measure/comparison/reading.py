@@ -1,0 +1,226 @@
+"""Reading runs for a comparison: each run directory as a ``Run``, runs grouped into arms, and only runs on
+the same data and scored tokens kept."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from lmzoo.metrics.intervals import bits_per_nat
+from lmzoo.metrics.scoring import sampling_note
+from lmzoo.run.directory import CONFIG, RunDir
+from lmzoo.schema import ConfigError, flatten
+
+
+# Config keys that do not make two runs different experiments.
+NOT_IDENTITY = ("seed", "run_dir", "label")
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    info: dict
+    metrics: list[dict]
+    results: dict | None = field(default=None)
+    changes: list[dict] = field(default_factory=list)  # settings changed on resume (resumes.jsonl)
+    fingerprint: dict | None = None  # what the data was (data_fingerprint.json)
+
+    @property
+    def name(self) -> str:
+        return self.info.get("variant", self.path.name)
+
+    @property
+    def seed(self):
+        return self.config.get("seed")
+
+    @property
+    def label(self) -> str | None:
+        return self.config.get("label")
+
+    @property
+    def identity(self) -> str:
+        """The arm a run belongs to: its label, else its config without seed and run directory, with the
+        changes made on resuming."""
+        if self.label is not None:
+            return json.dumps(["label", self.label])
+        settings = {k: v for k, v in self.config.items() if k not in NOT_IDENTITY}
+        return json.dumps([settings, self.changes], sort_keys=True, default=str)
+
+    @property
+    def documents(self) -> str:
+        """``data.document_boundaries`` of the run: "mask" (documents mixed alone) or "none"."""
+        return self.info.get("document_boundaries", "none")
+
+    @property
+    def train_len(self) -> int | None:
+        return self.results["train_seq_len"] if self.results else None
+
+    def last(self, key: str):
+        values = [r[key] for r in self.metrics if key in r]
+        return values[-1] if values else None
+
+    def mean_throughput(self):
+        values = [r["tokens_per_s"] for r in self.metrics if "tokens_per_s" in r][1:]  # the first includes compilation
+        return float(np.mean(values)) if values else None
+
+    def at(self, length: int | None) -> dict:
+        """Evaluation results at ``length`` ({} when not evaluated there)."""
+        return (self.results or {}).get("lengths", {}).get(str(length), {})
+
+    @property
+    def at_train(self) -> dict:
+        return self.at(self.train_len)
+
+    @property
+    def has_blocks(self) -> bool:
+        return bool(self.results) and "block_sums" in self.results
+
+    @property
+    def sampling(self) -> str:
+        """Which validation tokens the evaluation scored ("first": the first N, before spread sampling)."""
+        return (self.results or {}).get("sampling", "first")
+
+    def ratio(self, length: int) -> float | None:
+        """bpb at ``length`` over bpb at the training length (computed for results that predate ``ratio``)."""
+        here, train = self.at(length), self.at_train
+        if "ratio" in here:
+            return here["ratio"]
+        return here["bpb"] / train["bpb"] if here and train else None
+
+    def blocks(self, length: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per-block (loss sum, token count) at ``length``, or None for results without block sums."""
+        sums = (self.results or {}).get("block_sums", {}).get(str(length))
+        return (np.asarray(sums["loss"], float), np.asarray(sums["count"], float)) if sums else None
+
+    def scored_tokens(self) -> tuple | None:
+        """What this run's evaluation scored: (sampling, digest of the scored tokens where recorded, training
+        length, token count of every block)."""
+        blocks = self.blocks(self.train_len) if self.has_blocks else None
+        if blocks is None:
+            return None
+        return self.sampling, self.results.get("scored_digest"), self.train_len, tuple(blocks[1].tolist())
+
+    @property
+    def bits_per_nat(self) -> float:
+        """The data's bits-per-byte factor per nat of loss, as the evaluation applied it."""
+        return bits_per_nat(self.results)
+
+
+@dataclass
+class Group:
+    """The runs of one arm: one label, or one config that differ only in seed."""
+
+    label: str
+    runs: list[Run]
+
+    @property
+    def variant(self) -> str:
+        return self.runs[0].name
+
+    @property
+    def evaluated(self) -> list[Run]:
+        """Runs with block sums, the ones intervals are made of."""
+        return [r for r in self.runs if r.has_blocks]
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run directories (holding config.yaml and metrics.jsonl) at or below each path. Below a path, folders whose
+    name starts with a dot are skipped: they hold copies still being written (``scripts/cpu_recipe.sh KEEP=``)."""
+    found = []
+    for path in paths:
+        if not path.exists():
+            raise FileNotFoundError(f"no such run or sweep directory: {path}")
+        hidden = lambda run: any(part.startswith(".") for part in run.relative_to(path).parts)  # noqa: E731
+        candidates = [path] if RunDir(path).is_run() else sorted(p.parent for p in path.rglob(CONFIG)
+                                                                  if not hidden(p.parent))
+        found += [p for p in candidates if RunDir(p).is_run() and p not in found]
+    return found
+
+
+def load_run(path: Path, tag: str) -> Run:
+    run_dir = RunDir(path)
+    config = OmegaConf.to_container(run_dir.read_config())
+    if "tokenizer" in config.get("data", {}):  # a corpus; runs from before the setting packed without masks
+        config["data"].setdefault("document_boundaries", "none")
+    return Run(path, config, run_dir.read_run_info(), run_dir.read_metrics(), run_dir.read_results(tag),
+               run_dir.read_resumes(), run_dir.read_fingerprint())
+
+
+def load_runs(paths: list[Path], tag: str) -> tuple[list[Run], list[tuple[Path, str]]]:
+    """(the runs that could be read, [(path, why not)]): one damaged run does not stop a comparison."""
+    runs, unreadable = [], []
+    for path in paths:
+        try:
+            runs.append(load_run(path, tag))
+        except (ConfigError, OSError, ValueError) as e:
+            unreadable.append((path, str(e).splitlines()[0]))
+    return runs, unreadable
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """One group per label or distinct config (seed aside), in the order runs were found; runs sorted by seed."""
+    by_identity: dict[str, list[Run]] = {}
+    for run in runs:
+        by_identity.setdefault(run.identity, []).append(run)
+    groups = [Group(members[0].label or members[0].name, sorted(members, key=lambda r: str(r.seed)))
+              for members in by_identity.values()]
+    names = [g.label for g in groups]
+    for group, name in zip(groups, names):
+        siblings = [g for g, other in zip(groups, names) if other == name]
+        if len(siblings) > 1:
+            group.label = f"{name} ({distinguishing(group, siblings)})"
+    return groups
+
+
+def distinguishing(group: Group, siblings: list[Group]) -> str:
+    """The settings in which ``group`` differs from other groups of the same variant, as key=value."""
+    flat = [flatten(g.runs[0].config) for g in siblings]
+    mine = flatten(group.runs[0].config)
+    keys = sorted(k for k in set().union(*flat) if k not in NOT_IDENTITY and len({str(f.get(k)) for f in flat}) > 1)
+    return ", ".join(f"{k}={mine.get(k)}" for k in keys)
+
+
+# ----------------------------------------------------------------------------- same data or no comparison
+
+
+def data_difference(run: Run, reference: Run) -> str | None:
+    """Why ``run`` is not on ``reference``'s data or tokens, in a few words; None when it is."""
+    if run.fingerprint is not None and reference.fingerprint is not None and run.fingerprint != reference.fingerprint:
+        keys = sorted(k for k in set(run.fingerprint) | set(reference.fingerprint)
+                      if run.fingerprint.get(k) != reference.fingerprint.get(k))
+        shown = ", ".join(f"{k} {run.fingerprint.get(k)} vs {reference.fingerprint.get(k)}" for k in keys[:2])
+        return f"other data than {reference.path} ({shown})"
+    mine, theirs = run.scored_tokens(), reference.scored_tokens()
+    if mine is not None and theirs is not None and mine != theirs:
+        return (f"scored other validation tokens than {reference.path} (another budget, length or sampling: "
+                f"{sampling_note(run.results)})")
+    return None
+
+
+def on_the_same_data(runs: list[Run], reference: Run) -> tuple[list[Run], list[tuple[Run, str]]]:
+    """(runs on ``reference``'s data and scored tokens, [(run left out, why)])."""
+    kept, left_out = [], []
+    for run in runs:
+        why = data_difference(run, reference)
+        (left_out.append((run, why)) if why else kept.append(run))
+    return kept, left_out
+
+
+def reference_run(runs: list[Run], baseline: str | None) -> Run:
+    """The run others must match: the baseline arm's first evaluated run, else the first evaluated run."""
+    preferred = [r for r in runs if baseline in (r.label, r.name)] if baseline else []
+    return next((r for r in preferred + runs if r.has_blocks), (preferred or runs)[0])
+
+
+def probe_mean(nested) -> float | None:
+    """The mean over layers and heads of a probe's nested per-layer values (None when absent)."""
+    return None if nested is None else float(np.nanmean(np.asarray(nested, dtype=float)))
+
+
+def evaluated_lengths(runs: list[Run]) -> list[int]:
+    return sorted({int(n) for r in runs if r.results for n in r.results["lengths"]})

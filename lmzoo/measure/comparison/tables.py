@@ -1,0 +1,159 @@
+"""The comparison's markdown tables (every arm; each arm's difference to a baseline) and their
+``comparison.json`` rows."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lmzoo.measure.comparison.estimates import arm_bpb, arm_ratio, bpb_difference, ratio_difference
+from lmzoo.measure.comparison.reading import Group, Run, evaluated_lengths, probe_mean
+from lmzoo.metrics.intervals import over_seeds
+from lmzoo.metrics.seeds import Comparison, seed_difference
+from lmzoo.run.directory import describe_changes
+
+
+def _fmt(value, spec: str = ".3f") -> str:
+    return "—" if value is None or (isinstance(value, float) and np.isnan(value)) else format(value, spec)
+
+
+def interval_cell(comparison: Comparison | None, spec: str = ".3f", mark: bool = False) -> str:
+    """``estimate [lo, hi]``, with `` *`` for a significant difference when ``mark``."""
+    if comparison is None:
+        return "—"
+    text = f"{comparison.estimate:{spec}} [{comparison.lo:{spec}}, {comparison.hi:{spec}}]"
+    return text + (" *" if mark and comparison.significant else "")
+
+
+def summary_cell(group: Group, value, spec: str = ".3f") -> str:
+    """A number without block sums behind it: the one run's, or mean ± sd over the seeds."""
+    summary = over_seeds([value(r) for r in group.runs])
+    return _fmt(summary.mean, spec) + (f" ± {_fmt(summary.sd, spec)}" if summary.n > 1 else "")
+
+
+def other_lengths(runs: list[Run]) -> list[int]:
+    train_lengths = {r.train_len for r in runs if r.results}
+    return [n for n in evaluated_lengths(runs) if n not in train_lengths]
+
+
+def interval_note(comparisons: list[Comparison | None]) -> str:
+    """What a row's intervals cover (the first one present speaks for the row: all come from the same runs)."""
+    return next((c.note for c in comparisons if c is not None), "—")
+
+
+def row_cells(group: Group, lengths: list[int], settings: dict) -> tuple[list[str], dict]:
+    """The interval cells of one arm and their record for comparison.json."""
+    bpb = arm_bpb(group, settings)
+    ratios = {n: arm_ratio(group, n, settings) for n in lengths}
+    if bpb is None:  # results without block sums: the plain values
+        cells = [summary_cell(group, lambda r: r.at_train.get("bpb"))]
+        cells += [summary_cell(group, lambda r, n=n: r.ratio(n)) for n in lengths]
+    else:
+        cells = [interval_cell(bpb)] + [interval_cell(ratios[n]) for n in lengths]
+    record = {"bpb": bpb.record() if bpb else None,
+              "ratio": {str(n): c.record() for n, c in ratios.items() if c is not None}}
+    return cells + [interval_note([bpb, *ratios.values()])], record
+
+
+def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
+    """The markdown table of every arm, and its rows for comparison.json."""
+    runs = [r for g in groups for r in g.runs]
+    lengths = other_lengths(runs)
+    masked = any(r.documents == "mask" for r in runs)
+    header = ["variant", "n", "params", "state size", *(["documents"] if masked else []), "val bpb", "bpb@train"]
+    header += [f"bpb@{n} / bpb@train" for n in lengths]
+    header += ["interval", "mean S", "entropy", "first key", "accuracy", "tokens/s", "runs"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    records = []
+    for group in groups:
+        first = group.runs[0]
+        row = [group.label, str(len(group.runs))]
+        row += [_fmt(first.info.get("params"), ","), _fmt(first.info.get("state_size"), ",")]
+        row += [first.documents] if masked else []
+        row.append(summary_cell(group, lambda r: r.last("val_bpb")))
+        cells, record = row_cells(group, lengths, settings)
+        row += cells
+        row += [
+            summary_cell(group, lambda r: probe_mean(r.at_train.get("sparsity")) if r.results
+                         else r.last("val_sparsity")),
+            summary_cell(group, lambda r: probe_mean(r.at_train.get("entropy")) if r.results
+                         else r.last("val_entropy")),
+            summary_cell(group, lambda r: probe_mean(r.at_train.get("first_key"))),
+            summary_cell(group, lambda r: r.last("val_accuracy")),
+            summary_cell(group, lambda r: r.mean_throughput(), spec=",.0f"),
+            ", ".join(str(r.path) + (" †" if r.changes else "") for r in group.runs),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+        records.append({"label": group.label, "variant": group.variant, "runs": [str(r.path) for r in group.runs],
+                        "seeds": [r.seed for r in group.runs], **record})
+    return "\n".join(lines + resumed_with_changes(runs)), records
+
+
+def resumed_with_changes(runs: list[Run]) -> list[str]:
+    """Footnotes for the runs (marked †) resumed with changed settings: the config they started with no
+    longer says how they were trained."""
+    notes = []
+    for run in (r for r in runs if r.changes):
+        by_step: dict[int, list[dict]] = {}
+        for change in run.changes:
+            by_step.setdefault(change["step"], []).append(change)
+        steps = "; ".join(f"at step {step}: {describe_changes(changes)}" for step, changes in by_step.items())
+        notes.append(f"† {run.path} resumed with changed settings {steps}")
+    return [""] + notes if notes else []
+
+
+def find_baseline(groups: list[Group], name: str) -> Group:
+    matches = [g for g in groups if g.label == name] or [g for g in groups if g.variant == name]
+    if len(matches) != 1:
+        found = "no row" if not matches else "several rows"
+        raise ValueError(f"baseline={name} matches {found} (choose one of: {', '.join(g.label for g in groups)})")
+    return matches[0]
+
+
+def seeds_cell(comparison: Comparison | None, group: Group, baseline: Group) -> str:
+    n = comparison.seeds if comparison else (len(group.evaluated), len(baseline.evaluated))
+    return f"{n[0]} vs {n[1]}"
+
+
+def probe_difference(group: Group, baseline: Group, length: int | None, name: str = "sparsity") -> Comparison | None:
+    """The arms' difference in a probe's mean (``sparsity``, ``first_key``) at ``length`` (None: the training
+    length), over seeds alone."""
+    def values(g: Group) -> list:
+        return [probe_mean((r.at(length) if length else r.at_train).get(name)) for r in g.evaluated]
+    return seed_difference(values(group), values(baseline))
+
+
+def differences(groups: list[Group], baseline: Group, settings: dict) -> tuple[str, list[dict]]:
+    """Markdown table of each arm's difference to ``baseline`` (bpb at the training length, ratios), and its records."""
+    lengths = other_lengths([r for g in groups for r in g.runs])
+    header = ["variant", "seeds", "Δ bpb@train"] + [f"Δ bpb@{n} / bpb@train" for n in lengths] + ["interval"]
+    longest = lengths[-1:]  # S where the arms are furthest from training: the table's one other sparsity column
+    header += ["Δ mean S@train (seeds)"] + [f"Δ mean S@{n} (seeds)" for n in longest] + ["Δ first key@train (seeds)"]
+    lines = [
+        f"Difference to {baseline.label}: the mean over each arm's seeds, minus the baseline's; 95% intervals "
+        "count training noise (seeds, resampled within each arm) and the text (blocks, resampled jointly); "
+        "* = significant. An arm of one seed gives a text-only interval, never significant. Mean S (the attention "
+        "probe's sparsity over layers and heads, on the same windows for every run; at the training length and "
+        "at the longest evaluated) and the first-key share (a row's weight on its first key, where attention "
+        "sinks form) have Welch's interval over the seeds alone, and none with one seed in an arm.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    records = []
+    for group in (g for g in groups if g is not baseline):
+        bpb = bpb_difference(group, baseline, settings)
+        ratios = {n: ratio_difference(group, baseline, n, settings) for n in lengths}
+        row = [group.label, seeds_cell(bpb, group, baseline), interval_cell(bpb, "+.3f", mark=True)]
+        row += [interval_cell(ratios[n], "+.3f", mark=True) for n in lengths]
+        row.append(interval_note([bpb, *ratios.values()]))
+        sparsity = probe_difference(group, baseline, None)
+        beyond = {n: probe_difference(group, baseline, n) for n in lengths}
+        first_key = probe_difference(group, baseline, None, "first_key")
+        row += [interval_cell(c, "+.3f", mark=True) for c in (sparsity, *(beyond[n] for n in longest), first_key)]
+        lines.append("| " + " | ".join(row) + " |")
+        records.append({"label": group.label, "baseline": baseline.label, "bpb": bpb.record() if bpb else None,
+                        "ratio": {str(n): c.record() for n, c in ratios.items() if c is not None},
+                        "sparsity": sparsity.record() if sparsity else None,
+                        "sparsity_by_length": {str(n): c.record() for n, c in beyond.items() if c is not None},
+                        "first_key": first_key.record() if first_key else None})
+    return "\n".join(lines), records

@@ -1,0 +1,118 @@
+"""Writing an evaluation's results: results.json, results.csv and plots in ``eval/<tag>/``, and TensorBoard.
+
+The files go to ``eval/<tag>/`` of the run and the scalars to ``tb/eval/<tag>/``. Each evaluation
+replaces its tag's files whole, so a rerun never leaves duplicate TensorBoard steps or a torn results
+file behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import numpy as np
+
+from lmzoo.faults import probe_writable
+from lmzoo.metrics.probes import PROBES
+from lmzoo.run.directory import RunDir, atomic_write_text, json_text
+
+CSV_COLUMNS = ["length", "length_ratio", "tokens", "loss", "bpb", "bpb_lo", "bpb_hi", "ratio", "ratio_lo",
+               "ratio_hi", "accuracy", "mean_sparsity", "mean_entropy", "mean_first_key"]
+
+
+def check_writable(run: RunDir, tag: str) -> None:
+    """RunFault in one line unless the evaluation's folders take files: checked before any compute."""
+    probe_writable(run.eval_dir(tag), "evaluation folder")
+    probe_writable(run.eval_tensorboard(tag), "TensorBoard folder")
+
+
+def write_outputs(run: RunDir, results: dict, *, plots: bool = True) -> Path:
+    """results.json, results.csv, the plots and TensorBoard scalars of ``results``; the results.json path."""
+    tag = results["tag"]
+    out_dir = run.eval_dir(tag)
+    atomic_write_text(run.results_csv_path(tag), results_csv(results))
+    if plots:
+        plot_results(results, out_dir)
+    write_tensorboard(run, results, sorted(out_dir.glob("*.png")) if plots else [])
+    atomic_write_text(run.results_path(tag), json_text(results))  # last: its presence says the rest is written
+    return run.results_path(tag)
+
+
+def results_csv(results: dict) -> str:
+    train_len = results["train_seq_len"]
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(CSV_COLUMNS)
+    for length, r in results["lengths"].items():
+        means = [float(np.nanmean(r[k])) if k in r else "" for k in PROBES]
+        writer.writerow([length, int(length) / train_len, r["tokens"], r["loss"], r["bpb"], *r["bpb_ci"],
+                         r["ratio"], *r["ratio_ci"], r["accuracy"], *means])
+    return text.getvalue()
+
+
+def write_tensorboard(run: RunDir, results: dict, pngs: list[Path]) -> None:
+    """The tag's scalars against length, and its plots, in a fresh event file; the tag's older event files
+    go once it is written, so TensorBoard shows each length once however often the tag is evaluated."""
+    from tensorboardX import SummaryWriter
+
+    folder, tag = run.eval_tensorboard(results["tag"]), results["tag"]
+    older = set(folder.glob("events.out.tfevents.*"))
+    with SummaryWriter(str(folder)) as tb:  # its own folder: a resumed training run purges steps in tb/
+        for length, r in results["lengths"].items():
+            tb.add_scalar(f"eval/{tag}/bpb_vs_length", r["bpb"], int(length))
+            tb.add_scalar(f"eval/{tag}/loss_vs_length", r["loss"], int(length))
+            for name in PROBES:
+                if name in r:
+                    tb.add_scalar(f"eval/{tag}/{name}_vs_length", float(np.nanmean(r[name])), int(length))
+        for png in pngs:  # under plots/: an image never shares a scalar's tag
+            tb.add_image(f"eval/{tag}/plots/{png.stem}", png_pixels(png), 0, dataformats="HWC")
+    for path in older:
+        path.unlink(missing_ok=True)
+
+
+def png_pixels(path: Path) -> np.ndarray:
+    import matplotlib.image
+
+    return (matplotlib.image.imread(path)[..., :3] * 255).astype(np.uint8)  # (H, W, 3)
+
+
+def plot_results(results: dict, out_dir: Path) -> None:
+    """bpb and its paired ratio to the training length against length, and loss by position, each with its
+    95% band; attention sparsity against length where probed."""
+    from lmzoo.plots import line_with_band, new_axes, save_axes
+
+    train_len = results["train_seq_len"]
+    lengths = [int(n) for n in results["lengths"]]
+    run = f"{results['variant']} (trained at {train_len}), eval {results['tag']}, {results['eval_tokens']:,} tokens"
+    axis = {"train_len": train_len, "xscale": "log"}
+    fig, ax = new_axes()
+    bpb = [r["bpb"] for r in results["lengths"].values()]
+    lo, hi = zip(*(r["bpb_ci"] for r in results["lengths"].values()))
+    line_with_band(ax, lengths, bpb, lo, hi, marker="o", label="bpb, 95% interval")
+    save_axes(fig, ax, out_dir / "loss_vs_length.png", xticks=lengths, xlabel="evaluation length (tokens)",
+              ylabel="validation bits per byte", title=f"Bits per byte against length (95% text interval)\n{run}", **axis)
+
+    fig, ax = new_axes()  # paired on the same blocks: the band shows the change with length, not the text's noise
+    ratio = [r["ratio"] for r in results["lengths"].values()]
+    lo, hi = zip(*(r["ratio_ci"] for r in results["lengths"].values()))
+    line_with_band(ax, lengths, ratio, lo, hi, marker="o", label="paired ratio, 95% interval")
+    save_axes(fig, ax, out_dir / "ratio_vs_length.png", xticks=lengths, xlabel="evaluation length (tokens)",
+              ylabel=f"bpb@L / bpb@{train_len}", title=f"Ratio to the training length (paired 95% interval)\n{run}",
+              **axis)
+
+    probed = {int(n): r["sparsity"] for n, r in results["lengths"].items() if "sparsity" in r}
+    if probed:
+        fig, ax = new_axes()
+        for layer in range(len(next(iter(probed.values())))):
+            layer_means = [float(np.nanmean(s[layer])) for s in probed.values()]
+            ax.plot(list(probed), layer_means, marker="o", label=f"layer {layer}")
+        save_axes(fig, ax, out_dir / "sparsity_vs_length.png", xticks=list(probed), xlabel="evaluation length (tokens)",
+                  ylabel="mean row sparsity S (1 = uniform)", title=f"Attention sparsity per layer (no interval)\n{run}",
+                  **axis)
+
+    fig, ax = new_axes()
+    for length, curve in results["per_position"].items():
+        line_with_band(ax, curve["positions"], curve["loss"], *curve["loss_ci"], label=f"L={length}")
+    save_axes(fig, ax, out_dir / "per_position.png", xlabel="position", ylabel="loss (nats/token)",
+              title=f"Loss by position in the window (95% text band)\n{run}", **axis)

@@ -1,0 +1,540 @@
+"""Training one model, resumably: the ``Trainer`` and its loop (``train``), under ``lmzoo.train``'s command.
+
+The run directory (``lmzoo.run.directory.RunDir``) holds the config, checkpoints, TensorBoard events and
+the metrics log. Training a run directory that holds a run resumes it from its newest intact
+checkpoint, on the same data (a changed corpus is refused unless ``data.allow_changed=true``);
+SIGTERM or Ctrl-C saves a checkpoint before ``train`` returns. A step whose loss or gradient norm
+is not finite leaves the state as it was; ``train.max_nonfinite`` of them in a row stop the run. The host
+never waits for a step before dispatching the next: it reads each step's finiteness one step late, and moves
+the next batch to the device while a step runs (``Trainer.advance``). With ``train.steps_per_call=k`` one jitted
+call runs k steps (a scan over k batches stacked on the device), so the host's fixed costs of a call (dispatch,
+flag read, batch transfer) are paid once per k steps; the loop logs, validates and saves between calls only.
+One trainer at a time holds a run directory (``lmzoo.faults.RunLock``).
+
+A resume may change how training goes on; the learning-rate schedule is a function of the step alone
+(``lmzoo.run.optim``), so raising ``train.steps`` and setting ``optim.decay_start`` at a stable-phase
+checkpoint of a WSD (or constant) run continues it into a decay. Every check a resume passes is in
+``lmzoo.run.resume``. The changed keys are recorded in
+``resumes.jsonl``; a change that makes the learning rate jump at the resumed step is named in a warning,
+and a change of optimizer (whose state the checkpoint could not hold) is refused, as is turning
+``train.state_passing`` on or off (its checkpoints hold each batch row's carried state, and its data
+position is a place in the stream's lanes). A run whose
+``data.tokenizer=bpe`` keeps its tokenizer (``tokenizer.json``), and its resumes tokenise with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from lmzoo.config import Config, ConfigError
+from lmzoo.data import build_data
+from lmzoo.data.corpus import with_saved_tokenizer
+from lmzoo.data.mix import ComponentLosses, component_validation, component_windows
+from lmzoo.data.tokenizers import BPE
+from lmzoo.faults import Diverged, RunLock
+from lmzoo.metrics.intervals import BLOCKS
+from lmzoo.metrics.probes import attention_stats, summary as probe_summary
+from lmzoo.metrics.scoring import score_length
+from lmzoo.model import LM, count_params
+from lmzoo.run.checkpoint import Checkpointer
+from lmzoo.run.directory import RunDir, describe_changes
+from lmzoo.run.logger import MetricsLogger
+from lmzoo.run.optim import learning_rate_schedule
+from lmzoo.run.resume import (
+    check_checkpoints_fit, check_continuation, check_data, check_resume_step, prepare_run_dir, record_settings,
+)
+from lmzoo.run.steps import eval_step, init_train_state, train_step
+from lmzoo.schema import flatten
+from lmzoo.sharding import batch_sharding, make_mesh, state_shardings
+
+log = logging.getLogger("lmzoo.train")
+logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax reports every file it writes at INFO
+logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU found" on every start
+
+
+def probe_metrics(model: LM, tokens, segment_ids=None) -> dict:
+    """Attention sparsity and entropy: overall means, and per layer (mean over heads) for TensorBoard."""
+    stats = attention_stats(model, tokens, segment_ids)
+    metrics = {f"val_{k}": v for k, v in probe_summary(stats).items()}
+    for name in ("sparsity", "entropy"):
+        for layer, heads in enumerate(stats[name]):
+            metrics[f"probe/{name}/layer{layer}"] = float(np.nanmean(heads))
+    return metrics
+
+
+# ----------------------------------------------------------------------------- plumbing
+
+
+class StopRequest:
+    """SIGTERM / first Ctrl-C ask the loop to checkpoint and stop; a second Ctrl-C aborts."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self):
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def open_data(cfg: Config, run: RunDir, resuming: bool):
+    """(data, training iterator, validation windows at the training length); bad data settings become ConfigErrors.
+    A resumed run tokenises with its own saved tokenizer."""
+    spec = with_saved_tokenizer(cfg.data, run.tokenizer_path) if resuming else cfg.data
+    try:
+        data = build_data(spec, seed=cfg.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
+        train_iter = training_batches(cfg, data)
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from e
+    try:
+        val_windows = data.validation_windows([cfg.data.seq_len], cfg.train.eval_tokens)[cfg.data.seq_len]
+    except ValueError as e:
+        raise ConfigError(f"train.eval_tokens={cfg.train.eval_tokens}: {e}") from e
+    return data, train_iter, val_windows
+
+
+def training_batches(cfg: Config, data):
+    """The endless training batches: shuffled windows, or with ``train.state_passing`` the stream's lanes
+    (each row continuing the row before it)."""
+    if not cfg.train.state_passing:
+        return data.train_iterator(cfg.train.batch_size)
+    if not hasattr(data, "stream_iterator"):
+        raise ConfigError(f"train.state_passing=true needs a text corpus whose documents run on from batch to batch; "
+                          f"data.source={cfg.data.source} has no such stream")
+    return data.stream_iterator(cfg.train.batch_size)
+
+
+def join_processes(cfg: Config) -> None:
+    """Connect this process to the others of one run (before JAX touches a device). On a cluster
+    JAX reads where and who from its environment (SLURM's); ``train.coordinator_address``,
+    ``num_processes`` and ``process_id`` say it explicitly (e.g. several processes on one machine)."""
+    t = cfg.train
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of different processes talk through gloo
+    jax.distributed.initialize(t.coordinator_address, t.num_processes, t.process_id)
+
+
+def training_mesh(cfg: Config) -> Mesh:
+    """``train.mesh`` over every device; the batch must split evenly over its row axes."""
+    mesh = make_mesh(cfg.train.mesh)
+    row_groups = mesh.shape["data"] * mesh.shape["fsdp"]
+    if cfg.train.batch_size % row_groups:
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not divisible by the {row_groups} devices that "
+                          f"split the batch (train.mesh.data x train.mesh.fsdp)")
+    return mesh
+
+
+def keep_tokenizer(run: RunDir, cfg: Config, tokenizer) -> None:
+    """A BPE trained for this run is copied into it, so its resumes, evaluations and samples use that one."""
+    if getattr(cfg.data, "tokenizer", None) != BPE or Path(tokenizer.path) == run.tokenizer_path:
+        return
+    run.write_text(run.tokenizer_path.name, Path(tokenizer.path).read_text())
+
+
+def write_run_info(run: RunDir, cfg: Config, data, model: LM, n_params: int) -> None:
+    """What the model is and where it trains."""
+    run.write_run_info({
+        "variant": cfg.attn.name, "params": n_params, "state_size": model.state_size(cfg.data.seq_len),
+        "state_size_per_layer": [b.mixer.state_size(cfg.data.seq_len) for b in model.blocks],
+        "devices": jax.device_count(), "platform": jax.default_backend(),
+        "document_boundaries": getattr(data, "document_boundaries", "none"),  # synthetic tasks: one sequence each
+        "kernels": model.mixer_kernels(cfg.train.batch_size // cfg.train.grad_accum, cfg.data.seq_len,
+                                       documents=getattr(data, "document_boundaries", "none") != "none"),
+    })
+
+
+def open_logger(run: RunDir, cfg: Config, n_params: int, start_step: int) -> MetricsLogger:
+    logger = MetricsLogger(run, start_step=start_step, enabled=jax.process_index() == 0)
+    plain = lambda v: v if isinstance(v, (int, float, str, bool)) else str(v)  # noqa: E731  (TensorBoard's hparams)
+    hparams = {**{k: plain(v) for k, v in flatten(asdict(cfg)).items()}, "params": n_params}
+    logger.log_config(OmegaConf.to_yaml(OmegaConf.structured(cfg)), hparams, ["loss", "bpb"])
+    return logger
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+def summed_over_steps(metrics: dict) -> dict:
+    """A call's ``component_loss`` / ``component_share`` terms ([k, components]) summed over its k steps: what
+    ``ComponentLosses`` adds up over a window's steps (a mix's; nothing for other data)."""
+    return {k: v.sum(0) for k, v in metrics.items() if k.startswith("component_")}
+
+
+def step_on_leaves(state_def, step, leaves: list, batch):
+    """``step`` (state, batch) -> (state, metrics) on the state's leaves. A jitted call flattens its arguments'
+    trees and builds its results' on the host at every call, and a state of nnx Variables takes longer to
+    flatten than a small model's step takes on an accelerator."""
+    state, metrics = step(jax.tree.unflatten(state_def, leaves), batch)
+    if jax.tree.structure(state) != state_def:  # checked once, when traced: the leaves must keep their places
+        raise TypeError(f"the training step changed the state's structure:\n{jax.tree.structure(state)}\n"
+                        f"!= {state_def}")
+    return jax.tree.leaves(state), metrics
+
+
+def scan_steps(step, leaves: list, batches):
+    """``step`` (leaves, batch) -> (leaves, metrics) over k stacked batches ([k, B, ...] leaves) in one program:
+    (the leaves after the last step, each metric stacked [k, ...])."""
+    return jax.lax.scan(step, leaves, batches)
+
+
+class Trainer:
+    """One run: its training state on the devices, and the named steps of the loop in ``train``."""
+
+    def __init__(self, cfg: Config):
+        if cfg.train.distributed:
+            join_processes(cfg)
+        self.cfg = cfg
+        self.run = prepare_run_dir(cfg)
+        self.run_dir = self.run.path
+        self.held = ExitStack()  # what ``close`` gives back: the run lock first of all
+        if jax.process_index() == 0:  # the hosts of one multi-host run share its directory
+            self.held.enter_context(RunLock(self.run.lock_path))
+        try:
+            self._start(cfg)
+        except BaseException:
+            self.held.close()
+            raise
+
+    def _start(self, cfg: Config) -> None:
+        self.mesh = training_mesh(cfg)
+        replicated = NamedSharding(self.mesh, P())
+        self.row_sharding = batch_sharding(self.mesh)
+        self.steps_per_call = cfg.train.steps_per_call
+        # A call's batches stacked [k, B, ...]: each split by rows like one batch, the leading axis whole.
+        self.stacked_sharding = NamedSharding(self.mesh, P(None, *self.row_sharding.spec))
+        self.checkpointer = Checkpointer(self.run.checkpoints, keep=cfg.train.keep_checkpoints)
+        self.held.callback(self.checkpointer.close)
+        resuming = bool(self.checkpointer.all_steps()) and self.run.config_path.exists()
+        if resuming:
+            check_checkpoints_fit(self.run, cfg)
+        data, self.train_iter, self.val_windows = open_data(cfg, self.run, resuming)
+        model = LM(cfg, data.tokenizer.vocab_size, rngs=nnx.Rngs(cfg.seed))
+        self.n_params = n_params = count_params(model)
+        log.info("run_dir %s: %s, %s parameters", self.run_dir, cfg.attn.name, f"{n_params:,}")
+
+        self.graphdef, state, tx = init_train_state(cfg, model)
+        self.shardings = state_shardings(state, self.mesh, cfg.train.mesh.rules)
+        if "carried" in state:  # each batch row's carried state lives where the row does
+            self.shardings["carried"] = jax.tree.map(lambda _: batch_sharding(self.mesh), state["carried"])
+        self.state = jax.device_put(state, self.shardings)
+        start = self.resume()
+        check_resume_step(self.run, start, self.steps_per_call)
+        if jax.process_index() == 0:
+            check_data(self.run, data.fingerprint, step=start, allow_changed=cfg.data.allow_changed)
+            keep_tokenizer(self.run, cfg, data.tokenizer)
+            if start:
+                check_continuation(self.run, cfg, start)
+            if changes := record_settings(cfg, start):
+                log.info("resumed with changed settings: %s (recorded in %s)", describe_changes(changes),
+                         self.run.resumes_path)
+            write_run_info(self.run, cfg, data, model, n_params)
+
+        self.component_losses = ComponentLosses(data)  # a mix's loss/<name>; nothing for other data
+        self.component_windows = component_windows(data, cfg.data.seq_len, cfg.train.eval_tokens)
+        self.state_def = jax.tree.structure(self.state)
+        step = partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum, z_loss=cfg.train.z_loss)
+        call = partial(step_on_leaves, self.state_def, step)
+        if self.steps_per_call > 1:  # one step a call stays the plain step, without a scan around it
+            call = partial(scan_steps, call)
+        self.step_fn = jax.jit(call, donate_argnums=0,
+                               out_shardings=(jax.tree.leaves(self.shardings), replicated))  # state keeps its layout
+        self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
+        rows = cfg.train.batch_size // jax.process_count()
+        self.process_rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
+        first_windows = self.val_windows(np.arange(max(1, cfg.train.probe_batch)))
+        probed = slice(0, cfg.train.probe_batch)
+        self.probe_tokens = first_windows["inputs"][probed]
+        self.probe_segments = first_windows["segment_ids"][probed] if "segment_ids" in first_windows else None
+        self.bits_per_byte = 1.0 / (math.log(2) * data.bytes_per_token)
+        self.schedules = {"lr": learning_rate_schedule(cfg.optim, cfg.train.steps)}
+        if cfg.optim.name == "muon":
+            self.schedules["lr_muon"] = learning_rate_schedule(cfg.optim, cfg.train.steps, peak=cfg.optim.muon_lr)
+        self.logger = open_logger(self.run, cfg, n_params, start)
+        self.held.callback(self.logger.close)
+
+        self.step, self.last_val = int(self.state["step"]), {}
+        self.window_losses, self.window_start = [], time.perf_counter()  # each call's losses since the last log row
+        self.nonfinite_in_a_row, self.window_nonfinite = 0, 0
+        self.unread_flag = None  # (step, the flags of the call that ended there): the last call's, until ``settle``
+        self.prefetched = None  # (the data position before them, the next call's batches on the device)
+        self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=cfg.attn.name,
+                        disable=not cfg.train.progress, dynamic_ncols=True)
+        self.held.callback(self.bar.close)
+
+    def resume(self) -> int:
+        """Continue from the newest intact checkpoint; the step restored (0 without checkpoints).
+
+        Damaged newer checkpoints are named, passed over and moved to ``damaged_checkpoints/``
+        (the run will save those steps anew); with none intact the run stops (RunFault).
+        """
+        damaged = []
+
+        def pass_over(step: int, message: str) -> None:
+            damaged.append(step)
+            log.warning("warning: %s; trying an older checkpoint", message)
+
+        found = self.checkpointer.restore_newest_intact(
+            lambda step: self.checkpointer.restore(step, self.state), on_damaged=pass_over)
+        if found is None:
+            if self.run.read_metrics():
+                log.warning("warning: %s has logged steps but no checkpoint: starting afresh from step 0 "
+                            "(the logs are cut back to it)", self.run_dir)
+            return 0
+        step, (self.state, data_state) = found
+        self.train_iter.set_state(data_state)
+        if jax.process_index() == 0:
+            for bad in damaged:
+                self.checkpointer.set_aside(bad, self.run.damaged_checkpoints)
+        log.info("resumed %s from step %d", self.run_dir, step)
+        return step
+
+    @property
+    def state(self) -> dict:
+        """The training state (params, extra, opt, step[, carried]) as checkpoints hold it."""
+        if self._state is None:
+            self._state = jax.tree.unflatten(self.state_def, self._leaves)
+        return self._state
+
+    @state.setter
+    def state(self, state: dict) -> None:
+        self._state, self._leaves = state, None
+
+    @property
+    def leaves(self) -> list:
+        """The training state's arrays, as ``step_fn`` takes and returns them."""
+        if self._leaves is None:
+            self._leaves = jax.tree.leaves(self._state)
+        return self._leaves
+
+    @leaves.setter
+    def leaves(self, leaves: list) -> None:
+        self._leaves, self._state = leaves, None
+
+    def due(self, every: int) -> bool:
+        """Whether the step just taken is a multiple of ``every``, or the last one."""
+        return self.step % every == 0 or self.step == self.cfg.train.steps
+
+    def advance(self) -> dict:
+        """One call of ``train.steps_per_call`` optimizer steps on the next training batches, dispatched without
+        waiting for the device: the host reads the call before's finiteness flags (done, or nearly) and moves the
+        batches after to the device while this call runs. Its metrics stay on the device (each stacked [k, ...]
+        when a call takes k > 1 steps)."""
+        batches = self.take_batches()
+        with jax.set_mesh(self.mesh):  # the model keeps activations split by rows (sharding.constrain_rows)
+            self.leaves, metrics = self.step_fn(self.leaves, batches)
+        self.step += self.steps_per_call
+        self.settle()  # the call before's flags: one read a call, one call late
+        metrics["finite"].copy_to_host_async()  # on its way to the host as soon as the call ends
+        self.unread_flag = (self.step, metrics["finite"])
+        self.window_losses.append(metrics["loss"])
+        self.component_losses.add(metrics if self.steps_per_call == 1 else summed_over_steps(metrics))
+        if self.step < self.cfg.train.steps:
+            self.prefetch()
+        self.bar.update(self.steps_per_call)
+        return metrics
+
+    def take_batches(self):
+        """The next call's training batches on the device: those prefetched, or else pulled now."""
+        if self.prefetched is None:
+            return self.pull_batches()
+        (_, batches), self.prefetched = self.prefetched, None
+        return batches
+
+    def pull_batches(self):
+        """The next call's batches from the training iterator, on their way to the device: one batch, or with
+        k steps a call k batches stacked into [k, B, ...] leaves (one transfer)."""
+        if self.steps_per_call == 1:
+            return self.batch_to_device(next(self.train_iter))
+        batches = [next(self.train_iter) for _ in range(self.steps_per_call)]
+        return self.batch_to_device(jax.tree.map(lambda *leaves: np.stack(leaves), *batches), self.stacked_sharding)
+
+    def batch_to_device(self, batch: dict, sharding: NamedSharding | None = None) -> dict:
+        """This process's rows of a batch (a tree of arrays or one array; by default split like one batch, or
+        stacked batches with their ``sharding``) on the devices, split by rows: where one process feeds every
+        row, one transfer of the whole batch (about half the host's time of one transfer per array)."""
+        sharding = sharding or self.row_sharding
+        if jax.process_count() == 1:
+            return jax.device_put(batch, sharding)
+        return jax.tree.map(partial(jax.make_array_from_process_local_data, sharding), batch)
+
+    def prefetch(self) -> None:
+        """Pull the next call's batches and start their copy to the device, keeping the data position from
+        before them."""
+        position = self.train_iter.get_state()
+        self.prefetched = (position, self.pull_batches())
+
+    def data_position(self):
+        """The training iterator's state after the batches of the steps taken (prefetched batches are not among
+        them): what a checkpoint records, so that a resume reads the same batches."""
+        return self.train_iter.get_state() if self.prefetched is None else self.prefetched[0]
+
+    def settle(self) -> None:
+        """Read the last call's finiteness flags if they are still unread (``check_finite``, each with its own
+        step, in order). ``advance`` reads them one call late; everything that reads the state or writes records
+        settles first, so divergence stops the run at the step, with the message and the kept checkpoint, of
+        reading every flag at once."""
+        if self.unread_flag is not None:
+            (last, flags), self.unread_flag = self.unread_flag, None
+            flags = np.atleast_1d(np.asarray(flags))  # one per step of the call
+            for step, finite in zip(range(last - len(flags) + 1, last + 1), flags):
+                self.check_finite(bool(finite), step)
+
+    def check_finite(self, finite: bool, step: int | None = None) -> None:
+        """Count a step (default: the last one taken) the jitted step skipped for a non-finite loss or gradient;
+        Diverged after too many in a row."""
+        step = self.step if step is None else step
+        if finite:
+            self.nonfinite_in_a_row = 0
+            return
+        self.nonfinite_in_a_row += 1
+        self.window_nonfinite += 1
+        log.warning("warning: step %d: loss or gradient norm is not finite; its update was skipped (%d in a row)",
+                    step, self.nonfinite_in_a_row)
+        if self.nonfinite_in_a_row >= self.cfg.train.max_nonfinite:
+            last = self.checkpointer.latest_step()
+            where = f"step {last} in {self.run.checkpoints}" if last is not None else "none saved yet"
+            raise Diverged(f"diverged at step {step}: {self.nonfinite_in_a_row} steps in a row with a non-finite "
+                           f"loss or gradient norm (train.max_nonfinite={self.cfg.train.max_nonfinite}); "
+                           f"last finite checkpoint: {where}; lower optim.lr to retry")
+
+    def train_metrics(self, metrics: dict) -> dict:
+        """Loss and throughput over the steps since the last row; the other metrics of the last step."""
+        self.settle()
+        metrics = self.last_step(metrics)
+        losses = np.asarray(jax.device_get(self.window_losses)).ravel()  # waits for the steps to finish
+        finite_losses = losses[np.isfinite(losses)]  # the steps that updated the model
+        loss = float(np.mean(finite_losses)) if len(finite_losses) else float("nan")
+        elapsed = time.perf_counter() - self.window_start
+        steps = losses.size
+        row = {
+            "loss": loss, "bpb": loss * self.bits_per_byte, "ppl": math.exp(min(loss, 50.0)),
+            **{name: float(schedule(self.step - 1)) for name, schedule in self.schedules.items()},
+            "grad_norm": float(metrics["grad_norm"]),
+            "tokens_per_s": self.cfg.train.batch_size * self.cfg.data.seq_len * steps / elapsed,
+            "step_time_s": elapsed / steps,
+            "accuracy": float(metrics["accuracy"]),
+            **{k: float(v) for k, v in metrics.items() if k.startswith("aux/") or k == "z_loss"},
+            "nonfinite_steps": self.window_nonfinite,
+            **self.component_losses.pop(),
+        }
+        self.window_losses, self.window_start, self.window_nonfinite = [], time.perf_counter(), 0
+        self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+        log.info("step %d: loss %.4f  lr %.3g  grad_norm %.3g  tokens/s %.0f", self.step, loss, row["lr"],
+                 row["grad_norm"], row["tokens_per_s"])
+        return row
+
+    def last_step(self, metrics: dict) -> dict:
+        """The metrics of a call's last step (a call of k > 1 steps stacks them [k, ...]; read to the host)."""
+        if self.steps_per_call == 1:
+            return metrics
+        return jax.tree.map(lambda x: x[-1], jax.device_get(metrics))
+
+    def score(self, *arrays: np.ndarray) -> dict:
+        """Per-target loss and correctness of a global batch of validation windows (inputs, targets and any
+        segment ids); this process feeds its rows."""
+        local = [self.batch_to_device(x[self.process_rows]) for x in arrays]
+        with jax.set_mesh(self.mesh):
+            return jax.device_get(self.eval_fn(self.state, *local))
+
+    def validate(self) -> dict:
+        """Loss, bits per byte (with its 95% interval) and accuracy on the ``train.eval_tokens``
+        validation targets, scored as ``lmzoo.eval`` scores the training length; the attention probes."""
+        self.settle()
+        scores = score_length(self.score, self.val_windows, rows=self.cfg.train.batch_size, blocks=BLOCKS, n_buckets=1)
+        val = {f"val_{k}": v for k, v in scores.summary(self.bits_per_byte).items()}
+        interval = scores.bpb_interval(self.bits_per_byte)
+        val.update(val_bpb_lo=interval.lo, val_bpb_hi=interval.hi)
+        val.update(component_validation(self.score, self.component_windows, rows=self.cfg.train.batch_size,
+                                        scored=(self.val_windows, scores)))
+        if len(self.probe_tokens):
+            model = nnx.merge(self.graphdef, self.state["params"], self.state["extra"])
+            val.update(probe_metrics(model, self.probe_tokens, self.probe_segments))
+        self.last_val = val
+        log.info("step %d: val_loss %.4f  val_bpb %.4f [%.4f, %.4f]", self.step, val["val_loss"], val["val_bpb"],
+                 val["val_bpb_lo"], val["val_bpb_hi"])
+        return val
+
+    def log(self, row: dict, metrics: dict) -> None:
+        """Write a row when this step logged or validated; a validation-only row still gets the step's loss."""
+        if row:
+            if "loss" not in row:
+                row["loss"] = float(self.last_step(metrics)["loss"])
+            self.logger.log(self.step, row)
+
+    def save(self) -> None:
+        """Checkpoint the current step, the logs first: whatever a kill leaves on disk, the logs reach
+        at least the newest checkpoint, and a resume cuts them back to it. A step that diverged saves nothing."""
+        self.settle()
+        self.logger.flush()
+        self.checkpointer.save(self.step, self.state, self.data_position())
+
+    def save_and_stop(self) -> dict:
+        """The run was asked to stop: checkpoint where it stands, so the same command resumes it."""
+        self.save()
+        log.info("interrupted: saved a checkpoint at step %d in %s; run the same command to resume",
+                 self.step, self.run_dir)
+        return self.summary(interrupted=True)
+
+    def report_end(self) -> None:
+        """Where the finished run is, for eval and generate to be pointed at."""
+        log.info("run_dir %s: %s, %s parameters, trained to step %d", self.run_dir, self.cfg.attn.name,
+                 f"{self.n_params:,}", self.step)
+
+    def summary(self, *, interrupted: bool = False) -> dict:
+        """What ``train`` returns: step reached, whether interrupted, last validation."""
+        return {"step": self.step, "interrupted": interrupted, **self.last_val}
+
+    def close(self) -> None:
+        """Flush and close the outputs and give the run directory back."""
+        self.held.close()
+
+
+def train(cfg: Config) -> dict:
+    """Train (or resume) the run described by ``cfg``; returns the last validation metrics."""
+    trainer = Trainer(cfg)
+    try:
+        with StopRequest() as stop, logging_redirect_tqdm():
+            while trainer.step < cfg.train.steps:
+                metrics = trainer.advance()
+                row = trainer.train_metrics(metrics) if trainer.due(cfg.train.log_every) else {}
+                if trainer.due(cfg.train.eval_every):
+                    row.update(trainer.validate())
+                trainer.log(row, metrics)
+                if stop.requested:  # checked before the scheduled save so the stop saves once
+                    return trainer.save_and_stop()
+                if trainer.due(cfg.train.checkpoint_every):
+                    trainer.save()
+            trainer.settle()  # the last step's flag, if nothing after it read it
+        trainer.report_end()
+        return trainer.summary()
+    finally:
+        trainer.close()

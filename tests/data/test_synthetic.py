@@ -1,0 +1,132 @@
+"""Synthetic recall tasks: correct answers, determinism, and training/evaluation on them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lmzoo import registry
+from lmzoo.data import build_data
+
+from conftest import tiny_config
+
+
+def task_data(source, seed=0, **kw):
+    return build_data(registry.SOURCES.lookup(source)(**kw), seed=seed)
+
+
+def val_examples(data, n, start=0, seq_len=None):
+    """Validation examples ``start .. start + n - 1`` at ``seq_len`` (default: the task's)."""
+    length = seq_len or data.cfg.seq_len
+    return data.validation_windows([length], (start + n) * length)[length](np.arange(start, start + n))
+
+
+def test_mqar_answers_are_the_values_of_the_queried_keys():
+    data = task_data("mqar", seq_len=40, task_vocab=32, num_pairs=6, num_queries=5)
+    batch = val_examples(data, 4, start=4)
+    for inputs, targets, weights in zip(batch["inputs"], batch["targets"], batch["weights"]):
+        seq = np.append(inputs, targets[-1])
+        body = seq[seq != data.tokenizer.pad_id]
+        context = dict(zip(body[0:12:2], body[1:12:2]))  # 6 pairs
+        assert len(context) == 6 and all(k < 16 <= v < 32 for k, v in context.items())  # disjoint halves
+        queried, answers = inputs[weights == 1], targets[weights == 1]
+        assert len(answers) == 5
+        assert [context[k] for k in queried] == list(answers)
+
+
+def test_tasks_are_deterministic_for_a_seed_and_differ_across_seeds():
+    for source in ("mqar", "induction", "selective_copy"):
+        a = task_data(source, seed=1, seq_len=32).train_iterator(4)
+        b = task_data(source, seed=1, seq_len=32).train_iterator(4)
+        c = task_data(source, seed=2, seq_len=32).train_iterator(4)
+        first_a, first_b, first_c = next(a), next(b), next(c)
+        np.testing.assert_array_equal(first_a["inputs"], first_b["inputs"])
+        assert not np.array_equal(first_a["inputs"], first_c["inputs"])
+        state = a.get_state()
+        expected = next(a)
+        b.set_state(state)
+        np.testing.assert_array_equal(next(b)["inputs"], expected["inputs"])
+
+
+def test_induction_scores_the_repeated_half():
+    data = task_data("induction", seq_len=31, task_vocab=50)
+    batch = val_examples(data, 2)
+    seq = np.append(batch["inputs"][0], batch["targets"][0, -1])  # 32 tokens: 16 then the same 16
+    np.testing.assert_array_equal(seq[:16], seq[16:])
+    assert batch["weights"][0].sum() == 15
+    scored = batch["weights"][0] == 1
+    np.testing.assert_array_equal(batch["targets"][0][scored], seq[17:])
+
+
+def test_selective_copy_answers_are_the_marked_symbols_in_order():
+    data = task_data("selective_copy", seq_len=40, task_vocab=10, num_marked=5)
+    tok = data.tokenizer
+    batch = val_examples(data, 3)
+    for inputs, targets, weights in zip(batch["inputs"], batch["targets"], batch["weights"]):
+        sep = int(np.flatnonzero(inputs == tok.sep_id)[0])
+        marked = inputs[:sep][inputs[:sep] != tok.noise_id]
+        np.testing.assert_array_equal(targets[weights == 1], marked)
+        assert len(marked) == 5
+
+
+def test_mqar_can_ask_more_pairs_at_longer_lengths():
+    data = task_data("mqar", seq_len=32, num_pairs=4)
+    long = val_examples(task_data("mqar", seq_len=32, num_pairs=16), 2, seq_len=96)
+    assert long["inputs"].shape == (2, 96) and long["weights"].sum() == 2 * 16
+    with pytest.raises(ValueError, match="num_pairs=16"):
+        task_data("mqar", seq_len=32, num_pairs=16).train_iterator(2)
+    assert data.tokenizer.vocab_size == 64 + 3
+
+
+def test_every_length_scores_the_same_examples():
+    data = task_data("mqar", seq_len=32, num_pairs=4)
+    windows = data.validation_windows([32, 64, 128], budget=1000)
+    assert {len(w) for w in windows.values()} == {1000 // 128}  # examples the budget holds at the longest length
+    answers = {}
+    for length, w in windows.items():
+        batch = w(np.arange(len(w)))
+        np.testing.assert_array_equal(batch["unit"], np.repeat(np.arange(len(w))[:, None], length, axis=1))
+        answers[length] = batch["targets"][batch["weights"] == 1]
+    np.testing.assert_array_equal(answers[32], answers[128])  # the same queries, answered after more padding
+    np.testing.assert_array_equal(answers[64], answers[128])
+    with pytest.raises(ValueError, match="fewer than 2 examples of length 128"):
+        data.validation_windows([32, 128], budget=200)
+
+
+@pytest.mark.slow
+def test_training_and_evaluation_on_mqar_report_accuracy_with_intervals(tmp_path):
+    from lmzoo import eval as lmzoo_eval
+    from lmzoo.run.loop import train
+
+    cfg = tiny_config("softmax", "data=mqar", "data.seq_len=24", "data.num_pairs=4", "train.steps=4",
+                      "train.eval_every=4", run_dir=tmp_path)
+    summary = train(cfg)
+    assert 0.0 <= summary["val_accuracy"] <= 1.0 and np.isfinite(summary["val_loss"])
+    results = lmzoo_eval.main([f"run_dir={tmp_path}", "eval.lengths=[24,48]", "eval.tokens=1920", "eval.blocks=10",
+                               "eval.progress=false"])
+    assert results["eval_tokens"] == 1920  # 40 examples of the longest length
+    for length, r in results["lengths"].items():
+        assert r["tokens"] == 40 * 4  # the same examples, 4 answers each, at every length
+        assert r["accuracy_ci"][0] <= r["accuracy"] <= r["accuracy_ci"][1]
+        assert len(results["block_sums"][length]["correct"]) == 10
+
+
+def test_task_settings_are_checked_by_their_task():
+    from lmzoo.config import ConfigError
+
+    for source, kwargs, message in [
+        ("mqar", {"num_pairs": 0}, "data.num_pairs=0 must be positive"),
+        ("mqar", {"num_queries": -1}, "data.num_queries=-1 must be positive"),
+        ("mqar", {"task_vocab": 16, "num_pairs": 9}, "data.num_pairs=9 distinct keys need data.task_vocab >= 18"),
+        ("selective_copy", {"num_marked": 0}, "data.num_marked=0 must be positive"),
+        ("induction", {"task_vocab": 0}, "data.task_vocab=0 must be positive"),
+        ("induction", {"seq_len": 0}, "data.seq_len=0 must be positive"),
+    ]:
+        with pytest.raises(ConfigError, match=f"^{message}$"):
+            registry.SOURCES.lookup(source)(**kwargs).check()
+
+
+def test_task_fingerprint_names_the_task_settings_and_seed():
+    data = task_data("mqar", seed=3, seq_len=32, num_pairs=4)
+    assert data.fingerprint == {"source": "mqar", "seq_len": 32, "task_vocab": 64, "num_pairs": 4, "num_queries": None,
+                                "seed": 3, "vocab_size": 67}

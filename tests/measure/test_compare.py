@@ -1,0 +1,251 @@
+"""Comparing runs: seeds grouped into one row, paired differences to a baseline, plots with intervals."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+from omegaconf import OmegaConf
+
+from lmzoo import compare
+
+from lmzoo.measure import comparison
+from lmzoo.metrics.intervals import length_intervals
+
+from conftest import tiny_config
+
+TRAIN_LEN, LENGTHS, BLOCKS = 32, (32, 64, 128), 40
+BITS = 1 / (math.log(2) * 1.5)  # bits per byte per nat, at 1.5 bytes per token
+RNG = np.random.default_rng(0)
+TEXT = RNG.normal(2.0, 0.3, BLOCKS)  # mean loss of each block's text: the same blocks in every run
+COUNT = RNG.integers(80, 120, BLOCKS).astype(float)  # scored tokens per block, the same at every length
+
+
+def write_run(root, name, *, variant, seed, growth, shift=0, lr=1e-3, new_keys=True, label=None, level=1.0,
+              corpus="abc", sparsity=None, first_key=None):
+    """A fake run whose per-block loss at length L is the text's, shifted ``shift`` blocks, times growth[L] and
+    ``level``, on the corpus named ``corpus``; with ``sparsity`` and ``first_key``, its probes' values per layer and
+    head (``[[...]]``)."""
+    run_dir = root / name
+    (run_dir / "eval" / "default").mkdir(parents=True)
+    config = {"seed": seed, "label": label, "run_dir": str(run_dir), "attn": {"name": variant}, "optim": {"lr": lr},
+              "data": {"source": "stdlib"}}
+    OmegaConf.save(OmegaConf.create(config), run_dir / "config.yaml")
+    (run_dir / "run_info.json").write_text(json.dumps({"variant": variant, "params": 1000, "state_size": 64}))
+    (run_dir / "data_fingerprint.json").write_text(json.dumps({"source": "stdlib", "sha256": corpus}))
+    row = {"step": 10, "val_bpb": 2.9 + 0.01 * seed, "tokens_per_s": 100.0}
+    (run_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    noise = {n: np.random.default_rng([seed, n]).normal(1.0, 0.01, BLOCKS) for n in LENGTHS}  # seed and context effects
+    loss = {n: np.roll(TEXT, shift) * COUNT * noise[n] * growth[n] * level for n in LENGTHS}  # (blocks,) per length
+    results = {"variant": variant, "tag": "default", "train_seq_len": TRAIN_LEN, "step": 10}
+    results.update(lengths={}, per_position={})
+    for n in LENGTHS:
+        mean = loss[n].sum() / COUNT.sum()
+        results["lengths"][str(n)] = {"loss": mean, "bpb": mean * BITS, "ppl": math.exp(mean), "accuracy": 0.5}
+        results["per_position"][str(n)] = {"positions": [n // 2, n], "loss": [mean + 0.1, mean - 0.1]}
+        for name, value in (("sparsity", sparsity), ("first_key", first_key)):
+            if value is not None:
+                results["lengths"][str(n)][name] = value
+        if new_keys:
+            sums = {"loss": loss[n], "count": COUNT}
+            train_sums = {"loss": loss[TRAIN_LEN], "count": COUNT}
+            results["lengths"][str(n)].update(length_intervals(sums, train_sums, bits_per_nat=BITS, resamples=500))
+            results["per_position"][str(n)]["loss_ci"] = [[mean, mean - 0.2], [mean + 0.2, mean]]
+    if new_keys:
+        results.update(eval_tokens=int(COUNT.sum()), blocks=BLOCKS, bootstrap={"resamples": 500, "seed": 0},
+                       block_sums={str(n): {"loss": loss[n].tolist(), "count": COUNT.tolist()} for n in LENGTHS})
+    (run_dir / "eval" / "default" / "results.json").write_text(json.dumps(results))
+    return run_dir
+
+
+DEGRADES = {32: 1.0, 64: 1.1, 128: 1.2}  # loss grows beyond the training length
+FLAT = {32: 1.0, 64: 1.0, 128: 1.0}
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """softmax degrades with length; gla is as good at the training length (on other blocks) and flat beyond."""
+    for seed in (0, 1):
+        write_run(tmp_path / "sweep", f"softmax-{seed}", variant="softmax", seed=seed, growth=DEGRADES)
+        write_run(tmp_path / "sweep", f"gla-{seed}", variant="gla", seed=seed, growth=FLAT, shift=1)
+    return tmp_path / "sweep"
+
+
+def rows_of(markdown: str) -> tuple[list[str], dict[str, list[str]]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    header = cells[0]
+    return header, {row[0]: dict(zip(header, row)) for row in cells[1:] if row[0] != header[0]}
+
+
+def test_seeds_are_grouped_and_other_settings_stay_apart(sweep, tmp_path):
+    write_run(sweep, "softmax-lr", variant="softmax", seed=0, growth=DEGRADES, lr=3e-3)
+    header, rows = rows_of(compare.main([str(sweep), "--out", str(tmp_path / "out")]))
+    assert header[:6] == ["variant", "n", "params", "state size", "val bpb", "bpb@train"]
+    assert header[8] == "interval"
+    assert set(rows) == {"softmax (optim.lr=0.001)", "softmax (optim.lr=0.003)", "gla"}
+    assert rows["gla"]["n"] == "2" and rows["softmax (optim.lr=0.001)"]["n"] == "2"
+    assert rows["softmax (optim.lr=0.003)"]["n"] == "1"
+    assert rows["gla"]["val bpb"] == "2.905 ± 0.007"  # mean ± sd of 2.90 and 2.91
+    single = rows["softmax (optim.lr=0.003)"]["bpb@64 / bpb@train"]
+    estimate, bounds = single.split(" ", 1)  # one run: its paired bootstrap interval
+    lo, hi = map(float, bounds.strip("[]").split(", "))
+    assert lo < float(estimate) < hi and float(estimate) == pytest.approx(1.1, abs=0.01)
+    assert rows["softmax (optim.lr=0.003)"]["interval"] == "1 seed: text only"
+    assert rows["gla"]["interval"] == "seeds+text"
+
+
+def test_baseline_marks_only_differences_the_interval_supports(sweep, tmp_path):
+    markdown = compare.main([str(sweep), "baseline=softmax", "--out", str(tmp_path / "out")])
+    differences = markdown.split("Difference to softmax")[1]
+    _, rows = rows_of(differences)
+    gla = rows["gla"]
+    assert gla["seeds"] == "2 vs 2" and gla["interval"] == "seeds+text"
+    assert not gla["Δ bpb@train"].endswith("*")  # same text on shifted blocks: equal on average, not significant
+    for n, rise in ((64, "-0.1"), (128, "-0.2")):
+        cell = gla[f"Δ bpb@{n} / bpb@train"]
+        assert cell.startswith(rise) and cell.endswith("*")  # flat against a 10% and 20% rise: clear
+    assert "softmax" not in rows
+
+
+def test_pairing_needs_the_same_scored_tokens(sweep, tmp_path):
+    results_path = sweep / "gla-0" / "eval" / "default" / "results.json"
+    results = json.loads(results_path.read_text())
+    for sums in results["block_sums"].values():
+        sums["count"][0] += 1  # another budget: the blocks hold other tokens
+    results_path.write_text(json.dumps(results))
+    markdown = compare.main([str(sweep), "--baseline", "softmax", "--out", str(tmp_path / "out")])
+    _, rows = rows_of(markdown.split("Difference")[1])
+    assert rows["gla"]["seeds"] == "1 vs 2"  # gla-0 is left out, named in one line
+    assert f"left out {sweep / 'gla-0'}: scored other validation tokens" in markdown
+
+
+def test_runs_on_other_data_are_left_out_in_one_line(sweep, tmp_path):
+    write_run(sweep, "softmax-9", variant="softmax", seed=9, growth=DEGRADES, corpus="another python")
+    report = comparison.compare([sweep], baseline="softmax")
+    _, rows = rows_of(report.markdown)
+    assert rows["softmax"]["n"] == "2"
+    assert report.notes == [f"left out {sweep / 'softmax-9'}: other data than {sweep / 'softmax-0'} "
+                            "(sha256 another python vs abc)"]
+    assert report.record["left_out"] == [{"run": str(sweep / "softmax-9"), "reason": report.notes[0][len(f"left out {sweep / 'softmax-9'}: "):]}]
+
+
+def test_labels_make_arms_and_comparison_json_records_every_interval(tmp_path):
+    """The acceptance test on synthetic evaluations: three seeds labelled A against three others labelled B of the
+    same config are not told apart; against a clearly worse arm (a 5% higher loss) the difference is significant;
+    one seed per arm is never significant, however large the difference."""
+    root = tmp_path / "runs"
+    for seed in (0, 1, 2):
+        write_run(root, f"A-{seed}", variant="softmax", seed=seed, growth=DEGRADES, label="A")
+        write_run(root, f"B-{seed + 3}", variant="softmax", seed=seed + 3, growth=DEGRADES, label="B")
+        write_run(root, f"short-{seed}", variant="softmax", seed=seed, growth=DEGRADES, label="short", level=1.05)
+    write_run(root, "lone", variant="gla", seed=0, growth=FLAT, label="lone", level=1.5)
+    compare.main([str(root), "baseline=A", "out=" + str(tmp_path / "out")])
+    record = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert [row["label"] for row in record["rows"]] == ["A", "B", "lone", "short"]
+    assert record["rows"][0]["bpb"]["uncertainty"] == "seeds+text" and record["rows"][0]["seeds"] == [0, 1, 2]
+    by_label = {d["label"]: d for d in record["differences"]}
+    assert set(by_label["B"]["bpb"]) == {"estimate", "lo", "hi", "seeds", "uncertainty", "significant"}
+    assert by_label["B"]["bpb"]["uncertainty"] == "seeds+text" and not by_label["B"]["bpb"]["significant"]
+    assert by_label["short"]["bpb"]["significant"] and by_label["short"]["bpb"]["lo"] > 0
+    lone = by_label["lone"]["bpb"]
+    assert lone["uncertainty"] == "text" and lone["seeds"] == [1, 3] and lone["lo"] > 0 and not lone["significant"]
+
+
+def test_results_without_intervals_still_compare(tmp_path):
+    run_dir = write_run(tmp_path, "old", variant="softmax", seed=0, growth=DEGRADES, new_keys=False)
+    _, rows = rows_of(compare.main([str(tmp_path), "--baseline", "softmax", "--out", str(tmp_path / "out")]))
+    assert float(rows["softmax"]["bpb@128 / bpb@train"]) == pytest.approx(1.2, abs=0.01)  # from bpb, no interval
+    bpb = json.loads((run_dir / "eval" / "default" / "results.json").read_text())["lengths"]["32"]["bpb"]
+    assert rows["softmax"]["bpb@train"] == f"{bpb:.3f}"
+
+
+def test_plots_are_written_with_intervals(sweep, tmp_path):
+    out = tmp_path / "out"
+    compare.main([str(sweep), "--out", str(out)])
+    assert (out / "comparison.md").stat().st_size > 0
+    for name in ("bpb_vs_length", "ratio_vs_length", "per_position", "sparsity_vs_length"):
+        assert (out / f"{name}.png").stat().st_size > 0
+
+
+def test_an_ambiguous_baseline_is_one_line(sweep, tmp_path, capsys):
+    write_run(sweep, "softmax-lr", variant="softmax", seed=0, growth=DEGRADES, lr=3e-3)
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(sweep), "--baseline", "softmax", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "several rows" in error and "softmax (optim.lr=0.003)" in error
+
+
+@pytest.mark.slow
+def test_compare_tabulates_and_plots_a_sweep(tmp_path, capsys):
+    from lmzoo import eval as lmzoo_eval
+    from lmzoo.run.loop import train
+
+    for variant, documents in (("softmax", "none"), ("mqa", "mask")):  # mqa keeps packed documents apart
+        run_dir = tmp_path / "sweep" / variant
+        train(tiny_config(variant, "train.steps=4", "train.eval_every=4", f"data.document_boundaries={documents}",
+                          run_dir=run_dir))
+        assert json.loads((run_dir / "run_info.json").read_text())["document_boundaries"] == documents
+        lmzoo_eval.main([f"run_dir={run_dir}", "eval.lengths=[32,64]", "eval.tokens=1024", "eval.progress=false"])
+    header, rows = rows_of(compare.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]))
+    assert header[:8] == ["variant", "n", "params", "state size", "documents", "val bpb", "bpb@train",
+                          "bpb@64 / bpb@train"]
+    assert set(rows) == {"softmax", "mqa"} and (rows["softmax"]["documents"], rows["mqa"]["documents"]) == ("none", "mask")
+    results = json.loads((tmp_path / "sweep" / "softmax" / "eval" / "default" / "results.json").read_text())
+    assert float(rows["softmax"]["bpb@train"].split()[0]) == pytest.approx(results["lengths"]["32"]["bpb"], abs=5e-4)
+    assert float(rows["mqa"]["bpb@64 / bpb@train"].split()[0]) > 0
+    state_sizes = {name: int(row["state size"].replace(",", "")) for name, row in rows.items()}
+    assert state_sizes["softmax"] > state_sizes["mqa"]  # MQA's smaller cache
+    for name in ("comparison.md", "bpb_vs_length.png", "per_position.png", "sparsity_vs_length.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+
+
+def test_compare_without_runs_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+
+def test_a_run_that_cannot_be_read_is_left_out_in_one_line(sweep, tmp_path):
+    (sweep / "gla-1" / "config.yaml").write_text("")  # a write cut short
+    report = comparison.compare([sweep], baseline="softmax")
+    assert len(report.notes) == 1 and report.notes[0].startswith(f"left out {sweep / 'gla-1'}: ")
+    _, rows = rows_of(report.markdown.split("Difference")[0])
+    assert rows["gla"]["n"] == "1" and rows["softmax"]["n"] == "2"
+
+
+def test_a_hidden_folder_below_a_sweep_is_not_a_run(sweep, tmp_path):
+    write_run(sweep, ".gla-2.partial", variant="gla", seed=2, growth=FLAT, shift=1)  # a copy not yet moved in place
+    _, rows = rows_of(compare.main([str(sweep), "--out", str(tmp_path / "out")]))
+    assert rows["gla"]["n"] == "2"
+    assert comparison.find_runs([sweep / ".gla-2.partial"]) == [sweep / ".gla-2.partial"]  # named: still read
+
+
+def test_sparsity_differences_count_the_seeds_and_need_two_of_them(tmp_path):
+    for seed, (s_soft, s_gla) in enumerate([(0.30, 0.52), (0.32, 0.50), (0.31, 0.51)]):
+        write_run(tmp_path, f"softmax-{seed}", variant="softmax", seed=seed, growth=FLAT, sparsity=[[s_soft, s_soft]])
+        write_run(tmp_path, f"gla-{seed}", variant="gla", seed=seed, growth=FLAT, sparsity=[[s_gla - 0.1, s_gla + 0.1]],
+                  first_key=[[0.1 + 0.01 * seed, 0.1]])
+    write_run(tmp_path, "retnet-0", variant="retnet", seed=0, growth=FLAT, sparsity=[[0.9, 0.9]])
+    report = comparison.compare([tmp_path], baseline="softmax")
+    header, rows = rows_of(report.markdown.split("Difference to softmax")[1])
+    column = "Δ mean S@train (seeds)"
+    estimate, rest = rows["gla"][column].split(" ", 1)
+    assert float(estimate) == pytest.approx(0.20, abs=1e-9) and rest.endswith("*")
+    lo, hi = map(float, rest.removesuffix(" *").strip("[]").split(", "))
+    half = stats.t.ppf(0.975, 4) * math.sqrt(0.01**2 / 3 + 0.01**2 / 3)  # equal spreads: Welch's df is 4
+    assert (lo, hi) == pytest.approx((0.2 - half, 0.2 + half), abs=2e-3)  # the table rounds to 3 decimals
+    assert rows["retnet"][column] == "—"  # one seed: its training noise is unknown
+    record = {d["label"]: d for d in report.record["differences"]}
+    assert record["gla"]["sparsity"]["uncertainty"] == "seeds" and record["retnet"]["sparsity"] is None
+    assert rows["gla"]["Δ mean S@128 (seeds)"] == rows["gla"][column]  # the fake runs' S is the same at every length
+    assert set(record["gla"]["sparsity_by_length"]) == {"64", "128"} and record["retnet"]["sparsity_by_length"] == {}
+    _, summary = rows_of(report.markdown.split("Difference to softmax")[0])
+    assert summary["gla"]["first key"] == "0.105 ± 0.005" and summary["softmax"]["first key"] == "—"
+    assert rows["gla"]["Δ first key@train (seeds)"] == "—" and record["gla"]["first_key"] is None  # softmax has none
