@@ -214,6 +214,7 @@ def evaluate(trained: Trained, eval_cfg: EvalConfig, *, tag: str = "default", ex
         results["lengths"][str(n)] = length_entry(scores[n], train, bits, bootstrap_args)
         results["per_position"][str(n)] = position_entry(scores[n], bootstrap_args)
         results["block_sums"][str(n)] = {k: v.tolist() for k, v in scores[n].block_sums().items()}
+        results["lengths"][str(n)]["kernels"] = model.mixer_kernels(rows[n], n, carries_segments(windows[n]))
         if eval_cfg.probe_batch and n <= eval_cfg.probe_max_len:
             overall, curves = probe_entries(model, windows[n], eval_cfg)
             results["lengths"][str(n)].update(overall)

@@ -17,7 +17,7 @@ mixer once to name the implementation each layer runs, which the run's records k
 
 An op's mapping onto jla is a ``JlaCall``: jla's kind, q, k, v, gates by jla's names and options
 (scale, initial_state, segment_ids), built by the op so that jla computes the op's own contract
-(scales, gate layouts, which state a read sees); ``tests/test_kernels.py`` checks each mapping against
+(scales, gate layouts, which state a read sees); ``tests/ops/test_kernels.py`` checks each mapping against
 the op's reference form.
 """
 

@@ -69,6 +69,7 @@ def test_every_length_scores_the_same_number_of_tokens_with_intervals(trained_ru
         curve = results["per_position"][length]
         lo, hi = np.array(curve["loss_ci"])
         assert np.all(lo <= np.array(curve["loss"]) + 1e-12) and np.all(np.array(curve["loss"]) <= hi + 1e-12)
+        assert [ops[0]["op"] for ops in r["kernels"]] == ["softmax_attention"] * 2  # each layer's kernel, per length
     assert results["lengths"]["32"]["ratio"] == 1.0 and results["lengths"]["32"]["ratio_ci"] == [1.0, 1.0]
     # the 2048 targets are 16 spans of 128 spread over the split; blocks are whole documents
     assert (results["sampling"], results["span"], results["block_unit"]) == ("spread", 128, "document")

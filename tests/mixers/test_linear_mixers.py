@@ -68,7 +68,7 @@ def mixing_by_method(mixer, x, methods):
 
 @pytest.mark.parametrize("variant", LINEAR_FAMILY)
 def test_every_method_gives_the_same_output(variant):
-    methods = [m for m in tiny_config(variant).attn.forms if m != "jla"]  # jla's path: tests/test_kernels.py
+    methods = [m for m in tiny_config(variant).attn.forms if m != "jla"]  # jla's path: tests/ops/test_kernels.py
     mixed = compiled(functools.partial(mixing_by_method, methods=methods), first_mixer(variant))(inputs(21, seed=4))
     for method in methods:
         np.testing.assert_allclose(mixed[method], mixed["parallel"], rtol=1e-5, atol=1e-6, err_msg=method)

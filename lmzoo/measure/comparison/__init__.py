@@ -46,6 +46,16 @@ def missing_evaluations(groups: list[Group], tag: str) -> list[str]:
             f"run `python -m lmzoo.eval run_dir={unevaluated[0].path}` (and the others) first"]
 
 
+def kernel_differences(groups: list[Group]) -> list[str]:
+    """A line where arms (or the seeds of one arm) ran different kernels: their speed and rounding differ, so a
+    reader should know before comparing them."""
+    sets = {g.label: g.kernels for g in groups if g.kernels}
+    if len({tuple(s) for s in sets.values()}) <= 1 and all(len(s) == 1 for s in sets.values()):
+        return []
+    ran = "; ".join(f"{label}: {' | '.join(', '.join(s) for s in kinds)}" for label, kinds in sets.items())
+    return [f"the runs did not all run the same kernels ({ran}); run_info.json says which ran where and why"]
+
+
 def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = None) -> Report:
     """Read, group and compare the runs at or below ``paths``; ValueError in one line for a bad baseline."""
     runs, unreadable = load_runs(find_runs(paths), tag)
@@ -67,7 +77,8 @@ def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = N
         text, record["differences"] = differences(groups, base, settings)
         markdown += "\n\n" + text
         record["baseline"] = base.label
-    notes += missing_evaluations(groups, tag)
+    notes += missing_evaluations(groups, tag) + kernel_differences(groups)
+    record["kernels"] = {g.label: [list(s) for s in g.kernels] for g in groups}
     if reference.results:
         markdown += f"\n\nScored text: {sampling_note(reference.results)}."
     if notes:

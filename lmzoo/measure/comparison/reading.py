@@ -52,6 +52,12 @@ class Run:
         return json.dumps([settings, self.changes], sort_keys=True, default=str)
 
     @property
+    def kernels(self) -> tuple[str, ...] | None:
+        """The implementations its mixers ran in training (run_info.json's "kernels"); None before they were recorded."""
+        layers = self.info.get("kernels")
+        return None if layers is None else tuple(sorted({op["implementation"] for ops in layers for op in ops}))
+
+    @property
     def documents(self) -> str:
         """``data.document_boundaries`` of the run: "mask" (documents mixed alone) or "none"."""
         return self.info.get("document_boundaries", "none")
@@ -121,6 +127,11 @@ class Group:
     @property
     def variant(self) -> str:
         return self.runs[0].name
+
+    @property
+    def kernels(self) -> list[tuple[str, ...]]:
+        """The distinct sets of implementations its runs recorded (one set where the seeds agree)."""
+        return sorted({r.kernels for r in self.runs if r.kernels is not None})
 
     @property
     def evaluated(self) -> list[Run]:

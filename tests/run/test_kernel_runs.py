@@ -13,7 +13,7 @@ from flax import nnx
 
 from lmzoo.model import LM
 from lmzoo.ops import kernels
-from lmzoo.training import train
+from lmzoo.run.loop import train
 
 needs_jla = pytest.mark.skipif(kernels.jla_ops() is None, reason="jax-linear-attention is not installed")
 
@@ -30,6 +30,7 @@ def test_mixer_kernels_name_each_layer_and_why():
     assert layers[3] == [{"op": "softmax_attention", "implementation": "lmzoo:xla"}] or layers[3][0]["op"] != "gla"
 
 
+@pytest.mark.slow
 def test_run_info_records_the_kernels(tmp_path):
     train(tiny_config("gated_deltanet", "train.steps=1", run_dir=tmp_path))
     info = json.loads((tmp_path / "run_info.json").read_text())
@@ -37,6 +38,7 @@ def test_run_info_records_the_kernels(tmp_path):
     assert {op["op"] for layer in info["kernels"] for op in layer} == {"delta_rule"}
 
 
+@pytest.mark.slow
 @needs_jla
 @pytest.mark.parametrize("variant", ["gla", "gated_deltanet", "mamba2"])
 def test_training_through_jla(tmp_path, variant):
