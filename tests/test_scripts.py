@@ -48,7 +48,8 @@ def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
     attention = 6 * layers * 32 * d_model  # causal scores and values at T=32, forward and backward
     want = softmax["tokens_per_s"] * (6 * softmax["params"] + attention) / 1e12
     assert softmax["model_tflops"] == pytest.approx(want, rel=1e-12)
-    assert gla["model_tflops"] == pytest.approx(gla["tokens_per_s"] * 6 * gla["params"] / 1e12, rel=1e-12)
+    mixing = layers * 3 * 4 * (4 * 16 * 32 + (16 + 32) * 16)  # 4 heads, keys 16 and values 32 wide, chunks of 16
+    assert gla["model_tflops"] == pytest.approx(gla["tokens_per_s"] * (6 * gla["params"] + mixing) / 1e12, rel=1e-12)
 
 
 @pytest.mark.slow

@@ -297,6 +297,9 @@ def test_flops_per_token_count_scores_and_values_over_the_keys_seen():
     assert flops("swa", "attn.window=64") == 6 * (64 - 64**2 / 512) * 64 < flops("softmax")
     assert flops("swa", "attn.window=512") == flops("softmax")  # a window past the sequence changes nothing
     assert flops("mla", "attn.rope_dim=4") == 3 * 256 * (4 * (8 + 4) + 4 * 8)  # rope dims add to the scores only
-    assert flops("gla") == flops("mamba") == 0  # recurrences: no per-pair work beyond the 6N rule's
+    # chunked recurrences: per head the state's update and read-out and the causal half of each 64-step chunk
+    assert flops("gla") == 3 * 4 * (4 * 4 * 8 + (4 + 8) * 64)  # 4 heads, keys 4 wide (key_ratio 0.5), values 8
+    assert flops("gated_deltanet") == 3 * 4 * (6 * 8 * 8 + (8 + 8) * 64)  # the delta rule reads S once more
+    assert flops("mamba") == 0  # a scan over channels: nothing beyond the 6N rule's
     hybrid = tiny_config("gla_softmax", "model.n_layers=4")  # three gla layers, one softmax
-    assert hybrid.attn.flops_per_token(hybrid.model, 256) == flops("softmax") / 4
+    assert hybrid.attn.flops_per_token(hybrid.model, 256) == (3 * flops("gla") + flops("softmax")) / 4
