@@ -90,13 +90,10 @@ def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, met
     q, k = value_heads(q, k, v.shape)
     if beta.shape != k.shape[:3]:
         raise ValueError(f"beta has shape {beta.shape}; expected {k.shape[:3]}")
-    mapped = lambda: jla_call(q, k, v, beta, log_g, scale, initial_state, segment_ids)  # noqa: E731
-    form = kernels.resolve("delta_rule", method, BEST, mapped)
-    if form == kernels.JLA:
-        out, state = kernels.run(mapped())
-        return out.astype(v.dtype), state
-    return _delta_rule(q, k, v, beta, log_g, scale=scale, initial_state=initial_state, method=form,
-                       chunk_size=chunk_size, segment_ids=segment_ids)
+    return kernels.dispatch(
+        "delta_rule", method, BEST, lambda: jla_call(q, k, v, beta, log_g, scale, initial_state, segment_ids),
+        lambda form: _delta_rule(q, k, v, beta, log_g, scale=scale, initial_state=initial_state, method=form,
+                                 chunk_size=chunk_size, segment_ids=segment_ids), v.dtype)
 
 
 def jla_call(q, k, v, beta, log_g, scale, initial_state, segment_ids) -> kernels.JlaCall:

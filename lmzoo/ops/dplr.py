@@ -86,13 +86,10 @@ def dplr(q, k, v, alpha, beta, log_g=None, *, scale=None, initial_state=None, me
     """
     check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    mapped = lambda: dplr_jla_call(q, k, v, alpha, beta, log_g, scale, initial_state, segment_ids)  # noqa: E731
-    form = kernels.resolve("dplr", method, "chunk", mapped)
-    if form == kernels.JLA:
-        out, state = kernels.run(mapped())
-        return out.astype(v.dtype), state
-    return _dplr(q, k, v, alpha, beta, log_g, scale=scale, initial_state=initial_state, method=form,
-                 chunk_size=chunk_size, segment_ids=segment_ids)
+    return kernels.dispatch(
+        "dplr", method, "chunk", lambda: dplr_jla_call(q, k, v, alpha, beta, log_g, scale, initial_state, segment_ids),
+        lambda form: _dplr(q, k, v, alpha, beta, log_g, scale=scale, initial_state=initial_state, method=form,
+                           chunk_size=chunk_size, segment_ids=segment_ids), v.dtype)
 
 
 def dplr_jla_call(q, k, v, alpha, beta, log_g, scale, initial_state, segment_ids) -> kernels.JlaCall:
@@ -142,13 +139,10 @@ def gdn2(q, k, v, log_g, erase, write, *, scale=None, initial_state=None, method
     """
     check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    mapped = lambda: gdn2_jla_call(q, k, v, log_g, erase, write, scale, initial_state, segment_ids)  # noqa: E731
-    form = kernels.resolve("gdn2", method, "chunk", mapped)
-    if form == kernels.JLA:
-        out, state = kernels.run(mapped())
-        return out.astype(v.dtype), state
-    return _gdn2(q, k, v, log_g, erase, write, scale=scale, initial_state=initial_state, method=form,
-                 chunk_size=chunk_size, segment_ids=segment_ids)
+    return kernels.dispatch(
+        "gdn2", method, "chunk", lambda: gdn2_jla_call(q, k, v, log_g, erase, write, scale, initial_state, segment_ids),
+        lambda form: _gdn2(q, k, v, log_g, erase, write, scale=scale, initial_state=initial_state, method=form,
+                           chunk_size=chunk_size, segment_ids=segment_ids), v.dtype)
 
 
 def gdn2_jla_call(q, k, v, log_g, erase, write, scale, initial_state, segment_ids) -> kernels.JlaCall:

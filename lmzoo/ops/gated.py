@@ -65,13 +65,10 @@ def gla(q, k, v, log_g=None, *, scale=None, initial_state=None, method="chunk", 
     """
     check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    mapped = lambda: jla_call(q, k, v, log_g, scale, initial_state, segment_ids)  # noqa: E731
-    form = kernels.resolve("gla", method, BEST, mapped)
-    if form == kernels.JLA:
-        out, state = kernels.run(mapped())
-        return out.astype(v.dtype), state
-    return gla_form(q, k, v, log_g, scale=scale, initial_state=initial_state, method=form, chunk_size=chunk_size,
-                segment_ids=segment_ids)
+    return kernels.dispatch(
+        "gla", method, BEST, lambda: jla_call(q, k, v, log_g, scale, initial_state, segment_ids),
+        lambda form: gla_form(q, k, v, log_g, scale=scale, initial_state=initial_state, method=form,
+                              chunk_size=chunk_size, segment_ids=segment_ids), v.dtype)
 
 
 def jla_call(q, k, v, log_g, scale, initial_state, segment_ids) -> kernels.JlaCall:

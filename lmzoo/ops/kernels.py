@@ -46,7 +46,8 @@ class Choice:
     reason: str = ""
 
     def as_dict(self) -> dict:
-        return {"op": self.op, "implementation": self.implementation, **({"reason": self.reason} if self.reason else {})}
+        reason = {"reason": self.reason} if self.reason else {}
+        return {"op": self.op, "implementation": self.implementation, **reason}
 
 
 @dataclass
@@ -159,6 +160,15 @@ def resolve(op: str, method: str, best: str, call: Callable[[], JlaCall]) -> str
 def note(op: str, form: str, reason: str = "") -> None:
     """Record that ``op`` runs lmzoo's ``form`` (and why, where ``auto`` chose it)."""
     _record(Choice(op, f"lmzoo:{form}", reason))
+
+
+def dispatch(op: str, method: str, best: str, call: Callable[[], JlaCall], own: Callable[[str], tuple], dtype):
+    """(o, final state) of ``op``: through jla where ``resolve`` says so (o in ``dtype``), else ``own(form)``."""
+    form = resolve(op, method, best, call)
+    if form != JLA:
+        return own(form)
+    out, state = run(call())
+    return out.astype(dtype), state
 
 
 def state_or_none(initial_state):

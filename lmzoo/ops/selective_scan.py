@@ -87,12 +87,10 @@ def selective_scan(
         "mamba1", C, B, u, {"dt": delta, "a": A},
         {"d": D, "z": z, "dt_bias": delta_bias, "dt_softplus": delta_softplus, "initial_state": initial_state,
          "segment_ids": segment_ids})
-    form = kernels.resolve("selective_scan", method, "scan", mapped)
-    if form == kernels.JLA:
-        y, state = kernels.run(mapped())
-        return y.astype(u.dtype), state
-    return selective_scan_form(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus,
-                               initial_state=initial_state, method=form, chunk_size=chunk_size, segment_ids=segment_ids)
+    own = lambda form: selective_scan_form(  # noqa: E731
+        u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus, initial_state=initial_state,
+        method=form, chunk_size=chunk_size, segment_ids=segment_ids)
+    return kernels.dispatch("selective_scan", method, "scan", mapped, own, u.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("delta_softplus", "method", "chunk_size"))
