@@ -62,13 +62,18 @@ class MixerContext:
     train_len: int = 256  # data.seq_len the model trains at (log-n scaling's default base); kept when evaluating longer
 
 
-def chunked_form(method: str, chunk_size: int, methods: tuple | list) -> None:
-    """attn.method among ``methods`` and an attn.chunk_size that form accepts."""
+def provided_form(method: str, methods: tuple | list) -> None:
+    """attn.method among ``methods``, and jax-linear-attention installed where it names jla's path."""
     one_of("attn.method", method, methods)
-    positive("attn.chunk_size", chunk_size)
     if method == JLA and jla_ops() is None:
         raise ConfigError("attn.method=jla needs jax-linear-attention: pip install -e '.[gpu]' (Python >= 3.12); "
                           "attn.method=auto runs lmzoo's own form without it")
+
+
+def chunked_form(method: str, chunk_size: int, methods: tuple | list) -> None:
+    """attn.method among ``methods`` (``provided_form``) and an attn.chunk_size that form accepts."""
+    provided_form(method, methods)
+    positive("attn.chunk_size", chunk_size)
     if method == "pallas" and chunk_size % CHUNK_MULTIPLE:
         raise ConfigError(f"attn.chunk_size={chunk_size}: attn.method=pallas needs a multiple of {CHUNK_MULTIPLE} "
                           "(its kernels' matmul blocks)")

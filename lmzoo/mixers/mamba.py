@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lmzoo.mixers.base import Mixer, MixerContext, dense
+from lmzoo.mixers.base import Mixer, MixerContext, dense, provided_form
 from lmzoo.mixers.family.ssm import CausalConv, check_dt_range, dt_bias_init, symmetric_uniform
 from lmzoo.ops.selective_scan import METHODS, effective_delta, selective_attention, selective_scan
 from lmzoo.registry import register
-from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, positive
 from lmzoo.sharding import INNER, param, partitioned
 
 
@@ -46,7 +46,7 @@ class MambaConfig(MixerConfig):
     chunk_size: int = 16  # tokens per chunk for method=chunk and method=pallas
 
     def check(self, model: ModelConfig) -> None:
-        one_of("attn.method", self.method, METHODS)
+        provided_form(self.method, METHODS)
         for key in ("d_state", "d_conv", "expand", "chunk_size"):
             positive(f"attn.{key}", getattr(self, key))
         if self.dt_rank is not None:

@@ -113,11 +113,6 @@ def hopper() -> bool:
 def _kernel_refusal(call: JlaCall) -> str:
     """Why jla's Mosaic kernel would not run ``call`` ("" when it would)."""
     ops = jla_ops()
-    if ops is None:
-        return "jax-linear-attention is not installed (the gpu extra, Python >= 3.12)"
-    device = jax.devices()[0]
-    if not hopper():
-        return f"the device is {device.platform} ({device.device_kind}), not a Hopper GPU"
     entry = getattr(ops, "_REGISTRY", {}).get("mosaic_gpu", {}).get(call.kind)
     if entry is None or not entry[2]:
         return f"jla has no GPU-tested Mosaic kernel for {call.kind}"
@@ -132,29 +127,39 @@ def _options(call: JlaCall) -> dict:
     return {"output_final_state": True, **call.options}
 
 
-def resolve(op: str, method: str, best: str, call: Callable[[], JlaCall]) -> str:
-    """The form ``op`` runs for ``method``: ``"jla"`` or one of lmzoo's forms; records the choice.
+def _platform_refusal() -> str:
+    """Why no jla kernel runs here at all ("" on a Hopper GPU with jla installed)."""
+    if jla_ops() is None:
+        return "jax-linear-attention is not installed (the gpu extra, Python >= 3.12)"
+    device = jax.devices()[0]
+    return "" if hopper() else f"the device is {device.platform} ({device.device_kind}), not a Hopper GPU"
+
+
+def resolve(op: str, method: str, best: str, call: Callable[[], JlaCall]) -> tuple[str, JlaCall | None]:
+    """The form ``op`` runs for ``method`` (``"jla"`` or one of lmzoo's forms) and, for ``"jla"``, the op's jla
+    mapping; records the choice.
 
     ``best`` is the op's own form for ``auto`` when jla's kernel does not run; ``call`` builds the
-    op's jla mapping (only when needed). Runs at trace time, so every trace records what it ran."""
+    op's jla mapping, only where jla could run it. Runs at trace time, so every trace records what it ran."""
     if method == JLA:
         if jla_ops() is None:
             raise ValueError(f"method='jla' needs jax-linear-attention: pip install -e '.[gpu]' (Python >= 3.12); "
                              f"method='auto' runs lmzoo's {best!r} form without it")
         mapped = call()
-        impl = "mosaic_gpu" if not _kernel_refusal(mapped) else "chunked"
+        impl = "chunked" if _platform_refusal() or _kernel_refusal(mapped) else "mosaic_gpu"
         _record(Choice(op, f"jla.{impl}:{mapped.kind}"))
-        return JLA
+        return JLA, mapped
     if method != AUTO:
-        _record(Choice(op, f"lmzoo:{method}"))
-        return method
-    mapped = call()
-    refusal = _kernel_refusal(mapped)
+        note(op, method)
+        return method, None
+    refusal = _platform_refusal()
+    mapped = None if refusal else call()
+    refusal = refusal or _kernel_refusal(mapped)
     if refusal:
-        _record(Choice(op, f"lmzoo:{best}", refusal))
-        return best
+        note(op, best, refusal)
+        return best, None
     _record(Choice(op, f"jla.mosaic_gpu:{mapped.kind}"))
-    return JLA
+    return JLA, mapped
 
 
 def note(op: str, form: str, reason: str = "") -> None:
@@ -164,10 +169,10 @@ def note(op: str, form: str, reason: str = "") -> None:
 
 def dispatch(op: str, method: str, best: str, call: Callable[[], JlaCall], own: Callable[[str], tuple], dtype):
     """(o, final state) of ``op``: through jla where ``resolve`` says so (o in ``dtype``), else ``own(form)``."""
-    form = resolve(op, method, best, call)
+    form, mapped = resolve(op, method, best, call)
     if form != JLA:
         return own(form)
-    out, state = run(call())
+    out, state = run(mapped)
     return out.astype(dtype), state
 
 

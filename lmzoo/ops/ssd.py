@@ -55,12 +55,11 @@ def ssd(x, dt, A, B, C, *, D=None, initial_state=None, method="chunk", chunk_siz
     ``segment_ids [B,T]`` (int) restart the state at every document start.
     """
     check_form(method, METHODS, chunk_size)
-    mapped = lambda: jla_call(x, dt, A, B, C, initial_state, segment_ids)  # noqa: E731
-    form = kernels.resolve("ssd", method, BEST, mapped)
+    form, mapped = kernels.resolve("ssd", method, BEST, lambda: jla_call(x, dt, A, B, C, initial_state, segment_ids))
     if form != kernels.JLA:
         return _ssd(x, dt, A, B, C, D=D, initial_state=initial_state, method=form, chunk_size=chunk_size,
                     segment_ids=segment_ids)
-    y, state = kernels.run(mapped())
+    y, state = kernels.run(mapped)
     if D is not None:
         y = y.astype(jnp.float32) + D.astype(jnp.float32)[:, None] * x.astype(jnp.float32)
     return y.astype(x.dtype), state.swapaxes(-1, -2)

@@ -57,11 +57,12 @@ def test_training_through_jla(tmp_path, variant):
     np.testing.assert_allclose(losses["jla"], losses["auto"], rtol=1e-4)
 
 
-def test_jla_form_needs_jla_at_config_time(capsys):
+@pytest.mark.parametrize("variant", ["gla", "mamba"])
+def test_jla_form_needs_jla_at_config_time(capsys, variant):
     if kernels.jla_ops() is not None:
         pytest.skip("jax-linear-attention is installed")
     with pytest.raises(SystemExit):
-        tiny_config("gla", "attn.method=jla")
+        tiny_config(variant, "attn.method=jla")
     assert "attn.method=jla needs jax-linear-attention" in capsys.readouterr().err
 
 
