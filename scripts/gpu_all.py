@@ -45,6 +45,8 @@ DEFAULT_VARIANTS = ["softmax", "gla", "gated_deltanet", "mamba2", "kda", "rwkv7"
 THROUGHPUT_VARIANTS = ["softmax", "softmax attn.method=cudnn", "gla attn.method=chunk", "gla attn.method=pallas",
                        "mamba2", "gated_deltanet attn.method=chunk", "mamba2 attn.method=pallas",
                        "gated_deltanet attn.method=pallas"]  # in the order a short loan should measure them
+MEMORY_VARIANTS = ["softmax", "gla attn.method=chunk", "gla attn.method=chunk model.remat=mixer",
+                   "gla attn.method=chunk model.remat=block"]
 KERNEL_TESTS = ["tests/ops/test_pallas_gla.py", "tests/ops/test_pallas_ssm.py", "tests/ops/test_delta_rule.py"]
 
 
@@ -87,6 +89,12 @@ def steps() -> list[Step]:
                                     "--json", "{out}/throughput_default.json"],
              [PY, "scripts/throughput.py", "--model", "tiny", "--lengths", "64", "--batch-tokens", "256", "--steps",
               "2", "--variants", "softmax", "gla"], 420, min_s=120),
+        # what GLA's own chunk form holds (54 GiB against softmax's 20 at 900775a): with and without recomputing
+        # the mixer in the backward pass, beside softmax, at the length the issue measured
+        Step("memory_gla", [PY, "scripts/throughput.py", "--model", "small", "--lengths", "2048", "--batch-tokens",
+                            "65536", "--steps", "0", "--variants", *MEMORY_VARIANTS, "--json", "{out}/memory_gla.json"],
+             [PY, "scripts/throughput.py", "--model", "tiny", "--lengths", "64", "--batch-tokens", "256", "--steps",
+              "0", "--variants", *MEMORY_VARIANTS], 240, min_s=90),
         Step("env", ["bash", "-c", "nvidia-smi; nvidia-smi -q -d CLOCK | head -30; " + shlex.join(env_cmd)],
              env_cmd, 60, min_s=5),
         Step("kernel_tests", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "4", *KERNEL_TESTS],
