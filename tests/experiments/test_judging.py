@@ -260,3 +260,17 @@ def test_a_table_that_disagrees_with_the_json_is_found(tmp_path):
     claims.write_text(text.replace("| **inconclusive** |", "| **reproduced** |", 1))
     assert report.stale([claims]) == [claims]
     assert report.write([claims]) == [claims] and claims.read_text() == text
+
+
+def test_an_arm_that_lists_one_run_twice_is_refused():
+    from lmzoo.experiments import arms
+
+    def evaluation(seed):
+        loss = np.random.default_rng(seed).normal(200.0, 5.0, 20)
+        return {"train_seq_len": 32, "block_sums": {"32": {"loss": loss.tolist(), "count": [100.0] * 20}},
+                "lengths": {"32": {"loss": 2.0, "bpb": 2.0 / np.log(2)}}}
+
+    runs, baselines = [evaluation(0), evaluation(1)], [evaluation(2), evaluation(3)]
+    assert arms.bpb_difference(runs, baselines, 32)["seeds"] == [2, 2]
+    with pytest.raises(ValueError, match="runs 0 and 2 of one arm are the same run"):
+        arms.bpb_difference([*runs, runs[0]], baselines, 32)

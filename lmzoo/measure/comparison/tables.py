@@ -30,6 +30,15 @@ def summary_cell(group: Group, value, spec: str = ".3f") -> str:
     return _fmt(summary.mean, spec) + (f" ± {_fmt(summary.sd, spec)}" if summary.n > 1 else "")
 
 
+def budget_cells(group: Group) -> list[str]:
+    """The arm's training budget: optimizer steps and training tokens (both ranges where its runs differ)."""
+    def cell(values: set) -> str:
+        known = sorted(v for v in values if v is not None)
+        return "—" if not known else f"{known[0]:,}" if len(known) == 1 else f"{known[0]:,}–{known[-1]:,}"
+    budgets = [r.budget for r in group.runs]
+    return [cell({steps for steps, _ in budgets}), cell({tokens for _, tokens in budgets})]
+
+
 def other_lengths(runs: list[Run]) -> list[int]:
     train_lengths = {r.train_len for r in runs if r.results}
     return [n for n in evaluated_lengths(runs) if n not in train_lengths]
@@ -59,7 +68,8 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
     runs = [r for g in groups for r in g.runs]
     lengths = other_lengths(runs)
     masked = any(r.documents == "mask" for r in runs)
-    header = ["variant", "n", "params", "state size", *(["documents"] if masked else []), "val bpb", "bpb@train"]
+    header = ["variant", "n", "params", "state size", "steps", "tokens", *(["documents"] if masked else []),
+              "val bpb", "bpb@train"]
     header += [f"bpb@{n} / bpb@train" for n in lengths]
     header += ["interval", "mean S", "entropy", "first key", "accuracy", "tokens/s", "runs"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -68,6 +78,7 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
         first = group.runs[0]
         row = [group.label, str(len(group.runs))]
         row += [_fmt(first.info.get("params"), ","), _fmt(first.info.get("state_size"), ",")]
+        row += budget_cells(group)
         row += [first.documents] if masked else []
         row.append(summary_cell(group, lambda r: r.last("val_bpb")))
         cells, record = row_cells(group, lengths, settings)
@@ -84,7 +95,9 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
         ]
         lines.append("| " + " | ".join(row) + " |")
         records.append({"label": group.label, "variant": group.variant, "runs": [str(r.path) for r in group.runs],
-                        "seeds": [r.seed for r in group.runs], **record})
+                        "seeds": [r.seed for r in group.runs],
+                        "budget": [{"steps": steps, "tokens": tokens} for steps, tokens in (r.budget for r in group.runs)],
+                        **record})
     return "\n".join(lines + resumed_with_changes(runs)), records
 
 
