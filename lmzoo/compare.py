@@ -11,7 +11,9 @@ only in ``seed`` and in settings that cannot change the trained model (``lmzoo.s
 the mean over its seeds with a 95% interval that counts training noise and text (``seeds+text``);
 an arm of one seed shows its text-only interval and says so. With a baseline, a second table gives
 each arm's difference to it in bpb at the training length and in the extrapolation ratio at every
-other length; ``*`` marks a significant difference (never for a one-seed arm). Runs on other data
+other length; ``*`` marks a significant difference (never for a one-seed arm), adjusted for the number of arms
+compared with the baseline (Holm's method, each column one family; ``adjust=none`` for each arm on its own at 95%;
+``comparison.json`` records both). Runs on other data
 or other scored tokens than the reference run are left out, each named in one line. Run
 ``python -m lmzoo.eval`` on each run first. ``--baseline ARM`` is accepted for ``baseline=ARM``;
 ``--help`` lists the settings.
@@ -34,6 +36,8 @@ OPTIONS = [
     Option("tag", "default", "which evaluation of each run to read (eval/<tag>)"),
     Option("out", "<the folder the paths share>", "where comparison.md/.json and the plots go; without out=, a "
            "comparison of other runs (or another baseline or tag) already there is not replaced"),
+    Option("adjust", "holm", "how the stars of the differences to the baseline are adjusted for the number of arms "
+           "compared: holm, or none (each arm on its own at 95%)"),
     Option("same_seed", "refuse", "two runs of one arm with the same seed: refuse, or distinct (they are different "
            "runs, e.g. a nondeterministic rerun: each counts)"),
 ]
@@ -46,6 +50,7 @@ class Arguments(NamedTuple):
     tag: str
     out: Path | None
     same_seed: str
+    adjust: str
 
 
 def show_usage() -> NoReturn:
@@ -89,7 +94,7 @@ def parse_args(argv: list[str]) -> Arguments:
         raise ConfigError("no run given: python -m lmzoo.compare <run or sweep dir> ... (run python -m lmzoo.eval on each first)")
     out = given.get("out")
     return Arguments(paths, given.get("baseline"), given.get("tag", "default"), Path(out) if out else None,
-                     given.get("same_seed", "refuse"))
+                     given.get("same_seed", "refuse"), given.get("adjust", "holm"))
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -99,7 +104,8 @@ def main(argv: list[str] | None = None) -> str:
     with errors_in_one_line():
         args = parse_args(argv)
         try:
-            report = compare(args.paths, tag=args.tag, baseline=args.baseline, same_seed=args.same_seed)
+            report = compare(args.paths, tag=args.tag, baseline=args.baseline, same_seed=args.same_seed,
+                             adjust=args.adjust)
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(str(e)) from None
         out = args.out or Path(os.path.commonpath([p.resolve() for p in args.paths]))  # not inside one run of several

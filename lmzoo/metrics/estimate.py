@@ -136,3 +136,22 @@ class Estimate:
         df = None if "df" not in record else np.inf if record["df"] is None else record["df"]
         return cls(record["estimate"], record["lo"], record["hi"], record.get("uncertainty", uncertainty),
                    tuple(record.get("seeds", seeds)), record.get("level", LEVEL), df)
+
+
+ADJUSTMENTS = ("holm", "none")  # how the stars of several arms' differences to one baseline are adjusted
+
+
+def adjusted_p_values(p_values: list[float], method: str = "holm") -> list[float]:
+    """The p-values adjusted for testing them together: Holm's step-down (family-wise error at most the level,
+    whichever of them are true), or ``none``. Holm: sorted ascending, the i-th (from 0) is scaled by ``m - i``,
+    made non-decreasing, capped at 1."""
+    if method not in ADJUSTMENTS:
+        raise ValueError(f"adjust={method!r} is not valid (choose from: {', '.join(ADJUSTMENTS)})")
+    if method == "none":
+        return list(p_values)
+    order = np.argsort(p_values, kind="stable")
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted

@@ -153,9 +153,11 @@ def test_labels_make_arms_and_comparison_json_records_every_interval(tmp_path):
     assert [row["label"] for row in record["rows"]] == ["A", "B", "lone", "short"]
     assert record["rows"][0]["bpb"]["uncertainty"] == "seeds+text" and record["rows"][0]["seeds"] == [0, 1, 2]
     by_label = {d["label"]: d for d in record["differences"]}
-    assert set(by_label["B"]["bpb"]) == {"estimate", "lo", "hi", "seeds", "uncertainty", "significant"}
+    assert set(by_label["B"]["bpb"]) == {"estimate", "lo", "hi", "seeds", "uncertainty", "significant", "level", "df",
+                                         "p", "p_adjusted", "significant_adjusted"}
     assert by_label["B"]["bpb"]["uncertainty"] == "seeds+text" and not by_label["B"]["bpb"]["significant"]
     assert by_label["short"]["bpb"]["significant"] and by_label["short"]["bpb"]["lo"] > 0
+    assert by_label["short"]["bpb"]["significant_adjusted"] and record["adjust"] == "holm"
     lone = by_label["lone"]["bpb"]
     assert lone["uncertainty"] == "text" and lone["seeds"] == [1, 3] and lone["lo"] > 0 and not lone["significant"]
 
@@ -372,3 +374,34 @@ def test_the_frontier_records_with_a_copy_of_themselves_give_the_same_tables(tmp
     doubled = comparison.compare([subset, tmp_path / "copy"], baseline="softmax")
     assert tables_of(doubled) == tables_of(alone)
     assert "3 vs 3" in "\n".join(tables_of(doubled)) and len(doubled.record["counted_once"]) == 6
+
+
+# ----------------------------------------------------------------------------- stars adjusted for the arms
+
+
+def test_holm_adjusts_p_values_step_down():
+    from lmzoo.metrics.estimate import adjusted_p_values
+
+    assert adjusted_p_values([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert adjusted_p_values([0.01, 0.04], "none") == [0.01, 0.04]
+    assert adjusted_p_values([0.5, 0.6, 0.9]) == pytest.approx([1.0, 1.0, 1.0])  # capped, never decreasing
+    with pytest.raises(ValueError, match="adjust='bonf' is not valid"):
+        adjusted_p_values([0.1], "bonf")
+
+
+def test_the_frontier_stars_are_adjusted_for_fifteen_arms_and_both_are_recorded():
+    """Against softmax at the training length, five arms significant at 95% each lose their stars once the fifteen
+    arms are one family (Holm); the p-values agree with the intervals they come from."""
+    records = Path(__file__).resolve().parents[2] / "docs" / "frontier" / "records"
+    report = comparison.compare([records], baseline="softmax")
+    plain = comparison.compare([records], baseline="softmax", adjust="none")
+    _, rows = rows_of(report.markdown.split("Difference to softmax")[1])
+    _, unadjusted = rows_of(plain.markdown.split("Difference to softmax")[1])
+    assert len(rows) == 15 and "Holm's adjustment for the 15 arms" in report.markdown
+    lost = {arm for arm in rows if unadjusted[arm]["Δ bpb@train"].endswith("*") and not rows[arm]["Δ bpb@train"].endswith("*")}
+    assert lost == {"gated_softmax", "stickbreaking", "kda", "rwkv7", "mamba3"}
+    for difference in report.record["differences"]:
+        for key in ("bpb", "sparsity"):
+            c = difference[key]
+            assert c["significant"] == (c["p"] < 0.05) and c["p_adjusted"] >= c["p"]
+            assert unadjusted[difference["label"]]["Δ bpb@train"].endswith("*") == difference["bpb"]["significant"]

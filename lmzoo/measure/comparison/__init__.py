@@ -27,6 +27,7 @@ from lmzoo.measure.comparison.reading import (
     Group, check_distinct_seeds, distinct_runs, find_runs, group_runs, load_runs, on_the_same_data, reference_run,
 )
 from lmzoo.measure.comparison.tables import differences, find_baseline, table
+from lmzoo.metrics.estimate import adjusted_p_values
 from lmzoo.metrics.scoring import sampling_note
 from lmzoo.run.directory import atomic_write_text
 
@@ -59,9 +60,11 @@ def kernel_differences(groups: list[Group]) -> list[str]:
 
 
 def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = None,
-            same_seed: str = "refuse") -> Report:
+            same_seed: str = "refuse", adjust: str = "holm") -> Report:
     """Read, group and compare the runs at or below ``paths``, each run once; ValueError in one line for a bad
-    baseline, or for two runs of one seed in an arm (unless ``same_seed="distinct"``)."""
+    baseline, for two runs of one seed in an arm (unless ``same_seed="distinct"``) or a bad ``adjust``. The stars of
+    the differences to the baseline are adjusted for the number of arms (``adjust``: holm, or none)."""
+    adjusted_p_values([], adjust)  # a bad setting is refused before any run is read
     runs, unreadable = load_runs(find_runs(paths), tag)
     runs, duplicates = distinct_runs(runs)
     if not runs:
@@ -75,13 +78,13 @@ def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = N
     check_distinct_seeds(groups, same_seed)
     settings = bootstrap_settings(kept)
     markdown, rows = table(groups, settings)
-    record = {"tag": tag, "level": 0.95, "bootstrap": settings, "rows": rows, "differences": [], "baseline": None,
+    record = {"tag": tag, "level": 0.95, "adjust": adjust, "bootstrap": settings, "rows": rows, "differences": [], "baseline": None,
               "left_out": [{"run": str(path), "reason": why} for path, why in unreadable]
               + [{"run": str(run.path), "reason": why} for run, why in left_out],
               "counted_once": duplicates}
     if baseline:
         base = find_baseline(groups, baseline)
-        text, record["differences"] = differences(groups, base, settings)
+        text, record["differences"] = differences(groups, base, settings, adjust)
         markdown += "\n\n" + text
         record["baseline"] = base.label
     notes += missing_evaluations(groups, tag) + kernel_differences(groups)

@@ -7,6 +7,7 @@ import numpy as np
 
 from lmzoo.measure.comparison.estimates import arm_bpb, arm_ratio, bpb_difference, ratio_difference
 from lmzoo.measure.comparison.reading import Group, Run, evaluated_lengths, probe_mean
+from lmzoo.metrics.estimate import adjusted_p_values
 from lmzoo.metrics.intervals import over_seeds
 from lmzoo.metrics.seeds import Comparison, seed_difference
 from lmzoo.run.directory import describe_changes
@@ -135,38 +136,80 @@ def probe_difference(group: Group, baseline: Group, length: int | None, name: st
     return seed_difference(values(group), values(baseline))
 
 
-def differences(groups: list[Group], baseline: Group, settings: dict) -> tuple[str, list[dict]]:
-    """Markdown table of each arm's difference to ``baseline`` (bpb at the training length, ratios), and its records."""
+def difference_columns(group: Group, baseline: Group, lengths: list[int], settings: dict) -> dict:
+    """One arm's differences to ``baseline``, by column: ``bpb``, ``ratio@<n>``, ``sparsity``, ``sparsity@<n>``,
+    ``first_key`` (None where they cannot be had)."""
+    columns = {"bpb": bpb_difference(group, baseline, settings)}
+    columns.update({f"ratio@{n}": ratio_difference(group, baseline, n, settings) for n in lengths})
+    columns["sparsity"] = probe_difference(group, baseline, None)
+    columns.update({f"sparsity@{n}": probe_difference(group, baseline, n) for n in lengths})
+    columns["first_key"] = probe_difference(group, baseline, None, "first_key")
+    return columns
+
+
+def adjusted_columns(rows: list[dict], adjust: str) -> list[dict]:
+    """Each estimate's p-value adjusted over the arms of its column (one family per column), by key like ``rows``."""
+    adjusted = [{} for _ in rows]
+    for key in rows[0] if rows else []:
+        present = [(i, row[key]) for i, row in enumerate(rows) if row[key] is not None]
+        for (i, _), p in zip(present, adjusted_p_values([c.p_value for _, c in present], adjust)):
+            adjusted[i][key] = p
+    return adjusted
+
+
+def adjusted_record(comparison: Comparison | None, p_adjusted: float | None) -> dict | None:
+    """``comparison.record()`` with its p-value, and the p-value and significance adjusted for the arms."""
+    if comparison is None:
+        return None
+    return {**comparison.record(), "p": comparison.p_value, "p_adjusted": p_adjusted,
+            "significant_adjusted": comparison.counts_training_noise and p_adjusted < 1 - comparison.level}
+
+
+def stars_caption(adjust: str, arms: int) -> str:
+    if adjust == "none" or arms < 2:
+        return f"* = significant at 95% for each arm on its own (not adjusted for the {arms} arms compared)"
+    return (f"* = significant after Holm's adjustment for the {arms} arms compared with the baseline (each column "
+            "one family; comparison.json records the unadjusted p-values too)")
+
+
+def differences(groups: list[Group], baseline: Group, settings: dict, adjust: str = "holm") -> tuple[str, list[dict]]:
+    """Markdown table of each arm's difference to ``baseline`` (bpb at the training length, ratios, probes), stars
+    adjusted for the number of arms (``adjust``: holm or none), and its records."""
     lengths = other_lengths([r for g in groups for r in g.runs])
     header = ["variant", "seeds", "Δ bpb@train"] + [f"Δ bpb@{n} / bpb@train" for n in lengths] + ["interval"]
     longest = lengths[-1:]  # S where the arms are furthest from training: the table's one other sparsity column
     header += ["Δ mean S@train (seeds)"] + [f"Δ mean S@{n} (seeds)" for n in longest] + ["Δ first key@train (seeds)"]
+    others = [g for g in groups if g is not baseline]
+    rows = [difference_columns(group, baseline, lengths, settings) for group in others]
+    adjusted = adjusted_columns(rows, adjust)
     lines = [
         f"Difference to {baseline.label}: the mean over each arm's seeds, minus the baseline's; 95% intervals "
-        "count training noise (seeds, resampled within each arm) and the text (blocks, resampled jointly); "
-        "* = significant. An arm of one seed gives a text-only interval, never significant. Mean S (the attention "
-        "probe's sparsity over layers and heads, on the same windows for every run; at the training length and "
-        "at the longest evaluated) and the first-key share (a row's weight on its first key, where attention "
-        "sinks form) have Welch's interval over the seeds alone, and none with one seed in an arm.",
+        "count training noise (a t interval on the spread of each arm's seeds) and the text (blocks, resampled "
+        f"jointly); {stars_caption(adjust, len(others))}. An arm of one seed gives a text-only interval, never "
+        "significant. Mean S (the attention probe's sparsity over layers and heads, on the same windows for every "
+        "run; at the training length and at the longest evaluated) and the first-key share (a row's weight on its "
+        "first key, where attention sinks form) have Welch's interval over the seeds alone, and none with one seed "
+        "in an arm.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
     records = []
-    for group in (g for g in groups if g is not baseline):
-        bpb = bpb_difference(group, baseline, settings)
-        ratios = {n: ratio_difference(group, baseline, n, settings) for n in lengths}
-        row = [group.label, seeds_cell(bpb, group, baseline), interval_cell(bpb, "+.3f", mark=True)]
-        row += [interval_cell(ratios[n], "+.3f", mark=True) for n in lengths]
-        row.append(interval_note([bpb, *ratios.values()]))
-        sparsity = probe_difference(group, baseline, None)
-        beyond = {n: probe_difference(group, baseline, n) for n in lengths}
-        first_key = probe_difference(group, baseline, None, "first_key")
-        row += [interval_cell(c, "+.3f", mark=True) for c in (sparsity, *(beyond[n] for n in longest), first_key)]
+    for group, columns, p_adjusted in zip(others, rows, adjusted):
+        def cell(key: str) -> str:
+            record = adjusted_record(columns[key], p_adjusted.get(key))
+            return interval_cell(columns[key], "+.3f") + (" *" if record and record["significant_adjusted"] else "")
+
+        row = [group.label, seeds_cell(columns["bpb"], group, baseline), cell("bpb")]
+        row += [cell(f"ratio@{n}") for n in lengths]
+        row.append(interval_note([columns["bpb"], *(columns[f"ratio@{n}"] for n in lengths)]))
+        row += [cell(key) for key in ("sparsity", *(f"sparsity@{n}" for n in longest), "first_key")]
         lines.append("| " + " | ".join(row) + " |")
-        records.append({"label": group.label, "baseline": baseline.label, "bpb": bpb.record() if bpb else None,
-                        "ratio": {str(n): c.record() for n, c in ratios.items() if c is not None},
-                        "sparsity": sparsity.record() if sparsity else None,
-                        "sparsity_by_length": {str(n): c.record() for n, c in beyond.items() if c is not None},
-                        "first_key": first_key.record() if first_key else None})
+        recorded = {key: adjusted_record(c, p_adjusted.get(key)) for key, c in columns.items()}
+        records.append({"label": group.label, "baseline": baseline.label, "bpb": recorded["bpb"],
+                        "ratio": {str(n): recorded[f"ratio@{n}"] for n in lengths if recorded[f"ratio@{n}"]},
+                        "sparsity": recorded["sparsity"],
+                        "sparsity_by_length": {str(n): recorded[f"sparsity@{n}"] for n in lengths
+                                               if recorded[f"sparsity@{n}"]},
+                        "first_key": recorded["first_key"]})
     return "\n".join(lines), records
