@@ -211,9 +211,15 @@ def text_only_difference(runs, baselines, metric, seeds, **bootstrap_args) -> Co
 def switch_difference(with_switch: Sequence[Run], without: Sequence[Run], metric: Callable = ratio_of_sums, *,
                       scale: float = 1.0, **bootstrap_args) -> Comparison:
     """An evaluation-time switch on the same checkpoints (a position override, a longer length): the mean over
-    checkpoints of the paired difference, with the text-only interval. No training noise enters: the models
-    are the same, so the interval covers the text only and says so."""
+    checkpoints of each one's paired difference. The switch's effect on each checkpoint is the unit: with two
+    checkpoints or more (one per seed) the interval counts how much that effect differs between checkpoints and
+    the text (``seeds+text``, as ``arm_estimate`` of the per-checkpoint differences), so it speaks for models
+    trained this way, not only for these; with one checkpoint, the text only."""
     if len(with_switch) != len(without):
         raise ValueError(f"a switch pairs each checkpoint with itself: got {len(with_switch)} and {len(without)} runs")
-    interval = text_only_difference(with_switch, without, metric, (len(with_switch),), **bootstrap_args)
-    return interval.scaled(scale)
+    if len(with_switch) < 2:
+        return text_only_difference(with_switch, without, metric, (1,), **bootstrap_args).scaled(scale)
+    width = len(with_switch[0])
+    paired = [(*a, *b) for a, b in zip(with_switch, without)]
+    effect = lambda *arrays: metric(*arrays[:width]) - metric(*arrays[width:])  # noqa: E731
+    return arm_estimate(paired, effect, scale=scale, **bootstrap_args)

@@ -10,7 +10,9 @@ from scipy import stats
 
 from lmzoo.metrics import calibration
 from lmzoo.metrics.intervals import ratio_of_sums, ratio_to_reference
-from lmzoo.metrics.seeds import SEEDS, SEEDS_AND_TEXT, TEXT, arm_difference, arm_estimate, seed_mean, switch_difference
+from lmzoo.metrics.seeds import (
+    SEEDS, SEEDS_AND_TEXT, TEXT, arm_difference, arm_estimate, seed_mean, switch_difference, text_only_difference,
+)
 
 
 def arms(scenario, seed=0):
@@ -94,11 +96,18 @@ def test_an_arm_estimate_covers_its_text_and_seeds():
     assert estimate.hi - estimate.lo > single.hi - single.lo
 
 
-def test_a_switch_on_the_same_checkpoints_is_text_only_and_exact_for_no_switch():
+def test_a_switch_counts_how_its_effect_differs_between_checkpoints_and_is_exact_for_no_switch():
     a, _ = arms(replace(calibration.DEFAULT, seeds=3))
     ratios = [(loss, count, loss, count) for loss, count in a]
     same = switch_difference(ratios, ratios, ratio_to_reference, resamples=100)
-    assert (same.estimate, same.lo, same.hi) == (0.0, 0.0, 0.0) and same.uncertainty == TEXT
+    assert (same.estimate, same.lo, same.hi) == (0.0, 0.0, 0.0) and same.uncertainty == SEEDS_AND_TEXT
+    switched = [(loss * factor, count) for (loss, count), factor in zip(a, (1.01, 1.05, 1.09))]  # helps each unlike
+    effect = switch_difference(switched, a, resamples=200)
+    text_alone = text_only_difference(switched, a, ratio_of_sums, (3,), resamples=200)
+    assert effect.seeds == (3,) and effect.estimate == pytest.approx(text_alone.estimate)
+    assert effect.hi - effect.lo > 5 * (text_alone.hi - text_alone.lo)  # the checkpoints' spread is counted
+    one = switch_difference(switched[:1], a[:1], resamples=200)
+    assert one.uncertainty == TEXT and one.seeds == (1,)
 
 
 def test_runs_on_other_blocks_are_refused():
