@@ -32,7 +32,8 @@ TEXT = "text"  # which tokens were scored: enough for a switch on one checkpoint
 class Estimate:
     """An estimate with its interval, what the interval covers, the runs per arm behind it and its coverage.
 
-    Reads as the sequence ``(estimate, lo, hi)`` (unpacking, indexing, ``np.array``). Scalars, or arrays of one shape for curves (a bootstrap band)."""
+    Reads as the sequence ``(estimate, lo, hi)`` (unpacking, indexing, ``np.array``). Scalars, or arrays of one
+    shape for curves (a bootstrap band)."""
 
     estimate: float | np.ndarray
     lo: float | np.ndarray

@@ -166,7 +166,8 @@ def arm_estimate(
     full, values = run_values(runs, metric, drawn)
     text = shared_text_variance([values], [1.0])
     text_df = text_degrees_of_freedom([runs], [1.0], metric)
-    lo, hi, df = t_interval(float(full.mean()), [(float(full.var(ddof=1)) / len(full), len(full))], text, level, text_df)
+    seed_part = (float(full.var(ddof=1)) / len(full), len(full))
+    lo, hi, df = t_interval(float(full.mean()), [seed_part], text, level, text_df)
     return Estimate(float(full.mean()), lo, hi, SEEDS_AND_TEXT, (len(runs),), level, df).scaled(scale)
 
 

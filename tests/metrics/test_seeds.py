@@ -51,7 +51,8 @@ def test_intervals_between_arms_record_their_degrees_of_freedom():
     comparison = arm_difference(b, a, resamples=200)
     assert 4 <= comparison.df < 400 and comparison.record()["df"] == comparison.df
     half = (comparison.hi - comparison.lo) / 2
-    assert comparison.p_value == pytest.approx(2 * stats.t.sf(abs(comparison.estimate) / (half / stats.t.ppf(0.975, comparison.df)), comparison.df))
+    se = half / stats.t.ppf(0.975, comparison.df)
+    assert comparison.p_value == pytest.approx(2 * stats.t.sf(abs(comparison.estimate) / se, comparison.df))
 
 
 def test_a_real_difference_is_found():

@@ -24,7 +24,14 @@ from pathlib import Path
 from lmzoo.measure.comparison.estimates import bootstrap_settings
 from lmzoo.measure.comparison.figures import plot
 from lmzoo.measure.comparison.reading import (
-    Group, check_distinct_seeds, distinct_runs, find_runs, group_runs, load_runs, on_the_same_data, reference_run,
+    Group,
+    check_distinct_seeds,
+    distinct_runs,
+    find_runs,
+    group_runs,
+    load_runs,
+    on_the_same_data,
+    reference_run,
 )
 from lmzoo.measure.comparison.tables import differences, find_baseline, table
 from lmzoo.metrics.estimate import adjusted_p_values
@@ -78,7 +85,8 @@ def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = N
     check_distinct_seeds(groups, same_seed)
     settings = bootstrap_settings(kept)
     markdown, rows = table(groups, settings)
-    record = {"tag": tag, "level": 0.95, "adjust": adjust, "bootstrap": settings, "rows": rows, "differences": [], "baseline": None,
+    record = {"tag": tag, "level": 0.95, "adjust": adjust, "bootstrap": settings, "rows": rows, "differences": [],
+              "baseline": None,
               "left_out": [{"run": str(path), "reason": why} for path, why in unreadable]
               + [{"run": str(run.path), "reason": why} for run, why in left_out],
               "counted_once": duplicates}

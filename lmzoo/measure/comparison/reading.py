@@ -234,8 +234,9 @@ def check_distinct_seeds(groups: list[Group], same_seed: str = "refuse") -> None
                 by_seed.setdefault(str(run.seed), []).append(run)
         for seed, runs in by_seed.items():
             if len(runs) > 1:
-                raise ValueError(f"arm {group.label} has {len(runs)} runs of seed {seed} ({', '.join(str(r.path) for r in runs)}): "
-                                 "one seed counts once; if they are different runs, say so with same_seed=distinct")
+                paths = ", ".join(str(r.path) for r in runs)
+                raise ValueError(f"arm {group.label} has {len(runs)} runs of seed {seed} ({paths}): one seed counts "
+                                 "once; if they are different runs, say so with same_seed=distinct")
 
 
 def group_runs(runs: list[Run]) -> list[Group]:

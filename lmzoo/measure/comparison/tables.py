@@ -97,7 +97,7 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
         lines.append("| " + " | ".join(row) + " |")
         records.append({"label": group.label, "variant": group.variant, "runs": [str(r.path) for r in group.runs],
                         "seeds": [r.seed for r in group.runs],
-                        "budget": [{"steps": steps, "tokens": tokens} for steps, tokens in (r.budget for r in group.runs)],
+                        "budget": [dict(zip(("steps", "tokens"), r.budget)) for r in group.runs],
                         **record})
     return "\n".join(lines + resumed_with_changes(runs)), records
 
@@ -196,16 +196,14 @@ def differences(groups: list[Group], baseline: Group, settings: dict, adjust: st
     ]
     records = []
     for group, columns, p_adjusted in zip(others, rows, adjusted):
-        def cell(key: str) -> str:
-            record = adjusted_record(columns[key], p_adjusted.get(key))
-            return interval_cell(columns[key], "+.3f") + (" *" if record and record["significant_adjusted"] else "")
-
-        row = [group.label, seeds_cell(columns["bpb"], group, baseline), cell("bpb")]
-        row += [cell(f"ratio@{n}") for n in lengths]
-        row.append(interval_note([columns["bpb"], *(columns[f"ratio@{n}"] for n in lengths)]))
-        row += [cell(key) for key in ("sparsity", *(f"sparsity@{n}" for n in longest), "first_key")]
-        lines.append("| " + " | ".join(row) + " |")
         recorded = {key: adjusted_record(c, p_adjusted.get(key)) for key, c in columns.items()}
+        cells = {key: interval_cell(c, "+.3f") + (" *" if c and recorded[key]["significant_adjusted"] else "")
+                 for key, c in columns.items()}
+        row = [group.label, seeds_cell(columns["bpb"], group, baseline), cells["bpb"]]
+        row += [cells[f"ratio@{n}"] for n in lengths]
+        row.append(interval_note([columns["bpb"], *(columns[f"ratio@{n}"] for n in lengths)]))
+        row += [cells[key] for key in ("sparsity", *(f"sparsity@{n}" for n in longest), "first_key")]
+        lines.append("| " + " | ".join(row) + " |")
         records.append({"label": group.label, "baseline": baseline.label, "bpb": recorded["bpb"],
                         "ratio": {str(n): recorded[f"ratio@{n}"] for n in lengths if recorded[f"ratio@{n}"]},
                         "sparsity": recorded["sparsity"],
