@@ -406,3 +406,13 @@ def test_the_frontier_stars_are_adjusted_for_fifteen_arms_and_both_are_recorded(
             c = difference[key]
             assert c["significant"] == (c["p"] < 0.05) and c["p_adjusted"] >= c["p"]
             assert unadjusted[difference["label"]]["Δ bpb@train"].endswith("*") == difference["bpb"]["significant"]
+
+
+@pytest.mark.slow
+def test_all_the_frontier_records_with_a_copy_of_themselves_give_the_same_tables(tmp_path):
+    records = Path(__file__).resolve().parents[2] / "docs" / "frontier" / "records"
+    shutil.copytree(records, tmp_path / "copy")
+    alone = comparison.compare([records], baseline="softmax")
+    doubled = comparison.compare([records, tmp_path / "copy"], baseline="softmax")
+    assert tables_of(doubled) == tables_of(alone) and len(doubled.record["counted_once"]) == 48
+    assert "kda | 3 vs 3 | -0.082 [-0.143, -0.022] |" in "\n".join(tables_of(doubled))  # not "6 vs 6"
