@@ -5,11 +5,15 @@ and writes a markdown table (printed, and saved as ``comparison.md``), the same 
 ``comparison.json``, and plots: bits per byte and its ratio to the training length against evaluation
 length, per-position loss at the longest length, attention sparsity against length.
 
-Runs that set the same ``label``, or whose configs differ only in ``seed``, form one row (an arm):
+Each run counts once (a link to a run, or a copy of its folder, is named and left out; two runs of one seed in
+an arm are refused unless ``same_seed=distinct``). Runs that set the same ``label``, or whose configs differ
+only in ``seed`` and in settings that cannot change the trained model (``lmzoo.schema``), form one row (an arm):
 the mean over its seeds with a 95% interval that counts training noise and text (``seeds+text``);
 an arm of one seed shows its text-only interval and says so. With a baseline, a second table gives
 each arm's difference to it in bpb at the training length and in the extrapolation ratio at every
-other length; ``*`` marks a significant difference (never for a one-seed arm). Runs on other data
+other length; ``*`` marks a significant difference (never for a one-seed arm), adjusted for the number of arms
+compared with the baseline (Holm's method, each column one family; ``adjust=none`` for each arm on its own at 95%;
+``comparison.json`` records both). Runs on other data
 or other scored tokens than the reference run are left out, each named in one line. Run
 ``python -m lmzoo.eval`` on each run first. ``--baseline ARM`` is accepted for ``baseline=ARM``;
 ``--help`` lists the settings.
@@ -25,12 +29,17 @@ from typing import NamedTuple, NoReturn
 
 from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, show_help, wants_help
 from lmzoo.config import ConfigError
-from lmzoo.measure.comparison import compare, write_report
+from lmzoo.measure.comparison import another_comparison, compare, write_report
 
 OPTIONS = [
     Option("baseline", "null", "the arm (label or variant) every other row is compared with; null: no second table"),
     Option("tag", "default", "which evaluation of each run to read (eval/<tag>)"),
-    Option("out", "<the folder the paths share>", "where comparison.md/.json and the plots go"),
+    Option("out", "<the folder the paths share>", "where comparison.md/.json and the plots go; without out=, a "
+           "comparison of other runs (or another baseline or tag) already there is not replaced"),
+    Option("adjust", "holm", "how the stars of the differences to the baseline are adjusted for the number of arms "
+           "compared: holm, or none (each arm on its own at 95%)"),
+    Option("same_seed", "refuse", "two runs of one arm with the same seed: refuse, or distinct (they are different "
+           "runs, e.g. a nondeterministic rerun: each counts)"),
 ]
 KEYS = [o.key for o in OPTIONS]
 
@@ -40,6 +49,8 @@ class Arguments(NamedTuple):
     baseline: str | None
     tag: str
     out: Path | None
+    same_seed: str
+    adjust: str
 
 
 def show_usage() -> NoReturn:
@@ -82,7 +93,8 @@ def parse_args(argv: list[str]) -> Arguments:
     if not paths:
         raise ConfigError("no run given: python -m lmzoo.compare <run or sweep dir> ... (run python -m lmzoo.eval on each first)")
     out = given.get("out")
-    return Arguments(paths, given.get("baseline"), given.get("tag", "default"), Path(out) if out else None)
+    return Arguments(paths, given.get("baseline"), given.get("tag", "default"), Path(out) if out else None,
+                     given.get("same_seed", "refuse"), given.get("adjust", "holm"))
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -92,10 +104,14 @@ def main(argv: list[str] | None = None) -> str:
     with errors_in_one_line():
         args = parse_args(argv)
         try:
-            report = compare(args.paths, tag=args.tag, baseline=args.baseline)
+            report = compare(args.paths, tag=args.tag, baseline=args.baseline, same_seed=args.same_seed,
+                             adjust=args.adjust)
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(str(e)) from None
-    out = args.out or Path(os.path.commonpath([p.resolve() for p in args.paths]))  # not inside one run of several
+        out = args.out or Path(os.path.commonpath([p.resolve() for p in args.paths]))  # not inside one run of several
+        if args.out is None and another_comparison(report, out):
+            raise ConfigError(f"{out / 'comparison.md'} holds a comparison of other runs (or another baseline or tag): "
+                              f"give out=<folder> for this one, or out={out} to replace it")
     print(report.markdown)
     for path in write_report(report, out):
         print(f"wrote {path}")

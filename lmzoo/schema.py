@@ -206,3 +206,39 @@ def flatten(tree: dict, prefix: str = "") -> dict:
     for key, value in tree.items():
         out.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
     return out
+
+
+# Which settings can change the trained model (``changes_trained_model``). Runs that differ only in settings
+# that cannot are seeds of one experiment (``lmzoo.compare`` pools them into one arm); every other difference
+# makes another arm. A key is classified by its longest entry below (a whole group, or one key); a new key
+# matching none must be added to one list (tests/measure/test_compare.py checks every key of every spec).
+CANNOT_CHANGE_TRAINED_MODEL = (
+    "run_dir", "label",  # where it is written, what it is called
+    "data.allow_changed",  # whether a resume may proceed; the change itself is recorded in resumes.jsonl
+    "model.remat",  # recomputes activations in the backward pass: the same values
+    "attn.method",  # the computation form: every form is tested equal to the reference (kernels are named apart)
+    "train.progress", "train.log_every", "train.eval_every", "train.eval_tokens", "train.probe_batch",
+    "train.checkpoint_every", "train.keep_checkpoints",  # what is shown, logged, validated and saved
+    "train.grad_accum", "train.steps_per_call",  # the same update, split or fused differently
+    "train.distributed", "train.coordinator_address", "train.num_processes", "train.process_id", "train.mesh",
+)  # placement over processes and devices: the same model, rounding apart
+CAN_CHANGE_TRAINED_MODEL = (
+    "seed", "model", "pos", "data", "optim", "attn",
+    "train.steps", "train.batch_size", "train.max_nonfinite", "train.state_passing", "train.z_loss",
+)
+
+
+def _classifying_entry(key: str) -> str | None:
+    entries = [e for e in CANNOT_CHANGE_TRAINED_MODEL + CAN_CHANGE_TRAINED_MODEL
+               if key == e or key.startswith(e + ".")]
+    return max(entries, key=len, default=None)
+
+
+def changes_trained_model(key: str) -> bool:
+    """Whether the dotted setting ``key`` can change the trained model; an unclassified key counts as one that
+    can (two runs that differ in it stay apart)."""
+    return _classifying_entry(key) not in CANNOT_CHANGE_TRAINED_MODEL
+
+
+def is_classified(key: str) -> bool:
+    return _classifying_entry(key) is not None

@@ -44,4 +44,4 @@ for variant in ${VARIANTS//,/ }; do
     fi
   done
 done
-python -m lmzoo.compare "${KEEP:-${OUT}}" ${BASELINE:+--baseline "${BASELINE}"}
+python -m lmzoo.compare "${KEEP:-${OUT}}" ${BASELINE:+--baseline "${BASELINE}"} out="${KEEP:-${OUT}}"  # its own comparison, replaced as arms are added

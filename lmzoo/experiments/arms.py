@@ -56,14 +56,29 @@ def switch(with_switch: list, without: list, metric: Callable, scale: float = 1.
     return switch_difference(with_switch, without, metric=metric, scale=scale).record()
 
 
+def distinct(results: list[dict]) -> list[dict]:
+    """The evaluations of one arm, refused (ValueError, one line) where two are the same run's: the same
+    evaluation read twice (a run listed twice, or a link to it) would count one model as two seeds. Two trained
+    models never score every block alike, so equal block sums at the training length mean one run."""
+    seen: dict[bytes, int] = {}
+    for index, result in enumerate(results):
+        loss, _ = blocks(result, result["train_seq_len"])
+        key = np.asarray(loss, np.float64).tobytes()
+        if key in seen:
+            raise ValueError(f"runs {seen[key]} and {index} of one arm are the same run (equal block sums): "
+                             "one seed counts once; list each seed's run once")
+        seen[key] = index
+    return results
+
+
 def bpb_runs(results: list[dict], length: int) -> list[tuple]:
-    """(loss, count) block sums at ``length`` of each run's evaluation."""
-    return [blocks(r, length) for r in results]
+    """(loss, count) block sums at ``length`` of each run's evaluation, each run once."""
+    return [blocks(r, length) for r in distinct(results)]
 
 
 def ratio_runs(results: list[dict], length: int) -> list[tuple]:
-    """(loss@length, count@length, loss@T, count@T) of each run, for ``ratio_to_reference``."""
-    return [(*blocks(r, length), *blocks(r, r["train_seq_len"])) for r in results]
+    """(loss@length, count@length, loss@T, count@T) of each run, each run once, for ``ratio_to_reference``."""
+    return [(*blocks(r, length), *blocks(r, r["train_seq_len"])) for r in distinct(results)]
 
 
 def bpb_estimate(results: list[dict], length: int) -> dict:

@@ -90,8 +90,7 @@ def difference_of(differences: dict, first: str, second: str) -> Measured:
     """bpb(first) - bpb(second), from whichever order the evidence holds it in."""
     if f"{first} - {second}" in differences:
         return measured(differences[f"{first} - {second}"])
-    m = measured(differences[f"{second} - {first}"])
-    return Measured(-m.estimate, -m.hi, -m.lo, m.uncertainty, m.seeds)
+    return measured(differences[f"{second} - {first}"]).negated()
 
 
 def judge(evidence: dict, settings: Settings) -> list[Check]:

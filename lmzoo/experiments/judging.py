@@ -15,9 +15,12 @@ the reference degrades past its training length). Each check comes out
 Several claim checks are several chances to pass by luck, so before the vote each claim check's
 interval is widened to a family-wise 95% over the m claim checks (``familywise``: Bonferroni, each
 at level 1 - 0.05/m). Only the 95% interval is recorded by the measurement, so the widening scales
-each side of it about the estimate by z(1 - 0.025/m) / z(0.975): exact for normal intervals, and
-for Student-t or bootstrap intervals an approximation that widens a little less than an exact
-rerun would. Controls keep their 95% intervals (a control must hold on its own).
+each side of it about the estimate by t(1 - 0.025/m) / t(0.975), Student's quantiles at the
+interval's own degrees of freedom (``Estimate.widened``): exact for the t intervals over seeds. An
+interval recorded without its degrees of freedom (before rules version 4) is widened at the fewest
+its seeds allow (``min(seeds) - 1``: never narrower than the exact rerun); a bootstrap interval over
+many blocks, draws or heads at the normal quantiles. Controls keep their 95% intervals (a control
+must hold on its own).
 
 The outcome (``outcome``): any control not passed: *inconclusive*, whatever the other checks
 say. Otherwise, over the other checks (the vote; controls do not count): all passed, *reproduced*;
@@ -32,45 +35,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from scipy.stats import norm
+from lmzoo.metrics.estimate import LEVEL, Estimate
 
-RULES_VERSION = 3
-LEVEL = 0.95
+RULES_VERSION = 4
 OUTCOMES = ("reproduced", "partly", "not reproduced", "inconclusive")
 SMOKE = "smoke run"  # the verdict word of a quick run: it never reads as a full run's outcome
 TRAINING_NOISE_UNKNOWN = "1 seed: text only"
 
 
-@dataclass(frozen=True)
-class Measured:
-    """An estimate with its 95% interval, what the interval covers and the runs behind it."""
-
-    estimate: float
-    lo: float
-    hi: float
-    uncertainty: str  # "seeds+text", "text", or what else was resampled ("draws", "heads", "windows")
-    seeds: tuple[int, ...] = (1,)  # runs per arm
-    level: float = LEVEL  # the interval's coverage: 0.95, or 1 - 0.05/m once widened over m checks
-
-    def record(self) -> dict:
-        return {"estimate": float(self.estimate), "lo": float(self.lo), "hi": float(self.hi),
-                "uncertainty": self.uncertainty, "seeds": list(self.seeds), "level": self.level}
-
-    def widened(self, level: float) -> "Measured":
-        """The interval at ``level`` instead of 95%, each side scaled about the estimate (see the module doc)."""
-        factor = norm.ppf(0.5 + level / 2) / norm.ppf(0.5 + LEVEL / 2)
-        return replace(self, lo=self.estimate - factor * (self.estimate - self.lo),
-                       hi=self.estimate + factor * (self.hi - self.estimate), level=level)
+Measured = Estimate  # a check's value: ``lmzoo.metrics.estimate``, the record compare and the seeds statistics use
 
 
 def measured(record: dict, *, uncertainty: str = "text", seeds=(1,)) -> Measured:
-    """A record as the experiments write it: ``lmzoo.metrics.seeds``' (estimate, lo, hi, seeds, uncertainty),
+    """A record as the experiments write it: ``lmzoo.metrics.seeds``' (estimate, lo, hi, seeds, uncertainty, df),
     or the older ``{"value", "ci"}`` of one seed with an interval over the text only."""
-    if "estimate" in record:
-        return Measured(record["estimate"], record["lo"], record["hi"], record.get("uncertainty", uncertainty),
-                        tuple(record.get("seeds", seeds)))
-    lo, hi = record["ci"]
-    return Measured(record["value"], lo, hi, uncertainty, tuple(seeds))
+    return Estimate.from_record(record, uncertainty=uncertainty, seeds=seeds)
 
 
 @dataclass(frozen=True)
@@ -104,7 +83,8 @@ class Check:
         return f"{'>' if self.side == 'above' else '<'} {self.bound:g}"
 
     def record(self) -> dict:
-        return {"name": self.name, "tests": self.tests, "control": self.control, **self.value.record(),
+        value = {k: v for k, v in self.value.record().items() if k != "significant"}  # passed says what counts
+        return {"name": self.name, "tests": self.tests, "control": self.control, **value,
                 "must": self.must, "trained_comparison": self.trained_comparison, "passed": self.passed,
                 "undecided": self.why_undecided}
 

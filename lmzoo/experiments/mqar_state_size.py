@@ -120,8 +120,9 @@ def accuracy_of(cell: dict) -> Measured:
 
 def apart(first: Measured, second: Measured) -> Measured:
     """first - second, from two arms scored on different examples: the conservative interval [lo1 - hi2, hi1 - lo2]."""
+    df = None if None in (first.df, second.df) else min(first.df, second.df)  # the fewer: the wider widening
     return Measured(first.estimate - second.estimate, first.lo - second.hi, first.hi - second.lo,
-                    first.uncertainty, (min(first.seeds), min(second.seeds)))
+                    first.uncertainty, (min(first.seeds), min(second.seeds)), df=df)
 
 
 def judge(evidence: dict, settings: Settings) -> list[Check]:

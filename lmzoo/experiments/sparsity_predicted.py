@@ -42,7 +42,7 @@ from lmzoo.experiments.judging import LEVEL, Check, Measured, measured
 from lmzoo.experiments.runs import train_run
 from lmzoo.experiments.sparsity_closed_forms import closed_exp, closed_identity, closed_relu2
 from lmzoo.metrics.intervals import bootstrap
-from lmzoo.metrics.seeds import welch_interval
+from lmzoo.metrics.seeds import t_interval
 from lmzoo.metrics.sparsity import l1_l2_sparsity
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import new_axes, save_axes, series_style
@@ -147,7 +147,8 @@ def judge_heads(per_seed: list[tuple[np.ndarray, np.ndarray]]) -> dict:
     for name, per_seed_values in values.items():
         mean, n = float(np.mean(per_seed_values)), len(per_seed_values)
         spread = [(float(np.var(per_seed_values, ddof=1)) / n, n)]
-        out[name] = Measured(mean, *welch_interval(mean, spread, 0.0, LEVEL), "seeds+heads", (n,)).record()
+        lo, hi, df = t_interval(mean, spread, 0.0, LEVEL)
+        out[name] = Measured(mean, lo, hi, "seeds+heads", (n,), df=df).record()
     return out
 
 

@@ -104,8 +104,9 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
 def apart(first: Measured, second: Measured) -> Measured:
     """first - second, from two arms scored on the same examples but trained apart: the conservative
     interval [lo1 - hi2, hi1 - lo2]."""
+    df = None if None in (first.df, second.df) else min(first.df, second.df)  # the fewer: the wider widening
     return Measured(first.estimate - second.estimate, first.lo - second.hi, first.hi - second.lo,
-                    first.uncertainty, (min(first.seeds), min(second.seeds)))
+                    first.uncertainty, (min(first.seeds), min(second.seeds)), df=df)
 
 
 def judge(evidence: dict, settings: Settings) -> list[Check]:

@@ -37,23 +37,34 @@ class Scenario:
     seed_sd: float = 0.024
     own_sd: float = 0.016
     shift: float = 0.0  # arm B minus arm A, nats per token
+    seeds_b: int | None = None  # runs of arm B where the arms differ in size (None: ``seeds``)
+    interaction_sd: float = 0.0  # how arm B as a whole copes with each document, beyond arm A (mean 0 over documents)
 
     def draw(self, rng: np.random.Generator) -> tuple[list, list]:
-        """Two arms of ``seeds`` runs, each run ``(loss sums [documents], token counts [documents])``."""
+        """Arm A's ``seeds`` runs and arm B's ``seeds_b``, each run ``(loss sums [documents], token counts
+        [documents])``."""
         tokens = np.maximum(1, np.round(rng.lognormal(np.log(self.mean_tokens) - 0.5, 1.0, self.documents)))
         text = rng.normal(0, self.text_sd, self.documents)
         own_scale = self.own_sd * np.sqrt(tokens.mean() / tokens)
+        interaction = rng.normal(0, self.interaction_sd, self.documents) * np.sqrt(tokens.mean() / tokens)
 
-        def run(shift: float):
+        def run(shift):
             per_token = self.mean + shift + text + rng.normal(0, self.seed_sd) + rng.normal(0, 1, self.documents) * own_scale
             return tokens * per_token, tokens
 
-        return [run(0.0) for _ in range(self.seeds)], [run(self.shift) for _ in range(self.seeds)]
+        return ([run(0.0) for _ in range(self.seeds)],
+                [run(self.shift + interaction) for _ in range(self.seeds_b or self.seeds)])
 
 
 DEFAULT = Scenario()
 # Training noise small beside how differently each run copes with each document: the text term dominates.
 TEXT_HEAVY = Scenario(seed_sd=0.002, own_sd=0.03)
+# Arm B copes with some documents better and others worse than arm A, by as much on average (no difference over
+# all documents), with little training noise: the shared text term carries the interval, on few effective documents.
+INTERACTION = Scenario(seed_sd=0.002, own_sd=0.005, interaction_sd=0.05)
+UNEQUAL = Scenario(seeds=2, seeds_b=5)  # arms of 2 and 5 seeds
+REGIMES = {"3 seeds": DEFAULT, "5 seeds": replace(DEFAULT, seeds=5), "2 vs 5 seeds": UNEQUAL,
+           "text-dominated": TEXT_HEAVY, "document interaction": INTERACTION}
 
 Method = Callable[[list, list], Comparison]
 

@@ -85,7 +85,9 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-LEVEL = 0.95
+from lmzoo.metrics.estimate import LEVEL, Estimate
+
+Interval = Estimate  # the bootstrap's point estimate and percentile interval (text only), scalars or curves
 RESAMPLES = 1000
 SEED = 0
 # Blocks must be numerous enough for stable 2.5% tails and long compared with the span over which
@@ -94,25 +96,6 @@ BLOCKS = 100
 # Gathered draws are summed a slice of resamples at a time so that curves (blocks x positions)
 # never materialise resamples x blocks x positions floats at once.
 _GATHER_FLOATS = 1 << 23
-
-
-class Interval(NamedTuple):
-    """A point estimate with its bootstrap interval (scalars, or arrays of one shape for curves)."""
-
-    estimate: float | np.ndarray
-    lo: float | np.ndarray
-    hi: float | np.ndarray
-
-    def bounds(self) -> list:
-        """``[lo, hi]`` as plain floats (or ``[[lo...], [hi...]]`` for curves), ready for JSON."""
-        return [np.asarray(self.lo).tolist(), np.asarray(self.hi).tolist()]
-
-    def excludes(self, value: float = 0.0) -> bool:
-        """True when ``value`` lies outside a scalar interval; never for an undefined (NaN) interval."""
-        return bool(self.lo > value or self.hi < value)
-
-    def scaled(self, factor: float) -> Interval:
-        return Interval(self.estimate * factor, self.lo * factor, self.hi * factor)
 
 
 class SeedSummary(NamedTuple):
@@ -180,7 +163,7 @@ def bootstrap(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # an entry no resample scored (a position never scored): NaN
         lo, hi = np.nanpercentile(values, [tail, 100 - tail], axis=0)
-    return Interval(_plain(estimate), _plain(lo), _plain(hi))
+    return Interval(_plain(estimate), _plain(lo), _plain(hi), level=level)
 
 
 def _plain(x: np.ndarray) -> float | np.ndarray:

@@ -22,9 +22,13 @@ With ``m_i`` the metric of run ``i`` on all the scored text and arms A (``n_A`` 
   (a run's own reaction to this text is part of its ``m_i``). What is left is the text's effect
   shared by all runs of an arm: the only text effect a seed term cannot see. Floored at zero.
 - ``se = sqrt(seed term + text term)``; the interval is ``d ± t * se`` with Student's ``t`` at the
-  Welch–Satterthwaite degrees of freedom of the seed term (the text term, from many blocks, is
-  taken as known). With three seeds per arm that is ``t ≈ 2.8``, not 1.96: a percentile
-  bootstrap over three seeds would be far too narrow.
+  Welch–Satterthwaite degrees of freedom of both terms: each arm's seed variance has ``n_a - 1``, and
+  the text term as many as its blocks carry evenly (``text_degrees_of_freedom``: a few documents
+  that carry most of the variance give few, not ``B``). With three seeds per arm that is
+  ``t ≈ 2.8``, not 1.96: a percentile bootstrap over three seeds would be far too narrow; where
+  seed noise is small, the text term's own degrees of freedom keep ``t`` above the normal 1.96.
+  The interval records its degrees of freedom (``df``), so widening it for several checks at once
+  or adjusting for several arms uses the t distribution it came from.
 
 With one seed in an arm its training noise cannot be estimated: the interval is the text-only
 percentile bootstrap, ``uncertainty`` says ``"text"``, and the difference is never called
@@ -33,51 +37,17 @@ significant, however narrow its interval.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
 from scipy import stats
 
+from lmzoo.metrics.estimate import SEEDS, SEEDS_AND_TEXT, TEXT, Estimate
 from lmzoo.metrics.intervals import LEVEL, RESAMPLES, SEED, bootstrap, draws, ratio_of_sums, resampled_sums
 
-SEEDS_AND_TEXT = "seeds+text"
-SEEDS = "seeds"  # a per-run statistic measured on text every run shares and that is not resampled (e.g. a probe's)
-TEXT = "text"
-
 Run = Sequence[np.ndarray]  # block-sum arrays [B] of one run, the arguments of a metric (e.g. (loss, count))
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """An estimate with its interval, the seeds behind it and what the interval covers."""
-
-    estimate: float
-    lo: float
-    hi: float
-    seeds: tuple[int, ...]  # runs per arm: (n,) for one arm, (n_runs, n_baselines) for a difference
-    uncertainty: str  # SEEDS_AND_TEXT or TEXT
-
-    @property
-    def significant(self) -> bool:
-        """The interval excludes zero and counts training noise: never for a text-only interval."""
-        return self.uncertainty in (SEEDS_AND_TEXT, SEEDS) and bool(self.lo > 0 or self.hi < 0)
-
-    @property
-    def note(self) -> str:
-        """What the interval covers, in the words a table shows beside it."""
-        if self.uncertainty in (SEEDS_AND_TEXT, SEEDS):
-            return self.uncertainty
-        return "1 seed: text only" if min(self.seeds) == 1 else "text only"
-
-    def scaled(self, factor: float) -> Comparison:
-        lo, hi = sorted((self.lo * factor, self.hi * factor))
-        return Comparison(self.estimate * factor, lo, hi, self.seeds, self.uncertainty)
-
-    def record(self) -> dict:
-        """Plain JSON: ``estimate``, ``lo``, ``hi``, ``seeds``, ``uncertainty``, ``significant``."""
-        return {"estimate": float(self.estimate), "lo": float(self.lo), "hi": float(self.hi),
-                "seeds": list(self.seeds), "uncertainty": self.uncertainty, "significant": self.significant}
+Comparison = Estimate  # an arm's estimate or a difference between arms: its ``seeds`` and ``uncertainty`` say which
 
 
 def run_values(runs: Sequence[Run], metric: Callable, drawn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -100,15 +70,43 @@ def shared_text_variance(arms: Sequence[np.ndarray], signs: Sequence[float]) -> 
     return max(0.0, float(np.var(combined, ddof=1)) - own)
 
 
-def welch_interval(estimate: float, seed_parts: Sequence[tuple[float, int]], text_variance: float,
-                   level: float) -> tuple[float, float]:
-    """``estimate ± t * se``; ``seed_parts`` are (s^2 / n, n) per arm, the text term's variance is taken as known."""
+def text_degrees_of_freedom(arms: Sequence[Sequence[Run]], signs: Sequence[float], metric: Callable) -> float:
+    """How many degrees of freedom the text term's variance rests on: ``2 B / (kurtosis - 1)`` of the blocks'
+    influence on ``sum(sign * arm mean)`` (leaving each block out in turn), at most ``B - 1``.
+
+    Evenly spread influence gives about ``B``; a few documents carrying most of it give few, as a variance
+    estimated from that many documents should (the method of moments of Satterthwaite's approximation)."""
+    left_out = 0.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for sign, runs in zip(signs, arms):
+            per_run = [metric(*[a.sum() - a for a in (np.asarray(x, np.float64) for x in run)]) for run in runs]
+            left_out = left_out + sign * np.mean(per_run, axis=0)
+    influence = np.asarray(left_out, np.float64)
+    influence = influence[np.isfinite(influence)] - np.nanmean(influence)
+    blocks = len(influence)
+    second = float(np.sum(influence**2))
+    if blocks < 3 or second <= 0:
+        return np.inf
+    kurtosis = blocks * float(np.sum(influence**4)) / second**2
+    return float(min(blocks - 1, 2 * blocks / max(kurtosis - 1, 1e-12)))
+
+
+def t_interval(estimate: float, seed_parts: Sequence[tuple[float, int]], text_variance: float, level: float,
+               text_df: float = np.inf) -> tuple[float, float, float]:
+    """``(estimate - t * se, estimate + t * se, df)``; ``seed_parts`` are (s^2 / n, n) per arm, the text term has
+    ``text_df`` degrees of freedom (infinite: taken as known); ``df`` is Welch-Satterthwaite's over all terms."""
     seed_variance = sum(v for v, _ in seed_parts)
     se = np.sqrt(seed_variance + text_variance)
-    spread = sum(v**2 / (n - 1) for v, n in seed_parts)
+    spread = sum(v**2 / (n - 1) for v, n in seed_parts) + (text_variance**2 / text_df if np.isfinite(text_df) else 0.0)
     df = (seed_variance + text_variance) ** 2 / spread if spread > 0 else np.inf
     t = stats.t.ppf(0.5 + level / 2, df) if np.isfinite(df) else stats.norm.ppf(0.5 + level / 2)
-    return float(estimate - t * se), float(estimate + t * se)
+    return float(estimate - t * se), float(estimate + t * se), float(df)
+
+
+def welch_interval(estimate: float, seed_parts: Sequence[tuple[float, int]], text_variance: float,
+                   level: float) -> tuple[float, float]:
+    """``estimate ± t * se`` with the text term taken as known (``t_interval`` without its degrees of freedom)."""
+    return t_interval(estimate, seed_parts, text_variance, level)[:2]
 
 
 def _check_arms(*arms: Sequence[Run]) -> None:
@@ -144,9 +142,10 @@ def arm_difference(
     (full_a, values_a), (full_b, values_b) = run_values(runs, metric, drawn), run_values(baselines, metric, drawn)
     estimate = float(full_a.mean() - full_b.mean())
     text = shared_text_variance([values_a, values_b], [1.0, -1.0])
+    text_df = text_degrees_of_freedom([runs, baselines], [1.0, -1.0], metric)
     seed_parts = [(float(full.var(ddof=1)) / len(full), len(full)) for full in (full_a, full_b)]
-    lo, hi = welch_interval(estimate, seed_parts, text, level)
-    return Comparison(estimate, lo, hi, seeds, SEEDS_AND_TEXT).scaled(scale)
+    lo, hi, df = t_interval(estimate, seed_parts, text, level, text_df)
+    return Estimate(estimate, lo, hi, SEEDS_AND_TEXT, seeds, level, df).scaled(scale)
 
 
 def arm_estimate(
@@ -162,12 +161,14 @@ def arm_estimate(
     _check_arms(runs)
     if len(runs) < 2:
         interval = bootstrap(metric, list(runs[0]), resamples=resamples, seed=seed, level=level)
-        return Comparison(interval.estimate, interval.lo, interval.hi, (1,), TEXT).scaled(scale)
+        return replace(interval, seeds=(1,), level=level).scaled(scale)
     drawn = draws(len(np.asarray(runs[0][0])), resamples, seed)
     full, values = run_values(runs, metric, drawn)
     text = shared_text_variance([values], [1.0])
-    lo, hi = welch_interval(float(full.mean()), [(float(full.var(ddof=1)) / len(full), len(full))], text, level)
-    return Comparison(float(full.mean()), lo, hi, (len(runs),), SEEDS_AND_TEXT).scaled(scale)
+    text_df = text_degrees_of_freedom([runs], [1.0], metric)
+    seed_part = (float(full.var(ddof=1)) / len(full), len(full))
+    lo, hi, df = t_interval(float(full.mean()), [seed_part], text, level, text_df)
+    return Estimate(float(full.mean()), lo, hi, SEEDS_AND_TEXT, (len(runs),), level, df).scaled(scale)
 
 
 def seed_difference(values: Sequence[float], baselines: Sequence[float], *, level: float = LEVEL) -> Comparison | None:
@@ -180,8 +181,8 @@ def seed_difference(values: Sequence[float], baselines: Sequence[float], *, leve
     if min(len(a), len(b)) < 2:
         return None
     estimate = float(a.mean() - b.mean())
-    lo, hi = welch_interval(estimate, [(float(x.var(ddof=1)) / len(x), len(x)) for x in (a, b)], 0.0, level)
-    return Comparison(estimate, lo, hi, (len(a), len(b)), SEEDS)
+    lo, hi, df = t_interval(estimate, [(float(x.var(ddof=1)) / len(x), len(x)) for x in (a, b)], 0.0, level)
+    return Estimate(estimate, lo, hi, SEEDS, (len(a), len(b)), level, df)
 
 
 def seed_mean(values: Sequence[float], *, level: float = LEVEL) -> Comparison | None:
@@ -192,8 +193,8 @@ def seed_mean(values: Sequence[float], *, level: float = LEVEL) -> Comparison | 
     a = np.asarray([v for v in values if v is not None], dtype=np.float64)
     if len(a) < 2:
         return None
-    lo, hi = welch_interval(float(a.mean()), [(float(a.var(ddof=1)) / len(a), len(a))], 0.0, level)
-    return Comparison(float(a.mean()), lo, hi, (len(a),), SEEDS)
+    lo, hi, df = t_interval(float(a.mean()), [(float(a.var(ddof=1)) / len(a), len(a))], 0.0, level)
+    return Estimate(float(a.mean()), lo, hi, SEEDS, (len(a),), level, df)
 
 
 def text_only_difference(runs, baselines, metric, seeds, **bootstrap_args) -> Comparison:
@@ -205,16 +206,21 @@ def text_only_difference(runs, baselines, metric, seeds, **bootstrap_args) -> Co
         values = [metric(*sums[i : i + width]) for i in range(0, len(sums), width)]
         return np.mean(values[: len(runs)], axis=0) - np.mean(values[len(runs) :], axis=0)
 
-    interval = bootstrap(statistic, flat, **bootstrap_args)
-    return Comparison(interval.estimate, interval.lo, interval.hi, seeds, TEXT)
+    return replace(bootstrap(statistic, flat, **bootstrap_args), seeds=seeds, uncertainty=TEXT)
 
 
 def switch_difference(with_switch: Sequence[Run], without: Sequence[Run], metric: Callable = ratio_of_sums, *,
                       scale: float = 1.0, **bootstrap_args) -> Comparison:
     """An evaluation-time switch on the same checkpoints (a position override, a longer length): the mean over
-    checkpoints of the paired difference, with the text-only interval. No training noise enters: the models
-    are the same, so the interval covers the text only and says so."""
+    checkpoints of each one's paired difference. The switch's effect on each checkpoint is the unit: with two
+    checkpoints or more (one per seed) the interval counts how much that effect differs between checkpoints and
+    the text (``seeds+text``, as ``arm_estimate`` of the per-checkpoint differences), so it speaks for models
+    trained this way, not only for these; with one checkpoint, the text only."""
     if len(with_switch) != len(without):
         raise ValueError(f"a switch pairs each checkpoint with itself: got {len(with_switch)} and {len(without)} runs")
-    interval = text_only_difference(with_switch, without, metric, (len(with_switch),), **bootstrap_args)
-    return interval.scaled(scale)
+    if len(with_switch) < 2:
+        return text_only_difference(with_switch, without, metric, (1,), **bootstrap_args).scaled(scale)
+    width = len(with_switch[0])
+    paired = [(*a, *b) for a, b in zip(with_switch, without)]
+    effect = lambda *arrays: metric(*arrays[:width]) - metric(*arrays[width:])  # noqa: E731
+    return arm_estimate(paired, effect, scale=scale, **bootstrap_args)

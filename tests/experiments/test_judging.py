@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from conftest import REPO
 from lmzoo.experiments import judging, load, rejudge, report, settings_of
@@ -66,9 +67,21 @@ def test_claim_checks_are_judged_on_family_wise_intervals_and_controls_on_their_
     assert wide[0] == control and wide[0].passed is True
     assert all(c.passed is None for c in wide[1:])  # at 1 - 0.05/3 the interval reaches below 0.1
     assert wide[1].value.level == pytest.approx(1 - 0.05 / 3)
-    half = 0.1 * 2.394 / 1.960  # z(1 - 0.025/3) / z(0.975)
-    assert (wide[1].value.lo, wide[1].value.hi) == pytest.approx((0.21 - half, 0.21 + half), abs=1e-3)
+    half = 0.1 * stats.t.ppf(1 - 0.025 / 3, 2) / stats.t.ppf(0.975, 2)  # no df recorded: 3 seeds give at least 2
+    assert (wide[1].value.lo, wide[1].value.hi) == pytest.approx((0.21 - half, 0.21 + half), abs=1e-9)
+    assert half / 0.1 == pytest.approx(1.778, abs=1e-3)  # not the normal quantiles' 1.22
     assert outcome(wide)[0] == "inconclusive" and outcome([control, just, just, just])[0] == "reproduced"
+
+
+@pytest.mark.parametrize("df", [2.5, 4.0, 30.0, np.inf])
+def test_family_wise_intervals_use_the_t_quantile_at_each_intervals_own_degrees_of_freedom(df):
+    value = Measured(0.21, 0.11, 0.31, "seeds+text", (3, 3), df=df)
+    wide = judging.familywise([Check("a", "t", value, "above", 0.1)] * 2)[0].value
+    quantile = (lambda p: stats.t.ppf(p, df)) if np.isfinite(df) else stats.norm.ppf
+    factor = quantile(1 - 0.025 / 2) / quantile(0.975)
+    assert (wide.lo, wide.hi) == pytest.approx((0.21 - 0.1 * factor, 0.21 + 0.1 * factor), abs=1e-12)
+    assert wide.df == df and wide.record()["df"] == (None if np.isinf(df) else df)
+    assert Measured.from_record(value.record()) == value  # the record reads back, degrees of freedom included
 
 
 # ----------------------------------------------------------------------------- each judge can fail
@@ -260,3 +273,17 @@ def test_a_table_that_disagrees_with_the_json_is_found(tmp_path):
     claims.write_text(text.replace("| **inconclusive** |", "| **reproduced** |", 1))
     assert report.stale([claims]) == [claims]
     assert report.write([claims]) == [claims] and claims.read_text() == text
+
+
+def test_an_arm_that_lists_one_run_twice_is_refused():
+    from lmzoo.experiments import arms
+
+    def evaluation(seed):
+        loss = np.random.default_rng(seed).normal(200.0, 5.0, 20)
+        return {"train_seq_len": 32, "block_sums": {"32": {"loss": loss.tolist(), "count": [100.0] * 20}},
+                "lengths": {"32": {"loss": 2.0, "bpb": 2.0 / np.log(2)}}}
+
+    runs, baselines = [evaluation(0), evaluation(1)], [evaluation(2), evaluation(3)]
+    assert arms.bpb_difference(runs, baselines, 32)["seeds"] == [2, 2]
+    with pytest.raises(ValueError, match="runs 0 and 2 of one arm are the same run"):
+        arms.bpb_difference([*runs, runs[0]], baselines, 32)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,14 +28,15 @@ COUNT = RNG.integers(80, 120, BLOCKS).astype(float)  # scored tokens per block, 
 
 
 def write_run(root, name, *, variant, seed, growth, shift=0, lr=1e-3, new_keys=True, label=None, level=1.0,
-              corpus="abc", sparsity=None, first_key=None):
+              corpus="abc", sparsity=None, first_key=None, train=None):
     """A fake run whose per-block loss at length L is the text's, shifted ``shift`` blocks, times growth[L] and
     ``level``, on the corpus named ``corpus``; with ``sparsity`` and ``first_key``, its probes' values per layer and
     head (``[[...]]``)."""
     run_dir = root / name
     (run_dir / "eval" / "default").mkdir(parents=True)
     config = {"seed": seed, "label": label, "run_dir": str(run_dir), "attn": {"name": variant}, "optim": {"lr": lr},
-              "data": {"source": "stdlib"}}
+              "data": {"source": "stdlib", "seq_len": TRAIN_LEN},
+              "train": {"steps": 10, "batch_size": 4, "progress": True, "log_every": 10, **(train or {})}}
     OmegaConf.save(OmegaConf.create(config), run_dir / "config.yaml")
     (run_dir / "run_info.json").write_text(json.dumps({"variant": variant, "params": 1000, "state_size": 64}))
     (run_dir / "data_fingerprint.json").write_text(json.dumps({"source": "stdlib", "sha256": corpus}))
@@ -84,10 +88,11 @@ def rows_of(markdown: str) -> tuple[list[str], dict[str, list[str]]]:
 def test_seeds_are_grouped_and_other_settings_stay_apart(sweep, tmp_path):
     write_run(sweep, "softmax-lr", variant="softmax", seed=0, growth=DEGRADES, lr=3e-3)
     header, rows = rows_of(compare.main([str(sweep), "--out", str(tmp_path / "out")]))
-    assert header[:6] == ["variant", "n", "params", "state size", "val bpb", "bpb@train"]
-    assert header[8] == "interval"
+    assert header[:8] == ["variant", "n", "params", "state size", "steps", "tokens", "val bpb", "bpb@train"]
+    assert header[10] == "interval"
     assert set(rows) == {"softmax (optim.lr=0.001)", "softmax (optim.lr=0.003)", "gla"}
     assert rows["gla"]["n"] == "2" and rows["softmax (optim.lr=0.001)"]["n"] == "2"
+    assert (rows["gla"]["steps"], rows["gla"]["tokens"]) == ("10", "1,280")  # 10 steps of 4 rows of 32 tokens
     assert rows["softmax (optim.lr=0.003)"]["n"] == "1"
     assert rows["gla"]["val bpb"] == "2.905 ± 0.007"  # mean ± sd of 2.90 and 2.91
     single = rows["softmax (optim.lr=0.003)"]["bpb@64 / bpb@train"]
@@ -148,9 +153,11 @@ def test_labels_make_arms_and_comparison_json_records_every_interval(tmp_path):
     assert [row["label"] for row in record["rows"]] == ["A", "B", "lone", "short"]
     assert record["rows"][0]["bpb"]["uncertainty"] == "seeds+text" and record["rows"][0]["seeds"] == [0, 1, 2]
     by_label = {d["label"]: d for d in record["differences"]}
-    assert set(by_label["B"]["bpb"]) == {"estimate", "lo", "hi", "seeds", "uncertainty", "significant"}
+    assert set(by_label["B"]["bpb"]) == {"estimate", "lo", "hi", "seeds", "uncertainty", "significant", "level", "df",
+                                         "p", "p_adjusted", "significant_adjusted"}
     assert by_label["B"]["bpb"]["uncertainty"] == "seeds+text" and not by_label["B"]["bpb"]["significant"]
     assert by_label["short"]["bpb"]["significant"] and by_label["short"]["bpb"]["lo"] > 0
+    assert by_label["short"]["bpb"]["significant_adjusted"] and record["adjust"] == "holm"
     lone = by_label["lone"]["bpb"]
     assert lone["uncertainty"] == "text" and lone["seeds"] == [1, 3] and lone["lo"] > 0 and not lone["significant"]
 
@@ -192,8 +199,9 @@ def test_compare_tabulates_and_plots_a_sweep(tmp_path, capsys):
         assert json.loads((run_dir / "run_info.json").read_text())["document_boundaries"] == documents
         lmzoo_eval.main([f"run_dir={run_dir}", "eval.lengths=[32,64]", "eval.tokens=1024", "eval.progress=false"])
     header, rows = rows_of(compare.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]))
-    assert header[:8] == ["variant", "n", "params", "state size", "documents", "val bpb", "bpb@train",
-                          "bpb@64 / bpb@train"]
+    assert header[:10] == ["variant", "n", "params", "state size", "steps", "tokens", "documents", "val bpb",
+                           "bpb@train", "bpb@64 / bpb@train"]
+    assert rows["softmax"]["steps"] == "4"
     assert set(rows) == {"softmax", "mqa"} and (rows["softmax"]["documents"], rows["mqa"]["documents"]) == ("none", "mask")
     results = json.loads((tmp_path / "sweep" / "softmax" / "eval" / "default" / "results.json").read_text())
     assert float(rows["softmax"]["bpb@train"].split()[0]) == pytest.approx(results["lengths"]["32"]["bpb"], abs=5e-4)
@@ -268,3 +276,143 @@ def test_arms_on_different_kernels_are_named(tmp_path):
 
 def test_arms_on_the_same_kernels_say_nothing(sweep):
     assert not [n for n in comparison.compare([sweep]).notes if "kernels" in n]  # runs from before kernels were recorded, too
+
+
+# ----------------------------------------------------------------------------- each run once, arms by what trains
+
+
+def test_a_run_and_its_copy_or_link_count_once_and_are_named(sweep, tmp_path):
+    alone = comparison.compare([sweep], baseline="softmax")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "softmax-0-link").symlink_to(sweep / "softmax-0", target_is_directory=True)  # as experiments link twins
+    shutil.copytree(sweep / "gla-1", elsewhere / "gla-1-copy")  # as cpu_recipe.sh KEEP= copies
+    report = comparison.compare([sweep, elsewhere], baseline="softmax")
+    _, rows = rows_of(report.markdown.split("Difference")[0])
+    assert rows["softmax"]["n"] == "2" and rows["gla"]["n"] == "2"
+    assert report.notes[:2] == [f"counted once: {elsewhere / 'gla-1-copy'} is a copy of {sweep / 'gla-1'}",
+                                f"counted once: {elsewhere / 'softmax-0-link'} is a link to {sweep / 'softmax-0'}"]
+    assert report.record["counted_once"] == report.notes[:2]
+    assert tables_of(report) == tables_of(alone)
+
+
+def tables_of(report) -> list[str]:
+    return [line for line in report.markdown.splitlines() if line.startswith("|")]
+
+
+def test_two_runs_of_one_seed_in_an_arm_are_refused_unless_said_distinct(sweep, tmp_path, capsys):
+    write_run(sweep, "softmax-0-again", variant="softmax", seed=0, growth=DEGRADES)  # another run_dir, same seed
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(sweep), f"out={tmp_path / 'out'}"])
+    assert exit_info.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "arm softmax has 2 runs of seed 0" in line and "same_seed=distinct" in line
+    _, rows = rows_of(compare.main([str(sweep), f"out={tmp_path / 'out'}", "same_seed=distinct"]))
+    assert rows["softmax"]["n"] == "3"
+
+
+def test_settings_that_cannot_change_the_model_do_not_split_arms(sweep, tmp_path):
+    write_run(sweep, "softmax-2", variant="softmax", seed=2, growth=DEGRADES,
+              train={"progress": False, "log_every": 1, "checkpoint_every": 7})
+    write_run(sweep, "softmax-long", variant="softmax", seed=0, growth=DEGRADES, train={"steps": 40})
+    _, rows = rows_of(comparison.compare([sweep]).markdown)
+    assert rows["softmax (train.steps=10)"]["n"] == "3"  # progress and intervals pooled, the budget kept apart
+    assert (rows["softmax (train.steps=40)"]["steps"], rows["softmax (train.steps=40)"]["tokens"]) == ("40", "5,120")
+
+
+def every_setting() -> set[str]:
+    """Every dotted key of the config: the top-level schema and every registered mixer's and data source's spec."""
+    from lmzoo import registry
+    from lmzoo.config import Config
+
+    def keys(spec, prefix=""):
+        found = set()
+        for f in dataclasses.fields(spec):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            found |= keys(type(default), f"{prefix}{f.name}.") if dataclasses.is_dataclass(default) else {prefix + f.name}
+        return found
+
+    found = keys(Config) - {"attn", "data"}
+    for group, specs in (("attn", registry.MIXERS), ("data", registry.SOURCES)):
+        for name in specs.names():
+            found |= keys(specs.lookup(name), f"{group}.")
+    return found
+
+
+def test_every_setting_is_classified_as_changing_the_trained_model_or_not():
+    from lmzoo.schema import CAN_CHANGE_TRAINED_MODEL, changes_trained_model, is_classified
+
+    settings = every_setting()
+    assert len(settings) > 150 and {"train.progress", "train.steps", "attn.window", "data.hf_name"} <= settings
+    unclassified = sorted(k for k in settings if not is_classified(k))
+    assert not unclassified, f"add these to lmzoo.schema's lists: {unclassified}"
+    train_keys = {k for k in settings if k.startswith("train.")}
+    assert "train" not in CAN_CHANGE_TRAINED_MODEL and all(is_classified(k) for k in train_keys)  # one by one
+    assert not changes_trained_model("train.progress") and not changes_trained_model("train.mesh.fsdp")
+    assert changes_trained_model("optim.lr") and changes_trained_model("train.steps") and changes_trained_model("seed")
+    assert changes_trained_model("something.new")  # unknown: kept apart
+
+
+def test_the_default_output_does_not_replace_another_comparison(sweep, tmp_path, capsys):
+    compare.main([str(sweep)])  # into the sweep folder
+    compare.main([str(sweep)])  # the same comparison again: replaced
+    with pytest.raises(SystemExit):
+        compare.main([str(sweep), "baseline=softmax"])  # another comparison
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "holds a comparison of other runs" in line and "out=" in line
+    compare.main([str(sweep), "baseline=softmax", f"out={sweep}"])  # said so: replaced
+    assert json.loads((sweep / "comparison.json").read_text())["baseline"] == "softmax"
+
+
+def test_the_frontier_records_with_a_copy_of_themselves_give_the_same_tables(tmp_path):
+    records = Path(__file__).resolve().parents[2] / "docs" / "frontier" / "records"
+    subset = tmp_path / "records"
+    for run in sorted(records.glob("softmax-s*")) + sorted(records.glob("kda-s*")):
+        shutil.copytree(run, subset / run.name)
+    shutil.copytree(subset, tmp_path / "copy")
+    alone = comparison.compare([subset], baseline="softmax")
+    doubled = comparison.compare([subset, tmp_path / "copy"], baseline="softmax")
+    assert tables_of(doubled) == tables_of(alone)
+    assert "3 vs 3" in "\n".join(tables_of(doubled)) and len(doubled.record["counted_once"]) == 6
+
+
+# ----------------------------------------------------------------------------- stars adjusted for the arms
+
+
+def test_holm_adjusts_p_values_step_down():
+    from lmzoo.metrics.estimate import adjusted_p_values
+
+    assert adjusted_p_values([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert adjusted_p_values([0.01, 0.04], "none") == [0.01, 0.04]
+    assert adjusted_p_values([0.5, 0.6, 0.9]) == pytest.approx([1.0, 1.0, 1.0])  # capped, never decreasing
+    with pytest.raises(ValueError, match="adjust='bonf' is not valid"):
+        adjusted_p_values([0.1], "bonf")
+
+
+def test_the_frontier_stars_are_adjusted_for_fifteen_arms_and_both_are_recorded():
+    """Against softmax at the training length, five arms significant at 95% each lose their stars once the fifteen
+    arms are one family (Holm); the p-values agree with the intervals they come from."""
+    records = Path(__file__).resolve().parents[2] / "docs" / "frontier" / "records"
+    report = comparison.compare([records], baseline="softmax")
+    plain = comparison.compare([records], baseline="softmax", adjust="none")
+    _, rows = rows_of(report.markdown.split("Difference to softmax")[1])
+    _, unadjusted = rows_of(plain.markdown.split("Difference to softmax")[1])
+    assert len(rows) == 15 and "Holm's adjustment for the 15 arms" in report.markdown
+    starred = lambda table, arm: table[arm]["Δ bpb@train"].endswith("*")  # noqa: E731
+    lost = {arm for arm in rows if starred(unadjusted, arm) and not starred(rows, arm)}
+    assert lost == {"gated_softmax", "stickbreaking", "kda", "rwkv7", "mamba3"}
+    for difference in report.record["differences"]:
+        for key in ("bpb", "sparsity"):
+            c = difference[key]
+            assert c["significant"] == (c["p"] < 0.05) and c["p_adjusted"] >= c["p"]
+            assert unadjusted[difference["label"]]["Δ bpb@train"].endswith("*") == difference["bpb"]["significant"]
+
+
+@pytest.mark.slow
+def test_all_the_frontier_records_with_a_copy_of_themselves_give_the_same_tables(tmp_path):
+    records = Path(__file__).resolve().parents[2] / "docs" / "frontier" / "records"
+    shutil.copytree(records, tmp_path / "copy")
+    alone = comparison.compare([records], baseline="softmax")
+    doubled = comparison.compare([records, tmp_path / "copy"], baseline="softmax")
+    assert tables_of(doubled) == tables_of(alone) and len(doubled.record["counted_once"]) == 48
+    assert "kda | 3 vs 3 | -0.082 [-0.143, -0.022] |" in "\n".join(tables_of(doubled))  # not "6 vs 6"

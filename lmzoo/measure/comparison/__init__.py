@@ -23,8 +23,18 @@ from pathlib import Path
 
 from lmzoo.measure.comparison.estimates import bootstrap_settings
 from lmzoo.measure.comparison.figures import plot
-from lmzoo.measure.comparison.reading import Group, find_runs, group_runs, load_runs, on_the_same_data, reference_run
+from lmzoo.measure.comparison.reading import (
+    Group,
+    check_distinct_seeds,
+    distinct_runs,
+    find_runs,
+    group_runs,
+    load_runs,
+    on_the_same_data,
+    reference_run,
+)
 from lmzoo.measure.comparison.tables import differences, find_baseline, table
+from lmzoo.metrics.estimate import adjusted_p_values
 from lmzoo.metrics.scoring import sampling_note
 from lmzoo.run.directory import atomic_write_text
 
@@ -56,25 +66,33 @@ def kernel_differences(groups: list[Group]) -> list[str]:
     return [f"the runs did not all run the same kernels ({ran}); run_info.json says which ran where and why"]
 
 
-def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = None) -> Report:
-    """Read, group and compare the runs at or below ``paths``; ValueError in one line for a bad baseline."""
+def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = None,
+            same_seed: str = "refuse", adjust: str = "holm") -> Report:
+    """Read, group and compare the runs at or below ``paths``, each run once; ValueError in one line for a bad
+    baseline, for two runs of one seed in an arm (unless ``same_seed="distinct"``) or a bad ``adjust``. The stars of
+    the differences to the baseline are adjusted for the number of arms (``adjust``: holm, or none)."""
+    adjusted_p_values([], adjust)  # a bad setting is refused before any run is read
     runs, unreadable = load_runs(find_runs(paths), tag)
+    runs, duplicates = distinct_runs(runs)
     if not runs:
         raise FileNotFoundError(f"no readable runs (directories with config.yaml and metrics.jsonl) under "
                                 f"{', '.join(map(str, paths))}" + (f": {unreadable[0][1]}" if unreadable else ""))
     reference = reference_run(runs, baseline)
     kept, left_out = on_the_same_data(runs, reference)
-    notes = [f"left out {path}: {why}" for path, why in unreadable]
+    notes = duplicates + [f"left out {path}: {why}" for path, why in unreadable]
     notes += [f"left out {run.path}: {why}" for run, why in left_out]
     groups = group_runs(kept)
+    check_distinct_seeds(groups, same_seed)
     settings = bootstrap_settings(kept)
     markdown, rows = table(groups, settings)
-    record = {"tag": tag, "level": 0.95, "bootstrap": settings, "rows": rows, "differences": [], "baseline": None,
+    record = {"tag": tag, "level": 0.95, "adjust": adjust, "bootstrap": settings, "rows": rows, "differences": [],
+              "baseline": None,
               "left_out": [{"run": str(path), "reason": why} for path, why in unreadable]
-              + [{"run": str(run.path), "reason": why} for run, why in left_out]}
+              + [{"run": str(run.path), "reason": why} for run, why in left_out],
+              "counted_once": duplicates}
     if baseline:
         base = find_baseline(groups, baseline)
-        text, record["differences"] = differences(groups, base, settings)
+        text, record["differences"] = differences(groups, base, settings, adjust)
         markdown += "\n\n" + text
         record["baseline"] = base.label
     notes += missing_evaluations(groups, tag) + kernel_differences(groups)
@@ -84,6 +102,23 @@ def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = N
     if notes:
         markdown += "\n\n" + "\n".join(f"- {note}" for note in notes)
     return Report(markdown, record, groups, notes)
+
+
+def what_was_compared(record: dict) -> dict:
+    """The runs (real paths), evaluation tag and baseline of a comparison.json, old records included."""
+    runs = [run for row in record.get("rows", []) for run in row.get("runs", [])]
+    return {"runs": sorted(str(Path(run).resolve()) for run in runs), "tag": record.get("tag"),
+            "baseline": record.get("baseline")}
+
+
+def another_comparison(report: Report, out: Path) -> bool:
+    """Whether ``out`` holds the comparison.json of other runs, another tag or another baseline than ``report``'s:
+    writing there would silently replace it."""
+    try:
+        earlier = json.loads((out / "comparison.json").read_text())
+    except (OSError, ValueError):
+        return (out / "comparison.md").exists()
+    return what_was_compared(earlier) != what_was_compared(report.record)
 
 
 def write_report(report: Report, out: Path) -> list[Path]:

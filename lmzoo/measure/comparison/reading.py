@@ -1,9 +1,10 @@
-"""Reading runs for a comparison: each run directory as a ``Run``, runs grouped into arms, and only runs on
-the same data and scored tokens kept."""
+"""Reading runs for a comparison: each run directory as a ``Run``, each run counted once, runs grouped into arms
+by the settings that can change the trained model, and only runs on the same data and scored tokens kept."""
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,11 +14,14 @@ from omegaconf import OmegaConf
 from lmzoo.metrics.intervals import bits_per_nat
 from lmzoo.metrics.scoring import sampling_note
 from lmzoo.run.directory import CONFIG, RunDir
-from lmzoo.schema import ConfigError, flatten
+from lmzoo.schema import ConfigError, changes_trained_model, flatten
+
+SAME_SEED = ("refuse", "distinct")  # two runs of one arm with one seed: an error, or counted apart as the user says
 
 
-# Config keys that do not make two runs different experiments.
-NOT_IDENTITY = ("seed", "run_dir", "label")
+def arm_settings(config: dict) -> dict:
+    """The dotted settings that make an arm: those that can change the trained model, the seed aside."""
+    return {k: v for k, v in flatten(config).items() if k != "seed" and changes_trained_model(k)}
 
 
 @dataclass
@@ -44,12 +48,27 @@ class Run:
 
     @property
     def identity(self) -> str:
-        """The arm a run belongs to: its label, else its config without seed and run directory, with the
-        changes made on resuming."""
+        """The arm a run belongs to: its label, else its settings that can change the trained model (seed aside),
+        with such settings changed on resuming. Progress bars, intervals, paths and device layout do not split
+        arms (``lmzoo.schema.CANNOT_CHANGE_TRAINED_MODEL``)."""
         if self.label is not None:
             return json.dumps(["label", self.label])
-        settings = {k: v for k, v in self.config.items() if k not in NOT_IDENTITY}
-        return json.dumps([settings, self.changes], sort_keys=True, default=str)
+        changes = [c for c in self.changes if changes_trained_model(str(c.get("key")))]
+        return json.dumps([arm_settings(self.config), changes], sort_keys=True, default=str)
+
+    @property
+    def recorded_as(self) -> str:
+        """What the run's own records say it is: its whole config (run directory included), seed and data
+        fingerprint. A copy of a run folder records the same; another run, even of the same seed, another
+        ``run_dir``."""
+        return json.dumps([self.config, self.fingerprint, self.changes], sort_keys=True, default=str)
+
+    @property
+    def budget(self) -> tuple[int | None, int | None]:
+        """(optimizer steps, training tokens) the config asked for: steps x batch rows x sequence length."""
+        train, data = self.config.get("train", {}), self.config.get("data", {})
+        steps, rows, length = train.get("steps"), train.get("batch_size"), data.get("seq_len")
+        return steps, (steps * rows * length if None not in (steps, rows, length) else None)
 
     @property
     def kernels(self) -> tuple[str, ...] | None:
@@ -140,17 +159,29 @@ class Group:
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Run directories (holding config.yaml and metrics.jsonl) at or below each path. Below a path, folders whose
-    name starts with a dot are skipped: they hold copies still being written (``scripts/cpu_recipe.sh KEEP=``)."""
+    """Run directories (holding config.yaml and metrics.jsonl) at or below each path, links to runs followed
+    (experiments link twin runs). Below a path, folders whose name starts with a dot are skipped: they hold
+    copies still being written (``scripts/cpu_recipe.sh KEEP=``)."""
     found = []
     for path in paths:
         if not path.exists():
             raise FileNotFoundError(f"no such run or sweep directory: {path}")
-        hidden = lambda run: any(part.startswith(".") for part in run.relative_to(path).parts)  # noqa: E731
-        candidates = [path] if RunDir(path).is_run() else sorted(p.parent for p in path.rglob(CONFIG)
-                                                                  if not hidden(p.parent))
+        candidates = [path] if RunDir(path).is_run() else folders_below(path)
         found += [p for p in candidates if RunDir(p).is_run() and p not in found]
     return found
+
+
+def folders_below(path: Path) -> list[Path]:
+    """Folders holding a config.yaml below ``path``, sorted, through links; a real folder is entered once (no
+    loops), a second way to it is still listed (and counted once later, by name)."""
+    found, visited = [], set()
+    for folder, subfolders, files in os.walk(path, followlinks=True):
+        if CONFIG in files and Path(folder) != path:
+            found.append(Path(folder))
+        real = os.path.realpath(folder)
+        subfolders[:] = [] if real in visited else [s for s in subfolders if not s.startswith(".")]
+        visited.add(real)
+    return sorted(found)
 
 
 def load_run(path: Path, tag: str) -> Run:
@@ -173,6 +204,41 @@ def load_runs(paths: list[Path], tag: str) -> tuple[list[Run], list[tuple[Path, 
     return runs, unreadable
 
 
+def distinct_runs(runs: list[Run]) -> tuple[list[Run], list[str]]:
+    """(each run once, a line per duplicate naming it): a symlink to a run, or a copy of its folder (the same
+    real path, or the same recorded config, run directory, seed and data), is one run, not another seed."""
+    kept, seen, notes = [], {}, []
+    for run in runs:
+        original = seen.get(run.path.resolve()) or seen.get(run.recorded_as)
+        if original is not None:
+            how = "a link to" if run.path.resolve() == original.path.resolve() else "a copy of"
+            notes.append(f"counted once: {run.path} is {how} {original.path}")
+            continue
+        seen[run.path.resolve()] = seen[run.recorded_as] = run
+        kept.append(run)
+    return kept, notes
+
+
+def check_distinct_seeds(groups: list[Group], same_seed: str = "refuse") -> None:
+    """ValueError in one line where two runs of one arm trained the same seed, unless ``same_seed="distinct"``
+    says they are different runs (e.g. a nondeterministic rerun): counting one model twice narrows the
+    interval as if it were two seeds."""
+    if same_seed not in SAME_SEED:
+        raise ValueError(f"same_seed={same_seed!r} is not valid (choose from: {', '.join(SAME_SEED)})")
+    if same_seed == "distinct":
+        return
+    for group in groups:
+        by_seed: dict[str, list[Run]] = {}
+        for run in group.runs:
+            if run.seed is not None:
+                by_seed.setdefault(str(run.seed), []).append(run)
+        for seed, runs in by_seed.items():
+            if len(runs) > 1:
+                paths = ", ".join(str(r.path) for r in runs)
+                raise ValueError(f"arm {group.label} has {len(runs)} runs of seed {seed} ({paths}): one seed counts "
+                                 "once; if they are different runs, say so with same_seed=distinct")
+
+
 def group_runs(runs: list[Run]) -> list[Group]:
     """One group per label or distinct config (seed aside), in the order runs were found; runs sorted by seed."""
     by_identity: dict[str, list[Run]] = {}
@@ -190,9 +256,9 @@ def group_runs(runs: list[Run]) -> list[Group]:
 
 def distinguishing(group: Group, siblings: list[Group]) -> str:
     """The settings in which ``group`` differs from other groups of the same variant, as key=value."""
-    flat = [flatten(g.runs[0].config) for g in siblings]
-    mine = flatten(group.runs[0].config)
-    keys = sorted(k for k in set().union(*flat) if k not in NOT_IDENTITY and len({str(f.get(k)) for f in flat}) > 1)
+    flat = [arm_settings(g.runs[0].config) for g in siblings]
+    mine = arm_settings(group.runs[0].config)
+    keys = sorted(k for k in set().union(*flat) if len({str(f.get(k)) for f in flat}) > 1)
     return ", ".join(f"{k}={mine.get(k)}" for k in keys)
 
 

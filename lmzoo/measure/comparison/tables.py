@@ -7,6 +7,7 @@ import numpy as np
 
 from lmzoo.measure.comparison.estimates import arm_bpb, arm_ratio, bpb_difference, ratio_difference
 from lmzoo.measure.comparison.reading import Group, Run, evaluated_lengths, probe_mean
+from lmzoo.metrics.estimate import adjusted_p_values
 from lmzoo.metrics.intervals import over_seeds
 from lmzoo.metrics.seeds import Comparison, seed_difference
 from lmzoo.run.directory import describe_changes
@@ -28,6 +29,15 @@ def summary_cell(group: Group, value, spec: str = ".3f") -> str:
     """A number without block sums behind it: the one run's, or mean ± sd over the seeds."""
     summary = over_seeds([value(r) for r in group.runs])
     return _fmt(summary.mean, spec) + (f" ± {_fmt(summary.sd, spec)}" if summary.n > 1 else "")
+
+
+def budget_cells(group: Group) -> list[str]:
+    """The arm's training budget: optimizer steps and training tokens (both ranges where its runs differ)."""
+    def cell(values: set) -> str:
+        known = sorted(v for v in values if v is not None)
+        return "—" if not known else f"{known[0]:,}" if len(known) == 1 else f"{known[0]:,}–{known[-1]:,}"
+    budgets = [r.budget for r in group.runs]
+    return [cell({steps for steps, _ in budgets}), cell({tokens for _, tokens in budgets})]
 
 
 def other_lengths(runs: list[Run]) -> list[int]:
@@ -59,7 +69,8 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
     runs = [r for g in groups for r in g.runs]
     lengths = other_lengths(runs)
     masked = any(r.documents == "mask" for r in runs)
-    header = ["variant", "n", "params", "state size", *(["documents"] if masked else []), "val bpb", "bpb@train"]
+    header = ["variant", "n", "params", "state size", "steps", "tokens", *(["documents"] if masked else []),
+              "val bpb", "bpb@train"]
     header += [f"bpb@{n} / bpb@train" for n in lengths]
     header += ["interval", "mean S", "entropy", "first key", "accuracy", "tokens/s", "runs"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -68,6 +79,7 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
         first = group.runs[0]
         row = [group.label, str(len(group.runs))]
         row += [_fmt(first.info.get("params"), ","), _fmt(first.info.get("state_size"), ",")]
+        row += budget_cells(group)
         row += [first.documents] if masked else []
         row.append(summary_cell(group, lambda r: r.last("val_bpb")))
         cells, record = row_cells(group, lengths, settings)
@@ -84,7 +96,9 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
         ]
         lines.append("| " + " | ".join(row) + " |")
         records.append({"label": group.label, "variant": group.variant, "runs": [str(r.path) for r in group.runs],
-                        "seeds": [r.seed for r in group.runs], **record})
+                        "seeds": [r.seed for r in group.runs],
+                        "budget": [dict(zip(("steps", "tokens"), r.budget)) for r in group.runs],
+                        **record})
     return "\n".join(lines + resumed_with_changes(runs)), records
 
 
@@ -122,38 +136,78 @@ def probe_difference(group: Group, baseline: Group, length: int | None, name: st
     return seed_difference(values(group), values(baseline))
 
 
-def differences(groups: list[Group], baseline: Group, settings: dict) -> tuple[str, list[dict]]:
-    """Markdown table of each arm's difference to ``baseline`` (bpb at the training length, ratios), and its records."""
+def difference_columns(group: Group, baseline: Group, lengths: list[int], settings: dict) -> dict:
+    """One arm's differences to ``baseline``, by column: ``bpb``, ``ratio@<n>``, ``sparsity``, ``sparsity@<n>``,
+    ``first_key`` (None where they cannot be had)."""
+    columns = {"bpb": bpb_difference(group, baseline, settings)}
+    columns.update({f"ratio@{n}": ratio_difference(group, baseline, n, settings) for n in lengths})
+    columns["sparsity"] = probe_difference(group, baseline, None)
+    columns.update({f"sparsity@{n}": probe_difference(group, baseline, n) for n in lengths})
+    columns["first_key"] = probe_difference(group, baseline, None, "first_key")
+    return columns
+
+
+def adjusted_columns(rows: list[dict], adjust: str) -> list[dict]:
+    """Each estimate's p-value adjusted over the arms of its column (one family per column), by key like ``rows``."""
+    adjusted = [{} for _ in rows]
+    for key in rows[0] if rows else []:
+        present = [(i, row[key]) for i, row in enumerate(rows) if row[key] is not None]
+        for (i, _), p in zip(present, adjusted_p_values([c.p_value for _, c in present], adjust)):
+            adjusted[i][key] = p
+    return adjusted
+
+
+def adjusted_record(comparison: Comparison | None, p_adjusted: float | None) -> dict | None:
+    """``comparison.record()`` with its p-value, and the p-value and significance adjusted for the arms."""
+    if comparison is None:
+        return None
+    return {**comparison.record(), "p": comparison.p_value, "p_adjusted": p_adjusted,
+            "significant_adjusted": comparison.counts_training_noise and p_adjusted < 1 - comparison.level}
+
+
+def stars_caption(adjust: str, arms: int) -> str:
+    if adjust == "none" or arms < 2:
+        return f"* = significant at 95% for each arm on its own (not adjusted for the {arms} arms compared)"
+    return (f"* = significant after Holm's adjustment for the {arms} arms compared with the baseline (each column "
+            "one family; comparison.json records the unadjusted p-values too)")
+
+
+def differences(groups: list[Group], baseline: Group, settings: dict, adjust: str = "holm") -> tuple[str, list[dict]]:
+    """Markdown table of each arm's difference to ``baseline`` (bpb at the training length, ratios, probes), stars
+    adjusted for the number of arms (``adjust``: holm or none), and its records."""
     lengths = other_lengths([r for g in groups for r in g.runs])
     header = ["variant", "seeds", "Δ bpb@train"] + [f"Δ bpb@{n} / bpb@train" for n in lengths] + ["interval"]
     longest = lengths[-1:]  # S where the arms are furthest from training: the table's one other sparsity column
     header += ["Δ mean S@train (seeds)"] + [f"Δ mean S@{n} (seeds)" for n in longest] + ["Δ first key@train (seeds)"]
+    others = [g for g in groups if g is not baseline]
+    rows = [difference_columns(group, baseline, lengths, settings) for group in others]
+    adjusted = adjusted_columns(rows, adjust)
     lines = [
         f"Difference to {baseline.label}: the mean over each arm's seeds, minus the baseline's; 95% intervals "
-        "count training noise (seeds, resampled within each arm) and the text (blocks, resampled jointly); "
-        "* = significant. An arm of one seed gives a text-only interval, never significant. Mean S (the attention "
-        "probe's sparsity over layers and heads, on the same windows for every run; at the training length and "
-        "at the longest evaluated) and the first-key share (a row's weight on its first key, where attention "
-        "sinks form) have Welch's interval over the seeds alone, and none with one seed in an arm.",
+        "count training noise (a t interval on the spread of each arm's seeds) and the text (blocks, resampled "
+        f"jointly); {stars_caption(adjust, len(others))}. An arm of one seed gives a text-only interval, never "
+        "significant. Mean S (the attention probe's sparsity over layers and heads, on the same windows for every "
+        "run; at the training length and at the longest evaluated) and the first-key share (a row's weight on its "
+        "first key, where attention sinks form) have Welch's interval over the seeds alone, and none with one seed "
+        "in an arm.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
     records = []
-    for group in (g for g in groups if g is not baseline):
-        bpb = bpb_difference(group, baseline, settings)
-        ratios = {n: ratio_difference(group, baseline, n, settings) for n in lengths}
-        row = [group.label, seeds_cell(bpb, group, baseline), interval_cell(bpb, "+.3f", mark=True)]
-        row += [interval_cell(ratios[n], "+.3f", mark=True) for n in lengths]
-        row.append(interval_note([bpb, *ratios.values()]))
-        sparsity = probe_difference(group, baseline, None)
-        beyond = {n: probe_difference(group, baseline, n) for n in lengths}
-        first_key = probe_difference(group, baseline, None, "first_key")
-        row += [interval_cell(c, "+.3f", mark=True) for c in (sparsity, *(beyond[n] for n in longest), first_key)]
+    for group, columns, p_adjusted in zip(others, rows, adjusted):
+        recorded = {key: adjusted_record(c, p_adjusted.get(key)) for key, c in columns.items()}
+        cells = {key: interval_cell(c, "+.3f") + (" *" if c and recorded[key]["significant_adjusted"] else "")
+                 for key, c in columns.items()}
+        row = [group.label, seeds_cell(columns["bpb"], group, baseline), cells["bpb"]]
+        row += [cells[f"ratio@{n}"] for n in lengths]
+        row.append(interval_note([columns["bpb"], *(columns[f"ratio@{n}"] for n in lengths)]))
+        row += [cells[key] for key in ("sparsity", *(f"sparsity@{n}" for n in longest), "first_key")]
         lines.append("| " + " | ".join(row) + " |")
-        records.append({"label": group.label, "baseline": baseline.label, "bpb": bpb.record() if bpb else None,
-                        "ratio": {str(n): c.record() for n, c in ratios.items() if c is not None},
-                        "sparsity": sparsity.record() if sparsity else None,
-                        "sparsity_by_length": {str(n): c.record() for n, c in beyond.items() if c is not None},
-                        "first_key": first_key.record() if first_key else None})
+        records.append({"label": group.label, "baseline": baseline.label, "bpb": recorded["bpb"],
+                        "ratio": {str(n): recorded[f"ratio@{n}"] for n in lengths if recorded[f"ratio@{n}"]},
+                        "sparsity": recorded["sparsity"],
+                        "sparsity_by_length": {str(n): recorded[f"sparsity@{n}"] for n in lengths
+                                               if recorded[f"sparsity@{n}"]},
+                        "first_key": recorded["first_key"]})
     return "\n".join(lines), records
