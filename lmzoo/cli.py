@@ -15,9 +15,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import logging
 import os
 import re
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 from typing import NamedTuple, NoReturn
 
@@ -25,7 +28,9 @@ import yaml
 from omegaconf import OmegaConf
 
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, register_schemas, validate, variant_names
-from lmzoo.faults import EXIT_CONFIG, RunFault, UnparsableConfig, debugging
+from lmzoo.faults import (
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, UnparsableConfig, debugging,
+)
 
 MAX_CHECKED_COMBINATIONS = 256
 _HYDRA_FLAGS_WITH_VALUES = ("-cp", "-cn", "-cd", "--config-path", "--config-name", "--config-dir")
@@ -54,6 +59,33 @@ def errors_in_one_line():
         if debugging():
             raise
         fail(str(e), e.exit_code)
+
+
+@contextmanager
+def interrupts_in_one_line(after: str):
+    """A command's body, stopped by Ctrl-C (exit 130) or SIGTERM (exit 75, the code a requeue waits for) with one
+    line: which signal, then ``after`` (what is on disk, how to go on). The process ends at once, as an
+    interrupted interpreter tearing down its native threads can crash on the way out."""
+    handled = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if handled else None
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if debugging():
+            raise
+        by, code = ("SIGTERM", EXIT_INTERRUPTED) if isinstance(e, Stopped) else ("Ctrl-C", EXIT_ABORTED)
+        print(f"lmzoo: error: stopped by {by}; {after() if callable(after) else after}", file=sys.stderr)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def stop_on_sigterm(signum, frame) -> NoReturn:
+    raise Stopped
 
 
 def unparsable(error: yaml.YAMLError) -> UnparsableConfig:

@@ -21,7 +21,8 @@ EXIT_RUN_FAULT = 4  # the run directory cannot be used: held by another trainer,
 EXIT_WRITE_FAILED = 5  # a file could not be written (disk full, permissions); what was on disk before is intact
 EXIT_NETWORK = 6  # data could not be downloaded (no network, or the server refused): nothing was trained
 EXIT_UNPARSABLE = 7  # a config file is not valid YAML: nothing was trained
-EXIT_INTERRUPTED = 75  # stopped by SIGTERM / Ctrl-C after saving a checkpoint: run the same command again (EX_TEMPFAIL)
+EXIT_INTERRUPTED = 75  # stopped by SIGTERM (or Ctrl-C in training), its checkpoints intact: run it again (EX_TEMPFAIL)
+EXIT_ABORTED = 130  # stopped at once by Ctrl-C (a second one in training): nothing half-written, earlier files intact
 
 
 class RunFault(Exception):
@@ -50,6 +51,10 @@ class UnparsableConfig(RunFault):
     """A config file that is not valid YAML."""
 
     exit_code = EXIT_UNPARSABLE
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM outside a training loop: stop the command as Ctrl-C would, but with the code a requeue expects."""
 
 
 class Interrupted(RunFault):
@@ -90,9 +95,11 @@ class RunLock:
     requeued trainer never leaves a stale lock behind; a second trainer on a live run is refused.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, refused=None):
+        """``refused(path, holder)``: the RunFault a second taker meets (default: the run is in use by a trainer)."""
         self.path = Path(path)
         self.file = None
+        self.refused = refused or in_use
 
     def __enter__(self) -> RunLock:
         file = open(self.path, "a+")
@@ -102,7 +109,7 @@ class RunLock:
             file.seek(0)
             holder = describe_holder(file.read())
             file.close()
-            raise in_use(self.path, holder) from None
+            raise self.refused(self.path, holder) from None
         file.seek(0)
         file.truncate()
         file.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
@@ -117,19 +124,26 @@ class RunLock:
             self.file = None
 
 
-def check_unlocked(path: Path) -> None:
-    """RunFault if another process holds the lock at ``path``; creates and writes nothing, so a refused
-    trainer can be turned away before anything (Hydra's own files included) touches a live run."""
+def lock_holder(path: Path) -> str | None:
+    """Who holds the lock at ``path`` ("pid 12 on host"), or None when nobody does; creates and writes nothing."""
     try:
         file = open(path)
-    except (FileNotFoundError, NotADirectoryError):  # no run there yet, or no folder: nobody holds it
-        return
+    except (FileNotFoundError, NotADirectoryError, PermissionError):  # no run there yet, or no folder: nobody holds it
+        return None
     with file:
         try:
             fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a shared lock: it conflicts only with a trainer's
         except BlockingIOError:
-            raise in_use(Path(path), describe_holder(file.read())) from None
+            return describe_holder(file.read())
         fcntl.flock(file, fcntl.LOCK_UN)
+    return None
+
+
+def check_unlocked(path: Path) -> None:
+    """RunFault if another process holds the lock at ``path``; creates and writes nothing, so a refused
+    trainer can be turned away before anything (Hydra's own files included) touches a live run."""
+    if (holder := lock_holder(path)) is not None:
+        raise in_use(Path(path), holder)
 
 
 def in_use(path: Path, holder: str) -> RunFault:

@@ -14,6 +14,7 @@ import json
 import logging
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -27,6 +28,7 @@ from lmzoo.faults import Diverged, RunFault, WriteFault, debugging, first_line
 
 log = logging.getLogger("lmzoo.checkpoint")
 MODEL_PARTS = ("params", "extra")
+ROTATION_RETRIES = 20  # listings of a live run's steps before giving up on reading one
 
 
 class CorruptCheckpoint(RunFault):
@@ -171,26 +173,46 @@ class Checkpointer:
             raise CorruptCheckpoint(f"checkpoint {step} is damaged: its data position differs from the digest saved with it")
         return restored
 
-    def restore_newest_intact(self, restore: Callable[[int], Any], *, on_damaged: Callable[[int, str], None]):
+    def restore_newest_intact(self, restore: Callable[[int], Any], *, on_damaged: Callable[[int, str], None],
+                              trainer: str | None = None):
         """``(step, restore(step))`` for the newest step that restores intact, or None if there are no checkpoints.
 
         ``on_damaged(step, message)`` then hears about each newer, damaged checkpoint passed over; with none
-        intact, RunFault names the newest one's fault.
+        intact, RunFault names the newest one's fault. ``trainer`` names the process training the run now
+        (its lock's holder): it saves new checkpoints and deletes old ones meanwhile, so the steps are listed
+        afresh and a checkpoint that vanished while it was read is a rotated one, not a damaged one.
         """
-        steps, damaged = self.all_steps(), []
-        for step in reversed(steps):
-            try:
-                restored = restore(step)
-            except CorruptCheckpoint as e:
-                damaged.append((step, str(e)))
-                continue
-            for bad_step, message in damaged:
-                on_damaged(bad_step, message)
-            return step, restored
-        if steps:
-            raise RunFault(f"no intact checkpoint in {self.directory} (steps {', '.join(map(str, steps))}; the newest: "
-                           f"{damaged[0][1]}); move the checkpoints away to start afresh")
-        return None
+        for _ in range(ROTATION_RETRIES):
+            self.manager.reload()  # the steps on disk now, not when the manager was made
+            steps, damaged = self.all_steps(), []
+            for step in reversed(steps):
+                try:
+                    restored = restore(step)
+                except CorruptCheckpoint as e:
+                    if trainer is not None and self.rotated_away(step):
+                        break  # list again: the trainer saved newer ones
+                    damaged.append((step, str(e)))
+                    continue
+                for bad_step, message in damaged:
+                    on_damaged(bad_step, message)
+                return step, restored
+            else:
+                break
+        if not steps:
+            return None
+        if trainer is not None:
+            raise RunFault(f"no checkpoint of {self.directory} could be read while {trainer} trains the run "
+                           f"(steps {', '.join(map(str, steps))}); try again, or after the training ends")
+        raise RunFault(f"no intact checkpoint in {self.directory} (steps {', '.join(map(str, steps))}; the newest: "
+                       f"{damaged[0][1]}); move the checkpoints away to start afresh")
+
+    def rotated_away(self, step: int) -> bool:
+        """Whether ``step`` was deleted by the trainer keeping its newest checkpoints (give its delete a moment)."""
+        for _ in range(10):
+            if not (self.directory / str(step)).exists():
+                return True
+            time.sleep(0.05)
+        return False
 
     def set_aside(self, step: int, where: Path) -> Path:
         """Move a damaged checkpoint out of the managed directory (the run will save that step anew)."""

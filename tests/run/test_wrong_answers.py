@@ -1,0 +1,141 @@
+"""Faults that used to give a wrong answer or wrong advice without a word: each injected, and the one line,
+the exit code and the numbers that come out (or do not) asserted.
+
+A live run evaluated while it trains, data changed under an evaluation, two evaluations of one tag at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lmzoo import eval as lmzoo_eval
+from lmzoo.faults import EXIT_RUN_FAULT, RunLock
+from lmzoo.run.checkpoint import Checkpointer, CorruptCheckpoint
+from lmzoo.run.directory import RunDir
+from lmzoo.run.loop import train
+
+from conftest import tiny_config
+
+ONE_LAYER = ["model.n_layers=1"]
+SCHEDULE = [*ONE_LAYER, "train.steps=6", "train.checkpoint_every=2", "train.eval_every=6", "train.probe_batch=0"]
+EVAL_ARGS = ["eval.lengths=[32]", "eval.tokens=512", "eval.probe_batch=0", "eval.progress=false"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A finished tiny run with checkpoints at steps 2, 4 and 6."""
+    run_dir = tmp_path_factory.mktemp("trained")
+    train(tiny_config("softmax", *SCHEDULE, run_dir=run_dir))
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(trained_run, tmp_path) -> Path:
+    to = tmp_path / "run"
+    shutil.copytree(trained_run, to)
+    (to / "lock").unlink(missing_ok=True)
+    return to
+
+
+def evaluate(run_dir: Path, *args: str) -> dict:
+    return lmzoo_eval.main([f"run_dir={run_dir}", *EVAL_ARGS, *args])
+
+
+def refused(capsys, run_dir: Path, *args: str, code: int) -> str:
+    """The one stderr line of an evaluation that must stop with ``code``."""
+    with pytest.raises(SystemExit) as stop:
+        evaluate(run_dir, *args)
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == code, err
+    assert len(err.splitlines()) == 1 and err.startswith("lmzoo: error: "), err
+    return err
+
+
+# ----------------------------------------------------------------------------- a live run
+
+
+def test_a_run_still_training_is_evaluated_at_its_newest_finished_checkpoint_and_says_so(run_copy, caplog):
+    with RunLock(RunDir(run_copy).lock_path), caplog.at_level(logging.WARNING):
+        results = evaluate(run_copy)
+    assert results["step"] == 6
+    notes = [r.getMessage() for r in caplog.records]
+    assert any("still training" in n and "step 6" in n for n in notes), notes
+    assert not any("move the checkpoints" in n or "damaged" in n for n in notes), notes
+
+
+def rotating(monkeypatch, run_dir: Path, rotations: int):
+    """The trainer's rotation, injected: the first ``rotations`` checkpoints read vanish while they are read
+    (the trainer saved newer ones and deleted them), as with a fast run keeping its newest three."""
+    original, seen = Checkpointer.restore_model, []
+
+    def restore_while_rotated(self, step, model):
+        if len(seen) < rotations:
+            seen.append(step)
+            shutil.rmtree(run_dir / "checkpoints" / str(step))
+            raise CorruptCheckpoint(f"checkpoint {step} cannot be restored (FileNotFoundError: gone)")
+        return original(self, step, model)
+
+    monkeypatch.setattr(Checkpointer, "restore_model", restore_while_rotated)
+    return seen
+
+
+def test_a_checkpoint_rotated_away_while_read_is_not_called_damaged(run_copy, monkeypatch, caplog):
+    seen = rotating(monkeypatch, run_copy, rotations=1)
+    with RunLock(RunDir(run_copy).lock_path), caplog.at_level(logging.WARNING):
+        results = evaluate(run_copy)
+    assert seen == [6] and results["step"] == 4  # the newest still on disk, listed afresh
+    assert not any("damaged" in r.getMessage() or "older checkpoint" in r.getMessage() for r in caplog.records)
+
+
+def unreadable(self, step, model):
+    raise CorruptCheckpoint(f"checkpoint {step} cannot be restored (ValueError: half there)")
+
+
+def test_a_live_run_never_gets_the_advice_to_move_its_checkpoints(run_copy, monkeypatch, capsys):
+    monkeypatch.setattr(Checkpointer, "restore_model", unreadable)  # as if each were caught mid-write
+    with RunLock(RunDir(run_copy).lock_path):
+        err = refused(capsys, run_copy, code=EXIT_RUN_FAULT)
+    assert "trains the run" in err and "try again" in err and "move" not in err
+    assert sorted(p.name for p in (run_copy / "checkpoints").iterdir()) == ["2", "4", "6"]  # nothing moved
+    assert "move the checkpoints away" in refused(capsys, run_copy, code=EXIT_RUN_FAULT)  # no trainer: they are bad
+
+    rotating(monkeypatch, run_copy, rotations=3)  # every one rotated away before it could be read
+    with RunLock(RunDir(run_copy).lock_path):
+        err = refused(capsys, run_copy, code=EXIT_RUN_FAULT)
+    assert "no finished checkpoint yet" in err and "is training it" in err
+
+
+# ----------------------------------------------------------------------------- data changed under an evaluation
+
+
+def test_an_evaluation_refuses_data_other_than_the_run_trained_on(run_copy, capsys):
+    fingerprint = json.loads((run_copy / "data_fingerprint.json").read_text())
+    fingerprint["sha256"] = "0" * 64  # the corpus the run trained on, as if a file had changed since
+    (run_copy / "data_fingerprint.json").write_text(json.dumps(fingerprint))
+    err = refused(capsys, run_copy, code=EXIT_RUN_FAULT)
+    assert "data differ" in err and "sha256" in err and "data.allow_changed=true" in err
+    assert not list((run_copy / "eval").glob("*/results.json")) if (run_copy / "eval").exists() else True
+    assert "bpb" not in capsys.readouterr().out  # no number scored on the other data
+
+    results = evaluate(run_copy, "data.allow_changed=true")
+    assert results["data_changed"] == ["sha256"]  # the results say what they were computed on
+    saved = json.loads((run_copy / "eval" / "data.allow_changed=true" / "results.json").read_text())
+    assert saved["data_changed"] == ["sha256"]
+
+
+# ----------------------------------------------------------------------------- one tag, two evaluations
+
+
+def test_a_second_evaluation_of_a_tag_being_evaluated_is_refused(run_copy, capsys):
+    tag_dir = run_copy / "eval" / "mine"
+    tag_dir.mkdir(parents=True)
+    with RunLock(tag_dir / lmzoo_eval.EVAL_LOCK):  # another evaluation of eval.tag=mine, computing
+        err = refused(capsys, run_copy, "eval.tag=mine", code=EXIT_RUN_FAULT)
+    assert "being evaluated by another process" in err and "eval.tag=<name>" in err
+    assert not (tag_dir / "results.json").exists()
+    assert evaluate(run_copy, "eval.tag=mine")["tag"] == "mine"  # once it is done, the tag is free
