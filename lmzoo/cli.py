@@ -88,6 +88,14 @@ def stop_on_sigterm(signum, frame) -> NoReturn:
     raise Stopped
 
 
+def run_command(main, after: str) -> None:
+    """What ``python -m lmzoo.<command>`` runs: ``main()`` with warnings as plain lines (``warning: ...``, not
+    ``WARNING:lmzoo.x:warning: ...``) and Ctrl-C or SIGTERM in one line saying ``after``."""
+    logging.basicConfig(format="%(message)s", level=logging.WARNING, force=True)
+    with interrupts_in_one_line(after):
+        main()
+
+
 def unparsable(error: yaml.YAMLError) -> UnparsableConfig:
     """One line for a YAML file that does not parse: the file, the place and the problem."""
     mark = getattr(error, "problem_mark", None)

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
-from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, show_help, wants_help
+from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, run_command, show_help, wants_help
 from lmzoo.config import ConfigError
 from lmzoo.measure.comparison import compare, write_report
 
@@ -95,12 +95,12 @@ def main(argv: list[str] | None = None) -> str:
             report = compare(args.paths, tag=args.tag, baseline=args.baseline)
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(str(e)) from None
-    out = args.out or Path(os.path.commonpath([p.resolve() for p in args.paths]))  # not inside one run of several
-    print(report.markdown)
-    for path in write_report(report, out):
-        print(f"wrote {path}")
+        out = args.out or Path(os.path.commonpath([p.resolve() for p in args.paths]))  # not inside one run of several
+        print(report.markdown)
+        for path in write_report(report, out):  # a WriteFault (full disk, read-only folder): one line, exit 5
+            print(f"wrote {path}")
     return report.markdown
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main, "nothing was written (the report's files are replaced whole)")

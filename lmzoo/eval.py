@@ -28,7 +28,8 @@ from typing import NoReturn
 from omegaconf import OmegaConf
 
 from lmzoo.cli import (
-    RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, schema_options, show_help, wants_help, with_defaults,
+    RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, run_command, schema_options, show_help, wants_help,
+    with_defaults,
 )
 from lmzoo.config import CONFIG_DIR, ConfigError, EvalConfig
 from lmzoo.faults import RunFault, RunLock
@@ -117,5 +118,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(format="%(message)s", level=logging.WARNING, force=True)  # warnings as plain lines
-    main()
+    run_command(main, "nothing was written (results are replaced whole: earlier ones are intact)")

@@ -22,7 +22,9 @@ import numpy as np
 from omegaconf import OmegaConf
 from omegaconf import errors as oc_errors
 
-from lmzoo.cli import RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, schema_options, show_help, wants_help
+from lmzoo.cli import (
+    RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, run_command, schema_options, show_help, wants_help,
+)
 from lmzoo.config import ConfigError, to_dataclass
 from lmzoo.measure.decoding import SAMPLING_KEYS, Sampling, check_fits, generate, until_eos
 from lmzoo.measure.memory import device_memory
@@ -123,4 +125,4 @@ def main(argv: list[str] | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main, "the sample stops where it was")
