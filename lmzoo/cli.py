@@ -223,8 +223,9 @@ def config_groups() -> list[str]:
     return sorted(d for d in os.listdir(CONFIG_DIR) if d != "hydra" and os.path.isdir(os.path.join(CONFIG_DIR, d)))
 
 
-def check_argv(argv: list[str], *, config_name: str = "train", require_attn: bool = True) -> None:
-    """Exit with one line on stderr if any configuration these overrides describe is invalid."""
+def check_argv(argv: list[str], *, config_name: str = "train", require_attn: bool = True, also=None) -> None:
+    """Exit with one line on stderr if any configuration these overrides describe is invalid (or fails
+    ``also(config)``, a command's own checks)."""
     if any(a.split("=")[0] in _INFO_FLAGS + _HYDRA_FLAGS_WITH_VALUES for a in argv):
         return  # Hydra's own information commands and custom config locations: Hydra knows best
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -243,7 +244,11 @@ def check_argv(argv: list[str], *, config_name: str = "train", require_attn: boo
         if o.key_or_group in config_groups() and not o.is_delete():
             _check_group_choice(o)
     for combination in itertools.islice(_combinations(ours), MAX_CHECKED_COMBINATIONS):
-        compose_and_validate(combination, config_name=config_name)
+        cfg = compose_and_validate(combination, config_name=config_name)
+        try:
+            also and also(cfg)
+        except ConfigError as e:
+            fail(str(e))
 
 
 def _check_group_choice(override) -> None:

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     register_schemas()
     if wants_help(argv):
         show_usage()
-    check_argv(argv)
+    check_argv(argv, also=lambda cfg: check_layers_used(cfg.attn, cfg.model.n_layers))
     multirun = any(a in ("-m", "--multirun") for a in argv)
     run_dirs = [a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")]
     if run_dirs and not multirun:  # keep Hydra's own files in the run directory too

@@ -14,12 +14,15 @@ from pathlib import Path
 import pytest
 
 from lmzoo import eval as lmzoo_eval
-from lmzoo.faults import EXIT_RUN_FAULT, RunLock
+from lmzoo.config import ConfigError
+from lmzoo.faults import EXIT_CONFIG, EXIT_RUN_FAULT, RunLock
+from lmzoo.mixers.hybrid import check_layers_used
 from lmzoo.run.checkpoint import Checkpointer, CorruptCheckpoint
 from lmzoo.run.directory import RunDir
 from lmzoo.run.loop import train
+from lmzoo.train import note_short_schedule
 
-from conftest import tiny_config
+from conftest import TINY, run_lmzoo, tiny_config
 
 ONE_LAYER = ["model.n_layers=1"]
 SCHEDULE = [*ONE_LAYER, "train.steps=6", "train.checkpoint_every=2", "train.eval_every=6", "train.probe_batch=0"]
@@ -139,3 +142,33 @@ def test_a_second_evaluation_of_a_tag_being_evaluated_is_refused(run_copy, capsy
     assert "being evaluated by another process" in err and "eval.tag=<name>" in err
     assert not (tag_dir / "results.json").exists()
     assert evaluate(run_copy, "eval.tag=mine")["tag"] == "mine"  # once it is done, the tag is free
+
+
+# ----------------------------------------------------------------------------- settings that silently did less
+
+
+def test_a_hybrid_too_shallow_for_its_pattern_is_refused_where_a_run_starts():
+    with pytest.raises(ConfigError, match=r"model.n_layers=2 leaves out the 'softmax' layers .* model.n_layers>=4"):
+        check_layers_used(tiny_config("gla_softmax").attn, 2)  # pattern [gla, gla, gla, softmax]
+    check_layers_used(tiny_config("gla_softmax", "model.n_layers=4").attn, 4)
+    check_layers_used(tiny_config("hwfa").attn, 2)  # [window] below, [full] on top: both used
+    check_layers_used(tiny_config("softmax").attn, 1)  # not a hybrid: nothing to check
+
+
+@pytest.mark.slow
+def test_training_a_hybrid_without_its_softmax_layer_is_one_line_before_anything_is_written(tmp_path):
+    proc = run_lmzoo("-m", "lmzoo.train", "+attn=gla_softmax", *TINY, f"run_dir={tmp_path / 'run'}")
+    err = proc.stderr.strip()
+    assert proc.returncode == EXIT_CONFIG and len(err.splitlines()) == 1 and "'softmax' layers" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_warmup_the_run_cannot_finish_is_named_in_a_note(caplog):
+    with caplog.at_level(logging.WARNING, logger="lmzoo.train"):
+        note_short_schedule(tiny_config("softmax", "optim.warmup_steps=1000", "train.steps=4"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "note: optim.warmup_steps=1000 is not below train.steps=4: the warmup is cut to end by step 3, "
+        "so the learning rate peaks at the end"]
+    caplog.clear()
+    note_short_schedule(tiny_config("softmax", "optim.warmup_steps=3", "train.steps=4"))
+    assert not caplog.records
