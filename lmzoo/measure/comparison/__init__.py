@@ -23,7 +23,9 @@ from pathlib import Path
 
 from lmzoo.measure.comparison.estimates import bootstrap_settings
 from lmzoo.measure.comparison.figures import plot
-from lmzoo.measure.comparison.reading import Group, find_runs, group_runs, load_runs, on_the_same_data, reference_run
+from lmzoo.measure.comparison.reading import (
+    Group, find_runs, group_runs, load_runs, on_the_same_data, reference_run, stale_evaluations,
+)
 from lmzoo.measure.comparison.tables import differences, find_baseline, table
 from lmzoo.metrics.scoring import sampling_note
 from lmzoo.run.directory import atomic_write_text
@@ -77,7 +79,7 @@ def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = N
         text, record["differences"] = differences(groups, base, settings)
         markdown += "\n\n" + text
         record["baseline"] = base.label
-    notes += missing_evaluations(groups, tag) + kernel_differences(groups)
+    notes += missing_evaluations(groups, tag) + kernel_differences(groups) + stale_evaluations(kept)
     record["kernels"] = {g.label: [list(s) for s in g.kernels] for g in groups}
     if reference.results:
         markdown += f"\n\nScored text: {sampling_note(reference.results)}."
