@@ -92,6 +92,7 @@ def run_command(main, after: str) -> None:
     """What ``python -m lmzoo.<command>`` runs: ``main()`` with warnings as plain lines (``warning: ...``, not
     ``WARNING:lmzoo.x:warning: ...``) and Ctrl-C or SIGTERM in one line saying ``after``."""
     logging.basicConfig(format="%(message)s", level=logging.WARNING, force=True)
+    logging.raiseExceptions = False  # a handler on a full disk: no traceback per line
     with interrupts_in_one_line(after):
         main()
 

@@ -7,11 +7,14 @@ checkpoint) ends the process with one line on stderr and an exit code saying whi
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
 from pathlib import Path
+
+PROBE_BYTES = 1 << 16  # what a write probe writes: about what a run writes before its first step (configs, logs)
 
 # Exit codes of every command (an unexpected error keeps Python's 1).
 EXIT_FINISHED = 0  # finished
@@ -79,13 +82,19 @@ def probe_writable(directory: Path, what: str) -> None:
     """Create ``directory`` and write a file in it, so a bad path fails now rather than after training steps."""
     if directory.exists() and not directory.is_dir():
         raise RunFault(f"{what} {str(directory)!r} is a file, not a directory; pick another {what}")
+    probe = directory / f".write-probe-{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".write-probe-{os.getpid()}"
-        probe.write_text("")
+        with open(probe, "wb") as f:  # some bytes, synced: an empty file still fits on a full disk
+            f.write(bytes(PROBE_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
         probe.unlink()
     except OSError as e:
-        raise RunFault(f"{what} {str(directory)!r} is not writable ({e.strerror or first_line(e)})") from None
+        if probe.parent.is_dir():
+            probe.unlink(missing_ok=True)
+        fault = WriteFault if e.errno == errno.ENOSPC else RunFault
+        raise fault(f"{what} {str(directory)!r} is not writable ({e.strerror or first_line(e)})") from None
 
 
 class RunLock:

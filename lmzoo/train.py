@@ -120,6 +120,7 @@ def refuse_a_held_run(run_dir: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Exits with the largest of the runs' exit codes (``lmzoo.faults``) unless every run finished."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    logging.raiseExceptions = False  # a log file on a full disk: no traceback per line; the write's own fault says it
     register_schemas()
     if wants_help(argv):
         show_usage()

@@ -9,12 +9,14 @@ stays on disk. A state holding NaN or inf is never saved.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -98,6 +100,30 @@ def silence_closed_loop_callbacks() -> None:
     sys.unraisablehook = hook
 
 
+@contextmanager
+def orbax_errors_unlogged():
+    """Orbax logs a failed write's whole traceback before raising it; the raised error becomes one line, so the
+    log stays quiet (``LMZOO_DEBUG=1`` keeps it)."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    if not debugging():
+        absl.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
+
+
+def write_error(error: BaseException) -> str:
+    """What made a write fail, in a few words: a full disk and a lost permission named plainly."""
+    text = str(error)
+    if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in text:
+        return "the disk is full: no space left on device"
+    if getattr(error, "errno", None) in (errno.EACCES, errno.EROFS) or "Permission denied" in text:
+        return "permission denied"
+    return first_line(error)
+
+
 class Checkpointer:
     """Saves ``{"train": pytree, "data": json, "digest": json}`` under ``<run_dir>/checkpoints/<step>``.
 
@@ -127,13 +153,15 @@ class Checkpointer:
         sums = {**{part: digest(value) for part, value in host.items()}, "data": data_digest(data_state)}
         args = ocp.args.Composite(train=ocp.args.PyTreeSave(train_state), data=ocp.args.JsonSave(data_state),
                                   digest=ocp.args.JsonSave(sums))
+        silence_closed_loop_callbacks()  # a failing write reports them from TensorStore's threads
         try:
-            self.manager.save(step, args=args, force=True)
-            self.manager.wait_until_finished()
+            with orbax_errors_unlogged():
+                self.manager.save(step, args=args, force=True)
+                self.manager.wait_until_finished()
         except Exception as e:  # a full disk or a lost permission, reported from deep inside Orbax and TensorStore
             if debugging():
                 raise
-            raise WriteFault(f"checkpoint {step} could not be written in {self.directory} ({first_line(e)}); "
+            raise WriteFault(f"checkpoint {step} could not be written in {self.directory} ({write_error(e)}); "
                              "the earlier checkpoints are intact") from None
 
     def restore(self, step: int, like: Any) -> tuple[Any, dict]:
