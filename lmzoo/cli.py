@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, register_schemas, validate, variant_names
 from lmzoo.faults import (
-    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, UnparsableConfig, debugging,
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, unparsable,
 )
 
 MAX_CHECKED_COMBINATIONS = 256
@@ -95,14 +95,6 @@ def run_command(main, after: str) -> None:
     logging.raiseExceptions = False  # a handler on a full disk: no traceback per line
     with interrupts_in_one_line(after):
         main()
-
-
-def unparsable(error: yaml.YAMLError) -> UnparsableConfig:
-    """One line for a YAML file that does not parse: the file, the place and the problem."""
-    mark = getattr(error, "problem_mark", None)
-    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
-    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-    return UnparsableConfig(f"{where} does not parse as YAML ({problem}); fix that file")
 
 
 # ----------------------------------------------------------------------------- arguments and --help

@@ -66,6 +66,14 @@ class Interrupted(RunFault):
     exit_code = EXIT_INTERRUPTED
 
 
+def unparsable(error) -> UnparsableConfig:
+    """One line for a YAML file that does not parse (a ``yaml.YAMLError``): the file, the place and the problem."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return UnparsableConfig(f"{where} does not parse as YAML ({problem}); fix that file")
+
+
 def debugging() -> bool:
     """Whether faults should raise with their traceback instead of becoming one line (``LMZOO_DEBUG=1``)."""
     return os.environ.get("LMZOO_DEBUG", "") not in ("", "0")

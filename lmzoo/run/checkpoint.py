@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import logging
+import re
 import shutil
 import sys
 import time
@@ -30,6 +31,8 @@ from lmzoo.faults import Diverged, RunFault, WriteFault, debugging, first_line
 
 log = logging.getLogger("lmzoo.checkpoint")
 MODEL_PARTS = ("params", "extra")
+# Orbax's words for restoring into arrays of another shape (a changed model, not a damaged file).
+OTHER_SHAPES = re.compile(r"Requested shape: (\(.*?\)) is not compatible with the stored shape: (\(.*?\))")
 ROTATION_RETRIES = 20  # listings of a live run's steps before giving up on reading one
 
 
@@ -192,6 +195,11 @@ class Checkpointer:
         except Exception as e:  # Orbax and TensorStore raise many types for damaged files; LMZOO_DEBUG=1 shows them
             if debugging():
                 raise
+            if shapes := OTHER_SHAPES.search(str(e)):  # intact, but made by other model settings
+                raise RunFault(f"checkpoint {step} in {self.directory} holds arrays of other shapes than these settings "
+                               f"build (stored {shapes[2]}, built {shapes[1]}): the model settings (or the run's "
+                               "config.yaml) changed since it was saved; the checkpoints are intact, resume with the "
+                               "settings they were trained with") from None
             raise CorruptCheckpoint(f"checkpoint {step} cannot be restored ({first_line(e)})") from e
         sums = restored["digest"]
         for part in parts:

@@ -48,6 +48,10 @@ def identity(config: DictConfig) -> dict:
 def prepare_run_dir(cfg: Config) -> RunDir:
     """The run directory, refusing to resume a run whose defining config differs."""
     run = RunDir(cfg.run_dir)
+    if not run.config_path.exists() and saved_steps(run):
+        raise ConfigError(f"run_dir {str(run.path)!r} has checkpoints (steps {', '.join(map(str, saved_steps(run)))}) "
+                          f"but no {run.config_path.name}: the settings they were trained with are gone, so it cannot "
+                          f"resume; put {run.config_path.name} back, or pick another run_dir")
     if run.config_path.exists() and run.checkpoints.exists():
         saved, current = identity(run.read_config()), identity(OmegaConf.structured(cfg))
         for key in sorted(set(saved) | set(current)):
@@ -58,6 +62,13 @@ def prepare_run_dir(cfg: Config) -> RunDir:
                 )
     check_run_dir(run)
     return run
+
+
+def saved_steps(run: RunDir) -> list[int]:
+    """The steps with a finished checkpoint folder (Orbax's temporary ones left out), read without Orbax."""
+    if not run.checkpoints.is_dir():
+        return []
+    return sorted(int(p.name) for p in run.checkpoints.iterdir() if p.name.isdigit() and p.is_dir())
 
 
 # ----------------------------------------------------------------------------- before restoring

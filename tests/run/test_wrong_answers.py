@@ -15,7 +15,7 @@ import pytest
 
 from lmzoo import eval as lmzoo_eval
 from lmzoo.config import ConfigError
-from lmzoo.faults import EXIT_CONFIG, EXIT_RUN_FAULT, RunLock
+from lmzoo.faults import EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_UNPARSABLE, RunFault, RunLock, UnparsableConfig
 from lmzoo.mixers.hybrid import check_layers_used
 from lmzoo.run.checkpoint import Checkpointer, CorruptCheckpoint
 from lmzoo.run.directory import RunDir
@@ -172,3 +172,45 @@ def test_a_warmup_the_run_cannot_finish_is_named_in_a_note(caplog):
     caplog.clear()
     note_short_schedule(tiny_config("softmax", "optim.warmup_steps=3", "train.steps=4"))
     assert not caplog.records
+
+
+# ----------------------------------------------------------------------------- a run directory changed by hand
+
+
+def test_a_run_whose_config_was_deleted_is_refused_in_one_line_not_resumed(run_copy):
+    (run_copy / "config.yaml").unlink()
+    with pytest.raises(ConfigError) as refusal:
+        train(tiny_config("softmax", *SCHEDULE, run_dir=run_copy))
+    assert str(refusal.value) == (f"run_dir '{run_copy}' has checkpoints (steps 2, 4, 6) but no config.yaml: the "
+                                  "settings they were trained with are gone, so it cannot resume; put config.yaml "
+                                  "back, or pick another run_dir")
+    assert sorted(p.name for p in (run_copy / "checkpoints").iterdir()) == ["2", "4", "6"]
+
+
+def test_a_model_changed_under_a_run_is_named_and_its_checkpoints_called_intact(run_copy):
+    config = run_copy / "config.yaml"
+    config.write_text(config.read_text().replace("d_model: 32", "d_model: 64"))  # an edit by hand
+    with pytest.raises(RunFault) as refusal:
+        train(tiny_config("softmax", *SCHEDULE, "model.d_model=64", run_dir=run_copy))
+    message = str(refusal.value)
+    assert "holds arrays of other shapes than these settings build" in message and "intact" in message
+    assert "move the checkpoints" not in message and "\n" not in message
+    assert sorted(p.name for p in (run_copy / "checkpoints").iterdir()) == ["2", "4", "6"]
+
+
+def test_half_a_config_is_the_parse_fault_with_its_line_and_column(run_copy):
+    (run_copy / "config.yaml").write_text("model:\n  d_model: [32\n")
+    with pytest.raises(UnparsableConfig) as fault:
+        RunDir(run_copy).read_config()
+    assert fault.value.exit_code == EXIT_UNPARSABLE
+    assert str(fault.value).startswith(f"{run_copy / 'config.yaml'}, line 3, column 1 does not parse as YAML (")
+
+
+def test_a_torn_resumes_line_is_named_once_however_often_it_is_read(run_copy, caplog):
+    with open(run_copy / "resumes.jsonl", "a") as f:
+        f.write('{"step": 6, "key": "optim.lr", "old": 0.003, "new"')  # a write cut short
+    run = RunDir(run_copy)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(5):  # as the checks of one resume read it
+            run.settings_in_effect()
+    assert len([r for r in caplog.records if "resumes.jsonl" in r.getMessage()]) == 1
