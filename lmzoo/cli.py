@@ -33,6 +33,7 @@ from lmzoo.faults import (
 )
 
 MAX_CHECKED_COMBINATIONS = 256
+NOT_IN_DEFAULTS = ("attn",)  # config groups train.yaml's defaults list leaves out: chosen with +group=option
 _HYDRA_FLAGS_WITH_VALUES = ("-cp", "-cn", "-cd", "--config-path", "--config-name", "--config-dir")
 _INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--resolve", "--version", "--shell-completion", "-sc")
 
@@ -146,8 +147,20 @@ def field_notes(schema: type) -> dict[str, str]:
             source = inspect.getsource(cls)
         except (OSError, TypeError):
             continue
-        notes.update(re.findall(r"^\s+(\w+)\s*:[^#\n]*#\s*(.+)$", source, flags=re.MULTILINE))
+        module = sys.modules.get(cls.__module__)
+        found = re.findall(r"^\s+(\w+)\s*:[^#\n]*#\s*(.+)$", source, flags=re.MULTILINE)
+        notes.update((name, spelled_out(note, module)) for name, note in found)
     return notes
+
+
+def spelled_out(note: str, module) -> str:
+    """A note with each constant of ``module`` it names (``one of KINDS``) replaced by its values."""
+    def values(match: re.Match) -> str:
+        value = getattr(module, match[0], None)
+        is_names = isinstance(value, (tuple, list)) and value and all(isinstance(v, str) for v in value)
+        return ", ".join(value) if is_names else match[0]
+
+    return re.sub(r"\b[A-Z][A-Z0-9_]{2,}\b", values, note)
 
 
 def schema_options(schema: type, prefix: str = "") -> list[Option]:
@@ -199,12 +212,13 @@ def with_defaults(options: list[Option], config) -> list[Option]:
     return found
 
 
-def exit_codes() -> list[Option]:
-    """The exit codes of ``lmzoo.faults``, each with its comment there."""
+def exit_codes(*codes: int) -> list[Option]:
+    """The exit codes of ``lmzoo.faults`` (those in ``codes`` where given: what one command can end with), each
+    with its comment there."""
     from lmzoo import faults
 
     found = re.findall(r"^EXIT_\w+ = (\d+)\s*#\s*(.+)$", inspect.getsource(faults), flags=re.MULTILINE)
-    return [Option(code, None, note) for code, note in found]
+    return [Option(code, None, note) for code, note in found if not codes or int(code) in codes]
 
 
 def group_options(group: str) -> list[str]:
@@ -231,6 +245,10 @@ def check_argv(argv: list[str], *, config_name: str = "train", require_attn: boo
     except HydraException as e:
         fail(str(e).strip().splitlines()[0])
     ours = [o for o in overrides if not o.key_or_group.startswith("hydra")]
+    for o in ours:
+        if o.key_or_group in NOT_IN_DEFAULTS and not o.is_add() and not o.is_delete() and not o.is_force_add():
+            fail(f"{o.input_line}: {o.key_or_group} is added with a plus: +{o.input_line} "
+                 f"(train.yaml picks no {o.key_or_group} by default)")
     if require_attn and not any(o.key_or_group == "attn" for o in ours):
         fail(f"no attention variant given: add +attn=<name> (available: {', '.join(variant_names())})")
     for o in ours:

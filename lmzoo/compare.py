@@ -25,6 +25,7 @@ from typing import NamedTuple, NoReturn
 
 from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, run_command, show_help, wants_help
 from lmzoo.config import ConfigError
+from lmzoo.faults import EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_UNPARSABLE, EXIT_WRITE_FAILED
 from lmzoo.measure.comparison import compare, write_report
 
 OPTIONS = [
@@ -46,7 +47,7 @@ def show_usage() -> NoReturn:
     show_help("python -m lmzoo.compare <run or sweep dir> ... [key=value ...]", 
               "Tabulate and plot evaluated runs side by side: a row per arm (its seeds pooled), with 95% intervals.",
               [("arguments", [Option("<run or sweep dir>", None, "run directories, or folders holding runs")]),
-               ("settings (--key value is accepted too)", OPTIONS), ("exit codes", exit_codes())])
+               ("settings (--key value is accepted too)", OPTIONS), ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_WRITE_FAILED, EXIT_UNPARSABLE, EXIT_ABORTED))])
 
 
 def as_key_values(argv: list[str]) -> list[str]:

@@ -32,7 +32,10 @@ from lmzoo.cli import (
     with_defaults,
 )
 from lmzoo.config import CONFIG_DIR, ConfigError, EvalConfig
-from lmzoo.faults import RunFault, RunLock
+from lmzoo.faults import (
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_NETWORK, EXIT_RUN_FAULT, EXIT_UNPARSABLE,
+    EXIT_WRITE_FAILED, RunFault, RunLock,
+)
 from lmzoo.measure.evaluation import check_request, eval_settings, evaluate, result_settings, warn_inert_overrides
 from lmzoo.measure.outputs import check_writable, write_outputs
 from lmzoo.run.directory import RunDir, flat_settings
@@ -50,7 +53,8 @@ def show_usage() -> NoReturn:
               [("required", [Option("run_dir", "<dir>", "the trained run to evaluate")]),
                ("evaluation settings", with_defaults(schema_options(EvalConfig, "eval."), OmegaConf.create(defaults))),
                ("overrides of the run's config (as in training)", RUN_OVERRIDES),
-               ("exit codes", exit_codes())])
+               ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_WRITE_FAILED, EXIT_NETWORK, EXIT_UNPARSABLE,
+                                         EXIT_INTERRUPTED, EXIT_ABORTED))])
 
 
 def parse_args(argv: list[str]) -> tuple[RunDir, EvalConfig, list[str]]:

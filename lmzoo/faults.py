@@ -20,11 +20,11 @@ PROBE_BYTES = 1 << 16  # what a write probe writes: about what a run writes befo
 EXIT_FINISHED = 0  # finished
 EXIT_CONFIG = 2  # a bad setting or command line: nothing was run
 EXIT_DIVERGED = 3  # too many non-finite steps in a row; the checkpoints on disk stay finite
-EXIT_RUN_FAULT = 4  # the run directory cannot be used: held by another trainer, unwritable, no intact checkpoint
+EXIT_RUN_FAULT = 4  # the run directory cannot be used: held, unwritable, no intact checkpoint, other data
 EXIT_WRITE_FAILED = 5  # a file could not be written (disk full, permissions); what was on disk before is intact
-EXIT_NETWORK = 6  # data could not be downloaded (no network, or the server refused): nothing was trained
-EXIT_UNPARSABLE = 7  # a config file is not valid YAML: nothing was trained
-EXIT_INTERRUPTED = 75  # stopped by SIGTERM (or Ctrl-C in training), its checkpoints intact: run it again (EX_TEMPFAIL)
+EXIT_NETWORK = 6  # data could not be downloaded (no network, or the server refused): nothing was run
+EXIT_UNPARSABLE = 7  # a config file is not valid YAML (its line and column named): nothing was run
+EXIT_INTERRUPTED = 75  # stopped by SIGTERM (or Ctrl-C in training), all saved intact: run it again (EX_TEMPFAIL)
 EXIT_ABORTED = 130  # stopped at once by Ctrl-C (a second one in training): nothing half-written, earlier files intact
 
 

@@ -29,6 +29,9 @@ from lmzoo.cli import (
     RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, run_command, schema_options, show_help, wants_help,
 )
 from lmzoo.config import ConfigError, to_dataclass
+from lmzoo.faults import (
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_RUN_FAULT, EXIT_UNPARSABLE,
+)
 from lmzoo.measure.decoding import SAMPLING_KEYS, Sampling, check_fits, generate, until_eos
 from lmzoo.measure.memory import compiled_bytes, device_memory
 from lmzoo.run.checkpoint import split_model
@@ -51,7 +54,7 @@ def show_usage() -> NoReturn:
                ("sampling settings", [o._replace(note=o.note or NOTES.get(o.key, ""))
                                       for o in schema_options(Sampling) if o.key != "prompt"]),
                ("overrides of the run's config (as in training)", RUN_OVERRIDES),
-               ("exit codes", exit_codes())])
+               ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_UNPARSABLE, EXIT_INTERRUPTED, EXIT_ABORTED))])
 
 
 def parse_args(argv: list[str]) -> tuple[RunDir, Sampling, list[str]]:

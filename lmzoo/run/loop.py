@@ -505,6 +505,7 @@ class Trainer:
 
     def report_end(self) -> None:
         """Where the finished run is, for eval and generate to be pointed at."""
+        self.bar.close()  # first: the line goes below the finished bar, not onto it
         log.info("run_dir %s: %s, %s parameters, trained to step %d", self.run_dir, self.cfg.attn.name,
                  f"{self.n_params:,}", self.step)
 
