@@ -47,3 +47,12 @@ def test_the_experiments_list_names_the_seed_article(capsys):
     experiments.main(["list"])
     out = capsys.readouterr().out
     assert "(seed 0" not in out and "(from seed article 001)" in out
+
+
+def test_an_experiment_out_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        experiments.main(["decode_cache", "quick=true", f"out_dir={tmp_path / 'a_file'}"])
+    assert stop.value.code == 4
+    assert capsys.readouterr().err == (f"lmzoo: error: out_dir '{tmp_path / 'a_file'}' is a file, not a directory; "
+                                       "pick another out_dir\n")

@@ -54,6 +54,14 @@ elif where == "evaluate":  # while an evaluation computes
         send()
         raise AssertionError("the signal should have stopped the evaluation")
     evaluation.evaluate = signalled_evaluate
+elif where == "experiment":  # while an experiment sets itself up, outside any training loop
+    import time
+    import lmzoo.experiments
+    def signalled_experiment(*args, **kwargs):
+        send()
+        time.sleep(30)
+        raise AssertionError("the signal should have stopped the experiment")
+    lmzoo.experiments.run_experiment = signalled_experiment
 runpy.run_module(module, run_name="__main__")
 """
 
@@ -128,3 +136,10 @@ def test_an_interrupted_evaluation_is_one_line_and_writes_nothing(tmp_path, sign
     assert "nothing was written" in one_line(proc, code)
     assert not list(run_dir.glob("eval/*/results.json"))
     assert json.loads((run_dir / "run_info.json").read_text())["variant"] == "softmax"
+
+
+@pytest.mark.slow
+def test_sigterm_to_an_experiment_outside_training_is_exit_75_with_a_line(tmp_path):
+    proc = interrupted("lmzoo.experiments", "experiment", "SIGTERM", "decode_cache", "quick=true", f"out_dir={tmp_path}")
+    assert "no verdict was written" in one_line(proc, EXIT_INTERRUPTED)
+    assert not list(tmp_path.rglob("verdict.json"))
