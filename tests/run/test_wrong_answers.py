@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +27,7 @@ from lmzoo.run.directory import RunDir
 from lmzoo.run.loop import train
 from lmzoo.train import note_short_schedule
 
-from conftest import TINY, run_lmzoo, tiny_config
+from conftest import REPO, TINY, run_lmzoo, tiny_config
 
 ONE_LAYER = ["model.n_layers=1"]
 SCHEDULE = [*ONE_LAYER, "train.steps=6", "train.checkpoint_every=2", "train.eval_every=6", "train.probe_batch=0"]
@@ -214,3 +219,36 @@ def test_a_torn_resumes_line_is_named_once_however_often_it_is_read(run_copy, ca
         for _ in range(5):  # as the checks of one resume read it
             run.settings_in_effect()
     assert len([r for r in caplog.records if "resumes.jsonl" in r.getMessage()]) == 1
+
+
+@pytest.mark.slow
+def test_a_run_evaluated_while_it_trains_and_rotates_its_checkpoints(tmp_path):
+    """The real thing: a trainer saving every 2 steps and keeping 3 in one process, an evaluation in another."""
+    run_dir = tmp_path / "live"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    trainer = subprocess.Popen([sys.executable, "-m", "lmzoo.train", "+attn=softmax", *TINY, *ONE_LAYER,
+                                "train.steps=100000", "train.checkpoint_every=2", "train.eval_every=100000",
+                                "train.log_every=1000", "train.probe_batch=0", f"run_dir={run_dir}"],
+                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while not RunDir(run_dir).is_trained() or not saved(run_dir):
+            assert trainer.poll() is None and time.time() < deadline, trainer.communicate()
+            time.sleep(0.5)
+        proc = run_lmzoo("-m", "lmzoo.eval", f"run_dir={run_dir}", *EVAL_ARGS)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "is still training" in proc.stderr and "newest finished checkpoint" in proc.stderr, proc.stderr
+        assert "move the checkpoints" not in proc.stderr and "damaged" not in proc.stderr
+        step = json.loads((run_dir / "eval" / "default" / "results.json").read_text())["step"]
+        assert step >= 2 and step % 2 == 0
+    finally:
+        trainer.send_signal(signal.SIGTERM)
+        out, err = trainer.communicate(timeout=120)
+    assert trainer.returncode == 75, err[-3000:]
+    assert f"run_dir={run_dir}" in out  # the line that resumes it
+    assert max(saved(run_dir)) > step  # it trained on while it was evaluated
+
+
+def saved(run_dir: Path) -> list[int]:
+    folder = run_dir / "checkpoints"
+    return [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
