@@ -239,6 +239,7 @@ def test_a_run_evaluated_while_it_trains_and_rotates_its_checkpoints(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "is still training" in proc.stderr and "newest finished checkpoint" in proc.stderr, proc.stderr
         assert "move the checkpoints" not in proc.stderr and "damaged" not in proc.stderr
+        assert "WARNING:" not in proc.stderr  # plain lines, not logging's default prefix
         step = json.loads((run_dir / "eval" / "default" / "results.json").read_text())["step"]
         assert step >= 2 and step % 2 == 0
     finally:
