@@ -50,7 +50,8 @@ def open_trained(run_dir: Path | str | RunDir, overrides=(), step: int | None = 
     run = trained_run(run_dir)
     cfg = trained_config(run, list(overrides))
     data = open_data(cfg, run)
-    check_same_data(run, data.fingerprint, allow_changed=cfg.data.allow_changed)
+    if not changes_data(list(overrides)):  # other data asked for by name: the results record them (eval)
+        check_same_data(run, data.fingerprint, allow_changed=cfg.data.allow_changed)
     model, step = restore_model(cfg, data.tokenizer.vocab_size, run, step, step_setting=step_setting)
     return Trained(cfg, data, model, step)
 
@@ -70,6 +71,12 @@ def open_data(cfg: Config, run: RunDir):
         return build_data(with_saved_tokenizer(cfg.data, run.tokenizer_path), seed=cfg.seed)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
+
+
+def changes_data(overrides: list[str]) -> bool:
+    """Whether the overrides ask for other data (``data.num_pairs=64`` on a task, say): then the data differ as asked."""
+    keys = [o.split("=")[0].lstrip("+") for o in overrides]
+    return any((key == "data" or key.startswith("data.")) and key != "data.allow_changed" for key in keys)
 
 
 def check_same_data(run: RunDir, fingerprint: dict, *, allow_changed: bool) -> None:

@@ -253,3 +253,8 @@ def test_a_run_evaluated_while_it_trains_and_rotates_its_checkpoints(tmp_path):
 def saved(run_dir: Path) -> list[int]:
     folder = run_dir / "checkpoints"
     return [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+
+
+def test_data_asked_for_by_an_override_are_not_refused_but_recorded(run_copy):
+    results = evaluate(run_copy, "data.val_fraction=0.2")  # another split, asked for: the results say so
+    assert "val_documents" in results["data_changed"] and results["step"] == 6
