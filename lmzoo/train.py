@@ -53,10 +53,22 @@ def _hydra_main(raw) -> None:
         print(f"lmzoo: error: {e}", file=sys.stderr)
         _exit_codes.append(e.exit_code)
         return
-    if summary["interrupted"]:  # the interrupt stops the process: a sweep's later runs do not start
-        log.info("to resume: %s", resume_command(cfg.run_dir))
+    if not summary["interrupted"]:
+        _exit_codes.append(EXIT_FINISHED)
+        return
+    log.info("to resume: %s", resume_command(cfg.run_dir))
+    if jobs_run_here():  # the interrupt stops the process: a sweep's later runs do not start
         sys.exit(EXIT_INTERRUPTED)
-    _exit_codes.append(EXIT_FINISHED)
+    _exit_codes.append(EXIT_INTERRUPTED)  # a job of a launcher's own (SLURM's): its process ends with it
+
+
+def jobs_run_here() -> bool:
+    """Whether this process runs the jobs one after another (Hydra's basic launcher, and a single run), rather
+    than a launcher that gives each job a process of its own (submitit's, for SLURM or local processes)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    launcher = HydraConfig.get().get("launcher") or {}
+    return "BasicLauncher" in str(launcher.get("_target_", "BasicLauncher"))
 
 
 def note_short_schedule(cfg: Config) -> None:
