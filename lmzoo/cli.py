@@ -15,9 +15,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import logging
 import os
 import re
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 from typing import NamedTuple, NoReturn
 
@@ -25,9 +28,12 @@ import yaml
 from omegaconf import OmegaConf
 
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, register_schemas, validate, variant_names
-from lmzoo.faults import EXIT_CONFIG, RunFault, UnparsableConfig, debugging
+from lmzoo.faults import (
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, unparsable,
+)
 
 MAX_CHECKED_COMBINATIONS = 256
+NOT_IN_DEFAULTS = ("attn",)  # config groups train.yaml's defaults list leaves out: chosen with +group=option
 _HYDRA_FLAGS_WITH_VALUES = ("-cp", "-cn", "-cd", "--config-path", "--config-name", "--config-dir")
 _INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--resolve", "--version", "--shell-completion", "-sc")
 
@@ -56,12 +62,40 @@ def errors_in_one_line():
         fail(str(e), e.exit_code)
 
 
-def unparsable(error: yaml.YAMLError) -> UnparsableConfig:
-    """One line for a YAML file that does not parse: the file, the place and the problem."""
-    mark = getattr(error, "problem_mark", None)
-    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
-    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-    return UnparsableConfig(f"{where} does not parse as YAML ({problem}); fix that file")
+@contextmanager
+def interrupts_in_one_line(after: str):
+    """A command's body, stopped by Ctrl-C (exit 130) or SIGTERM (exit 75, the code a requeue waits for) with one
+    line: which signal, then ``after`` (what is on disk, how to go on). The process ends at once, as an
+    interrupted interpreter tearing down its native threads can crash on the way out."""
+    handled = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if handled else None
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if debugging():
+            raise
+        by, code = ("SIGTERM", EXIT_INTERRUPTED) if isinstance(e, Stopped) else ("Ctrl-C", EXIT_ABORTED)
+        print(f"lmzoo: error: stopped by {by}; {after() if callable(after) else after}", file=sys.stderr)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def stop_on_sigterm(signum, frame) -> NoReturn:
+    raise Stopped
+
+
+def run_command(main, after: str) -> None:
+    """What ``python -m lmzoo.<command>`` runs: ``main()`` with warnings as plain lines (``warning: ...``, not
+    ``WARNING:lmzoo.x:warning: ...``) and Ctrl-C or SIGTERM in one line saying ``after``."""
+    logging.basicConfig(format="%(message)s", level=logging.WARNING, force=True)
+    logging.raiseExceptions = False  # a handler on a full disk: no traceback per line
+    with interrupts_in_one_line(after):
+        main()
 
 
 # ----------------------------------------------------------------------------- arguments and --help
@@ -113,8 +147,20 @@ def field_notes(schema: type) -> dict[str, str]:
             source = inspect.getsource(cls)
         except (OSError, TypeError):
             continue
-        notes.update(re.findall(r"^\s+(\w+)\s*:[^#\n]*#\s*(.+)$", source, flags=re.MULTILINE))
+        module = sys.modules.get(cls.__module__)
+        found = re.findall(r"^\s+(\w+)\s*:[^#\n]*#\s*(.+)$", source, flags=re.MULTILINE)
+        notes.update((name, spelled_out(note, module)) for name, note in found)
     return notes
+
+
+def spelled_out(note: str, module) -> str:
+    """A note with each constant of ``module`` it names (``one of KINDS``) replaced by its values."""
+    def values(match: re.Match) -> str:
+        value = getattr(module, match[0], None)
+        is_names = isinstance(value, (tuple, list)) and value and all(isinstance(v, str) for v in value)
+        return ", ".join(value) if is_names else match[0]
+
+    return re.sub(r"\b[A-Z][A-Z0-9_]{2,}\b", values, note)
 
 
 def schema_options(schema: type, prefix: str = "") -> list[Option]:
@@ -166,12 +212,13 @@ def with_defaults(options: list[Option], config) -> list[Option]:
     return found
 
 
-def exit_codes() -> list[Option]:
-    """The exit codes of ``lmzoo.faults``, each with its comment there."""
+def exit_codes(*codes: int) -> list[Option]:
+    """The exit codes of ``lmzoo.faults`` (those in ``codes`` where given: what one command can end with), each
+    with its comment there."""
     from lmzoo import faults
 
     found = re.findall(r"^EXIT_\w+ = (\d+)\s*#\s*(.+)$", inspect.getsource(faults), flags=re.MULTILINE)
-    return [Option(code, None, note) for code, note in found]
+    return [Option(code, None, note) for code, note in found if not codes or int(code) in codes]
 
 
 def group_options(group: str) -> list[str]:
@@ -183,8 +230,9 @@ def config_groups() -> list[str]:
     return sorted(d for d in os.listdir(CONFIG_DIR) if d != "hydra" and os.path.isdir(os.path.join(CONFIG_DIR, d)))
 
 
-def check_argv(argv: list[str], *, config_name: str = "train", require_attn: bool = True) -> None:
-    """Exit with one line on stderr if any configuration these overrides describe is invalid."""
+def check_argv(argv: list[str], *, config_name: str = "train", require_attn: bool = True, also=None) -> None:
+    """Exit with one line on stderr if any configuration these overrides describe is invalid (or fails
+    ``also(config)``, a command's own checks)."""
     if any(a.split("=")[0] in _INFO_FLAGS + _HYDRA_FLAGS_WITH_VALUES for a in argv):
         return  # Hydra's own information commands and custom config locations: Hydra knows best
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -197,13 +245,21 @@ def check_argv(argv: list[str], *, config_name: str = "train", require_attn: boo
     except HydraException as e:
         fail(str(e).strip().splitlines()[0])
     ours = [o for o in overrides if not o.key_or_group.startswith("hydra")]
+    for o in ours:
+        if o.key_or_group in NOT_IN_DEFAULTS and not o.is_add() and not o.is_delete() and not o.is_force_add():
+            fail(f"{o.input_line}: {o.key_or_group} is added with a plus: +{o.input_line} "
+                 f"(train.yaml picks no {o.key_or_group} by default)")
     if require_attn and not any(o.key_or_group == "attn" for o in ours):
         fail(f"no attention variant given: add +attn=<name> (available: {', '.join(variant_names())})")
     for o in ours:
         if o.key_or_group in config_groups() and not o.is_delete():
             _check_group_choice(o)
     for combination in itertools.islice(_combinations(ours), MAX_CHECKED_COMBINATIONS):
-        compose_and_validate(combination, config_name=config_name)
+        cfg = compose_and_validate(combination, config_name=config_name)
+        try:
+            also and also(cfg)
+        except ConfigError as e:
+            fail(str(e))
 
 
 def _check_group_choice(override) -> None:

@@ -27,8 +27,9 @@ import sys
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
-from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, show_help, wants_help
+from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, run_command, show_help, wants_help
 from lmzoo.config import ConfigError
+from lmzoo.faults import EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_UNPARSABLE, EXIT_WRITE_FAILED
 from lmzoo.measure.comparison import another_comparison, compare, write_report
 
 OPTIONS = [
@@ -57,7 +58,7 @@ def show_usage() -> NoReturn:
     show_help("python -m lmzoo.compare <run or sweep dir> ... [key=value ...]", 
               "Tabulate and plot evaluated runs side by side: a row per arm (its seeds pooled), with 95% intervals.",
               [("arguments", [Option("<run or sweep dir>", None, "run directories, or folders holding runs")]),
-               ("settings (--key value is accepted too)", OPTIONS), ("exit codes", exit_codes())])
+               ("settings (--key value is accepted too)", OPTIONS), ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_WRITE_FAILED, EXIT_UNPARSABLE, EXIT_ABORTED))])
 
 
 def as_key_values(argv: list[str]) -> list[str]:
@@ -112,11 +113,11 @@ def main(argv: list[str] | None = None) -> str:
         if args.out is None and another_comparison(report, out):
             raise ConfigError(f"{out / 'comparison.md'} holds a comparison of other runs (or another baseline or tag): "
                               f"give out=<folder> for this one, or out={out} to replace it")
-    print(report.markdown)
-    for path in write_report(report, out):
-        print(f"wrote {path}")
+        print(report.markdown)
+        for path in write_report(report, out):  # a WriteFault (full disk, read-only folder): one line, exit 5
+            print(f"wrote {path}")
     return report.markdown
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main, "nothing was written (the report's files are replaced whole)")

@@ -21,21 +21,29 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
 from omegaconf import OmegaConf
 
 from lmzoo.cli import (
-    RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, schema_options, show_help, wants_help, with_defaults,
+    RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, run_command, schema_options, show_help, wants_help,
+    with_defaults,
 )
 from lmzoo.config import CONFIG_DIR, ConfigError, EvalConfig
+from lmzoo.faults import (
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_NETWORK, EXIT_RUN_FAULT, EXIT_UNPARSABLE,
+    EXIT_WRITE_FAILED, RunFault, RunLock,
+)
 from lmzoo.measure.evaluation import check_request, eval_settings, evaluate, result_settings, warn_inert_overrides
 from lmzoo.measure.outputs import check_writable, write_outputs
 from lmzoo.run.directory import RunDir, flat_settings
 from lmzoo.run.load import check_overrides, open_trained, trained_run
+from lmzoo.run.resume import data_changes
 
 log = logging.getLogger("lmzoo.eval")
+EVAL_LOCK = ".lock"  # in eval/<tag>/: held while an evaluation computes and writes that tag
 
 
 def show_usage() -> NoReturn:
@@ -45,7 +53,8 @@ def show_usage() -> NoReturn:
               [("required", [Option("run_dir", "<dir>", "the trained run to evaluate")]),
                ("evaluation settings", with_defaults(schema_options(EvalConfig, "eval."), OmegaConf.create(defaults))),
                ("overrides of the run's config (as in training)", RUN_OVERRIDES),
-               ("exit codes", exit_codes())])
+               ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_WRITE_FAILED, EXIT_NETWORK, EXIT_UNPARSABLE,
+                                         EXIT_INTERRUPTED, EXIT_ABORTED))])
 
 
 def parse_args(argv: list[str]) -> tuple[RunDir, EvalConfig, list[str]]:
@@ -80,6 +89,12 @@ def check_tag(run: RunDir, tag: str, settings: dict, *, named: bool) -> None:
                       f"to keep both, or eval.tag={tag} to replace them")
 
 
+def tag_in_use(tag: str, lock: Path, holder: str) -> RunFault:
+    """Two evaluations of one tag at once would each replace the other's results: the second is refused."""
+    return RunFault(f"{lock.parent} is being evaluated by another process ({holder}); wait for it to finish, "
+                    f"or add eval.tag=<name> other than {tag!r} to keep both")
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     if wants_help(argv):
@@ -90,11 +105,14 @@ def main(argv: list[str] | None = None) -> dict:
         settings = result_settings(eval_cfg, overrides)
         trained = open_trained(run, overrides, eval_cfg.step, step_setting="eval.step")
         first_window = check_request(trained, eval_cfg)
-        check_tag(run, tag, settings, named=eval_cfg.tag is not None)
         check_writable(run, tag)
-        warn_inert_overrides(run, overrides, trained.model, trained.data.tokenizer.vocab_size, first_window)
-        results = {**evaluate(trained, eval_cfg, tag=tag, extra_dir=run.eval_dir(tag)), "settings": settings}
-        path = write_outputs(run, results)
+        with RunLock(run.eval_dir(tag) / EVAL_LOCK, refused=partial(tag_in_use, tag)):
+            check_tag(run, tag, settings, named=eval_cfg.tag is not None)
+            warn_inert_overrides(run, overrides, trained.model, trained.data.tokenizer.vocab_size, first_window)
+            results = {**evaluate(trained, eval_cfg, tag=tag, extra_dir=run.eval_dir(tag)), "settings": settings}
+            if changed := data_changes(run, trained.data.fingerprint):  # data.allow_changed=true let them through
+                results["data_changed"] = changed
+            path = write_outputs(run, results)
     for length, r in results["lengths"].items():
         lo, hi = r["bpb_ci"]
         print(f"L={length:>6}  loss {r['loss']:.4f}  bpb {r['bpb']:.4f} [{lo:.4f}, {hi:.4f}]  "
@@ -104,5 +122,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(format="%(message)s", level=logging.WARNING, force=True)  # warnings as plain lines
-    main()
+    run_command(main, "nothing was written (results are replaced whole: earlier ones are intact)")

@@ -7,21 +7,25 @@ checkpoint) ends the process with one line on stderr and an exit code saying whi
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
 from pathlib import Path
 
+PROBE_BYTES = 1 << 16  # what a write probe writes: about what a run writes before its first step (configs, logs)
+
 # Exit codes of every command (an unexpected error keeps Python's 1).
 EXIT_FINISHED = 0  # finished
 EXIT_CONFIG = 2  # a bad setting or command line: nothing was run
 EXIT_DIVERGED = 3  # too many non-finite steps in a row; the checkpoints on disk stay finite
-EXIT_RUN_FAULT = 4  # the run directory cannot be used: held by another trainer, unwritable, no intact checkpoint
+EXIT_RUN_FAULT = 4  # the run directory cannot be used: held, unwritable, no intact checkpoint, other data
 EXIT_WRITE_FAILED = 5  # a file could not be written (disk full, permissions); what was on disk before is intact
-EXIT_NETWORK = 6  # data could not be downloaded (no network, or the server refused): nothing was trained
-EXIT_UNPARSABLE = 7  # a config file is not valid YAML: nothing was trained
-EXIT_INTERRUPTED = 75  # stopped by SIGTERM / Ctrl-C after saving a checkpoint: run the same command again (EX_TEMPFAIL)
+EXIT_NETWORK = 6  # data could not be downloaded (no network, or the server refused): nothing was run
+EXIT_UNPARSABLE = 7  # a config file is not valid YAML (its line and column named): nothing was run
+EXIT_INTERRUPTED = 75  # stopped by SIGTERM (or Ctrl-C in training), all saved intact: run it again (EX_TEMPFAIL)
+EXIT_ABORTED = 130  # stopped at once by Ctrl-C (a second one in training): nothing half-written, earlier files intact
 
 
 class RunFault(Exception):
@@ -52,10 +56,22 @@ class UnparsableConfig(RunFault):
     exit_code = EXIT_UNPARSABLE
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM outside a training loop: stop the command as Ctrl-C would, but with the code a requeue expects."""
+
+
 class Interrupted(RunFault):
     """A run stopped by SIGTERM / Ctrl-C after saving a checkpoint: the same command resumes it."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+def unparsable(error) -> UnparsableConfig:
+    """One line for a YAML file that does not parse (a ``yaml.YAMLError``): the file, the place and the problem."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return UnparsableConfig(f"{where} does not parse as YAML ({problem}); fix that file")
 
 
 def debugging() -> bool:
@@ -74,13 +90,19 @@ def probe_writable(directory: Path, what: str) -> None:
     """Create ``directory`` and write a file in it, so a bad path fails now rather than after training steps."""
     if directory.exists() and not directory.is_dir():
         raise RunFault(f"{what} {str(directory)!r} is a file, not a directory; pick another {what}")
+    probe = directory / f".write-probe-{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".write-probe-{os.getpid()}"
-        probe.write_text("")
+        with open(probe, "wb") as f:  # some bytes, synced: an empty file still fits on a full disk
+            f.write(bytes(PROBE_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
         probe.unlink()
     except OSError as e:
-        raise RunFault(f"{what} {str(directory)!r} is not writable ({e.strerror or first_line(e)})") from None
+        if probe.parent.is_dir():
+            probe.unlink(missing_ok=True)
+        fault = WriteFault if e.errno == errno.ENOSPC else RunFault
+        raise fault(f"{what} {str(directory)!r} is not writable ({e.strerror or first_line(e)})") from None
 
 
 class RunLock:
@@ -90,9 +112,11 @@ class RunLock:
     requeued trainer never leaves a stale lock behind; a second trainer on a live run is refused.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, refused=None):
+        """``refused(path, holder)``: the RunFault a second taker meets (default: the run is in use by a trainer)."""
         self.path = Path(path)
         self.file = None
+        self.refused = refused or in_use
 
     def __enter__(self) -> RunLock:
         file = open(self.path, "a+")
@@ -102,7 +126,7 @@ class RunLock:
             file.seek(0)
             holder = describe_holder(file.read())
             file.close()
-            raise in_use(self.path, holder) from None
+            raise self.refused(self.path, holder) from None
         file.seek(0)
         file.truncate()
         file.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
@@ -117,19 +141,26 @@ class RunLock:
             self.file = None
 
 
-def check_unlocked(path: Path) -> None:
-    """RunFault if another process holds the lock at ``path``; creates and writes nothing, so a refused
-    trainer can be turned away before anything (Hydra's own files included) touches a live run."""
+def lock_holder(path: Path) -> str | None:
+    """Who holds the lock at ``path`` ("pid 12 on host"), or None when nobody does; creates and writes nothing."""
     try:
         file = open(path)
-    except (FileNotFoundError, NotADirectoryError):  # no run there yet, or no folder: nobody holds it
-        return
+    except (FileNotFoundError, NotADirectoryError, PermissionError):  # no run there yet, or no folder: nobody holds it
+        return None
     with file:
         try:
             fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a shared lock: it conflicts only with a trainer's
         except BlockingIOError:
-            raise in_use(Path(path), describe_holder(file.read())) from None
+            return describe_holder(file.read())
         fcntl.flock(file, fcntl.LOCK_UN)
+    return None
+
+
+def check_unlocked(path: Path) -> None:
+    """RunFault if another process holds the lock at ``path``; creates and writes nothing, so a refused
+    trainer can be turned away before anything (Hydra's own files included) touches a live run."""
+    if (holder := lock_holder(path)) is not None:
+        raise in_use(Path(path), holder)
 
 
 def in_use(path: Path, holder: str) -> RunFault:

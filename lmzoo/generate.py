@@ -18,14 +18,23 @@ from __future__ import annotations
 import sys
 from typing import NoReturn, Optional
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from omegaconf import OmegaConf
 from omegaconf import errors as oc_errors
 
-from lmzoo.cli import RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, schema_options, show_help, wants_help
+from lmzoo.cli import (
+    RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, run_command, schema_options, show_help, wants_help,
+)
 from lmzoo.config import ConfigError, to_dataclass
+from lmzoo.faults import (
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_RUN_FAULT, EXIT_UNPARSABLE,
+)
 from lmzoo.measure.decoding import SAMPLING_KEYS, Sampling, check_fits, generate, until_eos
-from lmzoo.measure.memory import device_memory
+from lmzoo.measure.memory import compiled_bytes, device_memory
+from lmzoo.run.checkpoint import split_model
 from lmzoo.run.directory import RunDir
 from lmzoo.run.load import check_overrides, open_trained, trained_run
 
@@ -45,7 +54,7 @@ def show_usage() -> NoReturn:
                ("sampling settings", [o._replace(note=o.note or NOTES.get(o.key, ""))
                                       for o in schema_options(Sampling) if o.key != "prompt"]),
                ("overrides of the run's config (as in training)", RUN_OVERRIDES),
-               ("exit codes", exit_codes())])
+               ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_UNPARSABLE, EXIT_INTERRUPTED, EXIT_ABORTED))])
 
 
 def parse_args(argv: list[str]) -> tuple[RunDir, Sampling, list[str]]:
@@ -70,11 +79,50 @@ def parse_args(argv: list[str]) -> tuple[RunDir, Sampling, list[str]]:
     except oc_errors.OmegaConfBaseException as e:
         raise ConfigError(f"could not parse the arguments: {str(e).splitlines()[0]}") from None
     if prompt is not None:
+        check_text(prompt)
         raw.prompt = prompt
     sampling = to_dataclass(Sampling, raw)
     sampling.check()
     check_overrides(overrides)
     return trained_run(run_dir), sampling, overrides
+
+
+def check_text(prompt: str) -> None:
+    """ConfigError for a prompt that is not UTF-8 text (the shell passes undecodable bytes through as surrogates)."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = prompt[e.start:e.end].encode("utf-8", "surrogateescape")
+        raise ConfigError(f"prompt is not UTF-8 text (byte {raw[:1].hex()} at character {e.start}); "
+                          "give it as UTF-8") from None
+
+
+PREFILL_MEASURED_FROM = 1024  # prompt tokens from which the prefill's memory is measured (shorter ones fit anywhere)
+
+
+def check_prefill_fits(model, prompt_len: int, s: Sampling, budget: int) -> None:
+    """ConfigError when the prompt's prefill (one forward over it, num_samples times: softmax's scores grow with
+    its square) needs more memory than there is, as XLA counts it for the compiled prefill."""
+    if prompt_len < PREFILL_MEASURED_FROM:
+        return
+    graphdef, state = split_model(model)
+    max_len = prompt_len + s.max_new_tokens
+    prefill = jax.jit(lambda w, tokens: nnx.merge(graphdef, w["params"], w["extra"]).prefill(tokens, max_len))
+    need = compiled_bytes(prefill.lower(state, jax.ShapeDtypeStruct((s.num_samples, prompt_len), jnp.int32)).compile())
+    if need > budget:
+        raise ConfigError(f"prompt: its {prompt_len} tokens need about {need / 2**30:.1f} GiB to read in "
+                          f"(num_samples={s.num_samples}), over the {budget / 2**30:.1f} GiB of memory available; "
+                          "give a shorter prompt or fewer samples")
+
+
+ECHOED_CHARACTERS = 2000  # a longer prompt is echoed by its end only
+
+
+def echoed(prompt: str) -> str:
+    """The prompt as printed before its continuation: whole, or a long one's end after a note of its length."""
+    if len(prompt) <= ECHOED_CHARACTERS:
+        return prompt
+    return f"[a prompt of {len(prompt):,} characters; its end:]\n...{prompt[-ECHOED_CHARACTERS // 10:]}"
 
 
 class Stream:
@@ -108,19 +156,20 @@ def main(argv: list[str] | None = None) -> list[str]:
         tokenizer, model = trained.data.tokenizer, trained.model
         prompt_ids = tokenizer.encode(s.prompt)
         check_fits(model, len(prompt_ids), s, device_memory())
+        check_prefill_fits(model, len(prompt_ids), s, device_memory())
     eos = tokenizer.eos_id
     stream = Stream(tokenizer, eos) if s.num_samples == 1 else None
     if stream:
-        sys.stdout.write(s.prompt)
+        sys.stdout.write(echoed(s.prompt))
     tokens = generate(model, prompt_ids, s, eos_id=eos, on_token=stream or (lambda tokens: None))
     texts = [tokenizer.decode(until_eos(row, eos)) for row in tokens]
     if stream:
         stream.finish()
     else:
         for i, text in enumerate(texts):
-            print(f"--- sample {i} ---\n{s.prompt}{text}")
+            print(f"--- sample {i} ---\n{echoed(s.prompt)}{text}")
     return texts
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main, "the sample stops where it was")

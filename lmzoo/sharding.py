@@ -55,11 +55,10 @@ def partitioned(init, *axes):
 class MeshConfig:
     """Devices along each mesh axis; -1 (one axis at most): the devices the others leave."""
 
-    data: int = -1
-    fsdp: int = 1
-    tensor: int = 1
-    # logical axis -> mesh axis (or null: kept whole)
-    rules: Dict[str, Optional[str]] = field(
+    data: int = -1  # devices that each take other batch rows, the whole model on each (-1: those left over)
+    fsdp: int = 1  # devices that take other batch rows and split the parameters and optimizer state between them
+    tensor: int = 1  # devices that split each layer's matrices (the rules below say which axes)
+    rules: Dict[str, Optional[str]] = field(  # logical axis -> mesh axis (or null: kept whole)
         default_factory=lambda: {EMBED: "fsdp", INNER: "tensor", MLP: "tensor", VOCAB: "tensor"})
 
     def sizes(self, n_devices: int) -> tuple[int, int, int]:

@@ -4,7 +4,8 @@ A corpus source is a module of this package (``stdlib``, ``text_files``, ``hf``)
 ``CorpusConfig`` subclass (``data=<name>`` picks it) whose ``documents()`` returns ``Documents``:
 train and validation lists of UTF-8 ``bytes`` documents plus a JSON-serialisable fingerprint that
 identifies the exact content, so a run can record (and later check) what it trained on.
-``CorpusConfig.build`` tokenises them into a ``lmzoo.data.pipeline.Data`` (``tokenized``).
+``CorpusConfig.build`` tokenises them into a ``lmzoo.data.pipeline.Data`` (``tokenized``); a vocabulary's ids
+(BPE, a tokenizer.json) are cached by tokenizer and corpus fingerprint, so only the first start pays for them.
 
 Splitting rule (deterministic across runs, processes and machines, because it
 uses SHA-256 rather than Python's salted ``hash()``): every split unit has a
@@ -27,13 +28,23 @@ from __future__ import annotations
 import dataclasses
 import glob
 import hashlib
+import json
+import logging
 import os
+import tempfile
+import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, Union
 
+import numpy as np
+
 from lmzoo.data.pipeline import Data, token_stream
-from lmzoo.data.tokenizers import BPE, BPE_MIN_VOCAB, Tokenizer, bpe_tokenizer, build_tokenizer
+from lmzoo.data.tokenizers import BPE, BPE_MIN_VOCAB, Tokenizer, bpe_tokenizer, build_tokenizer, cache_dir
+from lmzoo.faults import first_line
 from lmzoo.schema import ConfigError, DataConfig, one_of
+
+log = logging.getLogger("lmzoo.data")
 
 DOCUMENT_BOUNDARIES = ("none", "mask")  # data.document_boundaries: see lmzoo.data.pipeline
 
@@ -150,13 +161,54 @@ def split_documents(
     return Documents(train=train, validation=validation, fingerprint=fingerprint)
 
 
+TOKENS_RECIPE = "token_stream/eos-after-each/v1"  # how a split becomes ids; a change to token_stream changes it
+
+
+def cached_streams(documents: Documents, tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """(train ids, validation ids) of ``documents``. A vocabulary's (BPE or a tokenizer.json: slow to apply to a
+    large corpus) are kept under the cache by the corpus fingerprint and the tokenizer's name (its file's digest
+    in it), written whole and renamed, so every later start reads them; bytes are ids already, and not kept."""
+    compute = lambda: (token_stream(documents.train, tokenizer), token_stream(documents.validation, tokenizer))  # noqa: E731
+    if tokenizer.name == "byte":
+        return compute()
+    key = json.dumps({"recipe": TOKENS_RECIPE, "tokenizer": tokenizer.name, "corpus": documents.fingerprint},
+                     sort_keys=True, default=str)
+    path = cache_dir() / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz"
+    try:
+        with np.load(path) as saved:
+            return saved["train"], saved["validation"]
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # a damaged cache file is only redone
+        log.warning("warning: the cached token ids %s cannot be read (%s); tokenising again", path, first_line(e))
+    train, validation = compute()
+    keep_whole(path, train, validation)
+    return train, validation
+
+
+def keep_whole(path: Path, train: np.ndarray, validation: np.ndarray) -> None:
+    """Write the ids to a temporary file beside ``path`` and rename it over: readers see all of it or none. A cache
+    that cannot be written (a full disk, a read-only home) costs the next start its tokenising, nothing more."""
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+        with os.fdopen(handle, "wb") as f:
+            np.savez(f, train=train, validation=validation)
+        os.replace(temporary, path)
+    except OSError as e:
+        log.warning("warning: the token ids could not be cached in %s (%s)", path.parent, e.strerror or first_line(e))
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+
+
 def tokenized(
     documents: Documents, tokenizer: Tokenizer, *, seq_len: int, seed: int, shard_index: int, shard_count: int,
     document_boundaries: str = "none",
 ) -> Data:
-    """Tokenise both splits of ``documents``; the fingerprint adds the tokenizer and token counts to theirs."""
-    train_tokens = token_stream(documents.train, tokenizer)
-    val_tokens = token_stream(documents.validation, tokenizer)
+    """Tokenise both splits of ``documents`` (a vocabulary's, once per corpus: ``cached_streams``); the fingerprint
+    adds the tokenizer and token counts to theirs."""
+    train_tokens, val_tokens = cached_streams(documents, tokenizer)
     val_bytes = sum(len(document) for document in documents.validation)
     fingerprint = dict(
         documents.fingerprint,

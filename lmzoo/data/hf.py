@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 from urllib.parse import urlsplit
@@ -83,6 +84,32 @@ def go_offline_without_network(name: str, data_files: Any) -> str | None:
     return f"{HUB} did not answer within 3 s"
 
 
+@contextmanager
+def local_files_read_quietly(name: str, datasets):
+    """A local builder (json, text ...) reads files in moments: no progress bar, and a file that does not parse
+    logs no error of its own (the one line the caller raises names it)."""
+    if name not in LOCAL_BUILDERS:
+        yield
+        return
+    logger = logging.getLogger("datasets")
+    level, bars = logger.level, datasets.is_progress_bar_enabled()
+    logger.setLevel(logging.CRITICAL)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def innermost(error: BaseException) -> BaseException:
+    """The first cause in a chain of ``raise ... from`` (what a file's parser said, under the library's wrappers)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
 def jsonable_files(data_files: Any) -> list[str]:
     if isinstance(data_files, dict):
         return [f for files in data_files.values() for f in files]
@@ -120,12 +147,16 @@ def hf_documents(
     def load(split: str) -> list[bytes]:
         what = f"dataset {name!r} split {split!r}"
         try:
-            dataset = datasets.load_dataset(name, config, split=split, data_files=data_files, streaming=streaming)
+            with local_files_read_quietly(name, datasets):
+                dataset = datasets.load_dataset(name, config, split=split, data_files=data_files, streaming=streaming)
             if streaming:  # the rows arrive (and a network can fail) while they are read
                 return _streamed_texts(dataset, text_field, what, max_rows)
         except ConnectionError as e:  # datasets' own ConnectionError is a subclass, as are requests' and socket's
             raise NetworkFault(f"data.hf_name={name!r} could not be downloaded ({offline or first_line(e)}) and is not "
                                "in the local Hugging Face cache; connect to the network, or use data=text_files") from None
+        except datasets.exceptions.DatasetGenerationError as e:  # a local file that does not parse, deep inside
+            raise ValueError(f"data.hf_data_files={jsonable_files(data_files)} could not be read by the {name!r} builder "
+                             f"({first_line(innermost(e))}); fix that file") from None
         return _hf_texts(dataset, text_field, what, max_rows)
 
     train_rows = load(train_split)

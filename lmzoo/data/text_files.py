@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence, Union
 
 from lmzoo.data.corpus import CorpusConfig, Documents, Unit, as_list, check_globs, split_documents
+from lmzoo.faults import first_line
 from lmzoo.registry import SOURCES
 
 
@@ -33,7 +34,10 @@ def _jsonl_documents(path: str, text_field: str) -> list[bytes]:
         for line_number, line in enumerate(file, start=1):
             if not line.strip():
                 continue
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except ValueError as e:  # JSON, or UTF-8, that does not decode: name the place, not just the column
+                raise ValueError(f"{path}:{line_number}: not a JSON line ({first_line(e)}); fix or remove that line") from None
             text = record.get(text_field) if isinstance(record, dict) else None
             if not isinstance(text, str):
                 raise ValueError(f"{path}:{line_number}: no string field {text_field!r} (set data.text_field)")

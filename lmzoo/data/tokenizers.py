@@ -100,7 +100,11 @@ class HFTokenizer:
             import tokenizers as hf_tokenizers  # an optional extra: only users with their own vocabulary need it
         except ImportError:
             raise ValueError(f"data.tokenizer={path!r} needs the Hugging Face tokenizers package: pip install -e '.[hf]'") from None
-        self._tokenizer = hf_tokenizers.Tokenizer.from_file(path)
+        try:
+            self._tokenizer = hf_tokenizers.Tokenizer.from_file(path)
+        except Exception as e:  # the Rust library raises a bare Exception for a file that does not parse
+            raise ValueError(f"tokenizer file {path} cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                             f"{repair_advice(path)}") from None
         eos_id = _first_known_token(self._tokenizer, EOS_CANDIDATES)
         if eos_id is None:
             raise ValueError(f"tokenizer {path} has no end-of-sequence token; looked for {list(EOS_CANDIDATES)}")
@@ -160,6 +164,16 @@ def cache_dir() -> Path:
     if os.environ.get("LMZOO_CACHE"):
         return Path(os.environ["LMZOO_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lmzoo"
+
+
+def repair_advice(path: str) -> str:
+    """What to do about a damaged tokenizer file, by where it lives."""
+    if Path(path).resolve().is_relative_to(cache_dir().resolve()):
+        return f"delete its cache folder {Path(path).parent} and it is trained again"
+    if Path(path).name == "tokenizer.json" and (Path(path).parent / "config.yaml").exists():
+        return ("it is the run's own copy: put back an intact one (the BPE cache under "
+                f"{cache_dir() / 'tokenizers'} holds the one its corpus trained, if not cleared)")
+    return "point data.tokenizer at an intact tokenizer.json"
 
 
 def bpe_cache_path(corpus_fingerprint: dict[str, Any], vocab_size: int) -> Path:

@@ -15,9 +15,11 @@ import textwrap
 from pathlib import Path
 from typing import NoReturn
 
-from lmzoo.cli import Option, errors_in_one_line, exit_codes, fail, key_values, schema_options, show_help, wants_help
+from lmzoo.cli import (
+    Option, errors_in_one_line, exit_codes, fail, key_values, run_command, schema_options, show_help, wants_help,
+)
 from lmzoo.experiments import MODULES, load, rejudge, run_experiment
-from lmzoo.faults import EXIT_INTERRUPTED
+from lmzoo.faults import EXIT_INTERRUPTED, probe_writable
 from lmzoo.schema import ConfigError
 
 DEFAULT_OUT = "experiments"
@@ -40,7 +42,7 @@ def listing() -> str:
     for name in MODULES:
         module = load(name)
         claim = textwrap.fill(module.CLAIM, 96, initial_indent=" " * 4, subsequent_indent=" " * 4)
-        lines += [f"  {name}  (seed {module.SEED})", claim]
+        lines += [f"  {name}  (from seed article {module.SEED})", claim]  # SEED numbers an article, not a random seed
     return "\n".join(lines)
 
 
@@ -83,7 +85,9 @@ def parse_args(rest: list[str]) -> tuple[dict, list[str]]:
     quick = options.get("quick", "false").lower()
     if quick not in ("true", "false"):
         raise ConfigError(f"quick={quick!r} is not valid (choose from: true, false)")
-    return {"quick": quick == "true", "out_dir": Path(options.get("out_dir", DEFAULT_OUT))}, overrides
+    out_dir = Path(options.get("out_dir", DEFAULT_OUT))
+    probe_writable(out_dir, "out_dir")  # a file or a read-only folder: one line now, not a traceback after runs
+    return {"quick": quick == "true", "out_dir": out_dir}, overrides
 
 
 def main(argv: list[str]) -> None:
@@ -113,4 +117,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_command(lambda: main(sys.argv[1:]), "no verdict was written: run the same command again to resume")

@@ -81,3 +81,18 @@ class HybridConfig(MixerConfig):
             except ConfigError as e:  # the sub-config's own check names attn.<key>: point below attn.layers
                 raise ConfigError(str(e).replace("attn.", f"attn.layers.{name}.")) from None
 
+
+
+def check_layers_used(attn: MixerConfig, n_layers: int) -> None:
+    """ConfigError when a hybrid's pattern names a sub-config that no layer of ``n_layers`` gets (say, the
+    softmax layer of ``[gla, gla, gla, softmax]`` in a 2-layer model): the run would silently lack it.
+    Checked where a run starts, not in every config check: tests build hybrids smaller than their pattern."""
+    if not isinstance(attn, HybridConfig):
+        return
+    used = attn.layer_names(n_layers)
+    for name in dict.fromkeys(attn.pattern):
+        if name not in used:
+            needed = attn.pattern.index(name) + 1 + len(attn.top)
+            raise ConfigError(f"model.n_layers={n_layers} leaves out the {name!r} layers of attn.pattern "
+                              f"[{', '.join(attn.pattern)}] (layers: {', '.join(used)}); use model.n_layers>={needed} "
+                              "or another attn.pattern")

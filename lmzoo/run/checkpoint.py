@@ -9,11 +9,15 @@ stays on disk. A state holding NaN or inf is never saved.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
+import re
 import shutil
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -27,6 +31,9 @@ from lmzoo.faults import Diverged, RunFault, WriteFault, debugging, first_line
 
 log = logging.getLogger("lmzoo.checkpoint")
 MODEL_PARTS = ("params", "extra")
+# Orbax's words for restoring into arrays of another shape (a changed model, not a damaged file).
+OTHER_SHAPES = re.compile(r"Requested shape: (\(.*?\)) is not compatible with the stored shape: (\(.*?\))")
+ROTATION_RETRIES = 20  # listings of a live run's steps before giving up on reading one
 
 
 class CorruptCheckpoint(RunFault):
@@ -96,6 +103,30 @@ def silence_closed_loop_callbacks() -> None:
     sys.unraisablehook = hook
 
 
+@contextmanager
+def orbax_errors_unlogged():
+    """Orbax logs a failed write's whole traceback before raising it; the raised error becomes one line, so the
+    log stays quiet (``LMZOO_DEBUG=1`` keeps it)."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    if not debugging():
+        absl.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
+
+
+def write_error(error: BaseException) -> str:
+    """What made a write fail, in a few words: a full disk and a lost permission named plainly."""
+    text = str(error)
+    if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in text:
+        return "the disk is full: no space left on device"
+    if getattr(error, "errno", None) in (errno.EACCES, errno.EROFS) or "Permission denied" in text:
+        return "permission denied"
+    return first_line(error)
+
+
 class Checkpointer:
     """Saves ``{"train": pytree, "data": json, "digest": json}`` under ``<run_dir>/checkpoints/<step>``.
 
@@ -125,13 +156,15 @@ class Checkpointer:
         sums = {**{part: digest(value) for part, value in host.items()}, "data": data_digest(data_state)}
         args = ocp.args.Composite(train=ocp.args.PyTreeSave(train_state), data=ocp.args.JsonSave(data_state),
                                   digest=ocp.args.JsonSave(sums))
+        silence_closed_loop_callbacks()  # a failing write reports them from TensorStore's threads
         try:
-            self.manager.save(step, args=args, force=True)
-            self.manager.wait_until_finished()
+            with orbax_errors_unlogged():
+                self.manager.save(step, args=args, force=True)
+                self.manager.wait_until_finished()
         except Exception as e:  # a full disk or a lost permission, reported from deep inside Orbax and TensorStore
             if debugging():
                 raise
-            raise WriteFault(f"checkpoint {step} could not be written in {self.directory} ({first_line(e)}); "
+            raise WriteFault(f"checkpoint {step} could not be written in {self.directory} ({write_error(e)}); "
                              "the earlier checkpoints are intact") from None
 
     def restore(self, step: int, like: Any) -> tuple[Any, dict]:
@@ -162,6 +195,11 @@ class Checkpointer:
         except Exception as e:  # Orbax and TensorStore raise many types for damaged files; LMZOO_DEBUG=1 shows them
             if debugging():
                 raise
+            if shapes := OTHER_SHAPES.search(str(e)):  # intact, but made by other model settings
+                raise RunFault(f"checkpoint {step} in {self.directory} holds arrays of other shapes than these settings "
+                               f"build (stored {shapes[2]}, built {shapes[1]}): the model settings (or the run's "
+                               "config.yaml) changed since it was saved; the checkpoints are intact, resume with the "
+                               "settings they were trained with") from None
             raise CorruptCheckpoint(f"checkpoint {step} cannot be restored ({first_line(e)})") from e
         sums = restored["digest"]
         for part in parts:
@@ -171,26 +209,46 @@ class Checkpointer:
             raise CorruptCheckpoint(f"checkpoint {step} is damaged: its data position differs from the digest saved with it")
         return restored
 
-    def restore_newest_intact(self, restore: Callable[[int], Any], *, on_damaged: Callable[[int, str], None]):
+    def restore_newest_intact(self, restore: Callable[[int], Any], *, on_damaged: Callable[[int, str], None],
+                              trainer: str | None = None):
         """``(step, restore(step))`` for the newest step that restores intact, or None if there are no checkpoints.
 
         ``on_damaged(step, message)`` then hears about each newer, damaged checkpoint passed over; with none
-        intact, RunFault names the newest one's fault.
+        intact, RunFault names the newest one's fault. ``trainer`` names the process training the run now
+        (its lock's holder): it saves new checkpoints and deletes old ones meanwhile, so the steps are listed
+        afresh and a checkpoint that vanished while it was read is a rotated one, not a damaged one.
         """
-        steps, damaged = self.all_steps(), []
-        for step in reversed(steps):
-            try:
-                restored = restore(step)
-            except CorruptCheckpoint as e:
-                damaged.append((step, str(e)))
-                continue
-            for bad_step, message in damaged:
-                on_damaged(bad_step, message)
-            return step, restored
-        if steps:
-            raise RunFault(f"no intact checkpoint in {self.directory} (steps {', '.join(map(str, steps))}; the newest: "
-                           f"{damaged[0][1]}); move the checkpoints away to start afresh")
-        return None
+        for _ in range(ROTATION_RETRIES):
+            self.manager.reload()  # the steps on disk now, not when the manager was made
+            steps, damaged = self.all_steps(), []
+            for step in reversed(steps):
+                try:
+                    restored = restore(step)
+                except CorruptCheckpoint as e:
+                    if trainer is not None and self.rotated_away(step):
+                        break  # list again: the trainer saved newer ones
+                    damaged.append((step, str(e)))
+                    continue
+                for bad_step, message in damaged:
+                    on_damaged(bad_step, message)
+                return step, restored
+            else:
+                break
+        if not steps:
+            return None
+        if trainer is not None:
+            raise RunFault(f"no checkpoint of {self.directory} could be read while {trainer} trains the run "
+                           f"(steps {', '.join(map(str, steps))}); try again, or after the training ends")
+        raise RunFault(f"no intact checkpoint in {self.directory} (steps {', '.join(map(str, steps))}; the newest: "
+                       f"{damaged[0][1]}); move the checkpoints away to start afresh")
+
+    def rotated_away(self, step: int) -> bool:
+        """Whether ``step`` was deleted by the trainer keeping its newest checkpoints (give its delete a moment)."""
+        for _ in range(10):
+            if not (self.directory / str(step)).exists():
+                return True
+            time.sleep(0.05)
+        return False
 
     def set_aside(self, step: int, where: Path) -> Path:
         """Move a damaged checkpoint out of the managed directory (the run will save that step anew)."""

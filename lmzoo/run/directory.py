@@ -33,10 +33,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from lmzoo.config import Config, ConfigError, load_run_config
-from lmzoo.faults import WriteFault, first_line, probe_writable
+from lmzoo.faults import WriteFault, first_line, probe_writable, unparsable
 from lmzoo.schema import flatten
 
 log = logging.getLogger("lmzoo.rundir")
@@ -109,10 +110,16 @@ def json_text(obj: Any) -> str:
 # ----------------------------------------------------------------------------- append-only logs
 
 
+_warned_lines: set[tuple[str, int]] = set()  # (log, line number) already named in a warning
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """The rows of a JSON-lines log; a line that does not parse (a write cut short) is left out with a warning."""
     rows, bad = parse_jsonl(path)
     for number, is_last in bad:
+        if (str(path), number) in _warned_lines:  # the logs are read several times in one start: one warning
+            continue
+        _warned_lines.add((str(path), number))
         where = "its last line is cut short" if is_last else f"line {number} does not parse"
         log.warning("warning: %s: %s (an interrupted write); that row is left out", path, where)
     return rows
@@ -250,7 +257,9 @@ class RunDir:
             return load_run_config(self.config_path)
         except ConfigError:
             raise
-        except Exception as e:  # YAML, OmegaConf and missing sections raise many types
+        except yaml.YAMLError as e:  # half a file (a write cut short, an edit): where it stops parsing
+            raise unparsable(e) from None
+        except Exception as e:  # OmegaConf and missing sections raise many types
             raise ConfigError(f"{self.config_path} cannot be read ({first_line(e)})") from None
 
     def read_resumes(self) -> list[dict]:

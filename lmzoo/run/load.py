@@ -22,10 +22,11 @@ from omegaconf import errors as oc_errors
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, validate
 from lmzoo.data import build_data
 from lmzoo.data.corpus import with_saved_tokenizer
-from lmzoo.faults import RunFault
+from lmzoo.faults import RunFault, lock_holder
 from lmzoo.model import LM
 from lmzoo.run.checkpoint import Checkpointer
 from lmzoo.run.directory import RunDir
+from lmzoo.run.resume import data_changes
 
 log = logging.getLogger("lmzoo.trained")
 
@@ -49,6 +50,8 @@ def open_trained(run_dir: Path | str | RunDir, overrides=(), step: int | None = 
     run = trained_run(run_dir)
     cfg = trained_config(run, list(overrides))
     data = open_data(cfg, run)
+    if not changes_data(list(overrides)):  # other data asked for by name: the results record them (eval)
+        check_same_data(run, data.fingerprint, allow_changed=cfg.data.allow_changed)
     model, step = restore_model(cfg, data.tokenizer.vocab_size, run, step, step_setting=step_setting)
     return Trained(cfg, data, model, step)
 
@@ -68,6 +71,26 @@ def open_data(cfg: Config, run: RunDir):
         return build_data(with_saved_tokenizer(cfg.data, run.tokenizer_path), seed=cfg.seed)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
+
+
+def changes_data(overrides: list[str]) -> bool:
+    """Whether the overrides ask for other data (``data.num_pairs=64`` on a task, say): then the data differ as asked."""
+    keys = [o.split("=")[0].lstrip("+") for o in overrides]
+    return any((key == "data" or key.startswith("data.")) and key != "data.allow_changed" for key in keys)
+
+
+def check_same_data(run: RunDir, fingerprint: dict, *, allow_changed: bool) -> None:
+    """RunFault when the data differ from those the run trained on (scores on them would not be the run's),
+    unless ``data.allow_changed=true``: then a warning (an evaluation records the change in its results)."""
+    differ = data_changes(run, fingerprint)
+    if not differ:
+        return
+    if not allow_changed:
+        raise RunFault(f"the data differ from those run_dir {str(run.path)!r} trained on ({', '.join(differ)} "
+                       "changed), so its scores would not be comparable; restore them, or add "
+                       "data.allow_changed=true to go on with these")
+    log.warning("warning: the data differ from those %s trained on (%s changed); going on as data.allow_changed=true "
+                "asks", run.path, ", ".join(differ))
 
 
 # ----------------------------------------------------------------------------- settings
@@ -127,8 +150,11 @@ def group_option(group: str, option: str) -> DictConfig:
 
 def restore_model(cfg: Config, vocab_size: int, run: RunDir, step: int | None, *,
                   step_setting: str = "step") -> tuple[LM, int]:
-    """The model saved at ``step`` (the newest intact one if None), and that step; no optimizer is built."""
-    checkpointer = Checkpointer(run.checkpoints)
+    """The model saved at ``step`` (the newest intact one if None), and that step; no optimizer is built.
+
+    A run still training (its lock held) is read as it stands: its newest finished checkpoint, named in a note."""
+    trainer = lock_holder(run.lock_path)
+    checkpointer = Checkpointer(run.checkpoints)  # it saves nothing, so it deletes nothing
     fresh = LM(cfg, vocab_size, rngs=nnx.Rngs(cfg.seed))
     try:
         if step is not None:
@@ -137,10 +163,16 @@ def restore_model(cfg: Config, vocab_size: int, run: RunDir, step: int | None, *
                                   f"(available: {checkpointer.all_steps()})")
             return checkpointer.restore_model(step, fresh), step
         found = checkpointer.restore_newest_intact(
-            lambda s: checkpointer.restore_model(s, fresh),
+            lambda s: checkpointer.restore_model(s, fresh), trainer=trainer,
             on_damaged=lambda s, message: log.warning("warning: %s; using an older checkpoint", message))
+        if found is None and trainer is not None:
+            raise RunFault(f"run_dir {str(run.path)!r} has no finished checkpoint yet ({trainer} is training it); "
+                           "evaluate it after its first checkpoint")
         if found is None:
             raise RunFault(f"run_dir {str(run.path)!r} has no checkpoint to restore")
+        if trainer is not None:
+            log.warning("note: run_dir %s is still training (%s); this reads its newest finished checkpoint, step %d",
+                        run.path, trainer, found[0])
         return found[1], found[0]
     finally:
         checkpointer.close()

@@ -500,12 +500,12 @@ class Trainer:
     def save_and_stop(self) -> dict:
         """The run was asked to stop: checkpoint where it stands, so the same command resumes it."""
         self.save()
-        log.info("interrupted: saved a checkpoint at step %d in %s; run the same command to resume",
-                 self.step, self.run_dir)
+        log.info("interrupted: saved a checkpoint at step %d in %s", self.step, self.run_dir)  # lmzoo.train: how to resume
         return self.summary(interrupted=True)
 
     def report_end(self) -> None:
         """Where the finished run is, for eval and generate to be pointed at."""
+        self.bar.close()  # first: the line goes below the finished bar, not onto it
         log.info("run_dir %s: %s, %s parameters, trained to step %d", self.run_dir, self.cfg.attn.name,
                  f"{self.n_params:,}", self.step)
 

@@ -48,6 +48,10 @@ def identity(config: DictConfig) -> dict:
 def prepare_run_dir(cfg: Config) -> RunDir:
     """The run directory, refusing to resume a run whose defining config differs."""
     run = RunDir(cfg.run_dir)
+    if not run.config_path.exists() and saved_steps(run):
+        raise ConfigError(f"run_dir {str(run.path)!r} has checkpoints (steps {', '.join(map(str, saved_steps(run)))}) "
+                          f"but no {run.config_path.name}: the settings they were trained with are gone, so it cannot "
+                          f"resume; put {run.config_path.name} back, or pick another run_dir")
     if run.config_path.exists() and run.checkpoints.exists():
         saved, current = identity(run.read_config()), identity(OmegaConf.structured(cfg))
         for key in sorted(set(saved) | set(current)):
@@ -58,6 +62,13 @@ def prepare_run_dir(cfg: Config) -> RunDir:
                 )
     check_run_dir(run)
     return run
+
+
+def saved_steps(run: RunDir) -> list[int]:
+    """The steps with a finished checkpoint folder (Orbax's temporary ones left out), read without Orbax."""
+    if not run.checkpoints.is_dir():
+        return []
+    return sorted(int(p.name) for p in run.checkpoints.iterdir() if p.name.isdigit() and p.is_dir())
 
 
 # ----------------------------------------------------------------------------- before restoring
@@ -117,6 +128,19 @@ def fingerprint_in_effect(run: RunDir) -> dict | None:
     return changed[-1] if changed else run.read_fingerprint()
 
 
+def fingerprint_changes(before: dict, now: dict) -> list[str]:
+    """The keys in which two data fingerprints differ, sorted."""
+    now = json.loads(json.dumps(now))  # as JSON holds it: tuples become lists
+    return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+
+
+def data_changes(run: RunDir, fingerprint: dict) -> list[str]:
+    """How the data a process reads now differ from those the run last trained on ([] if they do not, or
+    the run predates fingerprints): what an evaluation checks before it scores anything."""
+    before = fingerprint_in_effect(run)
+    return [] if before is None else fingerprint_changes(before, fingerprint)
+
+
 def check_data(run: RunDir, fingerprint: dict, *, step: int, allow_changed: bool) -> None:
     """Record the data at a start; on resume, refuse data that differs from what the run trained on
     (unless ``allow_changed``, then the change is recorded in ``resumes.jsonl``)."""
@@ -128,7 +152,7 @@ def check_data(run: RunDir, fingerprint: dict, *, step: int, allow_changed: bool
         return
     if before == fingerprint:
         return
-    differ = sorted(k for k in set(before) | set(fingerprint) if before.get(k) != fingerprint.get(k))
+    differ = fingerprint_changes(before, fingerprint)
     if not allow_changed:
         raise RunFault(f"the data differ from those run_dir {str(run.path)!r} trained on "
                        f"({', '.join(differ)} changed); restore them, pick another run_dir, "

@@ -25,7 +25,7 @@ from flax import nnx
 from omegaconf import OmegaConf
 from tensorboardX.proto.event_pb2 import SessionLog
 
-from lmzoo.faults import EXIT_CONFIG, EXIT_DIVERGED, EXIT_RUN_FAULT, RunFault, RunLock
+from lmzoo.faults import EXIT_CONFIG, EXIT_DIVERGED, EXIT_RUN_FAULT, EXIT_UNPARSABLE, RunFault, RunLock
 from lmzoo.model import LM
 from lmzoo.run.checkpoint import Checkpointer, CorruptCheckpoint
 from lmzoo.run.directory import RunDir
@@ -491,12 +491,15 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path, mo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("content, fragment", [("", "is empty"), ("model: {d_model: [", "cannot be read")])
-def test_an_empty_or_torn_config_is_one_line_for_train_and_eval(whole_run, tmp_path, content, fragment):
+@pytest.mark.parametrize("content, fragment, code", [
+    ("", "is empty", EXIT_CONFIG),
+    ("model: {d_model: [", "config.yaml, line 1, column 19 does not parse as YAML", EXIT_UNPARSABLE),  # half a file
+])
+def test_an_empty_or_torn_config_is_one_line_for_train_and_eval(whole_run, tmp_path, content, fragment, code):
     run_dir = copy_run(whole_run[0], tmp_path / "run")
     (run_dir / "config.yaml").write_text(content)
-    assert fragment in one_line_error(train_cli(run_dir), EXIT_CONFIG)
-    assert fragment in one_line_error(eval_cli(run_dir), EXIT_CONFIG)
+    assert fragment in one_line_error(train_cli(run_dir), code)
+    assert fragment in one_line_error(eval_cli(run_dir), code)
 
 
 def test_torn_run_info_and_results_are_left_out_with_a_warning(tmp_path, caplog):

@@ -32,6 +32,7 @@ from lmzoo.measure.comparison.reading import (
     load_runs,
     on_the_same_data,
     reference_run,
+    stale_evaluations,
 )
 from lmzoo.measure.comparison.tables import differences, find_baseline, table
 from lmzoo.metrics.estimate import adjusted_p_values
@@ -95,7 +96,7 @@ def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = N
         text, record["differences"] = differences(groups, base, settings, adjust)
         markdown += "\n\n" + text
         record["baseline"] = base.label
-    notes += missing_evaluations(groups, tag) + kernel_differences(groups)
+    notes += missing_evaluations(groups, tag) + kernel_differences(groups) + stale_evaluations(kept)
     record["kernels"] = {g.label: [list(s) for s in g.kernels] for g in groups}
     if reference.results:
         markdown += f"\n\nScored text: {sampling_note(reference.results)}."

@@ -131,6 +131,21 @@ class Run:
         return self.sampling, self.results.get("scored_digest"), self.train_len, tuple(blocks[1].tolist())
 
     @property
+    def stale(self) -> str | None:
+        """Why its evaluation is not of the run as its metrics show it, in a few words (None when it is): made at
+        an older step than the newest logged (a run still training, or resumed since), or on changed data."""
+        if not self.results:
+            return None
+        evaluated, logged = self.results.get("step"), max((r.get("step", 0) for r in self.metrics), default=0)
+        if evaluated is not None and evaluated < logged:
+            return (f"evaluated at step {evaluated} while its metrics reach step {logged}: its evaluation columns are "
+                    "of an older model (rerun lmzoo.eval)")
+        if changed := self.results.get("data_changed"):
+            return (f"evaluated on changed data ({', '.join(changed)} differ from what it trained on): its evaluation "
+                    "columns are not comparable")
+        return None
+
+    @property
     def bits_per_nat(self) -> float:
         """The data's bits-per-byte factor per nat of loss, as the evaluation applied it."""
         return bits_per_nat(self.results)
@@ -301,3 +316,8 @@ def probe_mean(nested) -> float | None:
 
 def evaluated_lengths(runs: list[Run]) -> list[int]:
     return sorted({int(n) for r in runs if r.results for n in r.results["lengths"]})
+
+
+def stale_evaluations(runs: list[Run]) -> list[str]:
+    """A note per run whose evaluation columns are not of the run as its training columns show it."""
+    return [f"{run.path}: {run.stale}" for run in runs if run.stale]
