@@ -170,7 +170,7 @@ def read_weights(folder: Path) -> dict[str, np.ndarray]:
         if not (folder / name).is_file():
             raise ConfigError(f"hf={str(folder)!r} lacks {name} (lmzoo reads safetensors weights)")
         with safe_open(str(folder / name), framework="flax") as f:  # jax reads bfloat16, numpy cannot
-            weights.update({key: np.asarray(f.get_tensor(key), np.float32) for key in f})
+            weights.update({key: np.asarray(f.get_tensor(key), np.float32) for key in f.keys()})  # noqa: SIM118 (not iterable)
     return weights
 
 
