@@ -30,6 +30,7 @@ from lmzoo.cli import (
     RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, schema_options, show_help, wants_help, with_defaults,
 )
 from lmzoo.config import CONFIG_DIR, ConfigError, EvalConfig
+from lmzoo.interop.hf import open_hf
 from lmzoo.measure.evaluation import check_request, eval_settings, evaluate, result_settings, warn_inert_overrides
 from lmzoo.measure.outputs import check_writable, write_outputs
 from lmzoo.run.directory import RunDir, flat_settings
@@ -42,7 +43,8 @@ def show_usage() -> NoReturn:
     defaults = {"eval": OmegaConf.load(Path(CONFIG_DIR) / "eval" / "default.yaml")}
     show_help("python -m lmzoo.eval run_dir=<dir> [eval.<key>=value ...] [pos=<option> pos.<key>=value attn.<key>=value ...]",
               "Measure a trained run's loss and bits per byte at each length, with 95% intervals.",
-              [("required", [Option("run_dir", "<dir>", "the trained run to evaluate")]),
+              [("required", [Option("run_dir", "<dir>", "the trained run to evaluate"),
+                             Option("hf", "<folder>", "or a local Hugging Face Llama folder (lmzoo.interop.hf)")]),
                ("evaluation settings", with_defaults(schema_options(EvalConfig, "eval."), OmegaConf.create(defaults))),
                ("overrides of the run's config (as in training)", RUN_OVERRIDES),
                ("exit codes", exit_codes())])
@@ -51,11 +53,11 @@ def show_usage() -> NoReturn:
 def parse_args(argv: list[str]) -> tuple[RunDir, EvalConfig, list[str]]:
     """(run, eval settings, overrides of the run's config) from ``key=value`` arguments."""
     given = dict(key_values(argv, "eval"))
-    if "run_dir" not in given:
-        raise ConfigError("run_dir=<dir> is required: the run to evaluate")
+    if ("run_dir" in given) == ("hf" in given):
+        raise ConfigError("run_dir=<dir> is required: the run to evaluate (or hf=<folder>: a Hugging Face Llama)")
     eval_cfg = eval_settings([a for a in argv if a.startswith("eval.")])
-    run = trained_run(given["run_dir"])
-    overrides = [a for a in argv if not a.startswith(("run_dir=", "eval."))]
+    run = RunDir(given["hf"]) if "hf" in given else trained_run(given["run_dir"])  # results go into either
+    overrides = [a for a in argv if not a.startswith(("run_dir=", "hf=", "eval."))]
     check_overrides(overrides)
     return run, eval_cfg, overrides
 
@@ -88,11 +90,14 @@ def main(argv: list[str] | None = None) -> dict:
         run, eval_cfg, overrides = parse_args(argv)
         tag = eval_cfg.tag or default_tag(overrides)
         settings = result_settings(eval_cfg, overrides)
-        trained = open_trained(run, overrides, eval_cfg.step, step_setting="eval.step")
+        hf = any(a.startswith("hf=") for a in argv)
+        trained = open_hf(run.path, overrides) if hf else open_trained(run, overrides, eval_cfg.step,
+                                                                       step_setting="eval.step")
         first_window = check_request(trained, eval_cfg)
         check_tag(run, tag, settings, named=eval_cfg.tag is not None)
         check_writable(run, tag)
-        warn_inert_overrides(run, overrides, trained.model, trained.data.tokenizer.vocab_size, first_window)
+        if not hf:  # it rebuilds the run's model from its config.yaml
+            warn_inert_overrides(run, overrides, trained.model, trained.data.tokenizer.vocab_size, first_window)
         results = {**evaluate(trained, eval_cfg, tag=tag, extra_dir=run.eval_dir(tag)), "settings": settings}
         path = write_outputs(run, results)
     for length, r in results["lengths"].items():

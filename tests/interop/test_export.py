@@ -14,9 +14,6 @@ from lmzoo.interop import llama
 from lmzoo.run.load import open_trained
 from lmzoo.run.loop import train
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
 TEXTS = ["def main():\n    return 0\n", "import os, sys  # é ü", "x"]
 
 
@@ -32,6 +29,8 @@ def lmzoo_log_probs(trained, ids):
 
 
 def hf_log_probs(model, ids):
+    import torch
+
     with torch.no_grad():
         logits = model(torch.tensor([list(ids)])).logits[0].double()
     return torch.log_softmax(logits, -1).numpy()
@@ -41,6 +40,7 @@ def hf_log_probs(model, ids):
 @pytest.mark.parametrize("variant, overrides", [("gqa", ()), ("softmax", ("model.tie_embeddings=false", "pos=ntk",
                                                                            "pos.factor=4", "model.norm_eps=1e-5"))])
 def test_an_exported_run_loads_in_transformers_with_the_same_log_probs(tmp_path, variant, overrides):
+    torch, transformers = pytest.importorskip("torch"), pytest.importorskip("transformers")
     run = train_tiny(tmp_path / "run", variant, *overrides)
     out = export.main([f"run_dir={run}", f"out={tmp_path / 'hf'}"])
     trained = open_trained(run)

@@ -49,3 +49,15 @@ def test_what_lmzoo_lacks_is_named(tmp_path):
         hf.open_hf(tmp_path)
     with pytest.raises(ConfigError, match="holds no config.json"):
         hf.open_hf(tmp_path / "nothing")
+
+
+@pytest.mark.slow
+def test_lmzoo_eval_measures_a_hugging_face_folder(tmp_path):
+    from lmzoo import eval as lmzoo_eval
+
+    random_llama(tmp_path)
+    results = lmzoo_eval.main([f"hf={tmp_path}", "data.seq_len=32", "eval.lengths=[32,64]", "eval.tokens=1024",
+                               "eval.position_buckets=4", "eval.progress=false"])
+    assert (tmp_path / "eval" / "data.seq_len=32" / "results.json").is_file()
+    assert results["variant"] == "llama" and set(results["lengths"]) == {"32", "64"}
+    assert all(r["tokens"] == 1024 and r["loss"] > 0 for r in results["lengths"].values())
