@@ -34,6 +34,7 @@ from lmzoo.data import build_data
 from lmzoo.data.tokenizers import ByteTokenizer
 from lmzoo.interop import llama
 from lmzoo.model import LM
+from lmzoo.run.directory import FILE_MODE
 from lmzoo.run.load import Trained, first_line_of, group_option, is_group_choice
 
 CONFIG = "config.json"
@@ -74,12 +75,21 @@ def export_hf(trained: Trained, out: Path | str, *, source: dict | None = None) 
         write_tokenizer(tokenizer, staging, max_length=cfg.data.seq_len)
         (staging / PROVENANCE).write_text(json.dumps({"step": trained.step, "variant": cfg.attn.name, **(source or {})},
                                                      indent=2) + "\n")
+        for path in staging.iterdir():
+            os.chmod(path, FILE_MODE)
+        os.chmod(staging, FILE_MODE | 0o111 & ~umask())  # mkdtemp makes it private; the files it holds are not
         if out.exists():
             out.rmdir()
         os.replace(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def save_weights(weights: dict[str, np.ndarray], path: Path) -> None:
