@@ -208,22 +208,29 @@ def run_tasks(lm: LmzooLM, tasks: list[str], *, include_path: str | None = None,
 
 
 def per_example(samples: dict) -> dict:
-    """Per task, each metric's value on every example in document order, and the documents' ids."""
+    """Per task, each metric's value on every example in document order (a number, or for a metric that lm-eval
+    aggregates over examples as a ratio, e.g. bits per byte, the example's [log-likelihood, bytes or words]),
+    and the documents' ids."""
     kept = {}
     for task, rows in samples.items():
         rows = sorted(rows, key=lambda row: row["doc_id"])
-        metrics = [key for key in rows[0] if key in numeric_keys(rows[0])] if rows else []
+        metrics = metric_keys(rows[0]) if rows else []
         kept[task] = {"doc_id": [row["doc_id"] for row in rows],
-                      **{metric: [float(row[metric]) for row in rows] for metric in metrics}}
+                      **{metric: [json_safe(row[metric]) for row in rows] for metric in metrics}}
     return kept
 
 
-def numeric_keys(row: dict) -> list[str]:
-    """The keys of a logged example holding a metric's value (a number), not its document or its requests."""
-    skip = {"doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "filter", "metrics", "doc_hash",
-            "prompt_hash", "target_hash"}
-    return [key for key, value in row.items() if key not in skip and isinstance(value, (int, float, np.number))
-            and not isinstance(value, bool)]
+LOGGED = {"doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "filter", "metrics", "doc_hash",
+          "prompt_hash", "target_hash"}  # what lm-eval logs of an example besides its metrics
+
+
+def metric_keys(row: dict) -> list[str]:
+    """The keys of a logged example that hold a metric's value: a number, or a pair of numbers."""
+    def numeric(value) -> bool:
+        return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+
+    return [key for key, value in row.items() if key not in LOGGED and (
+        numeric(value) or (isinstance(value, (list, tuple)) and value and all(numeric(v) for v in value)))]
 
 
 def json_safe(value: Any) -> Any:

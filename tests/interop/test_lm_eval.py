@@ -70,6 +70,10 @@ def test_local_tasks_run_end_to_end_and_score_as_lmzoo_does(run, tmp_path):
     assert 0 <= saved["results"]["lmzoo_choice"]["acc,none"] <= 1
     assert saved["per_example"]["lmzoo_choice"]["doc_id"] == [0, 1, 2]
     assert len(saved["per_example"]["lmzoo_choice"]["acc"]) == 3
+    rolling = saved["per_example"]["lmzoo_rolling"]["bits_per_byte"]  # [log-likelihood, bytes] of each document
+    assert [n for _, n in rolling] == [len(doc["text"].encode()) for doc in DOCS]
+    assert sum(-ll for ll, _ in rolling) / sum(n for _, n in rolling) / np.log(2) == pytest.approx(
+        saved["results"]["lmzoo_rolling"]["bits_per_byte,none"])
 
     trained = open_trained(run)
     lm = LmzooLM(trained=trained, batch_size=2)
