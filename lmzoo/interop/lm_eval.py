@@ -32,6 +32,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from lmzoo.measure.decoding import Sampling, generate, until_eos
+from lmzoo.metrics.intervals import bootstrap, ratio_of_sums
 from lmzoo.run.checkpoint import split_model
 from lmzoo.run.load import Trained
 
@@ -203,8 +204,35 @@ def run_tasks(lm: LmzooLM, tasks: list[str], *, include_path: str | None = None,
         model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot, log_samples=True,
         random_seed=seed, numpy_random_seed=seed, torch_random_seed=None, fewshot_random_seed=seed,
         bootstrap_iters=1000)
+    examples = per_example(output["samples"])
     return {"results": json_safe(output["results"]), "n_shot": json_safe(output.get("n-shot", {})),
-            "versions": json_safe(output.get("versions", {})), "per_example": per_example(output["samples"])}
+            "versions": json_safe(output.get("versions", {})), "intervals": example_intervals(examples),
+            "per_example": examples}
+
+
+# lm-eval's metrics that aggregate [log-likelihood, count] pairs as a ratio of sums, from -sum(ll) / sum(count)
+RATIO_METRICS = {"bits_per_byte": lambda nats: nats / np.log(2), "byte_perplexity": np.exp, "word_perplexity": np.exp}
+
+
+def example_intervals(examples: dict) -> dict:
+    """Per task and metric, the estimate and its 95% bootstrap interval over examples (``text``: which examples
+    were scored), for the means of numbers and the ratio metrics of ``RATIO_METRICS``."""
+    found = {}
+    for task, metrics in examples.items():
+        for metric, values in metrics.items():
+            values = np.asarray(values, np.float64)
+            if metric == "doc_id" or len(values) < 2:
+                continue
+            if values.ndim == 1:
+                interval = bootstrap(ratio_of_sums, [values, np.ones_like(values)])
+            elif metric in RATIO_METRICS:
+                to_metric = RATIO_METRICS[metric]
+                interval = bootstrap(lambda ll, n: to_metric(-ll / n), [values[:, 0], values[:, 1]])  # noqa: B023
+            else:
+                continue
+            found.setdefault(task, {})[metric] = {"estimate": interval.estimate, "ci": interval.bounds(),
+                                                  "covers": "text", "resampled": "examples", "n": len(values)}
+    return found
 
 
 def per_example(samples: dict) -> dict:

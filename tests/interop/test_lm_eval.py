@@ -74,6 +74,10 @@ def test_local_tasks_run_end_to_end_and_score_as_lmzoo_does(run, tmp_path):
     assert [n for _, n in rolling] == [len(doc["text"].encode()) for doc in DOCS]
     assert sum(-ll for ll, _ in rolling) / sum(n for _, n in rolling) / np.log(2) == pytest.approx(
         saved["results"]["lmzoo_rolling"]["bits_per_byte,none"])
+    for task, metric in [("lmzoo_rolling", "bits_per_byte"), ("lmzoo_choice", "acc")]:  # intervals over examples
+        interval = saved["intervals"][task][metric]
+        assert interval["estimate"] == pytest.approx(saved["results"][task][f"{metric},none"])
+        assert interval["ci"][0] <= interval["estimate"] <= interval["ci"][1] and interval["covers"] == "text"
 
     trained = open_trained(run)
     lm = LmzooLM(trained=trained, batch_size=2)
