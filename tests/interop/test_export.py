@@ -72,3 +72,17 @@ def test_settings_llama_lacks_are_refused_in_one_line_naming_each(variant, overr
 def test_the_softmax_family_llama_computes_is_accepted():
     for variant, overrides in [("softmax", ()), ("gqa", ()), ("mqa", ()), ("softmax", ("pos=pi", "pos.factor=2"))]:
         assert llama.refusals(tiny_config(variant, *overrides)) == []
+
+
+def test_a_bpe_run_ships_its_own_tokenizer(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from lmzoo.data.tokenizers import HFTokenizer, train_bpe
+    from lmzoo.interop.hf import write_tokenizer
+
+    train_bpe([b"def main():\n    return 0\n" * 20, b"import os\nimport sys\n" * 20], 300, tmp_path / "bpe.json")
+    ours = HFTokenizer(str(tmp_path / "bpe.json"))
+    write_tokenizer(ours, tmp_path, max_length=64)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in TEXTS:
+        assert theirs(text)["input_ids"] == ours.encode(text).tolist()
+    assert theirs.eos_token == "<|endoftext|>" and theirs.eos_token_id == ours.eos_id == theirs.pad_token_id
