@@ -36,6 +36,7 @@ from lmzoo.faults import (
     EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_NETWORK, EXIT_RUN_FAULT, EXIT_UNPARSABLE,
     EXIT_WRITE_FAILED, RunFault, RunLock,
 )
+from lmzoo.interop.hf import open_hf
 from lmzoo.measure.evaluation import check_request, eval_settings, evaluate, result_settings, warn_inert_overrides
 from lmzoo.measure.outputs import check_writable, write_outputs
 from lmzoo.run.directory import RunDir, flat_settings
@@ -50,7 +51,8 @@ def show_usage() -> NoReturn:
     defaults = {"eval": OmegaConf.load(Path(CONFIG_DIR) / "eval" / "default.yaml")}
     show_help("python -m lmzoo.eval run_dir=<dir> [eval.<key>=value ...] [pos=<option> pos.<key>=value attn.<key>=value ...]",
               "Measure a trained run's loss and bits per byte at each length, with 95% intervals.",
-              [("required", [Option("run_dir", "<dir>", "the trained run to evaluate")]),
+              [("required", [Option("run_dir", "<dir>", "the trained run to evaluate"),
+                             Option("hf", "<folder>", "or a local Hugging Face Llama folder (lmzoo.interop.hf)")]),
                ("evaluation settings", with_defaults(schema_options(EvalConfig, "eval."), OmegaConf.create(defaults))),
                ("overrides of the run's config (as in training)", RUN_OVERRIDES),
                ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_WRITE_FAILED, EXIT_NETWORK, EXIT_UNPARSABLE,
@@ -60,11 +62,11 @@ def show_usage() -> NoReturn:
 def parse_args(argv: list[str]) -> tuple[RunDir, EvalConfig, list[str]]:
     """(run, eval settings, overrides of the run's config) from ``key=value`` arguments."""
     given = dict(key_values(argv, "eval"))
-    if "run_dir" not in given:
-        raise ConfigError("run_dir=<dir> is required: the run to evaluate")
+    if ("run_dir" in given) == ("hf" in given):
+        raise ConfigError("run_dir=<dir> is required: the run to evaluate (or hf=<folder>: a Hugging Face Llama)")
     eval_cfg = eval_settings([a for a in argv if a.startswith("eval.")])
-    run = trained_run(given["run_dir"])
-    overrides = [a for a in argv if not a.startswith(("run_dir=", "eval."))]
+    run = RunDir(given["hf"]) if "hf" in given else trained_run(given["run_dir"])  # results go into either
+    overrides = [a for a in argv if not a.startswith(("run_dir=", "hf=", "eval."))]
     check_overrides(overrides)
     return run, eval_cfg, overrides
 
@@ -103,14 +105,17 @@ def main(argv: list[str] | None = None) -> dict:
         run, eval_cfg, overrides = parse_args(argv)
         tag = eval_cfg.tag or default_tag(overrides)
         settings = result_settings(eval_cfg, overrides)
-        trained = open_trained(run, overrides, eval_cfg.step, step_setting="eval.step")
+        hf = any(a.startswith("hf=") for a in argv)
+        trained = open_hf(run.path, overrides) if hf else open_trained(run, overrides, eval_cfg.step,
+                                                                       step_setting="eval.step")
         first_window = check_request(trained, eval_cfg)
         check_writable(run, tag)
         with RunLock(run.eval_dir(tag) / EVAL_LOCK, refused=partial(tag_in_use, tag)):
             check_tag(run, tag, settings, named=eval_cfg.tag is not None)
-            warn_inert_overrides(run, overrides, trained.model, trained.data.tokenizer.vocab_size, first_window)
+            if not hf:  # these rebuild the run's model and data from its config.yaml, which a Hugging Face folder lacks
+                warn_inert_overrides(run, overrides, trained.model, trained.data.tokenizer.vocab_size, first_window)
             results = {**evaluate(trained, eval_cfg, tag=tag, extra_dir=run.eval_dir(tag)), "settings": settings}
-            if changed := data_changes(run, trained.data.fingerprint):  # data.allow_changed=true let them through
+            if not hf and (changed := data_changes(run, trained.data.fingerprint)):  # data.allow_changed=true let them through
                 results["data_changed"] = changed
             path = write_outputs(run, results)
     for length, r in results["lengths"].items():

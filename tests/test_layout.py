@@ -26,8 +26,9 @@ LAYERS = [
     ["lmzoo.model", "lmzoo.cli"],
     ["lmzoo.run"],  # training a run, and opening a trained one
     ["lmzoo.measure"],  # measuring trained runs
-    ["lmzoo.experiments"],
-    ["lmzoo", "lmzoo.train", "lmzoo.eval", "lmzoo.compare", "lmzoo.generate", "lmzoo.experiments.__main__"],
+    ["lmzoo.experiments", "lmzoo.interop"],  # interop: models out of lmzoo and into it
+    ["lmzoo", "lmzoo.train", "lmzoo.eval", "lmzoo.compare", "lmzoo.generate", "lmzoo.experiments.__main__",
+     "lmzoo.export", "lmzoo.lm_eval"],
 ]
 RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
 
@@ -112,7 +113,7 @@ def test_schema_and_faults_import_nothing_of_lmzoo():
 def test_the_top_level_holds_only_commands_and_shared_modules():
     top = {m for m in MODULES if m.count(".") == 1 and MODULES[m].name != "__init__.py"}
     assert top == {f"lmzoo.{name}" for name in (
-        "train", "eval", "compare", "generate",  # the commands (lmzoo.experiments has its own __main__)
+        "train", "eval", "compare", "generate", "export", "lm_eval",  # the commands (lmzoo.experiments has its own __main__)
         "cli", "config", "schema", "registry", "faults", "plots", "sharding", "positions", "model",
     )}, top
 
@@ -125,7 +126,7 @@ BEGIN, END = "<!-- layout begin (tests/test_layout.py writes it) -->", "<!-- lay
 # Each lmzoo entry is described by the first paragraph of its docstring; the others here.
 SHOWN = [
     ("configs/", "Hydra configs: train.yaml and groups attn/ model/ data/ optim/ pos/ eval/ hydra/launcher/"),
-    "train.py", "eval.py", "compare.py", "generate.py", "experiments/",
+    "train.py", "eval.py", "compare.py", "generate.py", "export.py", "lm_eval.py", "experiments/", "interop/",
     "run/", "run/loop.py", "run/steps.py", "run/optim.py", "run/resume.py", "run/directory.py", "run/checkpoint.py",
     "run/logger.py", "run/load.py",
     "measure/", "measure/evaluation.py", "measure/memory.py", "measure/outputs.py", "measure/comparison/",

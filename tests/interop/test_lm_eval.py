@@ -1,0 +1,118 @@
+"""lm-evaluation-harness runs local tasks on a trained run through the lmzoo adapter, scoring as lmzoo does."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from lmzoo.metrics.scoring import token_scores
+from lmzoo.run.load import open_trained
+from lmzoo.run.loop import train
+
+pytest.importorskip("lm_eval")
+from lmzoo import lm_eval as command
+from lmzoo.interop.lm_eval import LmzooLM, padded_length
+
+DOCS = [
+    {"context": "def main():\n    return", "choices": [" 0", " None", " main()"], "answer": 0,
+     "text": "import os\nimport sys\n" * 3, "prompt": "for i in range(", "target": "10):"},
+    {"context": "", "choices": ["import os", "x = 1"], "answer": 1,
+     "text": "class A:\n    pass\n", "prompt": "", "target": ""},
+    {"context": "x = [1, 2, 3]  ", "choices": ["# é", "print(x)"], "answer": 1,
+     "text": "y = 2 " * 20, "prompt": "while True:\n", "target": "    break"},
+]
+
+
+def write_tasks(folder):
+    """Three tasks over one local JSONL file: multiple choice, rolling log-likelihood and greedy generation."""
+    data = folder / "docs.jsonl"
+    data.write_text("".join(json.dumps(doc) + "\n" for doc in DOCS))
+    common = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+    (folder / "choice.yaml").write_text(
+        "task: lmzoo_choice\n" + common + "output_type: multiple_choice\ndoc_to_text: '{{context}}'\n"
+        "target_delimiter: ''\ndoc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\n"
+        "metric_list:\n  - metric: acc\n")
+    (folder / "rolling.yaml").write_text(
+        "task: lmzoo_rolling\n" + common + "output_type: loglikelihood_rolling\ndoc_to_text: ''\n"
+        "doc_to_target: '{{text}}'\nmetric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n")
+    (folder / "generate.yaml").write_text(
+        "task: lmzoo_generate\n" + common + "output_type: generate_until\ndoc_to_text: '{{prompt}}'\n"
+        "doc_to_target: '{{target}}'\ngeneration_kwargs:\n  until: ['\\n\\n']\n  max_gen_toks: 6\n"
+        "metric_list:\n  - metric: exact_match\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    train(tiny_config("softmax", "train.steps=4", "train.eval_every=4", "train.checkpoint_every=4", run_dir=run_dir))
+    return run_dir
+
+
+def own_log_prob(trained, context_ids, continuation_ids):
+    """lmzoo's own scoring of the continuation: minus its summed cross-entropy (lmzoo.metrics.scoring)."""
+    tokens = np.asarray(context_ids + continuation_ids, np.int32)[None]
+    loss = np.asarray(token_scores(trained.model, tokens[:, :-1], tokens[:, 1:])["loss"])[0]
+    return -float(loss[-len(continuation_ids):].sum())
+
+
+@pytest.mark.slow
+def test_local_tasks_run_end_to_end_and_score_as_lmzoo_does(run, tmp_path):
+    tasks = write_tasks(tmp_path)
+    results = command.main([f"run_dir={run}", "tasks=lmzoo_choice,lmzoo_rolling,lmzoo_generate",
+                            f"include_path={tasks}", "batch_size=2"])
+    saved = json.loads((run / "lm_eval" / "default" / "results.json").read_text())
+    assert saved == json.loads(json.dumps(results)) and (saved["step"], saved["variant"]) == (4, "softmax")
+    assert set(saved["results"]) == {"lmzoo_choice", "lmzoo_rolling", "lmzoo_generate"}
+    assert 0 <= saved["results"]["lmzoo_choice"]["acc,none"] <= 1
+    assert saved["per_example"]["lmzoo_choice"]["doc_id"] == [0, 1, 2]
+    assert len(saved["per_example"]["lmzoo_choice"]["acc"]) == 3
+    rolling = saved["per_example"]["lmzoo_rolling"]["bits_per_byte"]  # [log-likelihood, bytes] of each document
+    assert [n for _, n in rolling] == [len(doc["text"].encode()) for doc in DOCS]
+    assert sum(-ll for ll, _ in rolling) / sum(n for _, n in rolling) / np.log(2) == pytest.approx(
+        saved["results"]["lmzoo_rolling"]["bits_per_byte,none"])
+    for task, metric in [("lmzoo_rolling", "bits_per_byte"), ("lmzoo_choice", "acc")]:  # intervals over examples
+        interval = saved["intervals"][task][metric]
+        assert interval["estimate"] == pytest.approx(saved["results"][task][f"{metric},none"])
+        assert interval["ci"][0] <= interval["estimate"] <= interval["ci"][1] and interval["covers"] == "text"
+
+    trained = open_trained(run)
+    lm = LmzooLM(trained=trained, batch_size=2)
+    byte = trained.data.tokenizer.encode
+    for doc, correct in zip(DOCS, saved["per_example"]["lmzoo_choice"]["acc"]):
+        # the same strings: a trailing space of the context belongs to the continuation, "" is the end of a document
+        context = doc["context"].rstrip()
+        context_ids = byte(context).tolist() or [trained.data.tokenizer.eos_id]
+        own = [own_log_prob(trained, context_ids, byte(doc["context"][len(context):] + choice).tolist())
+               for choice in doc["choices"]]
+        adapter = [log_prob for log_prob, _ in lm.loglikelihood(
+            [type("Request", (), {"args": (doc["context"], choice)})() for choice in doc["choices"]])]
+        np.testing.assert_allclose(adapter, own, atol=1e-4)
+        assert correct == float(np.argmax(own) == doc["answer"])  # what the harness's run scored
+    # a text longer than the training length (32) scores in disjoint windows: every token once
+    text = DOCS[2]["text"]
+    request = type("Request", (), {"args": (text,)})()
+    ids = byte(text).tolist()
+    expected = 0.0
+    for start in range(0, len(ids), 32):
+        window = ([trained.data.tokenizer.eos_id] + ids)[:start + 32 + 1][-(32 + 1):]
+        scored = ids[start:start + 32]
+        expected += own_log_prob(trained, window[:len(window) - len(scored)], scored)
+    assert lm.loglikelihood_rolling([request])[0] == pytest.approx(expected, abs=1e-3)
+
+
+def test_padding_lengths_are_few_and_cover_every_sequence():
+    assert [padded_length(n, 256) for n in (1, 16, 17, 100, 256)] == [16, 16, 32, 128, 256]
+    assert padded_length(300, 256) == 300  # longer than max_length only when asked to
+
+
+def test_the_command_names_a_missing_model_or_task(capsys):
+    for argv, message in [(["tasks=x"], "exactly one of run_dir"), (["run_dir=a", "hf=b", "tasks=x"], "exactly one"),
+                          (["run_dir=a"], "tasks=<task,...> is required"), (["run_dir=a", "tasks=x", "batch=2"],
+                                                                            "unknown setting 'batch'")]:
+        with pytest.raises(SystemExit) as exit:
+            command.main(argv)
+        assert exit.value.code == 2 and message in capsys.readouterr().err
