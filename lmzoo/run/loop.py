@@ -54,6 +54,7 @@ from lmzoo.metrics.scoring import score_length
 from lmzoo.model import LM, count_params
 from lmzoo.run.checkpoint import Checkpointer
 from lmzoo.run.directory import RunDir, describe_changes
+from lmzoo.run.feed import BatchFeed
 from lmzoo.run.logger import MetricsLogger
 from lmzoo.run.optim import learning_rate_schedule
 from lmzoo.run.resume import (
@@ -285,7 +286,7 @@ class Trainer:
         self.window_losses, self.window_start = [], time.perf_counter()  # each call's losses since the last log row
         self.nonfinite_in_a_row, self.window_nonfinite = 0, 0
         self.unread_flag = None  # (step, the flags of the call that ended there): the last call's, until ``settle``
-        self.prefetched = None  # (the data position before them, the next call's batches on the device)
+        self.feed = None  # the next calls' batches, read ahead by a thread of their own (``lmzoo.run.feed``)
         self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=cfg.attn.name,
                         disable=not cfg.train.progress, dynamic_ncols=True)
         self.held.callback(self.bar.close)
@@ -345,9 +346,9 @@ class Trainer:
 
     def advance(self) -> dict:
         """One call of ``train.steps_per_call`` optimizer steps on the next training batches, dispatched without
-        waiting for the device: the host reads the call before's finiteness flags (done, or nearly) and moves the
-        batches after to the device while this call runs. Its metrics stay on the device (each stacked [k, ...]
-        when a call takes k > 1 steps)."""
+        waiting for the device: the host reads the call before's finiteness flags (done, or nearly) while this
+        call runs, and the feed's thread has the batches after on their way to the device. Its metrics stay on the
+        device (each stacked [k, ...] when a call takes k > 1 steps) until a log row reads them."""
         batches = self.take_batches()
         with jax.set_mesh(self.mesh):  # the model keeps activations split by rows (sharding.constrain_rows)
             self.leaves, metrics = self.step_fn(self.leaves, batches)
@@ -356,18 +357,19 @@ class Trainer:
         metrics["finite"].copy_to_host_async()  # on its way to the host as soon as the call ends
         self.unread_flag = (self.step, metrics["finite"])
         self.window_losses.append(metrics["loss"])
-        self.component_losses.add(metrics if self.steps_per_call == 1 else summed_over_steps(metrics))
-        if self.step < self.cfg.train.steps:
-            self.prefetch()
+        if self.component_losses.names:
+            self.component_losses.add(metrics if self.steps_per_call == 1 else summed_over_steps(metrics))
         self.bar.update(self.steps_per_call)
         return metrics
 
     def take_batches(self):
-        """The next call's training batches on the device: those prefetched, or else pulled now."""
-        if self.prefetched is None:
-            return self.pull_batches()
-        (_, batches), self.prefetched = self.prefetched, None
-        return batches
+        """The next call's training batches on the device (or on their way there), from the feed's thread, which
+        starts at the first call and reads exactly the calls left to train."""
+        if self.feed is None:
+            calls = (self.cfg.train.steps - self.step) // self.steps_per_call
+            self.feed = BatchFeed(self.pull_batches, self.train_iter.get_state, calls)
+            self.held.callback(self.feed.close)
+        return self.feed.take()
 
     def pull_batches(self):
         """The next call's batches from the training iterator, on their way to the device: one batch, or with
@@ -386,16 +388,10 @@ class Trainer:
             return jax.device_put(batch, sharding)
         return jax.tree.map(partial(jax.make_array_from_process_local_data, sharding), batch)
 
-    def prefetch(self) -> None:
-        """Pull the next call's batches and start their copy to the device, keeping the data position from
-        before them."""
-        position = self.train_iter.get_state()
-        self.prefetched = (position, self.pull_batches())
-
     def data_position(self):
-        """The training iterator's state after the batches of the steps taken (prefetched batches are not among
-        them): what a checkpoint records, so that a resume reads the same batches."""
-        return self.train_iter.get_state() if self.prefetched is None else self.prefetched[0]
+        """The training iterator's state after the batches of the steps taken (batches the feed has read ahead
+        are not among them): what a checkpoint records, so that a resume reads the same batches."""
+        return self.train_iter.get_state() if self.feed is None else self.feed.position()
 
     def settle(self) -> None:
         """Read the last call's finiteness flags if they are still unread (``check_finite``, each with its own
