@@ -21,7 +21,7 @@ from lmzoo.cli import (
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, data_spec, register_schemas, validate, variant_names
 from lmzoo.faults import EXIT_FINISHED, EXIT_INTERRUPTED, RunFault, check_unlocked, debugging, probe_writable
 from lmzoo.run.directory import RunDir
-from lmzoo.run.loop import train
+from lmzoo.run.seeds import train
 
 
 # ----------------------------------------------------------------------------- entry point

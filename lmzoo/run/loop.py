@@ -210,7 +210,11 @@ def scan_steps(step, leaves: list, batches):
 class Trainer:
     """One run: its training state on the devices, and the named steps of the loop in ``train``."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, *, progress: bool | None = None):
+        if cfg.train.seeds:
+            raise ConfigError(f"train.seeds={cfg.train.seeds}: several seeds train through lmzoo.run.seeds.train "
+                              f"(python -m lmzoo.train), not one Trainer")
+        self.progress = cfg.train.progress if progress is None else progress  # a group of seeds shows one bar
         if cfg.train.distributed:
             join_processes(cfg)
         self.cfg = cfg
@@ -266,6 +270,7 @@ class Trainer:
         call = partial(step_on_leaves, self.state_def, step)
         if self.steps_per_call > 1:  # one step a call stays the plain step, without a scan around it
             call = partial(scan_steps, call)
+        self.call = call  # (leaves, batches) -> (leaves, metrics), unjitted: lmzoo.run.seeds maps it over seeds
         self.step_fn = jax.jit(call, donate_argnums=0,
                                out_shardings=(jax.tree.leaves(self.shardings), replicated))  # state keeps its layout
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
@@ -288,7 +293,7 @@ class Trainer:
         self.unread_flag = None  # (step, the flags of the call that ended there): the last call's, until ``settle``
         self.feed = None  # the next calls' batches, read ahead by a thread of their own (``lmzoo.run.feed``)
         self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=cfg.attn.name,
-                        disable=not cfg.train.progress, dynamic_ncols=True)
+                        disable=not self.progress, dynamic_ncols=True)
         self.held.callback(self.bar.close)
 
     def resume(self) -> int:
@@ -372,12 +377,21 @@ class Trainer:
         return self.feed.take()
 
     def pull_batches(self):
-        """The next call's batches from the training iterator, on their way to the device: one batch, or with
-        k steps a call k batches stacked into [k, B, ...] leaves (one transfer)."""
+        """The next call's batches from the training iterator, on their way to the device (one transfer)."""
+        return self.batch_to_device(self.host_batches(), self.call_sharding)
+
+    @property
+    def call_sharding(self) -> NamedSharding:
+        """How a call's batches lie on the devices: one batch split by rows, or k of them stacked [k, B, ...]."""
+        return self.row_sharding if self.steps_per_call == 1 else self.stacked_sharding
+
+    def host_batches(self) -> dict:
+        """The next call's batches from the training iterator, on the host: one batch, or with k steps a call
+        k batches stacked into [k, B, ...] leaves."""
         if self.steps_per_call == 1:
-            return self.batch_to_device(next(self.train_iter))
+            return next(self.train_iter)
         batches = [next(self.train_iter) for _ in range(self.steps_per_call)]
-        return self.batch_to_device(jax.tree.map(lambda *leaves: np.stack(leaves), *batches), self.stacked_sharding)
+        return jax.tree.map(lambda *leaves: np.stack(leaves), *batches)
 
     def batch_to_device(self, batch: dict, sharding: NamedSharding | None = None) -> dict:
         """This process's rows of a batch (a tree of arrays or one array; by default split like one batch, or
@@ -479,6 +493,13 @@ class Trainer:
                  val["val_bpb_lo"], val["val_bpb_hi"])
         return val
 
+    def record(self, metrics: dict) -> None:
+        """The log row and validation due at the step just taken (``metrics``: the last call's), if any."""
+        row = self.train_metrics(metrics) if self.due(self.cfg.train.log_every) else {}
+        if self.due(self.cfg.train.eval_every):
+            row.update(self.validate())
+        self.log(row, metrics)
+
     def log(self, row: dict, metrics: dict) -> None:
         """Write a row when this step logged or validated; a validation-only row still gets the step's loss."""
         if row:
@@ -514,17 +535,15 @@ class Trainer:
         self.held.close()
 
 
-def train(cfg: Config) -> dict:
-    """Train (or resume) the run described by ``cfg``; returns the last validation metrics."""
-    trainer = Trainer(cfg)
+def train(cfg: Config, trainer: Trainer | None = None) -> dict:
+    """Train (or resume) the run described by ``cfg`` (with the ``trainer`` opened for it, by default a
+    ``Trainer``); returns the last validation metrics."""
+    trainer = trainer or Trainer(cfg)
     try:
         with StopRequest() as stop, logging_redirect_tqdm():
             while trainer.step < cfg.train.steps:
                 metrics = trainer.advance()
-                row = trainer.train_metrics(metrics) if trainer.due(cfg.train.log_every) else {}
-                if trainer.due(cfg.train.eval_every):
-                    row.update(trainer.validate())
-                trainer.log(row, metrics)
+                trainer.record(metrics)
                 if stop.requested:  # checked before the scheduled save so the stop saves once
                     return trainer.save_and_stop()
                 if trainer.due(cfg.train.checkpoint_every):
