@@ -6,6 +6,7 @@
     python scripts/benchmark_loop.py --models mqar --steps-per-call 8   # the loop runs 8 steps a jitted call
     python scripts/benchmark_loop.py --host --steps 400 --steps-per-call 1 8   # the host's own cost per step
     python scripts/benchmark_loop.py --host --profile --models mqar --steps-per-call 8   # ... and where it goes
+    python scripts/benchmark_loop.py --seeds 1 3 8 --steps 20   # several seeds as one jitted step: time per seed
 
 Two models: ``default`` is what ``python -m lmzoo.train +attn=<variant>`` trains (configs/train.yaml's defaults);
 ``mqar`` is a 2-layer, d_model=32 model on multi-query associative recall (``data=mqar``), whose steps are so short
@@ -26,6 +27,10 @@ takes the same leaves and batches and returns the same leaves and metrics of the
 shardings, every step finite), so the loop's time per optimizer step is the host's own: pulling and moving
 batches, dispatching, reading flags, keeping metrics. One row per ``--steps-per-call`` value; ``--profile``
 prints where that time goes (cProfile over one timed stretch, the functions taking most of it).
+
+``--seeds 1 3 8``: the loop training that many seeds as one jitted step (``train.seeds``, ``lmzoo.run.seeds``;
+one seed: the plain trainer), its time per optimizer step of all the seeds, per seed, and the speed-up per seed
+over training one.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from lmzoo.cli import compose_and_validate
 from lmzoo.data import build_data
 from lmzoo.run.loop import Trainer, training_batches
+from lmzoo.run.seeds import SeedGroup
 
 MODELS = {
     "default": [],
@@ -55,12 +61,15 @@ MODELS = {
 NEVER = 10**9  # train.steps and every interval: no step of the benchmark logs, validates or saves
 
 
-def open_trainer(variant: str, overrides: list[str], run_dir: str, steps_per_call: int = 1) -> Trainer:
+def open_trainer(variant: str, overrides: list[str], run_dir: str, steps_per_call: int = 1,
+                 seeds: int = 1) -> Trainer | SeedGroup:
+    """A trainer that never logs, validates or saves; with ``seeds`` > 1, a group of seeds 0 .. seeds - 1."""
     never = NEVER // steps_per_call * steps_per_call  # a multiple, as train.steps and every interval must be
+    several = [f"train.seeds=[{','.join(map(str, range(seeds)))}]"] if seeds > 1 else []
     cfg = compose_and_validate([f"+attn={variant}", *overrides, f"train.steps={never}", f"train.log_every={never}",
-                                f"train.eval_every={never}", f"train.checkpoint_every={never}",
+                                f"train.eval_every={never}", f"train.checkpoint_every={never}", *several,
                                 f"train.steps_per_call={steps_per_call}", "train.progress=false", f"run_dir={run_dir}"])
-    return Trainer(cfg)
+    return SeedGroup(cfg) if seeds > 1 else Trainer(cfg)
 
 
 def next_batches(trainer: Trainer, data, n: int) -> list:
@@ -95,7 +104,7 @@ def time_loop(trainer: Trainer, steps: int) -> float:
     for _ in range(steps // trainer.steps_per_call):
         trainer.advance()
     trainer.settle()
-    jax.block_until_ready(trainer.state)
+    jax.block_until_ready(trainer.leaves)
     return (time.perf_counter() - start) / steps
 
 
@@ -167,6 +176,26 @@ def measure_host(name: str, variant: str, steps: int, repeats: int, steps_per_ca
         return row
 
 
+def measure_seeds(name: str, variant: str, steps: int, repeats: int, steps_per_call: int, seeds: int,
+                  ready_data: bool = False) -> dict:
+    """The training loop's milliseconds per optimizer step of ``seeds`` seeds trained as one jitted step (one seed:
+    the plain trainer), and per seed; with ``ready_data``, on batches made beforehand."""
+    with ExitStack() as held:
+        run_dir = held.enter_context(tempfile.TemporaryDirectory(prefix="lmzoo-seeds-"))
+        trainer = open_trainer(variant, MODELS[name], run_dir, steps_per_call, seeds)
+        held.callback(trainer.close)
+        if ready_data:
+            for member in getattr(trainer, "members", [trainer]):
+                member.train_iter = Replay(member.train_iter, 16)
+        time_loop(trainer, 2 * steps_per_call)  # compiles the step
+        times = [time_loop(trainer, steps) for _ in range(repeats)]
+        cfg = trainer.cfg
+        return {"model": name, "variant": variant, "batch": cfg.train.batch_size, "seq_len": cfg.data.seq_len,
+                "steps": steps, "steps_per_call": steps_per_call, "seeds": seeds, "ready_data": ready_data,
+                "ms": 1e3 * statistics.median(times), "ms_per_seed": 1e3 * statistics.median(times) / seeds,
+                "ms_each": [1e3 * t for t in times]}
+
+
 def measure(name: str, variant: str, steps: int, repeats: int, steps_per_call: int = 1) -> dict:
     with ExitStack() as held:
         run_dir = held.enter_context(tempfile.TemporaryDirectory(prefix="lmzoo-loop-"))
@@ -205,20 +234,27 @@ def main() -> None:
                         help="time the loop around a step that does no work: the host's own cost per step")
     parser.add_argument("--profile", action="store_true", help="with --host: print where the host's time goes")
     parser.add_argument("--ready-data", action="store_true",
-                        help="with --host: a row more per setting, on batches made beforehand (the loop without "
-                             "the data's own cost of making them)")
+                        help="with --host or --seeds: a row more per setting, on batches made beforehand (the loop "
+                             "without the data's own cost of making them)")
+    parser.add_argument("--seeds", type=int, nargs="+",
+                        help="time the loop training this many seeds as one jitted step (train.seeds), each count a "
+                             "row (1: the plain trainer), with the time per seed and its speed-up over one seed")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
     for k in args.steps_per_call:
         if k < 1 or args.steps % k:
             parser.error(f"--steps={args.steps} must be a multiple of --steps-per-call={k} (at least 1)")
-    if (args.profile or args.ready_data) and not args.host:
-        parser.error("--profile and --ready-data are for the host's loop: add --host")
+    if args.seeds and (args.host or min(args.seeds) < 1):
+        parser.error("--seeds takes counts of at least 1, and times the real step (not with --host)")
+    if args.profile and not args.host:
+        parser.error("--profile profiles the host's loop: add --host")
+    if args.ready_data and not (args.host or args.seeds):
+        parser.error("--ready-data is for --host and --seeds")
 
     device = jax.devices()[0]
     print(f"device: {device.device_kind} ({jax.default_backend()}, {jax.device_count()} device(s)), "
           f"jax {jax.__version__}; {args.steps} steps x {args.repeats} repeats, medians")
-    rows = main_host(args) if args.host else main_bare_and_loop(args)
+    rows = main_host(args) if args.host else main_seeds(args) if args.seeds else main_bare_and_loop(args)
     if args.json:
         meta = {"device": device.device_kind, "backend": jax.default_backend(), "devices": jax.device_count(),
                 "jax": jax.__version__, "steps": args.steps, "repeats": args.repeats,
@@ -237,6 +273,27 @@ def main_bare_and_loop(args) -> list[dict]:
             rows.append(row)
             print(f"{name:<9}{args.variant:<10}{k:>3}{row['batch']:>6}{row['seq_len']:>8}{row['params']:>11,}"
                   f"{row['dtype']:>10}{row['bare_ms']:>10.2f}{row['loop_ms']:>10.2f}{row['ratio']:>10.3f}", flush=True)
+    return rows
+
+
+def main_seeds(args) -> list[dict]:
+    print("the training loop with several seeds as one jitted step: milliseconds per optimizer step of all of them, "
+          "and per seed")
+    print(f"{'model':<9}{'variant':<10}{'steps/call':>11}{'data':>7}{'seeds':>6}{'ms/step':>10}{'ms/seed':>10}"
+          f"{'speed-up':>10}")
+    rows = []
+    for name in args.models:
+        for k in args.steps_per_call:
+            for ready in (False, True) if args.ready_data else (False,):
+                one = None
+                for n in args.seeds:
+                    row = measure_seeds(name, args.variant, args.steps, args.repeats, k, n, ready)
+                    one = row["ms"] if n == 1 else one
+                    row["speedup_per_seed"] = one / row["ms_per_seed"] if one else None
+                    rows.append(row)
+                    speedup = f"{row['speedup_per_seed']:.2f}x" if one else "-"
+                    print(f"{name:<9}{args.variant:<10}{k:>11}{'ready' if ready else 'made':>7}{n:>6}{row['ms']:>10.2f}"
+                          f"{row['ms_per_seed']:>10.2f}{speedup:>10}", flush=True)
     return rows
 
 

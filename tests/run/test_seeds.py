@@ -5,6 +5,8 @@ between the seeds' checkpoints); one seed diverging stops only that seed; bad se
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -19,7 +21,7 @@ from lmzoo.run.directory import RunDir
 from lmzoo.run.loop import Trainer
 from lmzoo.run.seeds import SeedGroup, train
 
-from conftest import TINY, tiny_config
+from conftest import REPO, TINY, tiny_config
 
 SHORT = ["model.n_layers=1", "train.probe_batch=0", "train.steps=4", "train.log_every=1", "train.eval_every=4",
          "train.checkpoint_every=2"]
@@ -120,3 +122,21 @@ def test_bad_seeds_are_one_line(tmp_path, capsys, overrides, message):
 def test_a_trainer_is_one_seed(tmp_path):
     with pytest.raises(ConfigError, match="several seeds train through lmzoo.run.seeds.train"):
         Trainer(tiny_config("softmax", "train.seeds=[0,1]", run_dir=tmp_path))
+
+
+@pytest.mark.slow
+def test_benchmark_loop_times_the_host_alone_and_seeds_in_one_step(tmp_path):
+    """scripts/benchmark_loop.py --host (a step that does no work, on made and ready batches) and --seeds."""
+    def script(*args):
+        proc = subprocess.run([sys.executable, "scripts/benchmark_loop.py", "--models", "mqar", "--steps", "2",
+                               "--repeats", "1", *args, "--json", str(tmp_path / "rows.json")], cwd=REPO,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads((tmp_path / "rows.json").read_text())["rows"]
+
+    rows = script("--host", "--ready-data", "--steps-per-call", "1", "2")
+    assert [(r["steps_per_call"], r["ready_data"]) for r in rows] == [(1, False), (1, True), (2, False), (2, True)]
+    assert all(r["host_ms"] > 0 for r in rows)
+    rows = script("--seeds", "1", "2")
+    assert [r["seeds"] for r in rows] == [1, 2] and rows[0]["speedup_per_seed"] == 1.0
+    assert rows[1]["ms_per_seed"] == pytest.approx(rows[1]["ms"] / 2)
