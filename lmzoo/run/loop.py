@@ -215,6 +215,7 @@ class Trainer:
             raise ConfigError(f"train.seeds={cfg.train.seeds}: several seeds train through lmzoo.run.seeds.train "
                               f"(python -m lmzoo.train), not one Trainer")
         self.progress = cfg.train.progress if progress is None else progress  # a group of seeds shows one bar
+        self.name = ""  # what the console's lines start with: a seed of a group names itself
         if cfg.train.distributed:
             join_processes(cfg)
         self.cfg = cfg
@@ -458,7 +459,7 @@ class Trainer:
         }
         self.window_losses, self.window_start, self.window_nonfinite = [], time.perf_counter(), 0
         self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
-        log.info("step %d: loss %.4f  lr %.3g  grad_norm %.3g  tokens/s %.0f", self.step, loss, row["lr"],
+        log.info("%sstep %d: loss %.4f  lr %.3g  grad_norm %.3g  tokens/s %.0f", self.name, self.step, loss, row["lr"],
                  row["grad_norm"], row["tokens_per_s"])
         return row
 
@@ -489,8 +490,8 @@ class Trainer:
             model = nnx.merge(self.graphdef, self.state["params"], self.state["extra"])
             val.update(probe_metrics(model, self.probe_tokens, self.probe_segments))
         self.last_val = val
-        log.info("step %d: val_loss %.4f  val_bpb %.4f [%.4f, %.4f]", self.step, val["val_loss"], val["val_bpb"],
-                 val["val_bpb_lo"], val["val_bpb_hi"])
+        log.info("%sstep %d: val_loss %.4f  val_bpb %.4f [%.4f, %.4f]", self.name, self.step, val["val_loss"],
+                 val["val_bpb"], val["val_bpb_lo"], val["val_bpb_hi"])
         return val
 
     def record(self, metrics: dict) -> None:

@@ -141,8 +141,9 @@ class SeedGroup:
         self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=f"{cfg.attn.name} x{len(self.members)} seeds",
                         disable=not cfg.train.progress, dynamic_ncols=True)
         self.held.callback(self.bar.close)
+        self.window_start = time.perf_counter()  # of the steps since the last log row, as each seed's row reports
         for member in self.members:
-            member.window_start = time.perf_counter()
+            member.name = f"seed {member.cfg.seed}: "
 
     def live(self) -> list[tuple[int, Trainer]]:
         """The seeds still training, with their places in the stacked state."""
@@ -209,6 +210,7 @@ class SeedGroup:
         if not (log_due or eval_due):
             return
         self.settle()
+        now = time.perf_counter()
         last = jax.device_get(metrics)
         window, self.window = (jax.device_get(self.window), []) if log_due else ([], self.window)
         for i, member in self.live():
@@ -218,7 +220,10 @@ class SeedGroup:
                 member.component_losses.add(mine if self.steps_per_call == 1 else summed_over_steps(mine))
             if eval_due:
                 self.hand_state(i, member)
+            member.window_start = self.window_start + (time.perf_counter() - now)  # every seed's row: the group's time
             member.record(take_seed(last, i))
+        if log_due:
+            self.window_start = now
 
     def save(self) -> None:
         self.settle()
