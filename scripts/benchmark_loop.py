@@ -170,7 +170,8 @@ def measure_host(name: str, variant: str, steps: int, repeats: int, steps_per_ca
         host = [time_loop(trainer, steps) for _ in range(repeats)]
         row = {"model": name, "variant": variant, "batch": trainer.cfg.train.batch_size,
                "seq_len": trainer.cfg.data.seq_len, "steps": steps, "steps_per_call": steps_per_call,
-               "ready_data": ready_data, "host_ms": 1e3 * statistics.median(host), "host_ms_each": [1e3 * t for t in host]}
+               "ready_data": ready_data, "host_ms": 1e3 * statistics.median(host),
+               "host_ms_each": [1e3 * t for t in host]}
         if profile:
             row["profile"] = profiled(lambda: time_loop(trainer, steps))
         return row
