@@ -31,6 +31,7 @@ class TrainConfig:
     batch_size: int = 16  # sequences per step, over all devices
     grad_accum: int = 1  # micro-batches per step: the same update, batch_size / grad_accum rows in memory at once
     steps_per_call: int = 1  # optimizer steps per jitted call (a scan over as many batches): host costs once a call
+    seeds: list[int] = field(default_factory=list)  # several seeds as one jitted step, each a run in run_dir/seed<s>; empty: seed
     eval_every: int = 100  # steps between validations
     eval_tokens: int = 32768  # validation targets scored at each validation (spans spread over every document)
     checkpoint_every: int = 200  # steps between checkpoints (and at the last step)
@@ -146,6 +147,17 @@ def check_steps_per_call(train: TrainConfig) -> None:
                               f"only between calls of {k} steps): choose a multiple of {k}, or another steps_per_call")
 
 
+def check_seeds(train: TrainConfig) -> None:
+    """``train.seeds``: distinct non-negative seeds, trained by one process (lmzoo.run.seeds)."""
+    seeds = list(train.seeds)
+    if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+        raise ConfigError(f"train.seeds={seeds} must be distinct non-negative seeds (each trains its own run in "
+                          f"run_dir/seed<s>)")
+    if seeds and train.distributed:
+        raise ConfigError(f"train.seeds={seeds} trains its seeds in one process: train.distributed=true is not "
+                          f"supported with it (train each seed as a run of its own)")
+
+
 def check(cfg: Config) -> None:
     """Cross-field checks the schema alone cannot express."""
     m, t, o = cfg.model, cfg.train, cfg.optim
@@ -166,6 +178,7 @@ def check(cfg: Config) -> None:
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size={t.batch_size} does not split into train.grad_accum={t.grad_accum} equal micro-batches")
     check_steps_per_call(t)
+    check_seeds(t)
     t.mesh.check()
     positive("train.z_loss", t.z_loss, allow_zero=True)
     o.check(t.steps)

@@ -3,7 +3,8 @@
 The run directory holds the resolved config, Orbax checkpoints, TensorBoard events and the metrics
 log (``lmzoo.run.directory``). Running the same command on an existing run directory resumes from its
 newest intact checkpoint; SIGTERM or Ctrl-C saves a checkpoint before exiting. The training itself
-is ``lmzoo.run.loop.train``; this module is its command line (Hydra's: ``-m`` sweeps,
+is ``lmzoo.run.loop.train`` (with ``train.seeds=[0,1,2]``, several seeds as one jitted step, each a run of its
+own in ``run_dir/seed<s>``: ``lmzoo.run.seeds``); this module is its command line (Hydra's: ``-m`` sweeps,
 ``--hydra-help``). ``--help`` lists the settings. Exit codes: ``lmzoo.faults``.
 """
 
@@ -25,7 +26,7 @@ from lmzoo.config import CONFIG_DIR, Config, ConfigError, data_spec, register_sc
 from lmzoo.faults import EXIT_FINISHED, EXIT_INTERRUPTED, RunFault, check_unlocked, debugging, probe_writable
 from lmzoo.mixers.hybrid import check_layers_used
 from lmzoo.run.directory import RunDir
-from lmzoo.run.loop import train
+from lmzoo.run.seeds import train
 
 log = logging.getLogger("lmzoo.train")
 

@@ -4,6 +4,9 @@
     python scripts/benchmark_loop.py --steps 10 --repeats 2 # a quick CPU run
     python scripts/benchmark_loop.py --models mqar --variant gla --json loop.json
     python scripts/benchmark_loop.py --models mqar --steps-per-call 8   # the loop runs 8 steps a jitted call
+    python scripts/benchmark_loop.py --host --steps 400 --steps-per-call 1 8   # the host's own cost per step
+    python scripts/benchmark_loop.py --host --profile --models mqar --steps-per-call 8   # ... and where it goes
+    python scripts/benchmark_loop.py --seeds 1 3 8 --steps 20   # several seeds as one jitted step: time per seed
 
 Two models: ``default`` is what ``python -m lmzoo.train +attn=<variant>`` trains (configs/train.yaml's defaults);
 ``mqar`` is a 2-layer, d_model=32 model on multi-query associative recall (``data=mqar``), whose steps are so short
@@ -18,22 +21,38 @@ a trainer with ``train.steps_per_call=k`` (k steps a call, ``--steps`` a multipl
 the step of one step a call (a second trainer's, on the same batches). Both are compiled before timing, each
 repeat times both on a fresh stretch of the data, and the medians over repeats are reported. The run directory
 is temporary.
+
+``--host``: the loop alone, on any machine. The trainer's jitted step is replaced by one that does no work (it
+takes the same leaves and batches and returns the same leaves and metrics of the same shapes, dtypes and
+shardings, every step finite), so the loop's time per optimizer step is the host's own: pulling and moving
+batches, dispatching, reading flags, keeping metrics. One row per ``--steps-per-call`` value; ``--profile``
+prints where that time goes (cProfile over one timed stretch, the functions taking most of it).
+
+``--seeds 1 3 8``: the loop training that many seeds as one jitted step (``train.seeds``, ``lmzoo.run.seeds``;
+one seed: the plain trainer), its time per optimizer step of all the seeds, per seed, and the speed-up per seed
+over training one.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import tempfile
 import time
 from contextlib import ExitStack
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from lmzoo.cli import compose_and_validate
 from lmzoo.data import build_data
 from lmzoo.run.loop import Trainer, training_batches
+from lmzoo.run.seeds import SeedGroup
 
 MODELS = {
     "default": [],
@@ -42,12 +61,15 @@ MODELS = {
 NEVER = 10**9  # train.steps and every interval: no step of the benchmark logs, validates or saves
 
 
-def open_trainer(variant: str, overrides: list[str], run_dir: str, steps_per_call: int = 1) -> Trainer:
+def open_trainer(variant: str, overrides: list[str], run_dir: str, steps_per_call: int = 1,
+                 seeds: int = 1) -> Trainer | SeedGroup:
+    """A trainer that never logs, validates or saves; with ``seeds`` > 1, a group of seeds 0 .. seeds - 1."""
     never = NEVER // steps_per_call * steps_per_call  # a multiple, as train.steps and every interval must be
+    several = [f"train.seeds=[{','.join(map(str, range(seeds)))}]"] if seeds > 1 else []
     cfg = compose_and_validate([f"+attn={variant}", *overrides, f"train.steps={never}", f"train.log_every={never}",
-                                f"train.eval_every={never}", f"train.checkpoint_every={never}",
+                                f"train.eval_every={never}", f"train.checkpoint_every={never}", *several,
                                 f"train.steps_per_call={steps_per_call}", "train.progress=false", f"run_dir={run_dir}"])
-    return Trainer(cfg)
+    return SeedGroup(cfg) if seeds > 1 else Trainer(cfg)
 
 
 def next_batches(trainer: Trainer, data, n: int) -> list:
@@ -82,8 +104,97 @@ def time_loop(trainer: Trainer, steps: int) -> float:
     for _ in range(steps // trainer.steps_per_call):
         trainer.advance()
     trainer.settle()
-    jax.block_until_ready(trainer.state)
+    jax.block_until_ready(trainer.leaves)
     return (time.perf_counter() - start) / steps
+
+
+class NoWork:
+    """A jitted call in place of ``trainer.step_fn`` that does no work: the same leaves back (donated, so no copy)
+    and metrics shaped as the real step's (traced once, never run), each step finite."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer, self.real_step, self.call = trainer, trainer.step_fn, None
+
+    def __call__(self, leaves, batches):
+        if self.call is None:
+            _, metrics = jax.eval_shape(self.real_step, leaves, batches)
+            filled = lambda m: jnp.ones(m.shape, m.dtype) if m.dtype == jnp.bool_ else jnp.zeros(m.shape, m.dtype)  # noqa: E731
+            replicated = NamedSharding(self.trainer.mesh, P())
+            self.call = jax.jit(lambda leaves, batches: (leaves, jax.tree.map(filled, metrics)), donate_argnums=0,
+                                out_shardings=(jax.tree.leaves(self.trainer.shardings), replicated))
+        return self.call(leaves, batches)
+
+
+class Replay:
+    """The trainer's data iterator in place of its own: ``n`` batches read from it once, then served in turn (the
+    data's own cost to make batches left out)."""
+
+    def __init__(self, iterator, n: int):
+        self.batches, self.next_index = [next(iterator) for _ in range(n)], 0
+
+    def __next__(self):
+        batch = self.batches[self.next_index % len(self.batches)]
+        self.next_index += 1
+        return batch
+
+    def get_state(self) -> dict:
+        return {"next_index": self.next_index}
+
+    def set_state(self, state: dict) -> None:
+        self.next_index = state["next_index"]
+
+
+def profiled(run, top: int = 25) -> str:
+    """cProfile's table of ``run()``'s functions taking most time (their own, then with what they call)."""
+    profile = cProfile.Profile()
+    profile.runcall(run)
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out).strip_dirs()
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
+def measure_host(name: str, variant: str, steps: int, repeats: int, steps_per_call: int, profile: bool,
+                 ready_data: bool) -> dict:
+    """The loop's milliseconds per optimizer step around a step that does no work (with ``ready_data``, on
+    batches already made)."""
+    with ExitStack() as held:
+        run_dir = held.enter_context(tempfile.TemporaryDirectory(prefix="lmzoo-host-"))
+        trainer = open_trainer(variant, MODELS[name], run_dir, steps_per_call)
+        held.callback(trainer.close)
+        trainer.step_fn = NoWork(trainer)
+        if ready_data:
+            trainer.train_iter = Replay(trainer.train_iter, 16)
+        time_loop(trainer, 2 * steps_per_call)  # compiles the call that does nothing
+        host = [time_loop(trainer, steps) for _ in range(repeats)]
+        row = {"model": name, "variant": variant, "batch": trainer.cfg.train.batch_size,
+               "seq_len": trainer.cfg.data.seq_len, "steps": steps, "steps_per_call": steps_per_call,
+               "ready_data": ready_data, "host_ms": 1e3 * statistics.median(host),
+               "host_ms_each": [1e3 * t for t in host]}
+        if profile:
+            row["profile"] = profiled(lambda: time_loop(trainer, steps))
+        return row
+
+
+def measure_seeds(name: str, variant: str, steps: int, repeats: int, steps_per_call: int, seeds: int,
+                  ready_data: bool = False) -> dict:
+    """The training loop's milliseconds per optimizer step of ``seeds`` seeds trained as one jitted step (one seed:
+    the plain trainer), and per seed; with ``ready_data``, on batches made beforehand."""
+    with ExitStack() as held:
+        run_dir = held.enter_context(tempfile.TemporaryDirectory(prefix="lmzoo-seeds-"))
+        trainer = open_trainer(variant, MODELS[name], run_dir, steps_per_call, seeds)
+        held.callback(trainer.close)
+        if ready_data:
+            for member in getattr(trainer, "members", [trainer]):
+                member.train_iter = Replay(member.train_iter, 16)
+        time_loop(trainer, 2 * steps_per_call)  # compiles the step
+        times = [time_loop(trainer, steps) for _ in range(repeats)]
+        cfg = trainer.cfg
+        return {"model": name, "variant": variant, "batch": cfg.train.batch_size, "seq_len": cfg.data.seq_len,
+                "steps": steps, "steps_per_call": steps_per_call, "seeds": seeds, "ready_data": ready_data,
+                "ms": 1e3 * statistics.median(times), "ms_per_seed": 1e3 * statistics.median(times) / seeds,
+                "ms_each": [1e3 * t for t in times]}
 
 
 def measure(name: str, variant: str, steps: int, repeats: int, steps_per_call: int = 1) -> dict:
@@ -117,31 +228,90 @@ def main() -> None:
     parser.add_argument("--variant", default="softmax", help="the +attn=<variant> of every model")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per repeat")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps-per-call", type=int, default=1,
-                        help="train.steps_per_call of the timed loop (the bare column: one step a call)")
+    parser.add_argument("--steps-per-call", type=int, nargs="+", default=[1],
+                        help="train.steps_per_call of the timed loop (the bare column: one step a call); several "
+                             "values give a row each")
+    parser.add_argument("--host", action="store_true",
+                        help="time the loop around a step that does no work: the host's own cost per step")
+    parser.add_argument("--profile", action="store_true", help="with --host: print where the host's time goes")
+    parser.add_argument("--ready-data", action="store_true",
+                        help="with --host or --seeds: a row more per setting, on batches made beforehand (the loop "
+                             "without the data's own cost of making them)")
+    parser.add_argument("--seeds", type=int, nargs="+",
+                        help="time the loop training this many seeds as one jitted step (train.seeds), each count a "
+                             "row (1: the plain trainer), with the time per seed and its speed-up over one seed")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
-    if args.steps_per_call < 1 or args.steps % args.steps_per_call:
-        parser.error(f"--steps={args.steps} must be a multiple of --steps-per-call={args.steps_per_call} (at least 1)")
+    for k in args.steps_per_call:
+        if k < 1 or args.steps % k:
+            parser.error(f"--steps={args.steps} must be a multiple of --steps-per-call={k} (at least 1)")
+    if args.seeds and (args.host or min(args.seeds) < 1):
+        parser.error("--seeds takes counts of at least 1, and times the real step (not with --host)")
+    if args.profile and not args.host:
+        parser.error("--profile profiles the host's loop: add --host")
+    if args.ready_data and not (args.host or args.seeds):
+        parser.error("--ready-data is for --host and --seeds")
 
     device = jax.devices()[0]
     print(f"device: {device.device_kind} ({jax.default_backend()}, {jax.device_count()} device(s)), "
-          f"jax {jax.__version__}; {args.steps} steps x {args.repeats} repeats, medians; "
-          f"the loop runs {args.steps_per_call} step(s) a call")
-    print(f"{'model':<9}{'variant':<10}{'batch':>6}{'seq_len':>8}{'params':>11}{'dtype':>10}"
-          f"{'bare ms':>10}{'loop ms':>10}{'loop/bare':>10}")
-    rows = []
-    for name in args.models:
-        row = measure(name, args.variant, args.steps, args.repeats, args.steps_per_call)
-        rows.append(row)
-        print(f"{name:<9}{args.variant:<10}{row['batch']:>6}{row['seq_len']:>8}{row['params']:>11,}{row['dtype']:>10}"
-              f"{row['bare_ms']:>10.2f}{row['loop_ms']:>10.2f}{row['ratio']:>10.3f}", flush=True)
+          f"jax {jax.__version__}; {args.steps} steps x {args.repeats} repeats, medians")
+    rows = main_host(args) if args.host else main_seeds(args) if args.seeds else main_bare_and_loop(args)
     if args.json:
         meta = {"device": device.device_kind, "backend": jax.default_backend(), "devices": jax.device_count(),
                 "jax": jax.__version__, "steps": args.steps, "repeats": args.repeats,
-                "steps_per_call": args.steps_per_call}
+                "steps_per_call": args.steps_per_call, "host": args.host}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=2)
+
+
+def main_bare_and_loop(args) -> list[dict]:
+    print(f"{'model':<9}{'variant':<10}{'k':>3}{'batch':>6}{'seq_len':>8}{'params':>11}{'dtype':>10}"
+          f"{'bare ms':>10}{'loop ms':>10}{'loop/bare':>10}")
+    rows = []
+    for name in args.models:
+        for k in args.steps_per_call:
+            row = measure(name, args.variant, args.steps, args.repeats, k)
+            rows.append(row)
+            print(f"{name:<9}{args.variant:<10}{k:>3}{row['batch']:>6}{row['seq_len']:>8}{row['params']:>11,}"
+                  f"{row['dtype']:>10}{row['bare_ms']:>10.2f}{row['loop_ms']:>10.2f}{row['ratio']:>10.3f}", flush=True)
+    return rows
+
+
+def main_seeds(args) -> list[dict]:
+    print("the training loop with several seeds as one jitted step: milliseconds per optimizer step of all of them, "
+          "and per seed")
+    print(f"{'model':<9}{'variant':<10}{'steps/call':>11}{'data':>7}{'seeds':>6}{'ms/step':>10}{'ms/seed':>10}"
+          f"{'speed-up':>10}")
+    rows = []
+    for name in args.models:
+        for k in args.steps_per_call:
+            for ready in (False, True) if args.ready_data else (False,):
+                one = None
+                for n in args.seeds:
+                    row = measure_seeds(name, args.variant, args.steps, args.repeats, k, n, ready)
+                    one = row["ms"] if n == 1 else one
+                    row["speedup_per_seed"] = one / row["ms_per_seed"] if one else None
+                    rows.append(row)
+                    speedup = f"{row['speedup_per_seed']:.2f}x" if one else "-"
+                    print(f"{name:<9}{args.variant:<10}{k:>11}{'ready' if ready else 'made':>7}{n:>6}{row['ms']:>10.2f}"
+                          f"{row['ms_per_seed']:>10.2f}{speedup:>10}", flush=True)
+    return rows
+
+
+def main_host(args) -> list[dict]:
+    print("the loop around a jitted step that does no work: the host's own milliseconds per optimizer step")
+    print(f"{'model':<9}{'variant':<10}{'steps/call':>11}{'batch':>6}{'seq_len':>8}{'data':>7}{'host ms/step':>14}")
+    rows = []
+    for name in args.models:
+        for k in args.steps_per_call:
+            for ready in (False, True) if args.ready_data else (False,):
+                row = measure_host(name, args.variant, args.steps, args.repeats, k, args.profile, ready)
+                rows.append(row)
+                print(f"{name:<9}{args.variant:<10}{k:>11}{row['batch']:>6}{row['seq_len']:>8}"
+                      f"{'ready' if ready else 'made':>7}{row['host_ms']:>14.3f}", flush=True)
+                if args.profile:
+                    print(row.pop("profile"), flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ from lmzoo.metrics.scoring import score_length
 from lmzoo.model import LM, count_params
 from lmzoo.run.checkpoint import Checkpointer
 from lmzoo.run.directory import RunDir, describe_changes
+from lmzoo.run.feed import BatchFeed
 from lmzoo.run.logger import MetricsLogger
 from lmzoo.run.optim import learning_rate_schedule
 from lmzoo.run.resume import (
@@ -209,7 +210,12 @@ def scan_steps(step, leaves: list, batches):
 class Trainer:
     """One run: its training state on the devices, and the named steps of the loop in ``train``."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, *, progress: bool | None = None):
+        if cfg.train.seeds:
+            raise ConfigError(f"train.seeds={cfg.train.seeds}: several seeds train through lmzoo.run.seeds.train "
+                              f"(python -m lmzoo.train), not one Trainer")
+        self.progress = cfg.train.progress if progress is None else progress  # a group of seeds shows one bar
+        self.name = ""  # what the console's lines start with: a seed of a group names itself
         if cfg.train.distributed:
             join_processes(cfg)
         self.cfg = cfg
@@ -265,6 +271,7 @@ class Trainer:
         call = partial(step_on_leaves, self.state_def, step)
         if self.steps_per_call > 1:  # one step a call stays the plain step, without a scan around it
             call = partial(scan_steps, call)
+        self.call = call  # (leaves, batches) -> (leaves, metrics), unjitted: lmzoo.run.seeds maps it over seeds
         self.step_fn = jax.jit(call, donate_argnums=0,
                                out_shardings=(jax.tree.leaves(self.shardings), replicated))  # state keeps its layout
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
@@ -285,9 +292,9 @@ class Trainer:
         self.window_losses, self.window_start = [], time.perf_counter()  # each call's losses since the last log row
         self.nonfinite_in_a_row, self.window_nonfinite = 0, 0
         self.unread_flag = None  # (step, the flags of the call that ended there): the last call's, until ``settle``
-        self.prefetched = None  # (the data position before them, the next call's batches on the device)
+        self.feed = None  # the next calls' batches, read ahead by a thread of their own (``lmzoo.run.feed``)
         self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=cfg.attn.name,
-                        disable=not cfg.train.progress, dynamic_ncols=True)
+                        disable=not self.progress, dynamic_ncols=True)
         self.held.callback(self.bar.close)
 
     def resume(self) -> int:
@@ -345,9 +352,9 @@ class Trainer:
 
     def advance(self) -> dict:
         """One call of ``train.steps_per_call`` optimizer steps on the next training batches, dispatched without
-        waiting for the device: the host reads the call before's finiteness flags (done, or nearly) and moves the
-        batches after to the device while this call runs. Its metrics stay on the device (each stacked [k, ...]
-        when a call takes k > 1 steps)."""
+        waiting for the device: the host reads the call before's finiteness flags (done, or nearly) while this
+        call runs, and the feed's thread has the batches after on their way to the device. Its metrics stay on the
+        device (each stacked [k, ...] when a call takes k > 1 steps) until a log row reads them."""
         batches = self.take_batches()
         with jax.set_mesh(self.mesh):  # the model keeps activations split by rows (sharding.constrain_rows)
             self.leaves, metrics = self.step_fn(self.leaves, batches)
@@ -356,26 +363,36 @@ class Trainer:
         metrics["finite"].copy_to_host_async()  # on its way to the host as soon as the call ends
         self.unread_flag = (self.step, metrics["finite"])
         self.window_losses.append(metrics["loss"])
-        self.component_losses.add(metrics if self.steps_per_call == 1 else summed_over_steps(metrics))
-        if self.step < self.cfg.train.steps:
-            self.prefetch()
+        if self.component_losses.names:
+            self.component_losses.add(metrics if self.steps_per_call == 1 else summed_over_steps(metrics))
         self.bar.update(self.steps_per_call)
         return metrics
 
     def take_batches(self):
-        """The next call's training batches on the device: those prefetched, or else pulled now."""
-        if self.prefetched is None:
-            return self.pull_batches()
-        (_, batches), self.prefetched = self.prefetched, None
-        return batches
+        """The next call's training batches on the device (or on their way there), from the feed's thread, which
+        starts at the first call and reads exactly the calls left to train."""
+        if self.feed is None:
+            calls = (self.cfg.train.steps - self.step) // self.steps_per_call
+            self.feed = BatchFeed(self.pull_batches, self.train_iter.get_state, calls)
+            self.held.callback(self.feed.close)
+        return self.feed.take()
 
     def pull_batches(self):
-        """The next call's batches from the training iterator, on their way to the device: one batch, or with
-        k steps a call k batches stacked into [k, B, ...] leaves (one transfer)."""
+        """The next call's batches from the training iterator, on their way to the device (one transfer)."""
+        return self.batch_to_device(self.host_batches(), self.call_sharding)
+
+    @property
+    def call_sharding(self) -> NamedSharding:
+        """How a call's batches lie on the devices: one batch split by rows, or k of them stacked [k, B, ...]."""
+        return self.row_sharding if self.steps_per_call == 1 else self.stacked_sharding
+
+    def host_batches(self) -> dict:
+        """The next call's batches from the training iterator, on the host: one batch, or with k steps a call
+        k batches stacked into [k, B, ...] leaves."""
         if self.steps_per_call == 1:
-            return self.batch_to_device(next(self.train_iter))
+            return next(self.train_iter)
         batches = [next(self.train_iter) for _ in range(self.steps_per_call)]
-        return self.batch_to_device(jax.tree.map(lambda *leaves: np.stack(leaves), *batches), self.stacked_sharding)
+        return jax.tree.map(lambda *leaves: np.stack(leaves), *batches)
 
     def batch_to_device(self, batch: dict, sharding: NamedSharding | None = None) -> dict:
         """This process's rows of a batch (a tree of arrays or one array; by default split like one batch, or
@@ -386,16 +403,10 @@ class Trainer:
             return jax.device_put(batch, sharding)
         return jax.tree.map(partial(jax.make_array_from_process_local_data, sharding), batch)
 
-    def prefetch(self) -> None:
-        """Pull the next call's batches and start their copy to the device, keeping the data position from
-        before them."""
-        position = self.train_iter.get_state()
-        self.prefetched = (position, self.pull_batches())
-
     def data_position(self):
-        """The training iterator's state after the batches of the steps taken (prefetched batches are not among
-        them): what a checkpoint records, so that a resume reads the same batches."""
-        return self.train_iter.get_state() if self.prefetched is None else self.prefetched[0]
+        """The training iterator's state after the batches of the steps taken (batches the feed has read ahead
+        are not among them): what a checkpoint records, so that a resume reads the same batches."""
+        return self.train_iter.get_state() if self.feed is None else self.feed.position()
 
     def settle(self) -> None:
         """Read the last call's finiteness flags if they are still unread (``check_finite``, each with its own
@@ -448,7 +459,7 @@ class Trainer:
         }
         self.window_losses, self.window_start, self.window_nonfinite = [], time.perf_counter(), 0
         self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
-        log.info("step %d: loss %.4f  lr %.3g  grad_norm %.3g  tokens/s %.0f", self.step, loss, row["lr"],
+        log.info("%sstep %d: loss %.4f  lr %.3g  grad_norm %.3g  tokens/s %.0f", self.name, self.step, loss, row["lr"],
                  row["grad_norm"], row["tokens_per_s"])
         return row
 
@@ -479,9 +490,16 @@ class Trainer:
             model = nnx.merge(self.graphdef, self.state["params"], self.state["extra"])
             val.update(probe_metrics(model, self.probe_tokens, self.probe_segments))
         self.last_val = val
-        log.info("step %d: val_loss %.4f  val_bpb %.4f [%.4f, %.4f]", self.step, val["val_loss"], val["val_bpb"],
-                 val["val_bpb_lo"], val["val_bpb_hi"])
+        log.info("%sstep %d: val_loss %.4f  val_bpb %.4f [%.4f, %.4f]", self.name, self.step, val["val_loss"],
+                 val["val_bpb"], val["val_bpb_lo"], val["val_bpb_hi"])
         return val
+
+    def record(self, metrics: dict) -> None:
+        """The log row and validation due at the step just taken (``metrics``: the last call's), if any."""
+        row = self.train_metrics(metrics) if self.due(self.cfg.train.log_every) else {}
+        if self.due(self.cfg.train.eval_every):
+            row.update(self.validate())
+        self.log(row, metrics)
 
     def log(self, row: dict, metrics: dict) -> None:
         """Write a row when this step logged or validated; a validation-only row still gets the step's loss."""
@@ -518,17 +536,15 @@ class Trainer:
         self.held.close()
 
 
-def train(cfg: Config) -> dict:
-    """Train (or resume) the run described by ``cfg``; returns the last validation metrics."""
-    trainer = Trainer(cfg)
+def train(cfg: Config, trainer: Trainer | None = None) -> dict:
+    """Train (or resume) the run described by ``cfg`` (with the ``trainer`` opened for it, by default a
+    ``Trainer``); returns the last validation metrics."""
+    trainer = trainer or Trainer(cfg)
     try:
         with StopRequest() as stop, logging_redirect_tqdm():
             while trainer.step < cfg.train.steps:
                 metrics = trainer.advance()
-                row = trainer.train_metrics(metrics) if trainer.due(cfg.train.log_every) else {}
-                if trainer.due(cfg.train.eval_every):
-                    row.update(trainer.validate())
-                trainer.log(row, metrics)
+                trainer.record(metrics)
                 if stop.requested:  # checked before the scheduled save so the stop saves once
                     return trainer.save_and_stop()
                 if trainer.due(cfg.train.checkpoint_every):

@@ -1,0 +1,257 @@
+"""Several seeds of one config trained as one jitted step (``train.seeds=[0,1,2]``), each a run of its own.
+
+Seed ``s`` is the run ``python -m lmzoo.train seed=<s> run_dir=<run_dir>/seed<s>`` would be: its directory holds
+its own config.yaml (with its ``seed``; ``train.seeds`` empty), metrics, TensorBoard events and checkpoints, its
+model starts from its own initialisation and reads its own data order, so ``lmzoo.eval``, ``lmzoo.compare`` and
+a later single-seed resume treat it as any run. The seeds' training states and batches are stacked on a leading
+axis and one jitted call (``jax.vmap`` over the single run's call) steps them all: N seeds pay one dispatch, one
+batch transfer and one flag read a call. Each seed's losses equal its single run's to float rounding (the
+vmapped program may fuse its arithmetic differently); log rows, validations and checkpoints are each seed's own.
+
+Divergence is each seed's own: the step's guard keeps a seed's state when its own loss or gradient norm is not
+finite, and a seed with ``train.max_nonfinite`` such steps in a row stops (its directory keeps its last finite
+checkpoint and its logs; the warning names it) while the others train on. Its slot in the stacked call is still
+computed, and nothing of it is used. When the others finish, the run fails with ``Diverged``, naming each seed
+that stopped.
+
+Re-running the same command resumes every seed, from the newest step every seed saved: a seed that saved a later
+checkpoint (the run was killed between the seeds' saves) has it moved to ``checkpoints_ahead/`` and its logs cut
+back, so the seeds go on together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from tqdm.auto import tqdm
+
+from lmzoo.config import Config, ConfigError
+from lmzoo.faults import Diverged, check_unlocked
+from lmzoo.run import loop
+from lmzoo.run.checkpoint import Checkpointer
+from lmzoo.run.directory import RunDir
+from lmzoo.run.feed import BatchFeed
+from lmzoo.run.loop import Trainer, summed_over_steps
+
+log = logging.getLogger("lmzoo.train")
+
+
+def seed_config(cfg: Config, seed: int) -> Config:
+    """The single run that is seed ``seed`` of ``cfg``'s group: its own seed, in ``run_dir/seed<seed>``."""
+    return dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / f"seed{seed}"),
+                               train=dataclasses.replace(cfg.train, seeds=[]))
+
+
+def align_checkpoints(runs: list[RunDir]) -> None:
+    """Set aside (into ``checkpoints_ahead/``) each seed's checkpoints after the newest step all seeds saved."""
+    saved = {}
+    for run in runs:
+        if run.checkpoints.is_dir():
+            check_unlocked(run.lock_path)
+            checkpointer = Checkpointer(run.checkpoints)
+            try:
+                saved[run] = set(checkpointer.all_steps())
+            finally:
+                checkpointer.close()
+        else:
+            saved[run] = set()
+    common = max(set.intersection(*saved.values()), default=-1)
+    for run, steps in saved.items():
+        ahead = sorted(s for s in steps if s > common)
+        if not ahead:
+            continue
+        checkpointer = Checkpointer(run.checkpoints)
+        try:
+            for step in ahead:
+                checkpointer.set_aside(step, run.path / "checkpoints_ahead")
+        finally:
+            checkpointer.close()
+        log.warning("warning: %s: checkpoints %s are ahead of the other seeds' newest; moved to checkpoints_ahead/",
+                    run.path, ahead)
+
+
+class SeedPosition:
+    """A seed's data position as its ``Trainer`` asks for it (``Trainer.data_position``): its place in the group's
+    feed, which reads every seed's batches."""
+
+    def __init__(self, group: SeedGroup, index: int):
+        self.group, self.index = group, index
+
+    def position(self):
+        member = self.group.members[self.index]
+        return member.train_iter.get_state() if self.group.feed is None else self.group.feed.position()[self.index]
+
+
+def take_seed(tree, index: int):
+    """Seed ``index``'s part of a tree stacked over seeds."""
+    return jax.tree.map(lambda x: x[index], tree)
+
+
+class SeedGroup:
+    """The seeds of ``cfg.train.seeds``: each a ``Trainer`` of its own run (its directory, data, records), and their
+    states stacked and stepped as one. Offers ``train`` the same steps as a ``Trainer``."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.held = ExitStack()
+        try:
+            self._start(cfg)
+        except BaseException:
+            self.held.close()
+            raise
+
+    def _start(self, cfg: Config) -> None:
+        configs = [seed_config(cfg, seed) for seed in cfg.train.seeds]
+        align_checkpoints([RunDir(c.run_dir) for c in configs])
+        self.members: list[Trainer] = []
+        for c in configs:
+            member = Trainer(c, progress=False)
+            self.held.callback(member.close)
+            self.members.append(member)
+        first = self.members[0]
+        steps = {m.run_dir.name: m.step for m in self.members}
+        if len(set(steps.values())) > 1:  # a seed whose newest common checkpoint was damaged fell back further
+            raise ConfigError(f"run_dir {cfg.run_dir!r}: the seeds resume at different steps {steps}; resume each "
+                              f"alone (run_dir=<run_dir>/seed<s> seed=<s>) to a common step, or start afresh")
+        self.step, self.steps_per_call, self.mesh = first.step, first.steps_per_call, first.mesh
+        for member in self.members[1:]:
+            member.eval_fn = first.eval_fn  # one program scores every seed (the same model, other numbers)
+        stacked = lambda sharding: NamedSharding(self.mesh, P(None, *sharding.spec))  # noqa: E731  (seeds first)
+        state_shardings = [stacked(s) for s in jax.tree.leaves(first.shardings)]
+        self.batch_sharding = stacked(first.call_sharding)
+        self.leaves = [jax.device_put(jnp.stack(each), sharding)
+                       for each, sharding in zip(zip(*(m.leaves for m in self.members)), state_shardings, strict=True)]
+        for member in self.members:
+            member.leaves = None
+            member.feed = SeedPosition(self, self.members.index(member))
+        self.step_fn = jax.jit(jax.vmap(first.call), donate_argnums=0,
+                               out_shardings=(state_shardings, NamedSharding(self.mesh, P())))
+        self.feed = None
+        self.unread_flag = None
+        self.window: list[dict] = []  # each call's metrics since the last log row, on the device
+        self.stopped: dict[int, Diverged] = {}  # seeds that diverged, by index
+        self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=f"{cfg.attn.name} x{len(self.members)} seeds",
+                        disable=not cfg.train.progress, dynamic_ncols=True)
+        self.held.callback(self.bar.close)
+        self.window_start = time.perf_counter()  # of the steps since the last log row, as each seed's row reports
+        for member in self.members:
+            member.name = f"seed {member.cfg.seed}: "
+
+    def live(self) -> list[tuple[int, Trainer]]:
+        """The seeds still training, with their places in the stacked state."""
+        return [(i, m) for i, m in enumerate(self.members) if i not in self.stopped]
+
+    def due(self, every: int) -> bool:
+        return self.step % every == 0 or self.step == self.cfg.train.steps
+
+    def pull_batches(self):
+        """Every seed's next call's batches from its own iterator, stacked [seeds, ...] and sent in one transfer."""
+        per_seed = [m.host_batches() for m in self.members]
+        return jax.device_put(jax.tree.map(lambda *xs: np.stack(xs), *per_seed), self.batch_sharding)
+
+    def positions(self) -> list:
+        return [m.train_iter.get_state() for m in self.members]
+
+    def advance(self) -> dict:
+        """One call of every seed's next ``train.steps_per_call`` steps, dispatched without waiting (as
+        ``Trainer.advance``); the metrics stay on the device, stacked [seeds(, k), ...]."""
+        if self.feed is None:
+            calls = (self.cfg.train.steps - self.step) // self.steps_per_call
+            self.feed = BatchFeed(self.pull_batches, self.positions, calls)
+            self.held.callback(self.feed.close)
+        batches = self.feed.take()
+        with jax.set_mesh(self.mesh):
+            self.leaves, metrics = self.step_fn(self.leaves, batches)
+        self.step += self.steps_per_call
+        for member in self.members:
+            member.step = self.step
+        self.settle()
+        metrics["finite"].copy_to_host_async()
+        self.unread_flag = (self.step, metrics["finite"])
+        self.window.append(metrics)
+        self.bar.update(self.steps_per_call)
+        return metrics
+
+    def settle(self) -> None:
+        """Read the last call's flags, each seed's in order (``Trainer.check_finite``); a seed that diverges
+        stops, the others go on (``Diverged`` here once every seed has stopped)."""
+        if self.unread_flag is None:
+            return
+        (last, flags), self.unread_flag = self.unread_flag, None
+        flags = np.asarray(flags).reshape(len(self.members), -1)  # [seeds, steps of the call]
+        for i, member in self.live():
+            try:
+                for step, finite in zip(range(last - flags.shape[1] + 1, last + 1), flags[i]):
+                    member.check_finite(bool(finite), step)
+            except Diverged as e:
+                self.stopped[i] = e
+                log.error("seed %d stopped: %s; the other seeds train on", member.cfg.seed, e)
+        if len(self.stopped) == len(self.members):
+            raise Diverged(self.diverged_message())
+
+    def diverged_message(self) -> str:
+        return "; ".join(f"seed {self.members[i].cfg.seed}: {e}" for i, e in sorted(self.stopped.items()))
+
+    def hand_state(self, index: int, member: Trainer) -> None:
+        """Give a seed its part of the stacked state, for its validation or checkpoint."""
+        member.leaves = [x[index] for x in self.leaves]
+
+    def record(self, metrics: dict) -> None:
+        """Each seed's log row and validation, if due: its metrics are its part of the stacked ones."""
+        log_due, eval_due = self.due(self.cfg.train.log_every), self.due(self.cfg.train.eval_every)
+        if not (log_due or eval_due):
+            return
+        self.settle()
+        now = time.perf_counter()
+        last = jax.device_get(metrics)
+        window, self.window = (jax.device_get(self.window), []) if log_due else ([], self.window)
+        for i, member in self.live():
+            for call in window:
+                member.window_losses.append(call["loss"][i])
+                mine = take_seed(call, i)
+                member.component_losses.add(mine if self.steps_per_call == 1 else summed_over_steps(mine))
+            if eval_due:
+                self.hand_state(i, member)
+            member.window_start = self.window_start + (time.perf_counter() - now)  # every seed's row: the group's time
+            member.record(take_seed(last, i))
+        if log_due:
+            self.window_start = now
+
+    def save(self) -> None:
+        self.settle()
+        for i, member in self.live():
+            self.hand_state(i, member)
+            member.save()
+
+    def save_and_stop(self) -> dict:
+        self.save()
+        log.info("interrupted: saved a checkpoint at step %d of every seed in %s; run the same command to resume",
+                 self.step, self.cfg.run_dir)
+        return self.summary(interrupted=True)
+
+    def report_end(self) -> None:
+        """Where each finished seed's run is; ``Diverged`` naming the seeds that stopped, if any."""
+        for _, member in self.live():
+            member.report_end()
+        if self.stopped:
+            raise Diverged(self.diverged_message())
+
+    def summary(self, *, interrupted: bool = False) -> dict:
+        return {"step": self.step, "interrupted": interrupted,
+                "seeds": {m.cfg.seed: m.summary(interrupted=interrupted) for _, m in self.live()}}
+
+    def close(self) -> None:
+        self.held.close()
+
+
+def train(cfg: Config) -> dict:
+    """Train (or resume) ``cfg``: its seeds as one group with ``train.seeds``, else its one run."""
+    return loop.train(cfg, SeedGroup(cfg) if cfg.train.seeds else None)
