@@ -48,7 +48,7 @@ def inputs(length=LENGTH, seed=0):
         ("mamba", ("attn.method=chunk", "attn.chunk_size=16")),
         ("mamba", ("attn.method=assoc",)),
         ("mamba2", ("attn.method=chunk", "attn.chunk_size=16")),
-        ("h3", ("attn.method=quadratic",)),
+        ("h3", ("attn.method=parallel",)),
         ("h3", ("attn.method=fft",)),
     ],
 )
@@ -129,7 +129,7 @@ def test_mamba_initialisation():
         (Mamba2Config(name="m", mixer="mamba2", n_groups=3), "attn.n_groups=3"),
         (Mamba2Config(name="m", mixer="mamba2", head_dim=48), "attn.head_dim=48"),
         (H3Config(name="h", mixer="h3", d_state=15), "attn.d_state=15"),
-        (H3Config(name="h", mixer="h3", method="chunk"), "quadratic, fft, scan"),
+        (H3Config(name="h", mixer="h3", method="chunk"), "naive, parallel, fft"),
     ],
 )
 def test_bad_settings_are_config_errors(config, message):
