@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf import errors as oc_errors
@@ -149,9 +149,18 @@ class MixerConfig:
     # Whether the mixer this spec builds has ``carry`` (a forward from a given recurrent state, the base
     # of ``train.state_passing``); a class attribute, not a config key.
     carries_state = False
+    # The forms ``attn.method`` may name (``lmzoo.ops.common.Forms``) where the spec has a method; a class
+    # attribute, not a config key.
+    forms: ClassVar[tuple[str, ...]] = ()
 
     name: str = MISSING  # the variant's name in logs and comparisons (its YAML file name)
     mixer: str = MISSING  # registry key of the spec that builds it
+
+    def __post_init__(self) -> None:
+        """An old name of a form (e.g. ``attn.method: scan`` in a saved run's config) as today's, noted once,
+        so runs saved before a rename load and compute what they did."""
+        if isinstance(getattr(self, "method", None), str) and hasattr(self.forms, "canonical"):
+            self.method = self.forms.canonical(self.method, "attn.method")
 
     def check(self, model: ModelConfig) -> None:
         """Raise ConfigError for settings that cannot work with ``model``."""

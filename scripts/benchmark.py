@@ -63,8 +63,8 @@ class Unavailable(Exception):
 
 
 def offered(methods: tuple[str, ...], method: str) -> str:
-    """``method`` if the op offers it, else ``Unavailable``."""
-    if method not in methods:
+    """``method`` if the op offers it (or names it by an older name the op still accepts), else ``Unavailable``."""
+    if method not in methods and method not in getattr(methods, "aliases", {}):
         raise Unavailable(f"this lmzoo.ops has no form {method!r}")
     if method == "jla" and jla() is None:
         raise Unavailable("jax-linear-attention is not installed (pip install -e '.[kernels]', Python >= 3.12)")

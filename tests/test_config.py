@@ -182,3 +182,179 @@ def test_an_old_flat_data_config_keeps_its_meaning(tmp_path):
     old_run_dir(tmp_path / "odd", mqar, source="mqar", num_marked=3)  # a setting mqar never read, off its default
     with pytest.raises(ConfigError, match="^unknown key 'data.num_marked'"):
         trained_config(RunDir(tmp_path / "odd"), [])
+
+
+# ----------------------------------------------------------------------------- defaults written once
+
+# Keys that say what a file is: they stay even where they equal a default (rope.yaml's kind: rope).
+IDENTITY = {"name", "mixer", "source", "kind"}
+# The knobs a sub-config lists (a hybrid's ``layers.<n>``, a mix's ``components.<n>``) stay, so that
+# ``attn.layers.<n>.<key>=`` overrides them without a ``+``; they restate the sub-spec's default except
+# these, which each file sets on purpose.
+SUB_CONFIG_SETTINGS = {"attn/hwfa.yaml": {"layers.window.window", "layers.full.nope", "layers.full.logn"}}
+
+
+def schema_defaults(spec) -> dict:
+    """``spec``'s fields that have a default, as YAML would write them (nested dataclasses as dicts)."""
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(spec):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            made = f.default_factory()
+            out[f.name] = dataclasses.asdict(made) if dataclasses.is_dataclass(made) else made
+    return out
+
+
+def config_sections(rel: str, raw: dict) -> list[tuple[str, dict, type]]:
+    """(key prefix, the YAML mapping, the schema it merges onto) for every section of one file under configs/."""
+    from lmzoo.config import Config, EvalConfig, TrainConfig
+    from lmzoo.positions import PosConfig
+    from lmzoo.schema import ModelConfig, OptimConfig
+    from lmzoo.sharding import MeshConfig
+
+    group = rel.split("/")[0]
+    if rel == "train.yaml":
+        train = raw.get("train", {})
+        top = {k: v for k, v in raw.items() if k not in ("defaults", "hydra", "train")}
+        return [("", top, Config), ("train.", train, TrainConfig), ("train.mesh.", train.get("mesh", {}), MeshConfig)]
+    if group == "attn" and "attn" in raw:  # a variant that also sets model.* (# @package _global_)
+        return [("attn.", raw["attn"], registry.lookup(raw["attn"]["mixer"])), ("model.", raw.get("model", {}), ModelConfig)]
+    specs = {"attn": lambda: registry.lookup(raw["mixer"]), "data": lambda: registry.SOURCES.lookup(raw["source"]),
+             "model": lambda: ModelConfig, "optim": lambda: OptimConfig, "pos": lambda: PosConfig, "eval": lambda: EvalConfig}
+    return [("", raw, specs[group]())]
+
+
+def config_files() -> list[str]:
+    import pathlib
+
+    from lmzoo.config import CONFIG_DIR
+
+    root = pathlib.Path(CONFIG_DIR)
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.yaml") if p.relative_to(root).parts[0] != "hydra")
+
+
+def load_config_file(rel: str) -> dict:
+    import pathlib
+
+    from lmzoo.config import CONFIG_DIR
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(pathlib.Path(CONFIG_DIR, rel))) or {}
+
+
+@pytest.mark.parametrize("rel", config_files())
+def test_no_config_file_restates_a_default(rel):
+    """The dataclasses hold every default; a YAML file sets only what differs from them (muon.yaml: from
+    adamw.yaml, which it composes over). Changing a default in the dataclass then changes every run."""
+    raw = load_config_file(rel)
+    for prefix, section, spec in config_sections(rel, raw):
+        base = schema_defaults(spec)
+        if rel == "optim/muon.yaml":
+            base.update(load_config_file("optim/adamw.yaml"))
+        restated = [f"{prefix}{k}={v!r}" for k, v in section.items()
+                    if k not in IDENTITY and k in base and v == base[k]]
+        assert not restated, f"configs/{rel} restates {spec.__name__}'s defaults ({', '.join(restated)}): leave them out"
+
+
+def sub_configs(rel: str, raw: dict) -> list[tuple[str, dict, type]]:
+    """(key prefix, mapping, spec) of every sub-config in a file: a hybrid's layers, a mix's components."""
+    if raw.get("mixer") == "hybrid":
+        return [(f"layers.{n}.", sub, registry.lookup(sub["mixer"])) for n, sub in raw["layers"].items()]
+    if raw.get("source") == "mix":
+        return [(f"components.{n}.", sub, registry.SOURCES.lookup(sub["source"])) for n, sub in raw["components"].items()]
+    return []
+
+
+def test_sub_config_knobs_restate_their_defaults_unless_set_on_purpose():
+    """A knob a sub-config lists to keep it overridable equals its spec's default: when the dataclass's default
+    changes, this names each restatement to update (or, set on purpose, to list in SUB_CONFIG_SETTINGS)."""
+    checked, stale = 0, []
+    for rel in config_files():
+        for prefix, sub, spec in sub_configs(rel, load_config_file(rel)):
+            base = schema_defaults(spec)
+            for key, value in sub.items():
+                if key in IDENTITY or key not in base:
+                    continue
+                deliberate = f"{prefix}{key}" in SUB_CONFIG_SETTINGS.get(rel, set())
+                checked += 1
+                if (value == base[key]) == deliberate:
+                    stale.append(f"configs/{rel}: {prefix}{key}={value!r} ({spec.__name__}'s default: {base[key]!r})")
+    assert not stale, "; ".join(stale)
+    assert checked >= 10  # the hybrids' and the mix's knobs were found
+
+
+def test_every_config_file_composes_onto_its_schema_defaults():
+    """Each group option composes, its unset keys holding the dataclass's defaults (model=tiny sets none)."""
+    import pathlib
+
+    from hydra import compose, initialize_config_dir
+    from lmzoo.config import CONFIG_DIR, EvalConfig, register_schemas
+    from lmzoo.measure.evaluation import eval_settings
+    from lmzoo.schema import ModelConfig
+
+    register_schemas()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        for group in ("model", "pos", "data", "optim"):
+            for option in sorted(p.stem for p in pathlib.Path(CONFIG_DIR, group).glob("*.yaml")):
+                cfg = compose("train", overrides=["+attn=softmax", f"{group}={option}"])
+                assert cfg.attn.name == "softmax" and cfg[group], (group, option)
+        assert dict(compose("train", overrides=["+attn=softmax"]).model) == schema_defaults(ModelConfig)
+    assert eval_settings([]) == EvalConfig()
+
+
+# ----------------------------------------------------------------------------- old names of forms
+
+# (variant, the form's old name in a saved config.yaml, its name today)
+RENAMED_FORMS = [("deltanet", "scan", "naive"), ("gated_deltanet", "scan", "naive"), ("comba", "scan", "naive"),
+                 ("deltaproduct", "scan", "naive"), ("rwkv7", "scan", "naive"), ("gdn2", "scan", "naive"),
+                 ("h3", "quadratic", "parallel"), ("h3", "scan", "naive"), ("nsa", "dense", "parallel"),
+                 ("vq", "blockwise", "blocked")]
+
+
+@pytest.fixture
+def fresh_notes(monkeypatch):
+    """Forget which old names of forms were noted, so a test sees its own note."""
+    from lmzoo.ops import common
+
+    monkeypatch.setattr(common, "_NOTED", set())
+
+
+def form_notes(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("note: attn.method=")]
+
+
+def test_an_old_form_name_on_the_command_line_runs_the_new_one_with_one_note(fresh_notes, caplog):
+    with caplog.at_level("WARNING", logger="lmzoo.ops"):
+        assert tiny_config("deltanet", "attn.method=scan").attn.method == "naive"
+        assert tiny_config("deltanet", "attn.method=scan").attn.method == "naive"
+    assert form_notes(caplog) == [("note: attn.method='scan' is the old name of 'naive'; running 'naive' "
+                                   "(the forms: naive, parallel, chunk, pallas, auto, jla)")]
+
+
+@pytest.mark.parametrize("variant, old, new", RENAMED_FORMS)
+def test_a_saved_run_naming_an_old_form_loads_and_computes_what_the_new_name_does(variant, old, new, tmp_path,
+                                                                                   fresh_notes, caplog):
+    """A run saved with ``attn.method: <old name>`` evaluates and resumes as that form under today's name:
+    the same config, the same outputs to the bit."""
+    import jax
+    import numpy as np
+    from flax import nnx
+    from omegaconf import OmegaConf
+
+    from lmzoo.model import LM
+    from lmzoo.run.directory import RunDir
+    from lmzoo.run.load import trained_config
+
+    today = tiny_config(variant, f"attn.method={new}", run_dir=tmp_path)
+    saved = OmegaConf.structured(today)
+    saved.attn.method = old
+    OmegaConf.save(saved, tmp_path / "config.yaml")
+    with caplog.at_level("WARNING", logger="lmzoo.ops"):
+        loaded = trained_config(RunDir(tmp_path), [])
+    assert loaded == today and len(form_notes(caplog)) == 1
+    tokens = jax.random.randint(jax.random.key(0), (2, 32), 0, 259)
+    logits = [np.asarray(LM(cfg, 259, rngs=nnx.Rngs(0))(tokens)) for cfg in (loaded, today)]
+    np.testing.assert_array_equal(*logits)

@@ -46,7 +46,7 @@ from lmzoo.sharding import EMBED, INNER
 @dataclass
 class DSAConfig(AttentionConfig):
     head_options = HEAD_OPTIONS
-    methods = METHODS
+    forms = METHODS
     unsupported = ("window", "logn")  # the indexer decides what a query sees
     method: str = "naive"  # naive | gather (lmzoo.ops.dsa.METHODS): the dense reference is the faster on CPUs at a few hundred tokens
     n_kv_heads: Optional[int] = None  # None: one key/value head per query head

@@ -33,7 +33,7 @@ from lmzoo.registry import register
 class GDN2Config(DecayConfig):
     forms = METHODS
 
-    method: str = "auto"  # auto | jla | scan | parallel | chunk (see lmzoo.ops.dplr)
+    method: str = "auto"  # auto | jla | naive | parallel | chunk (see lmzoo.ops.dplr)
 
     def build(self, ctx, *, rngs):
         return GDN2(self, ctx, rngs=rngs)

@@ -11,19 +11,20 @@ each conjugate pair is counted once, hence ``c = 2 C``.
 
 The layer is exactly a causal linear attention: ``y_i = Σ_j (K_{i-j} + D δ_ij) (q_i · k'_j) v_j``
 with K the SSM's impulse response (closed form, Vandermonde), and ``attention_matrix`` gives
-those weights per head. Three forms compute it (``method``):
-- "quadratic": that attention matrix times v, O(T^2) like softmax attention but exactly causal
+those weights per head. Three forms compute it (``method``; the names of older runs, "quadratic" and
+"scan", are still accepted):
+- "naive": the recurrence itself, one step at a time (the reference; decoding always uses it);
+- "parallel": that attention matrix times v, O(T^2) like softmax attention but exactly causal
   in floating point (future tokens meet exact zeros): the default at training lengths;
 - "fft": the long convolution of k'v^T with K by FFT, O(T log T) but P^2 channels per head; its
-  outputs carry ~1e-7 of rounding from every position, future ones included;
-- "scan": the recurrence, which decoding always uses.
+  outputs carry ~1e-7 of rounding from every position, future ones included.
 
 With ``segment_ids [B,T]`` (packed documents) the shift SSM's taps stay inside a document and the
 weights between documents are zero (for "fft", ``ops.diagonal_ssm`` then convolves by a masked
-matrix, O(T^2) like "quadratic"; for "scan", the state restarts at each document start).
+matrix, O(T^2) like "parallel"; for "naive", the state restarts at each document start).
 
-``carry`` continues from a given shift window and SSM state h0: "fft" and "scan" hand h0 to the op;
-"quadratic" adds what h0 contributes in closed form, ``q_t^T Re Σ_n c_n a_n^(t+1) h0`` to the first
+``carry`` continues from a given shift window and SSM state h0: "fft" and "naive" hand h0 to the op;
+"parallel" adds what h0 contributes in closed form, ``q_t^T Re Σ_n c_n a_n^(t+1) h0`` to the first
 document's outputs and ``a^T h0`` to the final state.
 """
 
@@ -38,28 +39,31 @@ from flax import nnx
 
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.mixers.family.ssm import CausalConv, check_dt_range
-from lmzoo.ops.common import same_segment, segment_starts
+from lmzoo.ops.common import Forms, same_segment, segment_starts
 from lmzoo.ops.lti import causal_toeplitz, diagonal_ssm, diagonal_ssm_kernel, vandermonde
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 from lmzoo.sharding import param
 
-METHODS = ("quadratic", "fft", "scan")
+METHODS = Forms("naive", "parallel", "fft", aliases={"quadratic": "parallel", "scan": "naive"})
 
 
 @register("h3")
 @dataclass
 class H3Config(MixerConfig):
     carries_state = True  # continues from a given shift window and SSM state (``H3.carry``)
+    forms = METHODS  # the forms attn.method may name; a class attribute, not a config key
 
     d_state: int = 16  # N: state size of the diagonal SSM per kv entry (N/2 complex-conjugate pairs)
     shift_size: int = 4  # taps of the shift SSM on k (its state holds shift_size - 1 past keys)
     dt_min: float = 0.001  # Δ of each head's SSM is initialised log-uniformly in [dt_min, dt_max]
     dt_max: float = 0.1
-    method: str = "quadratic"  # quadratic | fft | scan (see the module docstring)
+    # parallel (exactly causal, O(T^2)) | fft (long convolution, Vandermonde kernel) | naive (the recurrence); see the
+    # module docstring
+    method: str = "parallel"
 
     def check(self, model: ModelConfig) -> None:
-        one_of("attn.method", self.method, METHODS)
+        one_of("attn.method", self.method, self.forms)
         positive("attn.d_state", self.d_state)
         positive("attn.shift_size", self.shift_size)
         if self.d_state % 2:
@@ -112,7 +116,7 @@ class H3(Mixer):
         return self.q_proj(x).reshape(heads), k.reshape(heads), self.v_proj(x).reshape(heads), shift_state
 
     def recurrent(self, q, k, v, ssm_state, method, segment_ids=None):
-        """y [B,T,H,P] through the SSM on k'v^T ("fft" or "scan"), and its final state."""
+        """y [B,T,H,P] through the SSM on k'v^T ("fft" or "naive"), and its final state."""
         kv = k[..., :, None] * v[..., None, :]  # (B, T, H, P, P)
         per_head = tuple(p[:, None, None, :] for p in self.ssm_params())  # (H, 1, 1, N/2): shared by P x P entries
         s, ssm_state = diagonal_ssm(kv, *per_head, initial_state=ssm_state, method=method, segment_ids=segment_ids)
@@ -126,7 +130,7 @@ class H3(Mixer):
         """y [B,T,d_model] in the configured form, the shifted keys and values [B,T,H,P], the shift window."""
         batch, length, _ = x.shape
         q, k, v, shift = self.project(x, segment_ids=segment_ids)
-        if self.method == "quadratic":
+        if self.method == "parallel":
             y = jnp.einsum("bhij,bjhp->bihp", self.weights(q, k, segment_ids).astype(v.dtype), v)
         else:
             y, _ = self.recurrent(q, k, v, None, self.method, segment_ids)
@@ -141,7 +145,7 @@ class H3(Mixer):
         state = state or {}
         batch, length, _ = x.shape
         q, k, v, shift = self.project(x, state.get("shift"), segment_ids)
-        if self.method != "quadratic":
+        if self.method != "parallel":
             y, ssm = self.recurrent(q, k, v, state.get("ssm"), self.method, segment_ids)
         else:
             y = jnp.einsum("bhij,bjhp->bihp", self.weights(q, k, segment_ids).astype(v.dtype), v)
@@ -183,7 +187,7 @@ class H3(Mixer):
 
     def step(self, x_t, state):
         q, k, v, shift = self.project(x_t[:, None], state["shift"])
-        y, ssm = self.recurrent(q, k, v, state["ssm"], "scan")
+        y, ssm = self.recurrent(q, k, v, state["ssm"], "naive")
         return self.out_proj(y.reshape(x_t.shape[0], -1)), {"shift": shift, "ssm": ssm}
 
     def weights(self, q, k, segment_ids=None):

@@ -35,6 +35,7 @@ from lmzoo.sharding import INNER, param, partitioned
 @dataclass
 class MambaConfig(MixerConfig):
     carries_state = True  # continues from a given conv window and scan state (``Mamba.carry``)
+    forms = METHODS  # the op's forms attn.method may name; a class attribute, not a config key
 
     d_state: int = 16  # N: state entries per channel
     d_conv: int = 4  # width of the causal depthwise convolution
@@ -42,11 +43,11 @@ class MambaConfig(MixerConfig):
     dt_rank: Optional[int] = None  # rank of the Δ projection; None: ceil(d_model / 16)
     dt_min: float = 0.001  # Δ is initialised log-uniformly in [dt_min, dt_max]
     dt_max: float = 0.1
-    method: str = "auto"  # auto (jla's Hopper kernel, else scan) | jla | scan | assoc | chunk | pallas (lmzoo.ops.selective_scan)
-    chunk_size: int = 16  # tokens per chunk for method=chunk and method=pallas
+    method: str = "auto"  # auto (jla's Hopper kernel, else scan) | jla | naive | scan | assoc | chunk | pallas (lmzoo.ops.selective_scan)
+    chunk_size: int = 16  # tokens per chunk (chunk: work grows with chunk_size^2 d_inner N; pallas: steps per loop turn)
 
     def check(self, model: ModelConfig) -> None:
-        provided_form(self.method, METHODS)
+        provided_form(self.method, self.forms)
         for key in ("d_state", "d_conv", "expand", "chunk_size"):
             positive(f"attn.{key}", getattr(self, key))
         if self.dt_rank is not None:

@@ -37,6 +37,7 @@ from lmzoo.sharding import param
 @dataclass
 class Mamba3Config(MixerConfig):
     carries_state = True  # continues from a given state (``Mamba3.carry``)
+    forms = METHODS  # the op's forms attn.method may name; a class attribute, not a config key
 
     d_state: int = 32  # N: state entries per head row
     expand: int = 2  # d_inner = expand * d_model
@@ -50,7 +51,7 @@ class Mamba3Config(MixerConfig):
     chunk_size: int = 64  # tokens per chunk for method=chunk
 
     def check(self, model: ModelConfig) -> None:
-        chunked_form(self.method, self.chunk_size, METHODS)
+        chunked_form(self.method, self.chunk_size, self.forms)
         for key in ("d_state", "expand", "n_groups", "A_floor"):
             positive(f"attn.{key}", getattr(self, key))
         one_of("attn.rope_fraction", self.rope_fraction, (0.5, 1.0))

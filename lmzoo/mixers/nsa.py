@@ -47,9 +47,11 @@ from lmzoo.schema import ModelConfig, positive
 @dataclass
 class NSAConfig(AttentionConfig):
     head_options = HEAD_OPTIONS
-    methods = METHODS
+    forms = METHODS
     unsupported = ("logn",)  # each branch sees its own keys: one log-n factor does not fit
-    method: str = "dense"  # naive | dense | gather (lmzoo.ops.nsa.METHODS)
+    # naive | parallel | gather, one result (lmzoo.ops.nsa): parallel (one [T, T] product) is the fastest on a CPU at a
+    # few hundred tokens; gather reads only the selected blocks' keys (long sequences)
+    method: str = "parallel"
     n_kv_heads: Optional[int] = None  # None: one key/value head (and one block choice) per query head
     block_size: int = 16  # tokens per block, compressed and selected
     block_counts: int = 4  # blocks each kv head selects per query, the first and the two latest included

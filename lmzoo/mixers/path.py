@@ -38,6 +38,7 @@ from lmzoo.sharding import EMBED, INNER
 @dataclass
 class PathConfig(HeadOptions):
     head_options: ClassVar[tuple[str, ...]] = ("output_gate", "qk_norm")
+    forms = METHODS  # the op's forms attn.method may name; a class attribute, not a config key
     method: str = "chunk"  # naive | chunk (lmzoo.ops.path; same result)
     chunk_size: int = 32  # tokens per chunk of method=chunk
     n_kv_heads: Optional[int] = None  # None: one key/value head (and reflection) per query head
@@ -48,7 +49,7 @@ class PathConfig(HeadOptions):
 
     def check(self, model: ModelConfig) -> None:
         super().check(model)
-        one_of("attn.method", self.method, METHODS)
+        one_of("attn.method", self.method, self.forms)
         positive("attn.chunk_size", self.chunk_size)
         for key in ("scale", "w_rank"):
             if getattr(self, key) is not None:

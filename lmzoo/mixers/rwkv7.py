@@ -51,7 +51,7 @@ class RWKV7Config(LinearFamilyConfig):
     forms = METHODS
     delta = True  # the generalised delta rule reads its state before each write
 
-    method: str = "auto"  # auto | jla | scan | parallel | chunk (see lmzoo.ops.dplr)
+    method: str = "auto"  # auto | jla | naive | parallel | chunk (see lmzoo.ops.dplr)
     decay_rank: Optional[int] = None  # rank of the decay's LoRA; None: max(32, d_model / 16) rounded to 32
     a_rank: Optional[int] = None  # rank of the in-context learning rate's LoRA; None: as decay_rank
     gate_rank: Optional[int] = None  # rank of the output gate's LoRA; None: max(32, d_model / 8) rounded to 32
@@ -199,7 +199,7 @@ class RWKV7(LinearFamilyMixer):
                 "last": jnp.zeros((batch_size, self.shift_mix.shape[1]), self.dtype or jnp.float32)}
 
     def step(self, x_t, state):
-        y, s = self.run(x_t[:, None], state["S"], state["last"], method="scan")
+        y, s = self.run(x_t[:, None], state["S"], state["last"], method="naive")
         return y[:, 0], {"S": s, "last": x_t.astype(state["last"].dtype)}
 
     def state_size(self, max_len):

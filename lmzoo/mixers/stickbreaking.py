@@ -33,6 +33,7 @@ REMAINDERS = ("current", "drop")
 @dataclass
 class StickBreakingConfig(HeadOptions):
     head_options: ClassVar[tuple[str, ...]] = ("output_gate", "qk_norm")
+    forms = METHODS  # the op's forms attn.method may name; a class attribute, not a config key
     method: str = "blocked"  # naive | blocked (lmzoo.ops.stick_breaking; same result)
     n_kv_heads: Optional[int] = None  # None: one key/value head per query head
     scale: Optional[float] = None  # logit scale; None: head_dim ** -0.5
@@ -41,7 +42,7 @@ class StickBreakingConfig(HeadOptions):
 
     def check(self, model: ModelConfig) -> None:
         super().check(model)
-        one_of("attn.method", self.method, METHODS)
+        one_of("attn.method", self.method, self.forms)
         one_of("attn.remainder", self.remainder, REMAINDERS)
         if self.scale is not None:
             positive("attn.scale", self.scale)

@@ -9,7 +9,7 @@ objective and logs. The codebook is not a parameter: it is the ratio of two runn
 training forward -- and only there, so evaluation, decoding and probes see a fixed codebook.
 
 With quantised keys, all earlier blocks collapse into per-codeword counts and value sums
-(``lmzoo.ops.vq``): the parallel forward is linear in the length (``method="blockwise"``) and
+(``lmzoo.ops.vq``): the parallel forward is linear in the length (``method="blocked"``) and
 decoding carries a cache of ``heads * codebook_size * (head_dim + 1)`` floats whatever the length.
 Quantised keys cannot carry a rotation, so this layer uses no position method (NoPE): order comes
 from the causal mask alone.
@@ -39,14 +39,16 @@ class CodebookEMA(nnx.Variable):
 @register("vq")
 @dataclass
 class VQConfig(MixerConfig):
+    forms = METHODS  # the op's forms attn.method may name; a class attribute, not a config key
+
     codebook_size: int = 128  # codewords per head (S)
     block_size: int = 64  # queries per block of the linear-time form
-    method: str = "blockwise"  # blockwise (linear time) or the quadratic reference (lmzoo.ops.vq.METHODS)
+    method: str = "blocked"  # blocked (linear time) or naive (the quadratic reference; lmzoo.ops.vq)
     commitment: float = 0.25  # weight of the commitment loss
     ema_decay: float = 0.99  # codebook statistics' moving-average decay
 
     def check(self, model: ModelConfig) -> None:
-        one_of("attn.method", self.method, METHODS)
+        one_of("attn.method", self.method, self.forms)
         positive("attn.codebook_size", self.codebook_size)
         positive("attn.block_size", self.block_size)
         positive("attn.commitment", self.commitment, allow_zero=True)

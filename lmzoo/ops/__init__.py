@@ -1,15 +1,17 @@
 """Pure array functions (no parameters) for every sequence-mixing computation.
 
-Every op names its computation form with ``method``; ``"naive"`` is each op's plainly readable
-reference (for the recurrences, the recurrence written out step by step), which the fast forms
-are tested against. Shared pieces (the causal mask, chunk padding, segment sums) are in ``common``.
+Every op names its computation form with ``method``, from one vocabulary (``common.Forms``, each op's
+``METHODS``): ``"naive"`` is each op's plainly readable reference (for the recurrences, the recurrence
+written out step by step), which the fast forms are tested against; ``"scan"`` is always a fast form.
+Names older runs saved ("scan" for a reference, "blockwise", "dense", H3's "quadratic") still run, with
+a one-line note. Shared pieces (the causal mask, chunk padding, segment sums) are in ``common``.
 
 Axis legend used across ``lmzoo.ops``: B batch, T query time, S key time, H query heads,
 K key/value heads, D head dim. Per-head tensors are laid out ``[B, T, H, D]``.
 Linear-attention family: Dk / Dv key / value head dims (state ``[B, H, Dk, Dv]``), N chunks of C steps;
 the delta rule's ``delta_rule`` has a step size beta ``[B, T, HV]`` over HV value heads (a multiple of the H query/key
-heads: grouped value heads, as KDA) and names its reference form "scan", as ``dplr`` (the diagonal-plus-low-rank
-transition of RWKV-7, of which the delta rule, KDA and GDN-2 are special cases) does.
+heads: grouped value heads, as KDA); ``dplr`` is the diagonal-plus-low-rank transition of RWKV-7, of which the delta
+rule, KDA and GDN-2 are special cases.
 Log-linear attention: L levels (``level_scales [B, T, H, L]``), state ``[B, H, L-1, Dk, Dv]`` (one matrix per
 Fenwick level), ``start`` the first token's position in its document.
 PaTH: w unit Householder directions ``[B, T, H, D]``, beta ``[B, T, H]`` in (0, 2).

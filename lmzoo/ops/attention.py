@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 
 from lmzoo.ops import kernels
-from lmzoo.ops.common import causal_mask, check_form, same_segment
+from lmzoo.ops.common import Forms, causal_mask, check_form, same_segment
 from lmzoo.ops.kernels import AUTO
 
-METHODS = ("naive", "blocked", "xla", "cudnn", AUTO)
+METHODS = Forms("naive", "blocked", "xla", "cudnn", AUTO)
 QUERY_BLOCK = 64  # queries per block of the blocked form
 
 
@@ -55,7 +55,7 @@ def softmax_attention(q, k, v, *, scale=None, causal=True, window=None, bias=Non
     the segments as its boolean mask); "auto" is "cudnn" where its fused kernel takes the call
     (``cudnn_refusal``) and "xla" otherwise, recorded as ``lmzoo.ops.kernels`` records every choice.
     """
-    check_form(method, METHODS)
+    method = check_form(method, METHODS)
     if method == AUTO:
         refusal = cudnn_refusal(q, k, bias, segment_ids)
         method = "xla" if refusal else "cudnn"

@@ -12,7 +12,8 @@ normalises q, k, p nor squashes beta.
 
 Forms (``method``):
 
-- ``"scan"``:     the recurrence written out, one step at a time -- the reference;
+- ``"naive"``:    the recurrence written out, one step at a time -- the reference (``"scan"`` in
+  older runs, still accepted);
 - ``"chunk"``:    the UT representation inside chunks of ``chunk_size`` steps, a short recurrence
   across them (derived below);
 - ``"parallel"``: the same over the whole sequence as one chunk (no recurrence at all).
@@ -52,11 +53,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.ops.common import (
-    check_form, decay_since, decay_until_end, from_chunks, gates_float32, same_segment, segment_starts, to_chunks,
+    Forms, check_form, decay_since, decay_until_end, from_chunks, gates_float32, same_segment, segment_starts,
+    to_chunks,
 )
 from lmzoo.ops.ut import ChunkTerms, decayed_pairs, invert_unit_lower
 
-METHODS = ("scan", "chunk", "parallel")
+METHODS = Forms("naive", "chunk", "parallel", aliases={"scan": "naive"})
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
@@ -66,7 +68,7 @@ def comba(q, k, v, p, beta, log_g=None, *, scale=None, initial_state=None, metho
 
     Returns (o [B,T,H,Dv] in v's dtype, S_T [B,H,Dk,Dv] float32).
     """
-    check_form(method, METHODS, chunk_size)
+    method = check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     batch, _, heads, d_key = k.shape
     if p.shape != k.shape:
@@ -138,7 +140,7 @@ def chunk_terms(k, v, p, beta, log_g) -> ChunkTerms:
 # Each takes float32 q (already scaled), k, p [B,T,H,Dk], v [B,T,H,Dv], beta [B,T,H], log_g [B,T,H,Dg] or None, S0.
 
 
-def _scan(q, k, v, p, beta, log_g, s0, chunk_size):
+def _naive(q, k, v, p, beta, log_g, s0, chunk_size):
     def step(s, inputs):
         q_t, k_t, v_t, p_t, beta_t, *g_t = inputs  # (B, H, Dk) x2, (B, H, Dv), (B, H, Dk), (B, H); g_t [(B, H, Dg)] or []
         error = v_t - jnp.einsum("bhd,bhde->bhe", p_t, s)  # against the state before the decay
@@ -177,4 +179,4 @@ def _parallel(q, k, v, p, beta, log_g, s0, chunk_size):
     return _chunk(q, k, v, p, beta, log_g, s0, q.shape[1])
 
 
-_FORMS = {"scan": _scan, "chunk": _chunk, "parallel": _parallel}
+_FORMS = {"naive": _naive, "chunk": _chunk, "parallel": _parallel}

@@ -7,6 +7,7 @@ same place and none of them from a sibling.
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import jax
@@ -68,12 +69,52 @@ def state_float32(initial_state, shape) -> jax.Array:
     return jnp.zeros(shape, jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
 
 
-def check_form(method: str, methods: tuple[str, ...], chunk_size: Optional[int] = None) -> None:
-    """The errors an op raises for a form it lacks or a chunk size that is not positive."""
+class Forms(tuple):
+    """An op's computation forms (its ``method`` values), one vocabulary across ops: ``"naive"`` the
+    readable reference every other form is tested against; ``"parallel"`` the weights materialised over
+    the whole sequence; ``"chunk"`` matmuls within chunks, a recurrence across them; ``"blocked"``
+    attention by blocks of queries; ``"scan"`` a fast ``lax.scan`` over time (never the reference);
+    ``"assoc"`` an associative scan; ``"fft"``, ``"gather"``, ``"pallas"`` and the kernel providers'
+    ``"xla"``, ``"cudnn"``, ``"jla"``, ``"auto"`` as their ops describe.
+
+    ``aliases`` maps the names older runs saved (``attn.method: scan`` where "scan" was a reference)
+    to today's; ``canonical`` accepts them with a one-line note, so those runs load and compute the
+    same numbers. A tuple, so ``method in FORMS`` and listing the forms work as before."""
+
+    aliases: dict
+
+    def __new__(cls, *names: str, aliases: dict | None = None):
+        forms = super().__new__(cls, names)
+        forms.aliases = dict(aliases or {})
+        return forms
+
+    def canonical(self, method: str, key: str = "method") -> str:
+        """``method``, or the form an old name (an alias) stands for, noted once per name (``key`` names the
+        setting in the note, e.g. ``attn.method``). A name that is neither is returned as it is: the
+        caller's check refuses it with the valid choices."""
+        if method in self or method not in self.aliases:
+            return method
+        new = self.aliases[method]
+        if (key, method, new) not in _NOTED:
+            _NOTED.add((key, method, new))
+            log.warning("note: %s=%r is the old name of %r; running %r (the forms: %s)",
+                        key, method, new, new, ", ".join(self))
+        return new
+
+
+_NOTED: set = set()  # (key, old name, new name) already noted: one line per name and process
+log = logging.getLogger("lmzoo.ops")
+
+
+def check_form(method: str, methods: tuple[str, ...], chunk_size: Optional[int] = None) -> str:
+    """The form an op runs for ``method`` (an old name mapped by ``Forms.canonical``); the errors an op
+    raises for a form it lacks or a chunk size that is not positive."""
+    method = methods.canonical(method) if isinstance(methods, Forms) else method
     if method not in methods:
         raise ValueError(f"method={method!r} is not valid (choose from: {', '.join(methods)})")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be positive")
+    return method
 
 
 def gate_layout(log_g, key_shape) -> jax.Array:

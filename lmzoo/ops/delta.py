@@ -14,7 +14,8 @@ beta: the mixer does (unit keys and beta in [0, 1] keep every step a contraction
 
 Forms (``method``):
 
-- ``"scan"``:     the recurrence written out, one step at a time -- the reference;
+- ``"naive"``:    the recurrence written out, one step at a time -- the reference (``"scan"`` in
+  older runs, still accepted);
 - ``"chunk"``:    the WY / UT representation inside chunks of ``chunk_size`` steps, a short
   recurrence across them (derived below);
 - ``"parallel"``: the same representation over the whole sequence as one chunk: quadratic in T,
@@ -63,13 +64,13 @@ from jax import lax
 
 from lmzoo.ops import kernels
 from lmzoo.ops.common import (
-    check_form, from_chunks, gate_layout, gates_float32, reset_gates, same_segment, state_float32, to_chunks,
+    Forms, check_form, from_chunks, gate_layout, gates_float32, reset_gates, same_segment, state_float32, to_chunks,
 )
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.delta import delta_rule_pallas
 from lmzoo.ops.ut import chunk_terms, decayed_pairs, invert_unit_lower, unit_lower
 
-METHODS = ("scan", "parallel", "chunk", "pallas", *PROVIDER_FORMS)
+METHODS = Forms("naive", "parallel", "chunk", "pallas", *PROVIDER_FORMS, aliases={"scan": "naive"})
 BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not (``lmzoo.ops.kernels``)
 
 
@@ -85,7 +86,7 @@ def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, met
 
     Returns (o [B, T, HV, Dv] in v's dtype, S_T [B, HV, Dk, Dv] float32).
     """
-    check_form(method, METHODS, chunk_size)
+    method = check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k = value_heads(q, k, v.shape)
     if beta.shape != k.shape[:3]:
@@ -158,7 +159,7 @@ def heads_first(x):
 # Each takes float32 q (already scaled), k [B,T,H,Dk], v [B,T,H,Dv], beta [B,T,H], log_g [B,T,H,Dg] or None, S0.
 
 
-def _scan(q, k, v, beta, log_g, s0, chunk_size):
+def _naive(q, k, v, beta, log_g, s0, chunk_size):
     def step(s, inputs):
         q_t, k_t, v_t, beta_t, *g_t = inputs  # (B, H, Dk), (B, H, Dk), (B, H, Dv), (B, H); g_t [(B, H, Dg)] or []
         if g_t:
@@ -211,4 +212,4 @@ def _pallas(q, k, v, beta, log_g, s0, chunk_size):
     return delta_rule_pallas(q, k, v, beta, log_g, s0, chunk_size=chunk_size)
 
 
-_FORMS = {"scan": _scan, "parallel": _parallel, "chunk": _chunk, "pallas": _pallas}
+_FORMS = {"naive": _naive, "parallel": _parallel, "chunk": _chunk, "pallas": _pallas}

@@ -15,7 +15,8 @@ and beta in (0, 2) can). The op neither normalises q, k nor squashes beta: the m
 
 Forms (``method``):
 
-- ``"scan"``: the recurrence above written out, one token and sub-step at a time -- the reference;
+- ``"naive"``: the recurrence above written out, one token and sub-step at a time -- the reference
+  (``"scan"`` in older runs, still accepted);
 - ``"chunk"``, ``"parallel"``: the same forms of ``lmzoo.ops.delta_rule`` over the expanded
   sequence of T * n_h sub-steps. That expansion is exact: the gated delta rule on it, with
   token t's gate on its first sub-step (a zero log gate on the others) and token t's query on its
@@ -37,11 +38,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import check_form, gate_layout, reset_gates
+from lmzoo.ops.common import Forms, check_form, gate_layout, reset_gates
 from lmzoo.ops.delta import delta_rule, delta_rule_weights
 from lmzoo.ops.kernels import PROVIDER_FORMS
 
-METHODS = ("scan", "chunk", "parallel", *PROVIDER_FORMS)  # auto, jla: the delta rule's, over the sub-steps
+# auto, jla: the delta rule's, over the sub-steps
+METHODS = Forms("naive", "chunk", "parallel", *PROVIDER_FORMS, aliases={"scan": "naive"})
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
@@ -52,13 +54,13 @@ def delta_product(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, 
     ``segment_ids`` [B,T]: the state restarts at each segment start. Returns
     (o [B,T,H,Dv] in v's dtype, S_T [B,H,Dk,Dv] float32).
     """
-    check_form(method, METHODS, chunk_size)
+    method = check_form(method, METHODS, chunk_size)
     check_shapes(q, k, v, beta)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     batch, _, heads, steps, d_key = k.shape
     if initial_state is None:
         initial_state = jnp.zeros((batch, heads, d_key, v.shape[-1]), jnp.float32)
-    if method != "scan":
+    if method != "naive":
         qx, kx, vx, beta_x, g_x, ids_x = expand(q, k, v, beta, log_g, segment_ids)
         out, state = delta_rule(qx, kx, vx, beta_x, g_x, scale=scale, initial_state=initial_state, method=method,
                                 chunk_size=chunk_size * steps, segment_ids=ids_x)
@@ -67,7 +69,7 @@ def delta_product(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, 
     if segment_ids is not None:
         g32 = reset_gates(log_g, segment_ids, q.shape)
     q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
-    out, state = _scan(q32 * scale, k32, v32, beta.astype(jnp.float32), g32, initial_state.astype(jnp.float32))
+    out, state = _naive(q32 * scale, k32, v32, beta.astype(jnp.float32), g32, initial_state.astype(jnp.float32))
     return out.astype(v.dtype), state
 
 
@@ -117,7 +119,7 @@ def last_sub_steps(out, steps):
     return out.reshape(batch, -1, steps, heads, d_value)[:, :, -1]
 
 
-def _scan(q, k, v, beta, log_g, s0):
+def _naive(q, k, v, beta, log_g, s0):
     """float32 q (scaled) [B,T,H,Dk], k [B,T,H,n_h,Dk], v [B,T,H,n_h,Dv], beta [B,T,H,n_h], log_g [B,T,H,Dg] or None."""
 
     def token(s, inputs):

@@ -16,10 +16,10 @@ step's decay. Special cases (``as_dplr`` maps delta-rule inputs over):
   i.e. ``alpha = exp(g) * erase * k``, ``beta = -k``, ``v -> write * v``;
 - RWKV-7: ``alpha = -kappa_hat``, ``beta = kappa_hat * a``, ``exp(g) = w``.
 
-Forms (``method``): ``"scan"``, the recurrence step by step (the reference); ``"chunk"``, the
-representation below inside chunks of ``chunk_size`` steps and a short recurrence across them;
-``"parallel"``, the whole sequence as one chunk (also how ``dplr_weights`` gets the effective
-attention matrix). Gradients are JAX's own.
+Forms (``method``): ``"naive"``, the recurrence step by step (the reference; ``"scan"`` in older
+runs, still accepted); ``"chunk"``, the representation below inside chunks of ``chunk_size`` steps and
+a short recurrence across them; ``"parallel"``, the whole sequence as one chunk (also how
+``dplr_weights`` gets the effective attention matrix). Gradients are JAX's own.
 
 The chunk form. Inside a chunk that starts from state S_0, let b_t = sum_{m<=t} log_g_m (per
 channel, inclusive) and c_t = b_t - log_g_t (exclusive), and name the low-rank read
@@ -68,12 +68,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.ops import kernels
-from lmzoo.ops.common import (check_form, decay_since, decay_until_end, from_chunks, gate_layout, reset_gates,
+from lmzoo.ops.common import (Forms, check_form, decay_since, decay_until_end, from_chunks, gate_layout, reset_gates,
                               same_segment, segment_starts, to_chunks)
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.ut import decay_before, decayed_pairs, invert_unit_lower
 
-METHODS = ("scan", "parallel", "chunk", *PROVIDER_FORMS)
+METHODS = Forms("naive", "parallel", "chunk", *PROVIDER_FORMS, aliases={"scan": "naive"})
 
 
 def dplr(q, k, v, alpha, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64,
@@ -84,7 +84,7 @@ def dplr(q, k, v, alpha, beta, log_g=None, *, scale=None, initial_state=None, me
     kernel (its ``rwkv7``, the same recurrence) where it takes the call and ``"chunk"`` otherwise.
     Returns (o [B, T, H, Dv] in v's dtype, S_T [B, H, Dk, Dv] float32).
     """
-    check_form(method, METHODS, chunk_size)
+    method = check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return kernels.dispatch(
         "dplr", method, "chunk", lambda: dplr_jla_call(q, k, v, alpha, beta, log_g, scale, initial_state, segment_ids),
@@ -137,7 +137,7 @@ def gdn2(q, k, v, log_g, erase, write, *, scale=None, initial_state=None, method
     ``alpha = exp(g) * erase * k``, ``beta = -k`` and values ``write * v``.
     Returns (o [B, T, H, Dv] in v's dtype, S_T [B, H, Dk, Dv] float32).
     """
-    check_form(method, METHODS, chunk_size)
+    method = check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return kernels.dispatch(
         "gdn2", method, "chunk", lambda: gdn2_jla_call(q, k, v, log_g, erase, write, scale, initial_state, segment_ids),
@@ -208,7 +208,7 @@ def _checked(k, alpha, beta, log_g, segment_ids):
 # Each takes float32 q (already scaled), k, alpha, beta [B,T,H,Dk], v [B,T,H,Dv], log_g [B,T,H,Dg], S0.
 
 
-def _scan(q, k, v, alpha, beta, log_g, s0, chunk_size):
+def _naive(q, k, v, alpha, beta, log_g, s0, chunk_size):
     def step(s, inputs):
         q_t, k_t, v_t, a_t, b_t, g_t = inputs  # (B, H, Dk) but v_t (B, H, Dv), g_t (B, H, Dg)
         read = jnp.einsum("bhd,bhde->bhe", a_t, s)  # alpha_t^T S_{t-1}, before the decay
@@ -275,4 +275,4 @@ def dplr_chunks(q, k, v, alpha, beta, log_g, s0):
     return out, final
 
 
-_FORMS = {"scan": _scan, "parallel": _parallel, "chunk": _chunk}
+_FORMS = {"naive": _naive, "parallel": _parallel, "chunk": _chunk}

@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import check_form, segment_starts
+from lmzoo.ops.common import Forms, check_form, segment_starts
 
-METHODS = ("naive", "gather")
+METHODS = Forms("naive", "gather")
 
 
 def document_starts(batch: int, length: int, segment_ids=None) -> jax.Array:
@@ -129,7 +129,7 @@ def dsa(q, k, v, q_idx, k_idx, w_idx=None, *, topk: int, indices=None, scale: Op
         segment_ids=None, method: str = "gather"):
     """DeepSeek sparse attention: q [B,T,HQ,D], k [B,T,H,D], v [B,T,H,Dv] -> (o [B,T,HQ,Dv] in v's
     dtype, indices [B,T,topk]); ``indices`` given skips the indexer."""
-    check_form(method, METHODS)
+    method = check_form(method, METHODS)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     b, t = q.shape[:2]
     start = document_starts(b, t, segment_ids)

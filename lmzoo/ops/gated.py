@@ -45,13 +45,13 @@ from jax import lax
 
 from lmzoo.ops import kernels
 from lmzoo.ops.common import (
-    causal_mask, check_form, decay_since, decay_until_end, from_chunks, gate_layout, gates_float32, same_segment,
+    Forms, causal_mask, check_form, decay_since, decay_until_end, from_chunks, gate_layout, gates_float32, same_segment,
     segment_sums, state_float32, to_chunks,
 )
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.gla import gla_pallas
 
-METHODS = ("naive", "parallel", "scan", "assoc", "chunk", "pallas", *PROVIDER_FORMS)
+METHODS = Forms("naive", "parallel", "scan", "assoc", "chunk", "pallas", *PROVIDER_FORMS)
 BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not (``lmzoo.ops.kernels``)
 
 
@@ -63,7 +63,7 @@ def gla(q, k, v, log_g=None, *, scale=None, initial_state=None, method="chunk", 
     ``method="auto"`` runs jla's Hopper kernel where it takes the call and ``"chunk"`` otherwise.
     Returns (o [B, T, H, Dv] in v's dtype, S_T [B, H, Dk, Dv] float32).
     """
-    check_form(method, METHODS, chunk_size)
+    method = check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return kernels.dispatch(
         "gla", method, BEST, lambda: jla_call(q, k, v, log_g, scale, initial_state, segment_ids),

@@ -49,10 +49,10 @@ import numpy as np
 from jax import lax
 
 from lmzoo.ops.common import (
-    check_form, decay_since, decay_until_end, from_chunks, same_segment, segment_starts, segment_sums, to_chunks,
+    Forms, check_form, decay_since, decay_until_end, from_chunks, same_segment, segment_starts, segment_sums, to_chunks,
 )
 
-METHODS = ("naive", "scan", "chunk")
+METHODS = Forms("naive", "scan", "chunk")
 MAX_LEVELS = 31  # positions are int32
 
 
@@ -64,7 +64,7 @@ def log_linear_attention(q, k, v, log_g, level_scales, *, scale=None, initial_st
     ``segment_ids`` [B,T] restart positions and state at every document start.
     Returns (o [B,T,H,Dv] in v's dtype, the state after the last token, float32).
     """
-    check_form(method, METHODS, chunk_size)
+    method = check_form(method, METHODS, chunk_size)
     known = segment_ids is None and initial_state is None and isinstance(start, int)  # chunk starts known in advance
     empty = empty_slots(start, min(chunk_size, v.shape[1])) if known else 0
     return _attention(q, k, v, log_g, level_scales, scale=scale, initial_state=initial_state, start=start,

@@ -5,8 +5,8 @@ entry of the last axis) has the impulse response ``K_k = Re Σ_n c_n b_n a_n^k``
 product computed in closed form for all lags at once. ``diagonal_ssm`` applies it
 - "fft":  as a long convolution with an FFT (O(T log T)); the initial and final states come
   from the same Vandermonde powers, so the op still returns the state;
-- "naive": as the recurrence itself, one step at a time (the reference);
-- "scan": the same recurrence under the name the decoding steps use.
+- "naive": as the recurrence itself, one step at a time (the reference; "scan" in older runs,
+  still accepted).
 
 A short FIR filter is the other LTI layer here: ``causal_conv1d`` is the depthwise causal
 convolution of Mamba's blocks, and also H3's shift SSM (a state that holds the last K-1 inputs).
@@ -16,7 +16,7 @@ if it ran alone, the initial state (window) feeding only the first. The recurren
 state where a document starts (its decay times 0 there); the convolution drops every tap whose input
 lies in another document. A long convolution cannot be restarted inside an FFT, so "fft" with
 documents applies the impulse response as a materialised [T, T] matrix masked to each document:
-exact, but O(T^2) per kernel channel like H3's "quadratic" form.
+exact, but O(T^2) per kernel channel like H3's "parallel" form.
 
 Axes: B batch, T time, then any channel axes ``...``; N modes. Parameters broadcast against
 the channel axes (e.g. one SSM per head ``[H, 1, 1, N]`` for inputs ``[B, T, H, P, P]``).
@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import causal_mask, check_form, same_segment, segment_starts
+from lmzoo.ops.common import Forms, causal_mask, check_form, same_segment, segment_starts
 
-METHODS = ("naive", "fft", "scan")
+METHODS = Forms("naive", "fft", aliases={"scan": "naive"})
 
 
 def causal_conv1d(x, weight, bias=None, *, initial_state=None, segment_ids=None):
@@ -118,7 +118,7 @@ def diagonal_ssm(u, log_a, b, c, *, initial_state=None, method="fft", segment_id
     dtype, final_state [B,...,N])``, the state complex when the parameters are. ``segment_ids
     [B,T]`` (int) restart the state at every document start ("fft" then convolves by matrix).
     """
-    check_form(method, METHODS)
+    method = check_form(method, METHODS)
     state_dtype = jnp.result_type(log_a, b, c, jnp.float32)
     h0 = None if initial_state is None else initial_state.astype(state_dtype)
     u32 = u.astype(jnp.float32)

@@ -60,11 +60,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import RESET_LOG_DECAY, check_form, same_segment, segment_starts
+from lmzoo.ops.common import RESET_LOG_DECAY, Forms, check_form, same_segment, segment_starts
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.ssd import per_head
 
-METHODS = ("naive", "scan", "chunk")
+METHODS = Forms("naive", "scan", "chunk")
 
 
 def zero_state(batch: int, heads: int, head_dim: int, d_state: int, angles: int) -> dict:
@@ -80,7 +80,7 @@ def mamba3(x, dt, A, B, C, lam, theta, *, D=None, initial_state=None, method="ch
 
     Returns ``(y [B,T,H,P] in x's dtype, final state)`` (the state dict described above).
     """
-    check_form(method, METHODS, chunk_size)
+    method = check_form(method, METHODS, chunk_size)
     batch, length, heads, head_dim = x.shape
     d_state, angles = B.shape[-1], theta.shape[-1]
     if 2 * angles > d_state or theta.shape[:3] != x.shape[:3]:

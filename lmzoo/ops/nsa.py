@@ -23,11 +23,11 @@ then the last document's partial block: at most ⌈T/bs⌉ slots, the layout wit
 there is one. A partial block of an earlier document is seen by no query, so it has no slot.
 
 Forms (``method``): "naive" computes each branch on its own, with its [T, T] mask materialised from
-the lines above; "dense" adds the branches' weights into one [T, T] matrix per head (one score
-product and one value product, like a single dense attention: the fastest on a CPU at a few hundred
-tokens); "gather" gathers the ``S·bs`` selected keys of every query and computes the window by
-query blocks (cost T·(S·bs + w + T/bs) instead of T², for long sequences). Compression and top-k
-read ⌈T/bs⌉ block scores per query in every form. Scores, softmax and gates accumulate in float32;
+the lines above; "parallel" ("dense" in older runs, still accepted) adds the branches' weights into one
+[T, T] matrix per head (one score product and one value product, like a single dense attention: the
+fastest on a CPU at a few hundred tokens); "gather" gathers the ``S·bs`` selected keys of every query
+and computes the window by query blocks (cost T·(S·bs + w + T/bs) instead of T², for long sequences).
+Compression and top-k read ⌈T/bs⌉ block scores per query in every form. Scores, softmax and gates accumulate in float32;
 outputs come back in v's dtype.
 """
 
@@ -41,9 +41,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.ops.attention import softmax_attention
-from lmzoo.ops.common import check_form, segment_starts
+from lmzoo.ops.common import Forms, check_form, segment_starts
 
-METHODS = ("naive", "dense", "gather")
+METHODS = Forms("naive", "parallel", "gather", aliases={"dense": "parallel"})
 
 
 class Layout(NamedTuple):
@@ -248,7 +248,7 @@ def nsa_selection(q, k, v, block_indices, *, block_size: int, scale: Optional[fl
                   method: str = "gather"):
     """Softmax attention over the selected blocks' tokens up to the query: [B, T, HQ, Dv] in v's dtype.
     The indices of a row must be distinct (−1 aside). Forms: "naive" (masked [T, T]) and "gather"."""
-    check_form(method, tuple(SELECTION))
+    method = check_form(method, tuple(SELECTION))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     lay = query_layout(q.shape[0], q.shape[1], block_size, segment_ids)
     return SELECTION[method](q, k, v, block_indices, lay, block_size=block_size, scale=scale).astype(v.dtype)
@@ -269,11 +269,11 @@ def compress_and_choose(q, k, *, block_counts: int, block_size: int, scale: floa
 
 
 def nsa(q, k, v, g_cmp, g_slc, g_win=None, *, block_counts: int, block_size: int, window: int = 0,
-        scale: Optional[float] = None, segment_ids=None, method: str = "dense", block_indices=None):
+        scale: Optional[float] = None, segment_ids=None, method: str = "parallel", block_indices=None):
     """Native sparse attention: q [B,T,HQ,D], k [B,T,H,D], v [B,T,H,Dv], gates [B,T,HQ] ->
     (o [B,T,HQ,Dv] in v's dtype, block_indices [B,T,H,S]). ``g_win`` is needed when ``window > 0``;
     ``block_indices`` given replaces the top-k choice."""
-    check_form(method, METHODS)
+    method = check_form(method, METHODS)
     if window > 0 and g_win is None:
         raise ValueError(f"window={window} needs g_win, the sliding window branch's gate")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -281,8 +281,8 @@ def nsa(q, k, v, g_cmp, g_slc, g_win=None, *, block_counts: int, block_size: int
                                                           scale=scale, segment_ids=segment_ids,
                                                           block_indices=block_indices)
     v_cmp = jnp.einsum("bct,bthd->bchd", pool, v.astype(jnp.float32)).astype(v.dtype)
-    if method == "dense":
-        o = nsa_dense(q, k, v, (g_cmp, g_slc, g_win), probs, v_cmp, block_indices, lay, block_size=block_size,
+    if method == "parallel":
+        o = nsa_parallel(q, k, v, (g_cmp, g_slc, g_win), probs, v_cmp, block_indices, lay, block_size=block_size,
                       window=window, scale=scale)
         return o.astype(v.dtype), block_indices
     branches = [(g_cmp, compression_output(probs, v_cmp)),
@@ -327,7 +327,7 @@ def token_weights(q, k, g_slc, g_win, block_indices, lay: Layout, *, block_size,
     return weights
 
 
-def nsa_dense(q, k, v, gates, probs, v_cmp, block_indices, lay, **options):
+def nsa_parallel(q, k, v, gates, probs, v_cmp, block_indices, lay, **options):
     """The compressed branch on its own (⌈T/bs⌉ slots), selection and window as one weighted sum of v."""
     g_cmp, g_slc, g_win = gates
     weights = token_weights(q, k, g_slc, g_win, block_indices, lay, **options)

@@ -39,10 +39,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.ops.attention import repeat_kv
-from lmzoo.ops.common import check_form, same_segment, to_chunks
+from lmzoo.ops.common import Forms, check_form, same_segment, to_chunks
 from lmzoo.ops.ut import invert_unit_lower
 
-METHODS = ("naive", "chunk")
+METHODS = Forms("naive", "chunk")
 
 
 def reflect_keys(keys: jax.Array, w: jax.Array, beta: jax.Array) -> jax.Array:
@@ -58,7 +58,7 @@ def path_attention(q, k, v, w, beta, log_g=None, *, scale: Optional[float] = Non
     """PaTH attention. q [B,T,HQ,D]; k, w [B,T,H,D] (w unit); v [B,T,H,Dv]; beta [B,T,H]; log_g [B,T,HQ]
     or None (query head h reads kv head h // (HQ/H)). ``scale`` None: D^-1/2. ``segment_ids`` [B,T]: no
     query sees another document. Returns (o [B,T,HQ,Dv] in v's dtype, transformed keys [B,T,H,D] float32)."""
-    check_form(method, METHODS, chunk_size)
+    method = check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     logits, keys = (_naive_logits if method == "naive" else _chunk_logits)(q, k, w, beta, chunk_size=chunk_size)
     weights = path_weights(logits, log_g, scale=scale, segment_ids=segment_ids)
@@ -69,7 +69,7 @@ def path_attention(q, k, v, w, beta, log_g=None, *, scale: Optional[float] = Non
 def path_matrix(q, k, w, beta, log_g=None, *, scale: Optional[float] = None, segment_ids=None,
                 method: str = "chunk", chunk_size: int = 64) -> jax.Array:
     """The softmax weights [B,HQ,T,T] float32 of ``path_attention`` (what the probes read)."""
-    check_form(method, METHODS, chunk_size)
+    method = check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     logits, _ = (_naive_logits if method == "naive" else _chunk_logits)(q, k, w, beta, chunk_size=chunk_size)
     return path_weights(logits, log_g, scale=scale, segment_ids=segment_ids)

@@ -40,11 +40,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.ops import kernels
-from lmzoo.ops.common import causal_mask, check_form, same_segment, segment_starts, to_chunks
+from lmzoo.ops.common import Forms, causal_mask, check_form, same_segment, segment_starts, to_chunks
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.selective_scan import selective_scan_pallas
 
-METHODS = ("naive", "scan", "assoc", "chunk", "pallas", *PROVIDER_FORMS)
+METHODS = Forms("naive", "scan", "assoc", "chunk", "pallas", *PROVIDER_FORMS)
 
 
 def grouped(x: jax.Array, channels: int) -> jax.Array:
@@ -82,7 +82,7 @@ def selective_scan(
     ``segment_ids [B,T]`` (int) restart the state at every document start. ``method="auto"`` runs jla's
     Hopper kernel (its ``mamba1``, the same scan) where it takes the call and ``"scan"`` otherwise.
     """
-    check_form(method, METHODS, chunk_size)
+    method = check_form(method, METHODS, chunk_size)
     mapped = lambda: kernels.JlaCall(  # noqa: E731  (jla's names: q = C, k = B, v = u, its own D, z and bias)
         "mamba1", C, B, u, {"dt": delta, "a": A},
         {"d": D, "z": z, "dt_bias": delta_bias, "dt_softplus": delta_softplus, "initial_state": initial_state,

@@ -32,11 +32,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.ops import kernels
-from lmzoo.ops.common import RESET_LOG_DECAY, check_form, same_segment, segment_starts
+from lmzoo.ops.common import RESET_LOG_DECAY, Forms, check_form, same_segment, segment_starts
 from lmzoo.ops.gated import gla_form, gla_weights
 from lmzoo.ops.kernels import PROVIDER_FORMS
 
-METHODS = ("naive", "scan", "chunk", "pallas", *PROVIDER_FORMS)
+METHODS = Forms("naive", "scan", "chunk", "pallas", *PROVIDER_FORMS)
 BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not
 
 
@@ -54,7 +54,7 @@ def ssd(x, dt, A, B, C, *, D=None, initial_state=None, method="chunk", chunk_siz
     Returns ``(y [B,T,H,P], final_state [B,H,P,N] float32)``; ``initial_state`` is ``[B,H,P,N]``;
     ``segment_ids [B,T]`` (int) restart the state at every document start.
     """
-    check_form(method, METHODS, chunk_size)
+    method = check_form(method, METHODS, chunk_size)
     form, mapped = kernels.resolve("ssd", method, BEST, lambda: jla_call(x, dt, A, B, C, initial_state, segment_ids))
     if form != kernels.JLA:
         return _ssd(x, dt, A, B, C, D=D, initial_state=initial_state, method=form, chunk_size=chunk_size,

@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 
 from lmzoo.ops.attention import repeat_kv
-from lmzoo.ops.common import check_form, decay_until_end, same_segment
+from lmzoo.ops.common import Forms, check_form, decay_until_end, same_segment
 
-METHODS = ("naive", "blocked")
+METHODS = Forms("naive", "blocked")
 QUERY_BLOCK = 64  # queries per block of the blocked form
 
 
@@ -50,7 +50,7 @@ def stick_breaking_attention(q, k, v, *, scale: Optional[float] = None, attend_c
     """Stick-breaking attention: q [B,T,HQ,D], k [B,T,H,D], v [B,T,H,Dv] (query head h reads kv head
     h // (HQ/H)) -> (o [B,T,HQ,Dv] in v's dtype, rem [B,T,HQ] float32). ``segment_ids`` [B,T]: keys of
     another document are outside V(i). ``method``: "naive" | "blocked" (same result)."""
-    check_form(method, METHODS)
+    method = check_form(method, METHODS)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     k, v = (repeat_kv(x, q.shape[2] // x.shape[2]) for x in (k, v))
     length = q.shape[1]

@@ -10,7 +10,8 @@ straight-through gradients to the unquantised keys); ``codes`` [B,T,H] int; ``co
 v [B,T,H,Dv]. Keys in a query's own block enter as ``k_hat``; keys of earlier blocks enter through
 the codebook, as they do through the compressed cache -- so both methods compute the same function,
 gradients included, and in value both are softmax attention over the quantised keys. ``method``:
-"naive" (the reference: the full [T, T] score matrix) or "blockwise" (linear time).
+"naive" (the reference: the full [T, T] score matrix) or "blocked" (linear time; "blockwise" in older
+runs, still accepted).
 
 With ``segment_ids`` [B,T] (increasing along T, equal within a document) a query attends only to
 its own document: inside its block by the mask, and through a cache that restarts with each
@@ -24,19 +25,19 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lmzoo.ops.common import causal_mask, check_form, from_chunks, same_segment, to_chunks
+from lmzoo.ops.common import Forms, causal_mask, check_form, from_chunks, same_segment, to_chunks
 
-METHODS = ("naive", "blockwise")
+METHODS = Forms("naive", "blocked", aliases={"blockwise": "blocked"})
 
 
-def vq_attention(q, k_hat, codes, codebook, v, *, scale=None, block_size: int, method: str = "blockwise",
+def vq_attention(q, k_hat, codes, codebook, v, *, scale=None, block_size: int, method: str = "blocked",
                  segment_ids=None):
     """Causal attention over quantised keys -> [B,T,H,Dv] in v's dtype; see the module docstring."""
-    check_form(method, METHODS)
+    method = check_form(method, METHODS)
     if block_size < 1:
         raise ValueError(f"block_size={block_size} must be positive")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    form = _naive if method == "naive" else _blockwise
+    form = _naive if method == "naive" else _blocked
     return form(q, k_hat, codes, codebook, v, scale, block_size, segment_ids).astype(v.dtype)
 
 
@@ -58,7 +59,7 @@ def _naive(q, k_hat, codes, codebook, v, scale, block_size, segment_ids):
     return jnp.einsum("bhts,bshd->bthd", probs, v.astype(jnp.float32))
 
 
-def _blockwise(q, k_hat, codes, codebook, v, scale, block_size, segment_ids):
+def _blocked(q, k_hat, codes, codebook, v, scale, block_size, segment_ids):
     """Linear time: exact scores inside each block, the per-codeword cache of earlier blocks."""
     b, t, h, _ = q.shape
     n_codes, size = codebook.shape[1], block_size

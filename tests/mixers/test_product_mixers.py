@@ -86,7 +86,7 @@ def test_mamba3_attention_matrix_reproduces_the_scan():
     [
         (("deltaproduct", "attn.householder_steps=0"), ["attn.householder_steps=0"]),
         (("deltaproduct", "attn.gate=channel"), ["attn.gate='channel'", "head, none"]),
-        (("comba", "attn.method=pallas"), ["attn.method='pallas'", "scan, chunk, parallel"]),
+        (("comba", "attn.method=pallas"), ["attn.method='pallas'", "naive, chunk, parallel"]),
         (("mamba3", "attn.rope_fraction=0.3"), ["attn.rope_fraction=0.3", "0.5, 1.0"]),
     ],
 )

@@ -170,10 +170,10 @@ def vq_inputs(t, *, h=2, d=8, s=5, seed=0, dtype=jnp.float32):
 
 
 @pytest.mark.parametrize("t", [1, 63, 257])
-def test_vq_blockwise_equals_quadratic_on_values_and_gradients(t):
+def test_vq_blocked_equals_naive_on_values_and_gradients(t):
     q, k_hat, codes, codebook, v = vq_inputs(t)
     forms = {
-        m: (lambda q, k, c, v, m=m: vq_attention(q, k, codes, c, v, block_size=16, method=m)) for m in ("naive", "blockwise")
+        m: (lambda q, k, c, v, m=m: vq_attention(q, k, codes, c, v, block_size=16, method=m)) for m in ("naive", "blocked")
     }
     cotangent = jax.random.normal(jax.random.key(9), v.shape)
     results = {}
@@ -181,7 +181,7 @@ def test_vq_blockwise_equals_quadratic_on_values_and_gradients(t):
         forward_backward = jax.jit(lambda *args, fn=fn: (lambda out, vjp: (out, vjp(cotangent)))(*jax.vjp(fn, *args)))
         results[method] = forward_backward(q, k_hat, codebook, v)
     out_q, grads_q = results["naive"]
-    out_b, grads_b = results["blockwise"]
+    out_b, grads_b = results["blocked"]
     assert rel_err(out_b, out_q) < 1e-5
     for name, gb, gq in zip(("q", "k_hat", "codebook", "v"), grads_b, grads_q):
         assert rel_err(gb, gq, floor=1.0) < 1e-5, name  # floor: at T=1 the q gradient is exactly 0
@@ -193,7 +193,7 @@ def test_vq_bfloat16_stays_close_to_the_float32_reference():
     q, k_hat, codes, codebook, v = vq_inputs(63)
     want = vq_attention(q, k_hat, codes, codebook, v, block_size=16, method="naive")
     half = [a.astype(jnp.bfloat16) for a in (q, k_hat, codebook, v)]
-    got = vq_attention(half[0], half[1], codes, half[2], half[3], block_size=16, method="blockwise")
+    got = vq_attention(half[0], half[1], codes, half[2], half[3], block_size=16, method="blocked")
     assert got.dtype == jnp.bfloat16 and rel_err(got.astype(jnp.float32), want) < 2e-2
 
 

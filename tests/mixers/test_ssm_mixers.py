@@ -48,13 +48,13 @@ def inputs(length=LENGTH, seed=0):
         ("mamba", ("attn.method=chunk", "attn.chunk_size=16")),
         ("mamba", ("attn.method=assoc",)),
         ("mamba2", ("attn.method=chunk", "attn.chunk_size=16")),
-        ("h3", ("attn.method=quadratic",)),
+        ("h3", ("attn.method=parallel",)),
         ("h3", ("attn.method=fft",)),
     ],
 )
 def test_every_form_gives_the_recurrent_forward(variant, overrides):
     x = inputs()
-    recurrent = mixer_of(variant, "attn.method=scan")
+    recurrent = mixer_of(variant, "attn.method=naive")
     np.testing.assert_allclose(forward(mixer_of(variant, *overrides), x), forward(recurrent, x), rtol=1e-5, atol=1e-6)
 
 
@@ -129,7 +129,7 @@ def test_mamba_initialisation():
         (Mamba2Config(name="m", mixer="mamba2", n_groups=3), "attn.n_groups=3"),
         (Mamba2Config(name="m", mixer="mamba2", head_dim=48), "attn.head_dim=48"),
         (H3Config(name="h", mixer="h3", d_state=15), "attn.d_state=15"),
-        (H3Config(name="h", mixer="h3", method="chunk"), "quadratic, fft, scan"),
+        (H3Config(name="h", mixer="h3", method="chunk"), "naive, parallel, fft"),
     ],
 )
 def test_bad_settings_are_config_errors(config, message):
@@ -163,7 +163,7 @@ def alone(mixer, x):
         ("mamba", ("attn.method=chunk", "attn.chunk_size=16")),
         ("mamba2", ("attn.method=chunk", "attn.chunk_size=16")),
         ("h3", ("attn.method=fft",)),
-        ("h3", ("attn.method=scan",)),
+        ("h3", ("attn.method=naive",)),
     ],
 )
 def test_packed_documents_equal_each_document_alone(variant, overrides):

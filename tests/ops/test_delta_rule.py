@@ -1,4 +1,4 @@
-"""The delta rule: every form against the "scan" reference, and that against a float64 loop.
+"""The delta rule: every form against the "naive" reference, and that against a float64 loop.
 
 Outputs, final states and the gradients of every input (q, k, v, beta, log_g, initial state;
 ``jax.vjp`` with random cotangents on both outputs) must agree to a norm-relative error of 1e-5 in
@@ -48,11 +48,11 @@ def outputs_and_grads(method, args, cotangent, chunk_size=CHUNK):
 
 @functools.lru_cache(maxsize=None)
 def reference(gate, length, with_state):
-    """Inputs, a random cotangent, and the "scan" form's outputs and gradients, shared by the forms."""
+    """Inputs, a random cotangent, and the "naive" form's outputs and gradients, shared by the forms."""
     args = make_args(gate, length, with_state=with_state)
     full = args if with_state else {**args, "state": jnp.zeros((B, H, DK, DV))}  # one compiled reference
-    cotangent = random_like(jax.eval_shape(lambda a: run("scan", a), full), seed=7)
-    out, grads = outputs_and_grads("scan", full, cotangent)
+    cotangent = random_like(jax.eval_shape(lambda a: run("naive", a), full), seed=7)
+    out, grads = outputs_and_grads("naive", full, cotangent)
     return args, cotangent, (out, {name: grads[name] for name in args})
 
 
@@ -62,7 +62,7 @@ IDS = [f"{gate}-{length}-{'state' if with_state else 'no_state'}" for gate, leng
 
 @pytest.mark.parametrize("gate, length, with_state", SETTINGS, ids=IDS)
 @pytest.mark.parametrize("method", FORMS)
-def test_form_matches_scan(method, gate, length, with_state):
+def test_form_matches_naive(method, gate, length, with_state):
     args, cotangent, expected = reference(gate, length, with_state)
     assert_trees_close(outputs_and_grads(method, args, cotangent), expected)
 
@@ -78,14 +78,14 @@ def in_two_halves(method, args):
 
 
 @pytest.mark.parametrize("gate", GATES)
-@pytest.mark.parametrize("method", ("scan",) + FORMS)
+@pytest.mark.parametrize("method", ("naive",) + FORMS)
 def test_two_halves_passing_the_state_equal_one_pass(method, gate):
     args, _, (one_pass, _) = reference(gate, ODD, True)
     assert_trees_close(in_two_halves(method, args), one_pass)
 
 
 @pytest.mark.parametrize("gate", GATES)
-@pytest.mark.parametrize("method", ("scan", "chunk"))
+@pytest.mark.parametrize("method", ("naive", "chunk"))
 def test_bfloat16_inputs_close_to_float32_reference(method, gate):
     args, _, (expected, _) = reference(gate, ODD, True)
     low = jax.tree.map(lambda x: x.astype(jnp.bfloat16), args)
@@ -116,10 +116,10 @@ def loop_delta_rule(args, scale):
 
 
 @pytest.mark.parametrize("gate", GATES)
-def test_scan_matches_the_recurrence_in_float64(gate):
+def test_naive_matches_the_recurrence_in_float64(gate):
     args = make_args(gate, 20, with_state=True, seed=11)
     out, state = compiled(lambda a: delta_rule(a["q"], a["k"], a["v"], a["beta"], a.get("log_g"), scale=0.3,
-                                               initial_state=a["state"], method="scan"))(args)
+                                               initial_state=a["state"], method="naive"))(args)
     expected_out, expected_state = loop_delta_rule(args, 0.3)
     assert rel_err(out, expected_out) < TOLERANCE and rel_err(state, expected_state) < TOLERANCE
 
@@ -131,7 +131,7 @@ def test_weights_reproduce_the_outputs(gate):
     @compiled
     def mixed_and_out(a):
         w = delta_rule_weights(a["q"], a["k"], a["beta"], a.get("log_g"))
-        return w, jnp.einsum("bhts,bshd->bthd", w, a["v"]), run("scan", a)[0]
+        return w, jnp.einsum("bhts,bshd->bthd", w, a["v"]), run("naive", a)[0]
 
     w, mixed, out = mixed_and_out(args)
     assert rel_err(mixed, out) < TOLERANCE
@@ -148,8 +148,8 @@ def test_strong_decay_in_one_long_chunk_stays_exact(gate):
     args = make_args(gate, 48, with_state=True, seed=21)
     args["log_g"] = -jnp.exp(random_like(args["log_g"], seed=22) + 2.0)  # ~12 nats a step
     assert float(jnp.sum(args["log_g"], axis=1).max()) < -300
-    cotangent = random_like(jax.eval_shape(lambda a: run("scan", a), args), seed=8)
-    expected = outputs_and_grads("scan", args, cotangent)
+    cotangent = random_like(jax.eval_shape(lambda a: run("naive", a), args), seed=8)
+    expected = outputs_and_grads("naive", args, cotangent)
     assert_trees_close(outputs_and_grads("chunk", args, cotangent, chunk_size=48), expected)
     assert_trees_close(outputs_and_grads("parallel", args, cotangent), expected)
     # The kernels take pair decays as differences of sums from the chunk's start, as GLA's kernels
@@ -157,7 +157,7 @@ def test_strong_decay_in_one_long_chunk_stays_exact(gate):
     assert_trees_close(outputs_and_grads("pallas", args, cotangent, chunk_size=48), expected, tol=PALLAS_STRONG_TOLERANCE)
 
 
-@pytest.mark.parametrize("method", ("scan", "pallas") + FORMS)
+@pytest.mark.parametrize("method", ("naive", "pallas") + FORMS)
 def test_zero_beta_leaves_the_state_unchanged(method):
     args = make_args("none", 21, with_state=True, seed=31)
     args["beta"] = jnp.zeros_like(args["beta"])
@@ -167,7 +167,7 @@ def test_zero_beta_leaves_the_state_unchanged(method):
     np.testing.assert_allclose(out, read_out, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ("scan", "pallas") + FORMS)
+@pytest.mark.parametrize("method", ("naive", "pallas") + FORMS)
 def test_full_beta_overwrites_the_stored_association(method):
     """beta = 1, unit key: afterwards the state recalls exactly v for that key, and nothing changes
     for directions orthogonal to it."""
@@ -184,7 +184,7 @@ def test_full_beta_overwrites_the_stored_association(method):
 
 def test_unknown_method_and_bad_shapes_fail_clearly():
     args = make_args("channel", 5, with_state=False)
-    with pytest.raises(ValueError, match="scan, parallel, chunk, pallas"):
+    with pytest.raises(ValueError, match="naive, parallel, chunk, pallas"):
         run("fused", args)
     with pytest.raises(ValueError, match="beta"):
         delta_rule(args["q"], args["k"], args["v"], args["beta"][..., None])
@@ -202,14 +202,14 @@ PALLAS_SETTINGS = [("none", ODD, True), ("head", ODD, True), ("channel", ODD, Tr
 @pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 @pytest.mark.parametrize("gate, length, with_state", PALLAS_SETTINGS,
                          ids=[f"{g}-{n}-{'state' if s else 'no_state'}" for g, n, s in PALLAS_SETTINGS])
-def test_pallas_matches_scan(gate, length, with_state):
+def test_pallas_matches_naive(gate, length, with_state):
     args, cotangent, expected = reference(gate, length, with_state)
     assert_trees_close(outputs_and_grads("pallas", args, cotangent), expected)
 
 
 @pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 @pytest.mark.parametrize("gate", ("head", "channel"))
-def test_pallas_with_two_sub_blocks_per_chunk_matches_scan(gate):
+def test_pallas_with_two_sub_blocks_per_chunk_matches_naive(gate):
     args, cotangent, expected = reference(gate, ODD, True)
     assert_trees_close(outputs_and_grads("pallas", args, cotangent, chunk_size=32), expected)
 
@@ -229,7 +229,7 @@ def test_pallas_bfloat16_inputs_close_to_float32_reference():
 @pytest.mark.slow  # a Pallas kernel in interpret mode: minutes on a CPU
 @pytest.mark.parametrize("platform, options", [("tpu_interpret", {}), ("cpu", {"block": 8})],
                          ids=["tpu_interpreter", "two_value_blocks"])
-def test_pallas_on_the_tpu_interpreter_and_in_value_blocks_matches_scan(platform, options):
+def test_pallas_on_the_tpu_interpreter_and_in_value_blocks_matches_naive(platform, options):
     """Mosaic's execution model (grid order, memory spaces), and the state split into two programs
     of 8 value columns each."""
     args, cotangent, expected = reference("channel", ODD, True)
@@ -269,7 +269,7 @@ def test_pallas_kernels_lower_for_accelerators(platform, gate_width):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("gate", GATES)
-def test_pallas_compiled_on_gpu_matches_scan(gate):
+def test_pallas_compiled_on_gpu_matches_naive(gate):
     args, cotangent, expected = reference(gate, ODD, True)
     assert_trees_close(outputs_and_grads("pallas", args, cotangent), expected, tol=1e-4)
 
@@ -285,21 +285,21 @@ def grouped_args(length, seed=41):
                        for n in ("v", "beta", "log_g", "state")}}
 
 
-def test_grouped_value_heads_scan_matches_the_recurrence_in_float64():
+def test_grouped_value_heads_naive_matches_the_recurrence_in_float64():
     """Value head hv uses key head hv // (HV / H) (repeat-interleave), never hv % H."""
     args = grouped_args(12)
-    out, state = compiled(lambda a: run("scan", a))(args)
+    out, state = compiled(lambda a: run("naive", a))(args)
     wide = {n: (jnp.repeat(x, 2, axis=2) if n in ("q", "k") else x) for n, x in args.items()}
     expected_out, expected_state = loop_delta_rule(wide, DK**-0.5)
     assert rel_err(out, expected_out) < TOLERANCE and rel_err(state, expected_state) < TOLERANCE
 
 
-def test_grouped_value_heads_every_form_matches_scan():
+def test_grouped_value_heads_every_form_matches_naive():
     """Values, final state and gradients (summed over a key head's value heads) for the chunk form;
     values and state for the parallel form. Every form, the Pallas kernels too, runs on the keys
     repeated to the value heads before it starts (``value_heads``), so the grouping is one path."""
     args = grouped_args(ODD)
-    cotangent = random_like(jax.eval_shape(lambda a: run("scan", a), args), seed=7)
-    expected = outputs_and_grads("scan", args, cotangent)
+    cotangent = random_like(jax.eval_shape(lambda a: run("naive", a), args), seed=7)
+    expected = outputs_and_grads("naive", args, cotangent)
     assert_trees_close(outputs_and_grads("chunk", args, cotangent), expected)
     assert_trees_close(run_fast("parallel", args), expected[0])

@@ -1,4 +1,4 @@
-"""The DPLR rule and GDN-2 (``lmzoo.ops.dplr``): every form against the "scan" reference, that
+"""The DPLR rule and GDN-2 (``lmzoo.ops.dplr``): every form against the "naive" reference, that
 against a float64 loop, and the delta rule (scalar and per-channel gates, grouped value heads), KDA
 and GDN-2 as special cases of DPLR.
 
@@ -65,15 +65,15 @@ def outputs_and_grads(method, args, cotangent, segment_ids=None, chunk_size=CHUN
 
 @functools.lru_cache(maxsize=None)
 def reference(setting):
-    """Inputs, segment ids, a cotangent and the scan's outputs and gradients for a setting.
+    """Inputs, segment ids, a cotangent and the reference's outputs and gradients for a setting.
 
     To compile few programs, "state" passes segment ids too (one document: no reset), sharing the
     programs of "documents", and "no_state" runs its reference from a zero state."""
     args = dplr_args(ODD, with_state=setting != "no_state")
     ids = None if setting == "no_state" else packed_ids() if setting == "documents" else jnp.zeros((B, ODD), jnp.int32)
     full = {**args, "state": jnp.zeros((B, H, DK, DV))} if setting == "no_state" else args
-    cotangent = random_like(jax.eval_shape(lambda a: run("scan", a), full), seed=7)
-    out, grads = outputs_and_grads("scan", full, cotangent, ids)
+    cotangent = random_like(jax.eval_shape(lambda a: run("naive", a), full), seed=7)
+    out, grads = outputs_and_grads("naive", full, cotangent, ids)
     return args, ids, cotangent, (out, {name: grads[name] for name in args})
 
 
@@ -81,7 +81,7 @@ SETTINGS = [("chunk", "no_state"), ("chunk", "state"), ("chunk", "documents"), (
 
 
 @pytest.mark.parametrize("method, setting", SETTINGS, ids=[f"{m}-{s}" for m, s in SETTINGS])
-def test_form_matches_scan(method, setting):
+def test_form_matches_naive(method, setting):
     args, ids, cotangent, expected = reference(setting)
     assert_trees_close(outputs_and_grads(method, args, cotangent, ids), expected)
 
@@ -92,7 +92,7 @@ def test_strong_decay_in_one_long_chunk_stays_exact():
     args = dplr_args(ODD, with_state=True, seed=21, strong=True)
     assert float(jnp.sum(args["log_g"], axis=1).max()) < -100  # every channel: exp(100) overflows float32
     _, ids, cotangent, _ = reference("state")
-    expected = outputs_and_grads("scan", args, cotangent, ids)
+    expected = outputs_and_grads("naive", args, cotangent, ids)
     assert_trees_close(outputs_and_grads("parallel", args, cotangent, ids), expected)
 
 
@@ -111,7 +111,7 @@ def test_documents_are_mixed_as_if_alone():
     for d, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
         piece = {n: args[n][:1, a:b] for n in INPUTS}
         piece["state"] = args["state"][:1] * (d == 0)
-        o, s = run("scan", piece)
+        o, s = run("naive", piece)
         assert rel_err(out[:1, a:b], o) < TOLERANCE, f"document {d}"
     assert rel_err(final[:1], s) < TOLERANCE
 
@@ -135,10 +135,10 @@ def loop_dplr(args, scale):
     return out, s
 
 
-def test_scan_matches_the_recurrence_in_float64():
+def test_naive_matches_the_recurrence_in_float64():
     args = dplr_args(12, with_state=True, seed=11)
     out, state = compiled(lambda a: dplr(*(a[n] for n in INPUTS), scale=0.3, initial_state=a["state"],
-                                         method="scan"))(args)
+                                         method="naive"))(args)
     expected_out, expected_state = loop_dplr(args, 0.3)
     assert rel_err(out, expected_out) < TOLERANCE and rel_err(state, expected_state) < TOLERANCE
 
@@ -150,7 +150,7 @@ def test_weights_reproduce_the_outputs_and_vanish_across_documents():
     @compiled
     def weights_and_outputs(a):
         w = dplr_weights(*(a[n] for n in ("q", "k", "alpha", "beta", "log_g")), segment_ids=ids)
-        return w, jnp.einsum("bhts,bshd->bthd", w, a["v"]), run("scan", a, segment_ids=ids)[0]
+        return w, jnp.einsum("bhts,bshd->bthd", w, a["v"]), run("naive", a, segment_ids=ids)[0]
 
     w, mixed, out = weights_and_outputs(args)
     assert rel_err(mixed, out) < TOLERANCE
@@ -177,10 +177,10 @@ def test_the_delta_rule_is_dplr(gate):
 
     @compiled
     def both(q, k, v, beta, log_g, s0):
-        expected = delta_rule(q, k, v, beta, log_g, initial_state=s0, method="scan")
+        expected = delta_rule(q, k, v, beta, log_g, initial_state=s0, method="naive")
         qv, kv = jnp.repeat(q, 2, axis=2), jnp.repeat(k, 2, axis=2)  # value head hv uses key head hv // 2
         written, alpha, low_rank_beta = delta_as_dplr(kv, beta, log_g)
-        through_dplr = dplr(qv, written, v, alpha, low_rank_beta, log_g, initial_state=s0, method="scan")
+        through_dplr = dplr(qv, written, v, alpha, low_rank_beta, log_g, initial_state=s0, method="naive")
         return through_dplr, expected
 
     assert_trees_close(*both(q, k, v, beta, log_g, s0))
@@ -213,7 +213,7 @@ def gdn2_args(seed=5):
 def test_gdn2_matches_its_recurrence_in_float64():
     """GDN-2 maps its inputs onto ``dplr``, whose forms the tests above check with gradients."""
     inputs = gdn2_args()
-    out, state = compiled(lambda *a: gdn2(*a[:6], initial_state=a[6], method="scan"))(*inputs)
+    out, state = compiled(lambda *a: gdn2(*a[:6], initial_state=a[6], method="naive"))(*inputs)
     expected_out, expected_state = loop_gdn2(*inputs, DK**-0.5)
     assert rel_err(out, expected_out) < TOLERANCE and rel_err(state, expected_state) < TOLERANCE
 
@@ -225,15 +225,15 @@ def test_gdn2_with_erase_and_write_beta_is_kda():
     @compiled
     def both(q, k, v, log_g, beta, s0):
         erase, write = (jnp.broadcast_to(beta[..., None], x.shape) for x in (k, v))
-        return (gdn2(q, k, v, log_g, erase, write, initial_state=s0, method="scan"),
-                delta_rule(q, k, v, beta, log_g, initial_state=s0, method="scan"))
+        return (gdn2(q, k, v, log_g, erase, write, initial_state=s0, method="naive"),
+                delta_rule(q, k, v, beta, log_g, initial_state=s0, method="naive"))
 
     assert_trees_close(*both(q, k, v, log_g, beta, s0))
 
 
 def test_bad_settings_fail_clearly():
     args = dplr_args(5, with_state=False)
-    with pytest.raises(ValueError, match="scan, parallel, chunk"):
+    with pytest.raises(ValueError, match="naive, parallel, chunk"):
         run("pallas", args)
     with pytest.raises(ValueError, match="alpha"):
         dplr(*(args[n] for n in ("q", "k", "v")), args["alpha"][..., :3], args["beta"], args["log_g"])

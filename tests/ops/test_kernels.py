@@ -113,8 +113,8 @@ def _call(case: str, method: str, args: dict, segment_ids):
 
 # case -> the op's reference form
 CASES = {"gla_channel": "naive", "gla_head": "naive", "gla_none": "naive", "linear": "naive", "ssd": "naive",
-         "delta_none": "scan", "delta_head": "scan", "delta_channel": "scan", "delta_grouped": "scan",
-         "delta_product": "scan", "gdn2": "scan", "dplr": "scan", "selective_scan": "naive"}
+         "delta_none": "naive", "delta_head": "naive", "delta_channel": "naive", "delta_grouped": "naive",
+         "delta_product": "naive", "gdn2": "naive", "dplr": "naive", "selective_scan": "naive"}
 # case -> the implementation method="jla" runs on a CPU
 JLA_KINDS = {"gla_channel": "gla", "gla_head": "simple_gla", "gla_none": "simple_gla", "linear": "simple_gla",
              "ssd": "simple_gla", "delta_none": "deltanet", "delta_head": "gated_deltanet", "delta_channel": "kda",

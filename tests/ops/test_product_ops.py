@@ -83,8 +83,8 @@ def run_mamba3(method, a, segment_ids=None, chunk_size=CHUNK):
 
 
 OPS = {  # name: (run, inputs, reference form, fast forms)
-    "delta_product": (run_product, product_args, "scan", ("chunk", "parallel")),
-    "comba": (run_comba, comba_args, "scan", ("chunk", "parallel")),
+    "delta_product": (run_product, product_args, "naive", ("chunk", "parallel")),
+    "comba": (run_comba, comba_args, "naive", ("chunk", "parallel")),
     "mamba3": (run_mamba3, mamba3_args, "naive", ("scan", "chunk")),
 }
 
@@ -233,7 +233,7 @@ def test_one_householder_step_is_the_delta_rule():
     @compiled
     def both(a):
         expected = delta_rule(a["q"], a["k"][:, :, :, 0], a["v"][:, :, :, 0], a["beta"][..., 0], a["log_g"],
-                              initial_state=a["state"], method="scan")
+                              initial_state=a["state"], method="naive")
         return run_product("chunk", a), expected
 
     got, expected = both(one)
@@ -269,8 +269,8 @@ def test_effective_weights_reproduce_the_outputs():
         w_c = comba_weights(c["q"], c["k"], c["p"], c["beta"], c["log_g"], segment_ids=ids)
         w_m = mamba3_attention(m["dt"], m["A"], m["B"], m["C"], m["lam"], m["theta"], segment_ids=ids)
         m_plain = {**m, "D": jnp.zeros_like(m["D"]), "state": None}
-        return ((jnp.einsum("bhtsj,bshjd->bthd", w_p, p["v"]), run_product("scan", {**p, "state": None}, ids)[0]),
-                (jnp.einsum("bhts,bshd->bthd", w_c, c["v"]), run_comba("scan", {**c, "state": None}, ids)[0]),
+        return ((jnp.einsum("bhtsj,bshjd->bthd", w_p, p["v"]), run_product("naive", {**p, "state": None}, ids)[0]),
+                (jnp.einsum("bhts,bshd->bthd", w_c, c["v"]), run_comba("naive", {**c, "state": None}, ids)[0]),
                 (jnp.einsum("bhts,bshd->bthd", w_m, m["x"]), run_mamba3("naive", m_plain, ids)[0]),
                 (w_p, w_c, w_m))
 
@@ -286,7 +286,7 @@ def test_effective_weights_reproduce_the_outputs():
 
 def test_bad_shapes_and_methods_fail_in_one_line():
     p, c, m = inputs("delta_product"), inputs("comba"), inputs("mamba3")
-    with pytest.raises(ValueError, match="scan, chunk, parallel"):
+    with pytest.raises(ValueError, match="naive, chunk, parallel"):
         run_product("fused", p)
     with pytest.raises(ValueError, match="beta"):
         delta_product(p["q"], p["k"], p["v"], p["beta"][..., :1])

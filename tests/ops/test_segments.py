@@ -94,12 +94,12 @@ def alone(run, case, method, args, cotangent):
 
 # A reset is a forget gate, so every form of per-dimension GLA is checked; the ungated and per-head
 # layouts take their own in-chunk path (one gate per head) in the chunk form and the kernels. Each
-# op is checked against its reference form ("naive", the delta rule's "scan") on each document alone.
+# op is checked against its reference form ("naive") on each document alone.
 LINEAR = [("gla", method) for method in ("naive", "parallel", "scan", "assoc", "chunk", "pallas")]
 LINEAR += [("gla_scalar", "chunk"), ("gla_scalar", "pallas"), ("linear", "chunk"), ("linear_normalized", "chunk")]
-DELTA = [("channel", method) for method in ("scan", "parallel", "chunk")] + [("none", "chunk"), ("head", "chunk")]
+DELTA = [("channel", method) for method in ("naive", "parallel", "chunk")] + [("none", "chunk"), ("head", "chunk")]
 RECURRENT = [(run_linear, op_checks.make_args, "naive", *case) for case in LINEAR]
-RECURRENT += [(run_delta, op_checks.delta_args, "scan", *case) for case in DELTA]
+RECURRENT += [(run_delta, op_checks.delta_args, "naive", *case) for case in DELTA]
 
 
 @pytest.mark.parametrize("run, inputs, reference, case, method", RECURRENT,
@@ -181,7 +181,7 @@ def test_vq_attention_keeps_documents_apart():
 
     def attend(q, v, codes, ids=None):  # gradients w.r.t. q and v; the codes ride along (no gradient)
         k_hat = ops.vq.gather_codewords(codebook, codes)
-        return ops.vq_attention(q, k_hat, codes, codebook, v, block_size=4, method="blockwise", segment_ids=ids)
+        return ops.vq_attention(q, k_hat, codes, codebook, v, block_size=4, method="blocked", segment_ids=ids)
 
     ct = random_like(jax.ShapeDtypeStruct(q.shape, q.dtype), seed=6)
     assert_each_document_alone(attend, (q, v, codes), ct, packed_ids())

@@ -183,7 +183,7 @@ def test_nsa_fast_forms_equal_the_naive_one(dtype):
     cotangent = random_like(jax.ShapeDtypeStruct((B, T, HQ, DV), jnp.float32), seed=5).astype(dtype)
     tol = 1e-5 if dtype == jnp.float32 else BF16_TOL
     expected = nsa_pull_back(args, cotangent, doc_ids(), "naive")
-    for method in ("dense", "gather"):
+    for method in ("parallel", "gather"):
         assert_trees_close(nsa_pull_back(args, cotangent, doc_ids(), method), expected, tol)
 
 
@@ -351,7 +351,7 @@ def test_the_dsa_indexer_trains_on_its_own_loss_only():
     ("nsa", "pos=alibi", "pos.kind=alibi is not supported by attn.mixer=nsa"),
     ("dsa", "attn.window=8", "attn.window=8 is not supported by attn.mixer=dsa"),
     ("nsa", "attn.logn=true", "attn.logn=true is not supported by attn.mixer=nsa (set it to false)"),
-    ("nsa", "attn.method=blocked", "attn.method='blocked' is not valid (choose from: naive, dense, gather)"),
+    ("nsa", "attn.method=blocked", "attn.method='blocked' is not valid (choose from: naive, parallel, gather)"),
 ])
 def test_settings_the_sparse_mixers_refuse(variant, override, message, capsys):
     """In one line, from the config check (the command exits) or when the layer is built."""

@@ -5,7 +5,7 @@
 heads, as in OLMo-2 and Qwen3, applied before any position method, so the cache holds normalised
 keys) and ``output_gate`` (``o <- o * sigmoid(x W_gate)`` on each head's output channels before the
 output projection, as in Qwen3-Next). ``AttentionConfig`` holds the knobs every softmax-family spec
-shares (softmax, MLA and GAU extend it; a spec names its own ``methods`` and the knobs it cannot
+shares (softmax, MLA and GAU extend it; a spec names its own ``forms`` and the knobs it cannot
 apply, ``unsupported``) and counts the family's FLOPs; ``Scoring`` applies the knobs identically in
 the parallel forward, the decoding step and the probes: position method, logit scale, log-n factor,
 window. Decoding caches keys *before* any position method, together with each slot's position, so
@@ -59,7 +59,7 @@ class HeadOptions(MixerConfig):
 class AttentionConfig(HeadOptions):
     """Knobs shared by the softmax family; each can also be switched when evaluating a checkpoint."""
 
-    methods: ClassVar[tuple[str, ...]] = METHODS  # the forms attn.method may name (a mixer with its own ops: those)
+    forms: ClassVar[tuple[str, ...]] = METHODS  # the forms attn.method may name (a mixer with its own ops: those)
     unsupported: ClassVar[tuple[str, ...]] = ()  # knobs below that the mixer cannot apply: setting one is an error
     method: str = "auto"  # a form in lmzoo.ops.attention.METHODS; ReRoPE kinds always compute the readable one
     window: Optional[int] = None  # sliding window: a query sees itself and the window - 1 keys before it; None: all
@@ -71,7 +71,7 @@ class AttentionConfig(HeadOptions):
 
     def check(self, model: ModelConfig) -> None:
         super().check(model)
-        one_of("attn.method", self.method, self.methods)
+        one_of("attn.method", self.method, self.forms)
         if self.window is not None:
             positive("attn.window", self.window)
         if self.scale is not None:

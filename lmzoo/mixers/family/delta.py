@@ -47,7 +47,7 @@ class DeltaRuleConfig(LinearFamilyConfig):
     forms = METHODS  # the op's forms; a class attribute, not a config key
     delta = True
 
-    method: str = "auto"  # auto | jla | scan | parallel | chunk | pallas (see lmzoo.ops.delta)
+    method: str = "auto"  # auto | jla | naive | parallel | chunk | pallas (see lmzoo.ops.delta)
     conv_size: int = 4  # taps of the causal depthwise conv on q, k and v (1: a per-channel scale)
 
     def check(self, model: ModelConfig) -> None:
@@ -184,7 +184,7 @@ class DeltaRuleMixer(LinearFamilyMixer):
     def step(self, x_t, state):
         x = x_t[:, None]  # (B, 1, d_model)
         heads, conv = self.project(x, state["conv"])
-        o, s = self.mix(*heads, state=state["S"], method="scan")
+        o, s = self.mix(*heads, state=state["S"], method="naive")
         return self.output(x, o)[:, 0], {"S": s, "conv": conv}
 
     def recurrent_state(self, batch_size: int):
