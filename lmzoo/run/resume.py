@@ -95,7 +95,7 @@ def check_checkpoints_fit(run: RunDir, cfg: Config) -> None:
     for key, setting in CHECKPOINT_SETTINGS.items():
         before, now = OmegaConf.select(settings, key, default=setting.predated), attrgetter(key)(cfg)
         if before != now:
-            raise ConfigError(f"{key}={shown(now)}: run_dir {str(run.path)!r} trained with {key}={shown(before)}, "
+            raise ConfigError(f"{key}={quoted(now)}: run_dir {str(run.path)!r} trained with {key}={quoted(before)}, "
                               f"{setting.held}; resume with {setting.keep.format(plain(before))} "
                               "or pick another run_dir")
 
@@ -105,7 +105,7 @@ def plain(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def shown(value) -> str:
+def quoted(value) -> str:
     """A setting as an error line names it (strings quoted)."""
     return repr(value) if isinstance(value, str) else plain(value)
 
