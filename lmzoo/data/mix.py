@@ -58,7 +58,9 @@ import grain
 import numpy as np
 
 from lmzoo.data.corpus import DOCUMENT_BOUNDARIES, CorpusConfig, tokenized
-from lmzoo.data.pipeline import _READ_OPTIONS, Batch, Data, TokenWindows, _rows_per_process, document_ids
+from lmzoo.data.pipeline import (
+    _READ_OPTIONS, Batch, Data, SourceMetrics, TokenWindows, _rows_per_process, document_ids,
+)
 from lmzoo.data.synthetic import TRAIN, TaskConfig, TaskData, TaskExamples, TaskWindows
 from lmzoo.data.tokenizers import BPE, Tokenizer, build_tokenizer
 from lmzoo.registry import SOURCES
@@ -389,6 +391,10 @@ class MixData:
             self._windows[key] = self.main.validation_windows(lengths, budget, min_doc_tokens)
         return self._windows[key]
 
+    def source_metrics(self, length: int, budget: int) -> "ComponentMetrics":
+        """What the trainer logs of a mix beyond the loss: each component's loss, in training and validation."""
+        return ComponentMetrics(self.component_names, component_windows(self, length, budget))
+
     def component_windows(self, lengths: Sequence[int], budget: Optional[int]) -> dict[str, dict]:
         """Each component's own validation windows of each length, ``budget`` targets (tasks: examples of
         the longest length that ``budget`` tokens hold); the main component's are ``validation_windows``'s."""
@@ -426,17 +432,20 @@ def component_losses(terms: Sequence[dict], names: Sequence[str]) -> dict[str, f
     return {f"loss/{name}": float(l / s) for name, l, s in zip(names, loss, share) if s > 0}
 
 
-class ComponentLosses:
-    """The training loop's ``loss/<name>`` over a logging window: ``add`` each step's metrics (they stay on the
-    device), ``pop`` the window's means. Nothing for data that are not a mix."""
+class ComponentMetrics(SourceMetrics):
+    """A mix's ``SourceMetrics``: ``loss/<name>`` over a logging window from the steps' ``component_terms`` (kept
+    on the device until ``pop``), ``val_loss/<name>`` on each component's own validation windows."""
 
-    def __init__(self, data):
-        self.names = tuple(getattr(data, "component_names", ()))
+    step_terms = staticmethod(component_terms)
+
+    def __init__(self, names: Sequence[str], windows: dict):
+        self.names, self.windows = tuple(names), windows
         self.window: list[dict] = []
 
-    def add(self, metrics: dict) -> None:
-        if self.names:
-            self.window.append({k: metrics[k] for k in ("component_loss", "component_share")})
+    def add(self, metrics: dict, steps_per_call: int) -> None:
+        terms = {k: metrics[k] for k in ("component_loss", "component_share")}
+        # a call of k steps stacks them [k, components]: their sums are what k calls of one step would add
+        self.window.append(terms if steps_per_call == 1 else {k: v.sum(0) for k, v in terms.items()})
 
     def pop(self) -> dict[str, float]:
         import jax
@@ -444,12 +453,13 @@ class ComponentLosses:
         window, self.window = self.window, []
         return component_losses(jax.device_get(window), self.names)
 
+    def validation(self, score, *, rows: int, scored: Optional[tuple] = None) -> dict[str, float]:
+        return component_validation(score, self.windows, rows=rows, scored=scored)
 
-def component_windows(data, length: int, budget: int) -> dict:
-    """Each component's validation windows at ``length`` (``MixData.component_windows``); nothing for data that
-    are not a mix. ConfigError in one line for a budget a component cannot fill."""
-    if not hasattr(data, "component_windows"):
-        return {}
+
+def component_windows(data: MixData, length: int, budget: int) -> dict:
+    """Each component's validation windows at ``length`` (``MixData.component_windows``). ConfigError in one
+    line for a budget a component cannot fill."""
     try:
         return {name: windows[length] for name, windows in data.component_windows([length], budget).items()}
     except ValueError as e:

@@ -401,6 +401,36 @@ class ValidationWindows:
         return self.spans.results_keys()
 
 
+class SourceMetrics:
+    """What a data source logs beyond the loss, through hooks the trainer calls without naming the source.
+
+    ``step_terms(token_loss, batch)``, traced inside the jitted step, returns arrays added to the step's
+    metrics (None: nothing); ``add`` keeps a call's metrics on the device until ``pop`` averages them into a
+    log row; ``validation`` scores the source's own validation windows. This default logs nothing; a source
+    that logs more has ``source_metrics(length, budget)`` return its own (a mix: loss per component).
+    """
+
+    step_terms = None
+
+    def add(self, metrics: dict, steps_per_call: int) -> None:
+        """One call's metrics (stacked [k, ...] when a call runs k > 1 steps)."""
+
+    def pop(self) -> dict[str, float]:
+        """The log row's terms over the calls added since the last ``pop``."""
+        return {}
+
+    def validation(self, score, *, rows: int, scored: Optional[tuple] = None) -> dict[str, float]:
+        """Terms scored on the source's own validation windows; ``scored`` = (windows, their scores) already
+        scored by the trainer, not scored again."""
+        return {}
+
+
+def source_metrics(data, length: int, budget: int) -> SourceMetrics:
+    """The ``SourceMetrics`` that ``data`` logs at training length ``length`` with ``budget`` validation targets."""
+    own = getattr(data, "source_metrics", None)
+    return own(length, budget) if own is not None else SourceMetrics()
+
+
 # eq=False: comparing or hashing the token arrays is never wanted.
 @dataclass(frozen=True, eq=False)
 class Data:

@@ -45,7 +45,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from lmzoo.config import Config, ConfigError
 from lmzoo.data import build_data
 from lmzoo.data.corpus import with_saved_tokenizer
-from lmzoo.data.mix import ComponentLosses, component_validation, component_windows
+from lmzoo.data.pipeline import source_metrics
 from lmzoo.data.tokenizers import BPE
 from lmzoo.faults import Diverged, RunLock
 from lmzoo.metrics.intervals import BLOCKS
@@ -184,12 +184,6 @@ def open_logger(run: RunDir, cfg: Config, n_params: int, start_step: int) -> Met
 # ----------------------------------------------------------------------------- loop
 
 
-def summed_over_steps(metrics: dict) -> dict:
-    """A call's ``component_loss`` / ``component_share`` terms ([k, components]) summed over its k steps: what
-    ``ComponentLosses`` adds up over a window's steps (a mix's; nothing for other data)."""
-    return {k: v.sum(0) for k, v in metrics.items() if k.startswith("component_")}
-
-
 def step_on_leaves(state_def, step, leaves: list, batch):
     """``step`` (state, batch) -> (state, metrics) on the state's leaves. A jitted call flattens its arguments'
     trees and builds its results' on the host at every call, and a state of nnx Variables takes longer to
@@ -264,10 +258,10 @@ class Trainer:
                          self.run.resumes_path)
             write_run_info(self.run, cfg, data, model, n_params)
 
-        self.component_losses = ComponentLosses(data)  # a mix's loss/<name>; nothing for other data
-        self.component_windows = component_windows(data, cfg.data.seq_len, cfg.train.eval_tokens)
+        self.source_metrics = source_metrics(data, cfg.data.seq_len, cfg.train.eval_tokens)  # a mix's loss/<name>
         self.state_def = jax.tree.structure(self.state)
-        step = partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum, z_loss=cfg.train.z_loss)
+        step = partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum, z_loss=cfg.train.z_loss,
+                       terms=self.source_metrics.step_terms)
         call = partial(step_on_leaves, self.state_def, step)
         if self.steps_per_call > 1:  # one step a call stays the plain step, without a scan around it
             call = partial(scan_steps, call)
@@ -363,8 +357,7 @@ class Trainer:
         metrics["finite"].copy_to_host_async()  # on its way to the host as soon as the call ends
         self.unread_flag = (self.step, metrics["finite"])
         self.window_losses.append(metrics["loss"])
-        if self.component_losses.names:
-            self.component_losses.add(metrics if self.steps_per_call == 1 else summed_over_steps(metrics))
+        self.source_metrics.add(metrics, self.steps_per_call)
         self.bar.update(self.steps_per_call)
         return metrics
 
@@ -455,7 +448,7 @@ class Trainer:
             "accuracy": float(metrics["accuracy"]),
             **{k: float(v) for k, v in metrics.items() if k.startswith("aux/") or k == "z_loss"},
             "nonfinite_steps": self.window_nonfinite,
-            **self.component_losses.pop(),
+            **self.source_metrics.pop(),
         }
         self.window_losses, self.window_start, self.window_nonfinite = [], time.perf_counter(), 0
         self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
@@ -484,8 +477,8 @@ class Trainer:
         val = {f"val_{k}": v for k, v in scores.summary(self.bits_per_byte).items()}
         interval = scores.bpb_interval(self.bits_per_byte)
         val.update(val_bpb_lo=interval.lo, val_bpb_hi=interval.hi)
-        val.update(component_validation(self.score, self.component_windows, rows=self.cfg.train.batch_size,
-                                        scored=(self.val_windows, scores)))
+        val.update(self.source_metrics.validation(self.score, rows=self.cfg.train.batch_size,
+                                                  scored=(self.val_windows, scores)))
         if len(self.probe_tokens):
             model = nnx.merge(self.graphdef, self.state["params"], self.state["extra"])
             val.update(probe_metrics(model, self.probe_tokens, self.probe_segments))

@@ -39,7 +39,7 @@ from lmzoo.run import loop
 from lmzoo.run.checkpoint import Checkpointer
 from lmzoo.run.directory import RunDir
 from lmzoo.run.feed import BatchFeed
-from lmzoo.run.loop import Trainer, summed_over_steps
+from lmzoo.run.loop import Trainer
 
 log = logging.getLogger("lmzoo.train")
 
@@ -217,7 +217,7 @@ class SeedGroup:
             for call in window:
                 member.window_losses.append(call["loss"][i])
                 mine = take_seed(call, i)
-                member.component_losses.add(mine if self.steps_per_call == 1 else summed_over_steps(mine))
+                member.source_metrics.add(mine, self.steps_per_call)
             if eval_due:
                 self.hand_state(i, member)
             member.window_start = self.window_start + (time.perf_counter() - now)  # every seed's row: the group's time

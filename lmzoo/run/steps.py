@@ -29,7 +29,6 @@ from flax import nnx
 from jax import lax
 
 from lmzoo.config import Config
-from lmzoo.data.mix import component_terms
 from lmzoo.metrics.scoring import logit_scores, token_scores
 from lmzoo.mixers.base import AuxLoss
 from lmzoo.model import LM, restart_rows
@@ -45,18 +44,19 @@ def scored_mean(values: jax.Array, batch) -> jax.Array:
     return (values * weights).sum() / jnp.maximum(weights.sum(), 1.0)
 
 
-def next_token_loss(model: LM, batch, z_loss: float = 0.0, carried=None):
-    """Next-token cross-entropy, its accuracy, the auxiliary losses mixers sowed in the forward, and
-    (``z_loss`` > 0) the z-loss term: ``(loss, metrics)``; given the ``carried`` state, the batch continues
-    from it and ``(loss, metrics, carried after the batch)``."""
+def next_token_loss(model: LM, batch, z_loss: float = 0.0, carried=None, terms=None):
+    """Next-token cross-entropy, its accuracy, the auxiliary losses mixers sowed in the forward,
+    (``z_loss`` > 0) the z-loss term and the data source's own ``terms(token_loss, batch)``
+    (``lmzoo.data.pipeline.SourceMetrics.step_terms``): ``(loss, metrics)``; given the ``carried`` state,
+    the batch continues from it and ``(loss, metrics, carried after the batch)``."""
     logits, sown, carried = forward(model, batch, carried)  # (B, T, V)
     scores = logit_scores(logits, batch["targets"])
     loss, accuracy = scored_mean(scores["loss"], batch), scored_mean(scores["correct"], batch)
     metrics = {"accuracy": accuracy, **sum_by_name(sown)}
     if z_loss:
         metrics["z_loss"] = z_loss_term(logits, batch, z_loss)
-    if "component_onehot" in batch:  # a mix: each component's loss terms (lmzoo.data.mix)
-        metrics.update(component_terms(scores["loss"], batch))
+    if terms is not None:
+        metrics.update(terms(scores["loss"], batch))
     return (loss, metrics) if carried is None else (loss, metrics, carried)
 
 
@@ -87,12 +87,12 @@ def sum_by_name(sown) -> dict[str, jax.Array]:
     return totals
 
 
-def loss_and_extra(params, extra, graphdef, batch, z_loss: float = 0.0, carried=None):
+def loss_and_extra(params, extra, graphdef, batch, z_loss: float = 0.0, carried=None, terms=None):
     """(objective, (metrics, after)): ``after`` is the non-parameter state the forward updated, and with a
     ``carried`` state ``{"extra": that state, "carried": the carried state after the batch}``."""
     model = nnx.merge(graphdef, params, extra, copy=True)  # fresh Variables: in-place writes stay traceable
     model = nnx.view(model, training=True)  # mixers' training-time behaviour on (see Mixer.training)
-    loss, metrics, *after_batch = next_token_loss(model, batch, z_loss, carried)
+    loss, metrics, *after_batch = next_token_loss(model, batch, z_loss, carried, terms)
     objective = loss + sum(v for k, v in metrics.items() if k.startswith("aux/") or k == "z_loss")
     metrics = {"loss": loss, **metrics}
     extra = nnx.state(model, nnx.Not(nnx.Param))
@@ -105,7 +105,8 @@ def scored_count(batch) -> jax.Array:
     return jnp.asarray(batch["targets"].size if weights is None else weights.sum(), jnp.float32)
 
 
-def gradients(params, extra, graphdef, batch, micro_batches: int = 1, z_loss: float = 0.0, carried=None):
+def gradients(params, extra, graphdef, batch, micro_batches: int = 1, z_loss: float = 0.0, carried=None,
+              terms=None):
     """(grads, metrics, extra, carried) of the objective on ``batch``, over ``micro_batches`` slices of its rows in
     turn.
 
@@ -115,7 +116,7 @@ def gradients(params, extra, graphdef, batch, micro_batches: int = 1, z_loss: fl
     Non-parameter state the forward updates (``extra``) passes from slice to slice; the ``carried``
     state's rows (None without state passing) go with their batch rows, and come back in their places.
     """
-    grad_fn = jax.value_and_grad(partial(loss_and_extra, z_loss=z_loss), has_aux=True)
+    grad_fn = jax.value_and_grad(partial(loss_and_extra, z_loss=z_loss, terms=terms), has_aux=True)
 
     def objective_of(extra, piece, rows):
         (_, (metrics, after)), grads = grad_fn(params, extra, graphdef, piece, carried=rows)
@@ -145,7 +146,7 @@ def gradients(params, extra, graphdef, batch, micro_batches: int = 1, z_loss: fl
     return grads, metrics, extra, jax.tree.map(from_slices, carried_slices)
 
 
-def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1, z_loss: float = 0.0):
+def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1, z_loss: float = 0.0, terms=None):
     """One optimizer step; a step whose loss, gradient norm or new state is not finite keeps the old state
     (and restarts any carried state from zeros).
 
@@ -155,7 +156,7 @@ def train_step(graphdef, tx, state, batch, *, micro_batches: int = 1, z_loss: fl
     checkpoint layout.)
     """
     grads, metrics, extra, carried = gradients(state["params"], state["extra"], graphdef, batch, micro_batches, z_loss,
-                                               state.get("carried"))
+                                               state.get("carried"), terms)
     updates, opt = tx.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     grad_norm = optax.tree.norm(grads)

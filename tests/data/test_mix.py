@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 
 from lmzoo.data.mix import (
-    SYMBOLS, ComponentLosses, MixConfig, component_losses, component_terms, component_validation, component_windows,
+    SYMBOLS, ComponentMetrics, MixConfig, component_losses, component_terms, component_validation, component_windows,
     forward_in_symbols,
 )
-from lmzoo.data.pipeline import train_iterator
+from lmzoo.data.pipeline import SourceMetrics, source_metrics, train_iterator
 from lmzoo.data.synthetic import TRAIN, TaskExamples, TaskTokenizer
 from lmzoo.faults import RunFault
-from lmzoo.run import loop as training
 from lmzoo.run.directory import RunDir
 from lmzoo.run.resume import check_data
 from lmzoo.run.loop import train
@@ -119,12 +118,15 @@ def test_component_losses_by_hand_and_over_micro_batches():
                                    rtol=1e-6)
     # steps pooled by the trainer's accumulator: each step's mean weighted by the component's share of that step
     text_only = component_terms(loss[:1], {k: v[:1] for k, v in batch.items()})
-    pooled = ComponentLosses(type("Mix", (), {"component_names": ("text", "passkey", "unused")}))
-    pooled.add(terms)
-    pooled.add(text_only)
+    pooled = ComponentMetrics(("text", "passkey", "unused"), {})
+    pooled.add(terms, 1)
+    pooled.add(text_only, 1)
     expected = float((terms["component_loss"][0] + 2.0) / (terms["component_share"][0] + 1.0))
     assert pooled.pop() == pytest.approx({"loss/text": expected, "loss/passkey": (6 + 1) / 2})
-    assert pooled.pop() == {} and ComponentLosses(object()).pop() == {}
+    assert pooled.pop() == {} and SourceMetrics().pop() == {} and source_metrics(object(), L, L).pop() == {}
+    # a call of two steps stacks their terms [2, components]: the same window as two calls of one step
+    pooled.add({k: np.stack([terms[k], text_only[k]]) for k in terms}, 2)
+    assert pooled.pop() == pytest.approx({"loss/text": expected, "loss/passkey": (6 + 1) / 2})
 
 
 def test_each_component_is_validated_on_its_own_windows(tmp_path):
@@ -236,9 +238,6 @@ def test_the_fingerprint_covers_components_and_weights(tmp_path):
             check_data(run, changed, step=4, allow_changed=False)
 
 
-PER_COMPONENT_HOOK = hasattr(training, "ComponentLosses")  # the trainer logs a mix's losses by component
-
-
 @pytest.mark.slow
 def test_a_tiny_mix_trains_and_a_changed_mix_is_not_resumed(tmp_path):
     steps = ["train.steps=4", "train.eval_every=4", "train.log_every=2", "train.probe_batch=0"]
@@ -246,9 +245,8 @@ def test_a_tiny_mix_trains_and_a_changed_mix_is_not_resumed(tmp_path):
     assert summary["step"] == 4 and np.isfinite(summary["val_loss"])
     fingerprint = json.loads((tmp_path / "data_fingerprint.json").read_text())
     assert [(c["name"], c["weight"]) for c in fingerprint["components"]] == [("text", 0.95), ("passkey", 0.05)]
-    if PER_COMPONENT_HOOK:
-        rows = RunDir(tmp_path).read_metrics()
-        assert "loss/text" in rows[-1] and "val_loss/passkey" in rows[-1] and "val_accuracy/passkey" in rows[-1]
+    rows = RunDir(tmp_path).read_metrics()  # the trainer logs a mix's losses by component (its SourceMetrics)
+    assert "loss/text" in rows[-1] and "val_loss/passkey" in rows[-1] and "val_accuracy/passkey" in rows[-1]
     with pytest.raises(ConfigError, match=r"data\.components\.text\.weight: 0\.95 there, 0\.9 here"):
         train(tiny_config("softmax", "data=mix", *steps, "train.steps=6", "data.components.text.weight=0.9",
                           run_dir=tmp_path))
