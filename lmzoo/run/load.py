@@ -74,9 +74,10 @@ def open_data(cfg: Config, run: RunDir):
 
 
 def changes_data(overrides: list[str]) -> bool:
-    """Whether the overrides ask for other data (``data.num_pairs=64`` on a task, say): then the data differ as asked."""
+    """Whether the overrides ask for other data (``data.num_pairs=64`` on a task, or ``seed=`` whose data seed draws
+    other examples, say): then the data differ as asked."""
     keys = [o.split("=")[0].lstrip("+") for o in overrides]
-    return any((key == "data" or key.startswith("data.")) and key != "data.allow_changed" for key in keys)
+    return any((key in ("data", "seed") or key.startswith("data.")) and key != "data.allow_changed" for key in keys)
 
 
 def check_same_data(run: RunDir, fingerprint: dict, *, allow_changed: bool) -> None:

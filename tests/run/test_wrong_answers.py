@@ -258,3 +258,10 @@ def saved(run_dir: Path) -> list[int]:
 def test_data_asked_for_by_an_override_are_not_refused_but_recorded(run_copy):
     results = evaluate(run_copy, "data.val_fraction=0.2")  # another split, asked for: the results say so
     assert "val_documents" in results["data_changed"] and results["step"] == 6
+
+
+def test_overrides_that_ask_for_other_data_by_name():
+    from lmzoo.run.load import changes_data
+
+    assert changes_data(["data.num_pairs=64"]) and changes_data(["seed=1000"])  # a task's examples of another seed
+    assert not changes_data(["data.allow_changed=true", "pos=pi", "eval.step=4"])
