@@ -35,7 +35,7 @@ def test_help_lists_the_keys_with_defaults_and_exits_0(command, flag, capsys):
     ("generate", ["oops"], "could not parse 'oops': arguments are key=value"),
     ("experiments", ["decode_cache", "oops"], "could not parse 'oops': arguments are key=value"),
     ("train", ["+attn=softmax", "oops"], "could not parse 'oops': arguments are key=value"),
-    ("compare", ["/nonexistent", "colour=red"], "unknown key 'colour' (valid keys: baseline, tag, out)"),
+    ("compare", ["/nonexistent", "colour=red"], "unknown key 'colour' (valid keys: baseline, tag, out, adjust, same_seed)"),
     ("compare", ["/nonexistent", "--colour", "red"], "unknown option '--colour'"),
     ("compare", [], "no run given"),
     ("generate", ["run_dir=/nonexistent", "prompt=a", "temperature=nan"], "temperature=nan must be a finite number"),
