@@ -104,6 +104,10 @@ def test_decode_cache_quick_run_trains_evaluates_and_reuses_its_runs(tmp_path):
     mla_vs_gqa = next(c for c in record["checks"] if c["name"] == "bpb MLA - GQA")
     assert mla_vs_gqa["passed"] is None and mla_vs_gqa["undecided"] == "1 seed: text only"
     assert record["runs"] == ["runs/gqa-s0", "runs/mla-s0"]
+    ngrams, scored = record["evidence"]["ngram_bpb"], json.loads((tmp_path / "decode_cache" / "runs" / "gqa-s0" / "eval"
+                                                                  / "decode_cache" / "results.json").read_text())
+    assert ngrams["scored_digest"] == scored["scored_digest"]  # the n-grams scored on the models' targets
+    assert ngrams["unigram"] > ngrams["bigram"] > ngrams["trigram"]
     again = run_experiment("decode_cache", tmp_path, quick=True, overrides=overrides)  # reuses the finished runs
     assert again["evidence"]["variants"] == variants
 
