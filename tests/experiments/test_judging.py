@@ -226,6 +226,9 @@ def test_position_extrapolation_judge():
     checks = judge({"paired_differences": same}, settings)
     assert by_name(checks) == {"rope: bpb ratio at 1024": True, "ntk: bpb at 1024 - rope's": False,
                                "alibi: bpb ratio at 1024 - rope's": False}
+    broken = {**same, "pi: bpb at 1024 - rope's": record(1.07, 0.9, 1.25, seeds=(3,), uncertainty="text")}
+    with_pi = judge({"paired_differences": broken}, Settings(extensions=["pi", "ntk"], trained_in=["alibi"]))
+    assert [c.name for c in with_pi] == list(by_name(checks))  # PI: an expected negative, reported and not judged
 
 
 def test_sparsity_predicted_judge_does_not_pass_shuffled_or_uniform_heads():
