@@ -117,7 +117,7 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
 
 
 def judge(evidence: dict, settings: Settings) -> list[Check]:
-    train_len, longest = settings.seq_len, FACTORS[-1] * settings.seq_len
+    longest = FACTORS[-1] * settings.seq_len
     records = evidence["paired_differences"]
     rope = records.get(f"rope: bpb ratio at {longest}") or evidence["conditions"]["rope"]["ratio"][str(longest)]
     checks = [Check(f"rope: bpb ratio at {longest}", "control: RoPE alone degrades past its training length",

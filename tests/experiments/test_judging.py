@@ -312,6 +312,16 @@ def test_the_committed_tables_are_generated_from_the_committed_json():
     assert report.stale() == [], "run python -m lmzoo.experiments report"
 
 
+def test_switch_checks_with_text_only_intervals_over_several_checkpoints_are_listed_for_a_rerun():
+    committed = json.loads((CLAIMS / "logn_entropy" / "verdict.json").read_text())
+    switch = next(c for c in committed["checks"] if "at evaluation" in c["name"])
+    assert report.text_only_switch(switch) and "text only" in report.next_step("logn_entropy", committed)
+    counted = {**committed, "checks": [{**c, "uncertainty": "seeds+text"} for c in committed["checks"]]}
+    assert report.next_step("logn_entropy", counted) == ""  # checkpoint-to-checkpoint variation counted: nothing to do
+    one_checkpoint = {**switch, "seeds": [1]}  # one checkpoint has no variation to count
+    assert not report.text_only_switch(one_checkpoint)
+
+
 def test_a_table_that_disagrees_with_the_json_is_found(tmp_path):
     claims = tmp_path / "claims.md"
     text = (REPO / "docs" / "claims.md").read_text()
