@@ -66,7 +66,7 @@ def context_free_bpb(data, lengths: list[int], budget: int, min_doc_tokens: int 
     to_bpb = 1 / (math.log(2) * data.bytes_per_token)
     return {**{order: round(float(n * to_bpb), 4) for order, n in zip(ORDERS, nats)},
             "targets": len(positions), "scored_digest": digest, "smoothing": "Witten-Bell interpolation",
-            "counted_on": f"{len(data.train_tokens)} training tokens"}
+            "counted_on": f"{len(data.train_tokens)} training tokens", "data_sha256": data.fingerprint.get("sha256")}
 
 
 def measure(overrides: list[str], lengths: list[int], budget: int, min_doc_tokens: int | None = None) -> dict:
