@@ -8,7 +8,8 @@ the reference degrades past its training length). Each check comes out
 
 - passed: the whole interval lies beyond the bound;
 - failed: the whole interval lies on the other side of it;
-- undecided (``None``): the interval straddles the bound, or the check compares separately
+- undecided (``None``): the interval straddles the bound, the bound is measured from the data and the
+  evidence predates that measurement (``bound`` None), or the check compares separately
   trained models with one seed in an arm, whose training noise cannot be estimated (a text-only
   interval, never significant, ``lmzoo.metrics.seeds``).
 
@@ -41,6 +42,7 @@ RULES_VERSION = 4
 OUTCOMES = ("reproduced", "partly", "not reproduced", "inconclusive")
 SMOKE = "smoke run"  # the verdict word of a quick run: it never reads as a full run's outcome
 TRAINING_NOISE_UNKNOWN = "1 seed: text only"
+UNMEASURED_BOUND = "its bound was not measured when the evidence was recorded"
 
 
 Measured = Estimate  # a check's value: ``lmzoo.metrics.estimate``, the record compare and the seeds statistics use
@@ -58,13 +60,13 @@ class Check:
     tests: str  # what it tests, in one sentence
     value: Measured
     side: str  # "above" or "below": where the interval must lie
-    bound: float  # the effect size it must clear
+    bound: float | None  # the effect size it must clear; None: a bound the evidence predates (undecided)
     control: bool = False
     trained_comparison: bool = False  # compares separately trained models: needs two seeds per arm
 
     @property
     def passed(self) -> bool | None:
-        if self.trained_comparison and min(self.value.seeds) < 2:
+        if self.bound is None or (self.trained_comparison and min(self.value.seeds) < 2):
             return None
         lo, hi = self.value.lo, self.value.hi
         beyond, short = (lo > self.bound, hi < self.bound) if self.side == "above" else (hi < self.bound, lo > self.bound)
@@ -74,13 +76,16 @@ class Check:
     def why_undecided(self) -> str | None:
         if self.passed is not None:
             return None
+        if self.bound is None:
+            return UNMEASURED_BOUND
         if self.trained_comparison and min(self.value.seeds) < 2:
             return TRAINING_NOISE_UNKNOWN
         return f"the interval straddles {self.bound:g}"
 
     @property
     def must(self) -> str:
-        return f"{'>' if self.side == 'above' else '<'} {self.bound:g}"
+        bound = "an unmeasured bound" if self.bound is None else f"{self.bound:g}"
+        return f"{'>' if self.side == 'above' else '<'} {bound}"
 
     def record(self) -> dict:
         value = {k: v for k, v in self.value.record().items() if k != "significant"}  # passed says what counts

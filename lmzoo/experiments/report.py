@@ -74,7 +74,16 @@ def next_step(name: str, record: dict | None) -> str:
     wanted = getattr(load(name).Settings(), "seeds", [])
     if seeds_per_arm(record) < len(wanted) or any(c["undecided"] == TRAINING_NOISE_UNKNOWN for c in record["checks"]):
         return f"not yet rerun with {len(wanted)} seeds per arm: {command}"
+    if any(text_only_switch(c) for c in record["checks"]):
+        return (f"switch intervals are text only, recorded before checkpoint-to-checkpoint variation counted: "
+                f"rerun {command}")
     return ""
+
+
+def text_only_switch(check: dict) -> bool:
+    """An evaluation-time switch over several checkpoints judged on the text alone: recorded before
+    ``lmzoo.metrics.seeds.switch_difference`` counted how much the switch's effect differs between checkpoints."""
+    return check["uncertainty"] == "text" and max(check["seeds"]) > 1
 
 
 def summary_table(records: dict) -> str:

@@ -33,6 +33,15 @@ upper end below), and is undecided otherwise, or when fewer than half the points
 No positive control: nothing is trained, and the sparsity estimator and the closed forms are
 checked against exact values and numerical integrals in the tests.
 
+The identity and i.i.d. forms are no checks either. Every closed form here is the n -> infinity limit
+of the ratio of two sample means, exact by the law of large numbers; what a Monte Carlo at finite n can
+find is how many keys the limit needs. The light-tailed forms (a Gaussian score, the elu+1 features of
+a Gaussian) converge at the ratio's O(1/n) bias, far inside ``tolerance`` at any n here: measured they
+agree (0.0007 and 0.0002 at n = 4096 in the committed run, 8 draws suffice in the tests), and their
+check could fail only through a bug, which the tests catch. They are measured and drawn as facts
+(``FACTS``), not votes. The heavy-tailed forms (exp, relu^2 below its threshold, log-normal features)
+can fail: their limits need n far beyond exp(gamma^2), and these are the checks.
+
 The decay form is no check: its weights are deterministic, so "measured" is the closed form
 evaluated (an identity, kept as a unit test in tests/experiments/test_experiments.py). It is still drawn, to
 show S -> 0 as n grows.
@@ -295,10 +304,13 @@ def run(settings: Settings, out_dir) -> Outcome:
     return Outcome(evidence, figures)
 
 
+FACTS = ("identity", "iid")  # light tails: the Monte Carlo agrees with the limit at any n here (module docstring)
+
+
 def judge(evidence: dict, settings: Settings) -> list[Check]:
     largest = max(settings.lengths)
     return [form_check(form, evidence[form.name]["measurements"], largest, settings.tolerance)
-            for form in FORMS if form.random and form.name in evidence]
+            for form in FORMS if form.random and form.name in evidence and form.name not in FACTS]
 
 
 def form_check(form: Form, points: list[dict], largest: int, tolerance: float) -> Check:

@@ -153,12 +153,54 @@ def test_decode_cache_judge():
     variants = {v: {"cache_floats_per_token": 1.0, "bpb": record(2.0, 1.95, 2.05)} for v in ("softmax", "gqa", "mqa", "mla")}
     worse = {"gqa - mla": record(-0.04, -0.05, -0.03), "gqa - softmax": record(0.02, 0.015, 0.03),
              "mqa - softmax": record(0.04, 0.03, 0.05), "gqa - mqa": record(-0.02, -0.03, -0.015)}
-    checks = judge({"variants": variants, "bpb_differences": worse}, Settings())
+    ngrams = {"ngram_bpb": {"unigram": 4.9, "bigram": 3.67, "trigram": 2.68}}
+    checks = judge({"variants": variants, "bpb_differences": worse, **ngrams}, Settings())
     assert by_name(checks)["bpb MLA - GQA"] is False  # MLA 0.04 worse: the claim is false
+    assert all(c.passed for c in checks if c.control)
     untrained = {v: {**e, "bpb": record(5.5, 5.4, 5.6)} for v, e in variants.items()}
-    assert outcome(judge({"variants": untrained, "bpb_differences": worse}, Settings()))[0] == "inconclusive"
+    assert outcome(judge({"variants": untrained, "bpb_differences": worse, **ngrams}, Settings()))[0] == "inconclusive"
     one_seed = {k: record(*(r[x] for x in ("estimate", "lo", "hi")), seeds=(1, 1), uncertainty="text") for k, r in worse.items()}
-    assert all(c.passed is None for c in judge({"variants": variants, "bpb_differences": one_seed}, Settings()) if not c.control)
+    assert all(c.passed is None for c in judge({"variants": variants, "bpb_differences": one_seed, **ngrams}, Settings())
+               if not c.control)
+
+
+@pytest.mark.parametrize("name", ["decode_cache", "state_passing"])
+def test_learned_text_controls_fail_a_model_that_learned_byte_statistics_only(name):
+    """A model that did not diverge but learned no context (bpb 3.8: below the old bound of 4, above the
+    bigram's 3.67) fails the control; evidence recorded before the bigram was measured leaves it undecided."""
+    module = load(name)
+    settings = module.Settings()
+    bpb = record(3.8, 3.75, 3.85)
+    if name == "decode_cache":
+        evidence = {"variants": {"softmax": {"cache_floats_per_token": 1.0, "bpb": bpb}}, "bpb_differences": {}}
+    else:
+        t, longest = str(settings.seq_len), str(settings.seq_len * settings.factors[-1])
+        arm = {"bpb": {t: bpb}, "ratio": {longest: record(1.2, 1.1, 1.3)}}
+        evidence = {"conditions": {f"{v} {a}": arm for v in settings.variants for a in ("windows", "passing")},
+                    "differences": {f"{v}: bpb ratio at {longest}, passing - windows": record(-0.1, -0.2, -0.06)
+                                    for v in settings.variants}}
+    learned = lambda e: [c for c in module.judge(e, settings) if c.control and c.side == "below"]  # noqa: E731
+    assert {c.passed for c in learned({**evidence, "ngram_bpb": {"bigram": 3.67}})} == {False}
+    assert {c.passed for c in learned({**evidence, "ngram_bpb": {"bigram": 3.9}})} == {True}
+    unmeasured = learned(evidence)
+    assert {c.passed for c in unmeasured} == {None} and unmeasured[0].why_undecided == judging.UNMEASURED_BOUND
+    assert outcome(module.judge(evidence, settings))[0] == "inconclusive"
+
+
+def test_a_bigram_model_sees_what_a_unigram_cannot():
+    from lmzoo.experiments.ngram import probabilities
+
+    rng = np.random.default_rng(0)
+    chain = np.cumsum(rng.integers(1, 3, 20000)) % 16  # each byte one or two past the one before
+    unigram, bigram, trigram = probabilities(chain, 16)
+    follows = lambda p: -np.log(p).mean()  # noqa: E731
+    before, previous, target = chain[:-2], chain[1:-1], chain[2:]
+    nats = [follows(unigram[target]), follows(bigram[previous, target]), follows(trigram[before, previous, target])]
+    assert abs(nats[0] - np.log(16)) < 0.01 and abs(nats[1] - np.log(2)) < 0.01 and abs(nats[2] - np.log(2)) < 0.01
+    noise = rng.integers(0, 16, 20000)  # i.i.d. bytes: a bigram knows no more than a unigram
+    unigram, bigram, _ = probabilities(noise, 16)
+    assert abs(follows(bigram[noise[:-1], noise[1:]]) - follows(unigram[noise[1:]])) < 0.02
+    assert np.allclose(bigram.sum(-1), 1) and np.allclose(trigram.sum(-1), 1)
 
 
 def test_logn_entropy_judge():
@@ -184,6 +226,9 @@ def test_position_extrapolation_judge():
     checks = judge({"paired_differences": same}, settings)
     assert by_name(checks) == {"rope: bpb ratio at 1024": True, "ntk: bpb at 1024 - rope's": False,
                                "alibi: bpb ratio at 1024 - rope's": False}
+    broken = {**same, "pi: bpb at 1024 - rope's": record(1.07, 0.9, 1.25, seeds=(3,), uncertainty="text")}
+    with_pi = judge({"paired_differences": broken}, Settings(extensions=["pi", "ntk"], trained_in=["alibi"]))
+    assert [c.name for c in with_pi] == list(by_name(checks))  # PI: an expected negative, reported and not judged
 
 
 def test_sparsity_predicted_judge_does_not_pass_shuffled_or_uniform_heads():
@@ -265,6 +310,16 @@ def test_mqar_state_size_reads_inconclusive_until_softmax_solves_the_task():
 
 def test_the_committed_tables_are_generated_from_the_committed_json():
     assert report.stale() == [], "run python -m lmzoo.experiments report"
+
+
+def test_switch_checks_with_text_only_intervals_over_several_checkpoints_are_listed_for_a_rerun():
+    committed = json.loads((CLAIMS / "logn_entropy" / "verdict.json").read_text())
+    switch = next(c for c in committed["checks"] if "at evaluation" in c["name"])
+    assert report.text_only_switch(switch) and "text only" in report.next_step("logn_entropy", committed)
+    counted = {**committed, "checks": [{**c, "uncertainty": "seeds+text"} for c in committed["checks"]]}
+    assert report.next_step("logn_entropy", counted) == ""  # checkpoint-to-checkpoint variation counted: nothing to do
+    one_checkpoint = {**switch, "seeds": [1]}  # one checkpoint has no variation to count
+    assert not report.text_only_switch(one_checkpoint)
 
 
 def test_a_table_that_disagrees_with_the_json_is_found(tmp_path):
