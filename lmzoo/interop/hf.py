@@ -55,18 +55,19 @@ def parameters(model: nnx.Module) -> dict[tuple, np.ndarray]:
     return {path: np.asarray(variable.get_value()) for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
-def export_hf(trained: Trained, out: Path | str, *, source: dict | None = None) -> Path:
-    """Write ``trained`` as a Hugging Face Llama folder at ``out`` (which must not hold files yet).
+def export_hf(trained: Trained, out: Path | str, *, source: dict | None = None, target=llama) -> Path:
+    """Write ``trained`` as a Hugging Face folder at ``out`` (which must not hold files yet) of ``target``'s
+    model class (a module with ``hf_config`` and ``to_hf``: ``llama``, or ``fla_gla`` for fla's GLA).
 
-    ConfigError naming every setting of the run that Llama has no equivalent for. The folder appears
+    ConfigError naming every setting of the run that the target has no equivalent for. The folder appears
     whole: it is written beside ``out`` under a temporary name and then renamed."""
     cfg, tokenizer = trained.cfg, trained.data.tokenizer
     vocab = trained.model.embed.num_embeddings
-    config = llama.hf_config(cfg, vocab, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+    config = target.hf_config(cfg, vocab, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"out={str(out)!r} already holds files: name a new folder")
-    weights = llama.to_hf(parameters(trained.model), cfg.model.n_layers, cfg.model.tie_embeddings)
+    weights = target.to_hf(parameters(trained.model), cfg.model.n_layers, cfg.model.tie_embeddings)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
