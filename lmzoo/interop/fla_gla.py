@@ -8,7 +8,8 @@ mixer matches term by term: q and k ``expand_k * d_model`` wide (lmzoo's ``attn.
 builds), ``o_t = q_t S_t / sqrt(Dk)``, then ``W_o (swish(x W_g) * headnorm(o))`` with one norm
 scale shared by the heads (fla's ``FusedRMSNormGated``). fla takes one ``norm_eps`` for the
 blocks' norms and the head norm; lmzoo's head norm has its own, so a run maps only where
-``model.norm_eps`` equals it. Flax kernels are [in, out], torch weights [out, in].
+``model.norm_eps`` equals it. Flax kernels are [in, out], torch weights [out, in]. The table reads both
+ways: ``lmzoo.interop.hf.open_hf`` opens an fla GLA folder whose settings map (``lmzoo_settings``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,34 @@ def hf_config(cfg: Config, vocab_size: int, *, bos_id: int, eos_id: int, pad_id:
         "initializer_range": m.init_std, "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": pad_id,
         "attn_mode": "chunk", "fuse_norm": True, "fuse_swiglu": True, "fuse_cross_entropy": True,
         "torch_dtype": "float32", "use_cache": True,
+    }
+
+
+# fla GLAConfig keys whose other values compute something lmzoo's GLA does not, at fla's default (which maps).
+FLA_DEFAULTS = {"expand_v": 1.0, "num_kv_heads": None, "feature_map": None, "use_short_conv": False,
+                "use_output_gate": True, "clamp_min": None, "hidden_act": "swish", "elementwise_affine": True,
+                "use_gk": True, "use_gv": False, "attn": None, "attnres_block_size": None}
+FLA_NORM_EPS = 1e-6  # GLAConfig's default norm_eps: a checkpoint at it does not map (see HEAD_NORM_EPS)
+
+
+def lmzoo_settings(hf: dict) -> dict:
+    """The ``model`` and ``attn`` settings of an lmzoo model computing what the fla GLA of ``hf`` (a
+    ``config.json``) computes; ConfigError naming what lmzoo's GLA has no equivalent for."""
+    found = [f"{key}={shown(hf.get(key, value))}" for key, value in FLA_DEFAULTS.items() if hf.get(key, value) != value]
+    norm_eps = hf.get("norm_eps", FLA_NORM_EPS)
+    if norm_eps != HEAD_NORM_EPS:
+        found.append(f"norm_eps={norm_eps:g}")
+    if found:
+        raise ConfigError(f"this checkpoint has no lmzoo equivalent: {', '.join(found)} (lmzoo's GLA head norm has "
+                          f"eps {HEAD_NORM_EPS:g}, fla uses norm_eps for it)")
+    d = hf["hidden_size"]
+    d_ff = hf.get("intermediate_size") or 256 * -(-int(d * (hf.get("hidden_ratio") or 4) * 2 / 3) // 256)  # GatedMLP's
+    return {
+        "model": {"d_model": d, "n_layers": hf["num_hidden_layers"], "n_heads": hf["num_heads"],
+                  "d_ff": d_ff, "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+                  "norm_eps": norm_eps, "init_std": hf.get("initializer_range", 0.02)},
+        "attn": {"name": MODEL_TYPE, "mixer": "gla", "key_ratio": hf.get("expand_k", 0.5)},
+        "pos": {"kind": "none"},
     }
 
 

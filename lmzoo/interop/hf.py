@@ -32,7 +32,7 @@ from omegaconf import errors as oc_errors
 from lmzoo.config import ConfigError, explain, validate
 from lmzoo.data import build_data
 from lmzoo.data.tokenizers import ByteTokenizer
-from lmzoo.interop import llama
+from lmzoo.interop import fla_gla, llama
 from lmzoo.model import LM
 from lmzoo.run.directory import FILE_MODE
 from lmzoo.run.load import Trained, first_line_of, group_option, is_group_choice
@@ -148,13 +148,18 @@ def read_hf_config(folder: Path) -> dict:
         raise ConfigError(f"{path} is not JSON ({first_line_of(e)})") from None
 
 
+def source_of(hf: dict):
+    """The module mapping a ``config.json``'s model class onto lmzoo: fla's GLA for ``model_type: gla``, else Llama."""
+    return fla_gla if hf.get("model_type") == fla_gla.MODEL_TYPE else llama
+
+
 def hf_settings(folder: Path, hf: dict, overrides: list[str]):
     """The lmzoo Config of the checkpoint in ``folder``: its model, the default corpus read with its
     tokenizer at its context length, then ``overrides`` (``group=option`` first, then single keys)."""
     tokenizer = folder / TOKENIZER
     if not tokenizer.is_file():
         raise ConfigError(f"hf={str(folder)!r} holds no {TOKENIZER} (lmzoo reads a fast tokenizer's file)")
-    settings = llama.lmzoo_settings(hf)
+    settings = source_of(hf).lmzoo_settings(hf)
     data = OmegaConf.to_container(group_option("data", DEFAULT_DATA))
     raw = OmegaConf.create({"run_dir": str(folder), "seed": 0, **settings, "data": data})
     for choice in [o for o in overrides if is_group_choice(o)]:
@@ -207,5 +212,5 @@ def open_hf(folder: Path | str, overrides=()) -> Trained:
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
     model = LM(cfg, hf["vocab_size"], rngs=nnx.Rngs(0))
-    load_parameters(model, llama.from_hf(read_weights(folder), cfg.model.n_layers, cfg.model.tie_embeddings))
+    load_parameters(model, source_of(hf).from_hf(read_weights(folder), cfg.model.n_layers, cfg.model.tie_embeddings))
     return Trained(cfg, data, model, 0)

@@ -156,3 +156,37 @@ def test_format_fla_is_a_choice_of_export():
     assert export.parse_args(["run_dir=r", "out=o", "format=fla"])["format"] == "fla"
     with pytest.raises(ConfigError, match="hf, fla"):
         export.parse_args(["run_dir=r", "out=o", "format=gla"])
+
+
+def test_an_fla_gla_config_lmzoo_lacks_is_refused_in_one_line_naming_each():
+    hf = {"model_type": "gla", "hidden_size": 32, "num_hidden_layers": 2, "num_heads": 4, "intermediate_size": 96}
+    with pytest.raises(ConfigError) as error:
+        fla_gla.lmzoo_settings({**hf, "use_short_conv": True})  # and fla's default norm_eps, 1e-6
+    message = str(error.value)
+    assert "\n" not in message and "use_short_conv=true" in message and "norm_eps=1e-06" in message, message
+    settings = fla_gla.lmzoo_settings({**hf, "norm_eps": 1e-5, "expand_k": 1.0})
+    assert settings["attn"] == {"name": "gla", "mixer": "gla", "key_ratio": 1.0}
+    assert settings["model"]["d_ff"] == 96 and settings["model"]["norm_eps"] == 1e-5
+
+
+@pytest.mark.slow
+def test_a_random_fla_gla_opens_in_lmzoo_with_the_same_log_probs(tmp_path):
+    torch, fla = pytest.importorskip("torch"), pytest.importorskip("fla")  # no forward in this process
+    from lmzoo.interop.hf import open_hf, write_tokenizer
+
+    torch.manual_seed(0)
+    config = fla.models.GLAConfig(hidden_size=32, num_hidden_layers=2, num_heads=4, vocab_size=259, norm_eps=1e-5,
+                                  hidden_ratio=2, bos_token_id=256, eos_token_id=257, pad_token_id=258)
+    model = fla.models.GLAForCausalLM(config)
+    with torch.no_grad():  # far from the initialisation, so that every weight shows in the log-probabilities
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
+    folder = tmp_path / "fla"
+    model.save_pretrained(folder)
+    write_tokenizer(ByteTokenizer(), folder, max_length=64)
+    trained = open_hf(folder)
+    assert trained.cfg.attn.mixer == "gla" and trained.cfg.model.d_ff == 256  # GatedMLP's width from hidden_ratio
+    name, results = fla_log_probs(folder, TEXTS, tmp_path)
+    assert name == "GLAForCausalLM"
+    for ids, log_probs in results:
+        np.testing.assert_allclose(log_probs, lmzoo_log_probs(trained, ids), atol=1e-4)
