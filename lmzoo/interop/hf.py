@@ -1,6 +1,7 @@
 """Hugging Face model folders: a trained run written as one (``export_hf``) and one opened as an lmzoo model (``open_hf``).
 
-A folder holds ``config.json`` (a LlamaForCausalLM's settings, ``lmzoo.interop.llama``),
+A folder holds ``config.json`` (a LlamaForCausalLM's settings, ``lmzoo.interop.llama``, or
+flash-linear-attention's GLAForCausalLM's, ``lmzoo.interop.fla_gla``),
 ``model.safetensors`` (float32 weights) and the tokenizer (``tokenizer.json`` with its
 ``tokenizer_config.json``), so that ``transformers.AutoModelForCausalLM.from_pretrained(folder)`` and
 ``AutoTokenizer.from_pretrained(folder)`` load it. Writing needs ``safetensors`` and ``tokenizers``,
