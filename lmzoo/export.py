@@ -1,9 +1,10 @@
-"""``python -m lmzoo.export run_dir=<run> out=<folder> [format=hf step=<n>]``: write a trained run as a Hugging Face model.
+"""``python -m lmzoo.export run_dir=<run> out=<folder> [format=hf|fla step=<n>]``: write a trained run as a Hugging Face model.
 
 The folder (``lmzoo.interop.hf``) loads with ``transformers.AutoModelForCausalLM.from_pretrained`` and
-``AutoTokenizer.from_pretrained``: safetensors weights, a Llama ``config.json`` and the tokenizer. Only
-the softmax family maps onto Llama; any setting Llama has no equivalent for is named in one line
-(``lmzoo.interop.llama``). ``--help`` lists the settings.
+``AutoTokenizer.from_pretrained``: safetensors weights, a ``config.json`` and the tokenizer. ``format=hf``
+writes a Llama (the softmax family, ``lmzoo.interop.llama``); ``format=fla`` writes flash-linear-attention's
+GLAForCausalLM (``attn=gla``, ``lmzoo.interop.fla_gla``; loading it needs ``import fla``). Any setting the
+target has no equivalent for is named in one line. ``--help`` lists the settings.
 """
 
 from __future__ import annotations
@@ -13,18 +14,20 @@ from typing import NoReturn
 
 from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, show_help, wants_help
 from lmzoo.config import ConfigError
+from lmzoo.interop import fla_gla, llama
 from lmzoo.interop.hf import export_hf
 from lmzoo.run.load import open_trained
 
-FORMATS = ("hf",)
+FORMATS = {"hf": llama, "fla": fla_gla}  # format= -> the module mapping the run onto that model class
 SETTINGS = [Option("run_dir", "<dir>", "the trained run to export (its newest intact checkpoint)"),
             Option("out", "<folder>", "where the model folder goes (new or empty)"),
-            Option("format", "hf", "hf: a Hugging Face LlamaForCausalLM folder (safetensors, config.json, tokenizer)"),
+            Option("format", "hf", "hf: a Hugging Face LlamaForCausalLM folder (safetensors, config.json, tokenizer); "
+                                   "fla: flash-linear-attention's GLAForCausalLM (attn=gla)"),
             Option("step", "null", "the checkpoint step to export; null: the newest intact one")]
 
 
 def show_usage() -> NoReturn:
-    show_help("python -m lmzoo.export run_dir=<dir> out=<folder> [format=hf step=<n>]",
+    show_help("python -m lmzoo.export run_dir=<dir> out=<folder> [format=hf|fla step=<n>]",
               "Write a trained run as a model folder other libraries load.",
               [("settings", SETTINGS), ("exit codes", exit_codes())])
 
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None):
     with errors_in_one_line():
         args = parse_args(argv)
         trained = open_trained(args["run_dir"], (), args["step"])
-        out = export_hf(trained, args["out"], source={"run_dir": str(args["run_dir"])})
+        out = export_hf(trained, args["out"], source={"run_dir": str(args["run_dir"])}, target=FORMATS[args["format"]])
     print(f"wrote {out} (step {trained.step}, {trained.cfg.attn.name})")
     return out
 

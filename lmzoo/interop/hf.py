@@ -1,6 +1,7 @@
 """Hugging Face model folders: a trained run written as one (``export_hf``) and one opened as an lmzoo model (``open_hf``).
 
-A folder holds ``config.json`` (a LlamaForCausalLM's settings, ``lmzoo.interop.llama``),
+A folder holds ``config.json`` (a LlamaForCausalLM's settings, ``lmzoo.interop.llama``, or
+flash-linear-attention's GLAForCausalLM's, ``lmzoo.interop.fla_gla``),
 ``model.safetensors`` (float32 weights) and the tokenizer (``tokenizer.json`` with its
 ``tokenizer_config.json``), so that ``transformers.AutoModelForCausalLM.from_pretrained(folder)`` and
 ``AutoTokenizer.from_pretrained(folder)`` load it. Writing needs ``safetensors`` and ``tokenizers``,
@@ -32,7 +33,7 @@ from omegaconf import errors as oc_errors
 from lmzoo.config import ConfigError, explain, validate
 from lmzoo.data import build_data
 from lmzoo.data.tokenizers import ByteTokenizer
-from lmzoo.interop import llama
+from lmzoo.interop import fla_gla, llama
 from lmzoo.model import LM
 from lmzoo.run.directory import FILE_MODE
 from lmzoo.run.load import Trained, first_line_of, group_option, is_group_choice
@@ -55,18 +56,19 @@ def parameters(model: nnx.Module) -> dict[tuple, np.ndarray]:
     return {path: np.asarray(variable.get_value()) for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
-def export_hf(trained: Trained, out: Path | str, *, source: dict | None = None) -> Path:
-    """Write ``trained`` as a Hugging Face Llama folder at ``out`` (which must not hold files yet).
+def export_hf(trained: Trained, out: Path | str, *, source: dict | None = None, target=llama) -> Path:
+    """Write ``trained`` as a Hugging Face folder at ``out`` (which must not hold files yet) of ``target``'s
+    model class (a module with ``hf_config`` and ``to_hf``: ``llama``, or ``fla_gla`` for fla's GLA).
 
-    ConfigError naming every setting of the run that Llama has no equivalent for. The folder appears
+    ConfigError naming every setting of the run that the target has no equivalent for. The folder appears
     whole: it is written beside ``out`` under a temporary name and then renamed."""
     cfg, tokenizer = trained.cfg, trained.data.tokenizer
     vocab = trained.model.embed.num_embeddings
-    config = llama.hf_config(cfg, vocab, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+    config = target.hf_config(cfg, vocab, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"out={str(out)!r} already holds files: name a new folder")
-    weights = llama.to_hf(parameters(trained.model), cfg.model.n_layers, cfg.model.tie_embeddings)
+    weights = target.to_hf(parameters(trained.model), cfg.model.n_layers, cfg.model.tie_embeddings)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
@@ -147,13 +149,18 @@ def read_hf_config(folder: Path) -> dict:
         raise ConfigError(f"{path} is not JSON ({first_line_of(e)})") from None
 
 
+def source_of(hf: dict):
+    """The module mapping a ``config.json``'s model class onto lmzoo: fla's GLA for ``model_type: gla``, else Llama."""
+    return fla_gla if hf.get("model_type") == fla_gla.MODEL_TYPE else llama
+
+
 def hf_settings(folder: Path, hf: dict, overrides: list[str]):
     """The lmzoo Config of the checkpoint in ``folder``: its model, the default corpus read with its
     tokenizer at its context length, then ``overrides`` (``group=option`` first, then single keys)."""
     tokenizer = folder / TOKENIZER
     if not tokenizer.is_file():
         raise ConfigError(f"hf={str(folder)!r} holds no {TOKENIZER} (lmzoo reads a fast tokenizer's file)")
-    settings = llama.lmzoo_settings(hf)
+    settings = source_of(hf).lmzoo_settings(hf)
     data = OmegaConf.to_container(group_option("data", DEFAULT_DATA))
     raw = OmegaConf.create({"run_dir": str(folder), "seed": 0, **settings, "data": data})
     for choice in [o for o in overrides if is_group_choice(o)]:
@@ -206,5 +213,5 @@ def open_hf(folder: Path | str, overrides=()) -> Trained:
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
     model = LM(cfg, hf["vocab_size"], rngs=nnx.Rngs(0))
-    load_parameters(model, llama.from_hf(read_weights(folder), cfg.model.n_layers, cfg.model.tie_embeddings))
+    load_parameters(model, source_of(hf).from_hf(read_weights(folder), cfg.model.n_layers, cfg.model.tie_embeddings))
     return Trained(cfg, data, model, 0)

@@ -23,7 +23,7 @@ def test_help_lists_the_keys_and_exits_0(command, capsys):
 
 @pytest.mark.parametrize("command, argv, fragment", [
     ("export", ["run_dir=/nonexistent"], "out=<...> is required"),
-    ("export", ["run_dir=/nonexistent", "out=x", "format=onnx"], "format='onnx' is not valid (choose from: hf)"),
+    ("export", ["run_dir=/nonexistent", "out=x", "format=onnx"], "format='onnx' is not valid (choose from: hf, fla)"),
     ("export", ["run_dir=/nonexistent", "out=x", "step=last"], "step='last' must be a checkpoint step"),
     ("export", ["run_dir=/nonexistent", "out=x"], "holds no trained run"),
     ("export", ["run_dir=/nonexistent", "out=x", "colour=red"], "unknown setting 'colour'"),

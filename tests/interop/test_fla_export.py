@@ -1,0 +1,192 @@
+"""A trained GLA run exported for flash-linear-attention gives fla's GLAForCausalLM lmzoo's log-probabilities.
+
+fla runs its layers through Triton kernels; on a machine without a GPU they run under Triton's
+interpreter (``TRITON_INTERPRET=1``, set before fla is imported), with each autotuned kernel taking
+its first configuration (the interpreter has nothing to time). Tests needing fla skip where it or
+triton is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from conftest import tiny_config
+from test_export import TEXTS, lmzoo_log_probs, train_tiny
+
+from lmzoo import export
+from lmzoo.config import ConfigError
+from lmzoo.data.tokenizers import ByteTokenizer
+from lmzoo.interop import fla_gla
+from lmzoo.interop.hf import export_hf, parameters
+from lmzoo.model import LM
+from lmzoo.run.load import Trained, open_trained
+
+# Over 64 tokens fla's GLA runs its chunked kernel (up to 64 its recurrent one), whose loops Triton's interpreter
+# cannot run (``range`` gives the kernel a Python int): on a CPU only the recurrent kernel is checked.
+LONG = "for i in range(10):\n    print(i, i * i)\n" * 3
+EXACT = ("model.norm_eps=1e-5",)  # fla's one norm_eps is lmzoo's GLA head-norm epsilon only at this setting
+
+
+# Run in a fresh interpreter: TRITON_INTERPRET is read as kernels are defined, and this process may have
+# imported triton (through torch) before. Prints fla's class name, then writes ids and log-probs per text.
+FLA_SCRIPT = """
+import json, sys
+import numpy as np
+import torch
+if not torch.cuda.is_available():
+    import triton.runtime.autotuner as autotuner
+    every = autotuner.Autotuner.prune_configs
+    autotuner.Autotuner.prune_configs = lambda self, kwargs: every(self, kwargs)[:1]  # nothing to time
+import fla  # registers fla's model classes with transformers
+import transformers
+folder, texts, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval().to(device)
+tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+arrays = {}
+for i, text in enumerate(texts):
+    ids = tokenizer(text)["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids], device=device)).logits[0].double()
+    arrays[f"ids{i}"], arrays[f"log_probs{i}"] = np.asarray(ids), torch.log_softmax(logits, -1).cpu().numpy()
+np.savez(out, **arrays)
+print(type(model).__name__)
+"""
+
+
+def fla_log_probs(folder, texts, tmp_path):
+    """fla's class name, and per text its token ids and next-token log-probabilities, from a fresh interpreter
+    (on a CPU with fla's kernels run by Triton's interpreter, each autotuned kernel at its first configuration)."""
+    torch = pytest.importorskip("torch")
+    for name in ("transformers", "triton", "fla"):
+        pytest.importorskip(name)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    out = tmp_path / "fla_log_probs.npz"
+    proc = subprocess.run([sys.executable, "-c", FLA_SCRIPT, str(folder), json.dumps(texts), str(out)], env=env, check=False,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    arrays = np.load(out)
+    return proc.stdout.split()[-1], [(arrays[f"ids{i}"].tolist(), arrays[f"log_probs{i}"]) for i in range(len(texts))]
+
+
+@pytest.mark.parametrize("variant, overrides, named", [
+    ("gla", (), ("model.norm_eps=1e-06",)),
+    ("gla", ("attn.gate_rank=8", "attn.gate_temperature=4", "model.mlp=false"),
+     ("attn.gate_rank=8", "attn.gate_temperature=4.0", "model.mlp=false")),
+    ("softmax", EXACT, ("attn.mixer=softmax",)),
+    ("gla_softmax", (*EXACT, "model.n_layers=4"), ("attn.mixer=softmax",)),  # its 4th layer
+])
+def test_settings_fla_gla_lacks_are_refused_in_one_line_naming_each(variant, overrides, named):
+    with pytest.raises(ConfigError) as error:
+        fla_gla.check_exportable(tiny_config(variant, *overrides))
+    message = str(error.value)
+    assert "\n" not in message and all(name in message for name in named), message
+
+
+def test_gla_at_the_head_norm_epsilon_maps_exactly():
+    assert fla_gla.refusals(tiny_config("gla", *EXACT)) == []
+    assert fla_gla.refusals(tiny_config("gla", *EXACT, "attn.key_ratio=1.0", "model.tie_embeddings=false")) == []
+
+
+@pytest.mark.slow  # importing fla (and transformers) takes 20-50 s on a busy CPU
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_weight_table_round_trips_and_fills_every_fla_tensor(tied):
+    from flax import nnx
+
+    cfg = tiny_config("gla", *EXACT, f"model.tie_embeddings={str(tied).lower()}")
+    params = parameters(LM(cfg, 259, rngs=nnx.Rngs(0)))
+    weights = fla_gla.to_hf(params, cfg.model.n_layers, tied)
+    back = fla_gla.from_hf(weights, cfg.model.n_layers, tied)
+    assert back.keys() == params.keys()
+    for path, value in params.items():
+        np.testing.assert_array_equal(back[path], value)
+    torch, fla = pytest.importorskip("torch"), pytest.importorskip("fla")  # no forward here: no kernel runs
+    config = fla.models.GLAConfig(**{k: v for k, v in fla_gla.hf_config(cfg, 259, bos_id=256, eos_id=257, pad_id=258).items()
+                                     if k not in ("architectures", "model_type", "torch_dtype")})
+    model = fla.models.GLAForCausalLM(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items() if not (tied and name == "lm_head.weight")}
+    assert {name: a.shape for name, a in weights.items()} == expected
+    model.load_state_dict({name: torch.tensor(a) for name, a in weights.items()}, strict=not tied)
+
+
+def export_and_compare(tmp_path, texts, overrides, atol):
+    """Train a tiny GLA run, export it for fla, and compare fla's next-token log-probabilities with lmzoo's."""
+    run = train_tiny(tmp_path / "run", "gla", *EXACT, *overrides)
+    out = export.main([f"run_dir={run}", f"out={tmp_path / 'fla'}", "format=fla"])
+    trained = open_trained(run)
+    name, results = fla_log_probs(out, texts, tmp_path)
+    assert name == "GLAForCausalLM"
+    for text, (ids, log_probs) in zip(texts, results):
+        assert ids == trained.data.tokenizer.encode(text).tolist()  # the byte-level file tokenises as lmzoo does
+        np.testing.assert_allclose(log_probs, lmzoo_log_probs(trained, ids), atol=atol)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [(), ("model.tie_embeddings=false", "attn.key_ratio=1.0")])
+def test_an_exported_gla_run_loads_in_fla_with_the_same_log_probs(tmp_path, overrides):
+    export_and_compare(tmp_path, TEXTS, overrides, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_fla_chunked_gla_kernel_gives_the_same_log_probs_on_a_gpu(tmp_path):
+    # 1e-3, not 1e-4: on a GPU both sides' float32 matrix products may run in TF32 (fla's tl.dot, XLA's default).
+    export_and_compare(tmp_path, [*TEXTS, LONG], ("model.tie_embeddings=false",), atol=1e-3)
+
+
+def test_export_to_fla_refuses_before_writing_anything(tmp_path):
+    from flax import nnx
+
+    cfg = tiny_config("gla")  # model.norm_eps=1e-6: the head norm's 1e-5 would differ in fla
+    trained = Trained(cfg, SimpleNamespace(tokenizer=ByteTokenizer()), LM(cfg, 259, rngs=nnx.Rngs(0)), 0)
+    with pytest.raises(ConfigError, match="model.norm_eps=1e-06"):
+        export_hf(trained, tmp_path / "fla", target=fla_gla)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_format_fla_is_a_choice_of_export():
+    assert export.parse_args(["run_dir=r", "out=o", "format=fla"])["format"] == "fla"
+    with pytest.raises(ConfigError, match="hf, fla"):
+        export.parse_args(["run_dir=r", "out=o", "format=gla"])
+
+
+def test_an_fla_gla_config_lmzoo_lacks_is_refused_in_one_line_naming_each():
+    hf = {"model_type": "gla", "hidden_size": 32, "num_hidden_layers": 2, "num_heads": 4, "intermediate_size": 96}
+    with pytest.raises(ConfigError) as error:
+        fla_gla.lmzoo_settings({**hf, "use_short_conv": True})  # and fla's default norm_eps, 1e-6
+    message = str(error.value)
+    assert "\n" not in message and "use_short_conv=true" in message and "norm_eps=1e-06" in message, message
+    settings = fla_gla.lmzoo_settings({**hf, "norm_eps": 1e-5, "expand_k": 1.0})
+    assert settings["attn"] == {"name": "gla", "mixer": "gla", "key_ratio": 1.0}
+    assert settings["model"]["d_ff"] == 96 and settings["model"]["norm_eps"] == 1e-5
+
+
+@pytest.mark.slow
+def test_a_random_fla_gla_opens_in_lmzoo_with_the_same_log_probs(tmp_path):
+    torch, fla = pytest.importorskip("torch"), pytest.importorskip("fla")  # no forward in this process
+    from lmzoo.interop.hf import open_hf, write_tokenizer
+
+    torch.manual_seed(0)
+    config = fla.models.GLAConfig(hidden_size=32, num_hidden_layers=2, num_heads=4, vocab_size=259, norm_eps=1e-5,
+                                  hidden_ratio=2, bos_token_id=256, eos_token_id=257, pad_token_id=258)
+    model = fla.models.GLAForCausalLM(config)
+    with torch.no_grad():  # far from the initialisation, so that every weight shows in the log-probabilities
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
+    folder = tmp_path / "fla"
+    model.save_pretrained(folder)
+    write_tokenizer(ByteTokenizer(), folder, max_length=64)
+    trained = open_hf(folder)
+    assert trained.cfg.attn.mixer == "gla" and trained.cfg.model.d_ff == 256  # GatedMLP's width from hidden_ratio
+    name, results = fla_log_probs(folder, TEXTS, tmp_path)
+    assert name == "GLAForCausalLM"
+    for ids, log_probs in results:
+        np.testing.assert_allclose(log_probs, lmzoo_log_probs(trained, ids), atol=1e-4)
