@@ -38,6 +38,7 @@ from lmzoo import ops
 from lmzoo.ops.attention import METHODS as SOFTMAX_FORMS
 from lmzoo.ops.linear import METHODS as LINEAR_FAMILY_FORMS  # the forms of lmzoo.ops.gated too
 from lmzoo.ops.lti import METHODS as LTI_FORMS
+from lmzoo.ops.mamba3 import METHODS as MAMBA3_FORMS
 from lmzoo.ops.selective_scan import METHODS as SELECTIVE_SCAN_FORMS
 from lmzoo.ops.ssd import METHODS as SSD_FORMS
 from lmzoo.ops.vq import METHODS as VQ_FORMS
@@ -255,6 +256,54 @@ case("ssd/naive")(ssd_case("naive"))
 case("ssd/scan")(ssd_case("scan"))
 case("ssd/chunk64")(ssd_case("chunk"))
 case("ssd/pallas")(ssd_case("pallas"))
+
+
+MAMBA3_STATE = 64  # N: (K, V) = (64, D) is a size jla's Mamba-3 kernel takes for D = 64 and 128
+
+
+def mamba3_args(shape: Shape, dtype, key):
+    """(x, dt, A, B, C, lam, theta, D): heads of size dim, one group of B/C of MAMBA3_STATE entries, half of them
+    turning (attn.rope_fraction=0.5)."""
+    ks = jax.random.split(key, 6)
+    heads = (shape.batch, shape.length, shape.heads)
+    x = jax.random.normal(ks[0], (*heads, shape.dim), dtype)
+    dt = jax.nn.softplus(jax.random.normal(ks[1], heads) - 4.0).astype(dtype)
+    B, C = (jax.random.normal(k, (shape.batch, shape.length, 1, MAMBA3_STATE), dtype) for k in ks[2:4])
+    lam = jax.nn.sigmoid(jax.random.normal(ks[4], heads)).astype(dtype)
+    theta = jnp.pi * jnp.tanh(jax.random.normal(ks[5], (*heads, MAMBA3_STATE // 4))).astype(dtype)
+    return x, dt, -jnp.linspace(1.0, 16.0, shape.heads), B, C, lam, theta, jnp.ones((shape.heads,))
+
+
+def mamba3_case(method: str):
+    def build(shape, dtype, key):
+        offered(MAMBA3_FORMS, method)
+        return (lambda x, dt, A, B, C, lam, theta, D: ops.mamba3(x, dt, A, B, C, lam, theta, D=D, method=method),
+                mamba3_args(shape, dtype, key))
+
+    return build
+
+
+for _form in ("naive", "scan", "chunk", "jla", "auto"):
+    case(f"mamba3/{_form}64" if _form == "chunk" else f"mamba3/{_form}")(mamba3_case(_form))
+
+
+@case("jla_mamba3/own")
+def _jla_mamba3_own(shape, dtype, key):
+    """jax-linear-attention's own ``mamba3`` call on the gates lmzoo's mapping passes (q, k: rotated C, B per head)."""
+    if jla() is None:
+        raise Unavailable("jax-linear-attention is not installed")
+    ks = jax.random.split(key, 5)
+    heads = (shape.batch, shape.length, shape.heads)
+    q, k = (jax.random.normal(kk, (*heads, MAMBA3_STATE), dtype) for kk in ks[:2])
+    v = jax.random.normal(ks[2], (*heads, shape.dim), dtype)
+    dt = jax.nn.softplus(jax.random.normal(ks[3], heads) - 4.0)
+    lam = jax.nn.sigmoid(jax.random.normal(ks[4], heads))
+    g = -dt * jnp.linspace(1.0, 16.0, shape.heads)
+
+    def fn(q, k, v, g, beta, gamma):
+        return jla().linear_attention("mamba3", q, k, v, g=g, beta=beta, gamma=gamma, scale=1.0)[0]
+
+    return fn, (q, k, v, g, jnp.exp(g) * (1 - lam) * dt, lam * dt)
 
 
 def lti_args(shape: Shape, dtype, key):

@@ -38,7 +38,8 @@ FLA_OPS = "chunk_gla,chunk_gated_delta_rule,chunk_delta_rule,chunk_simple_gla"  
 # lmzoo's default (auto) and jla forms beside jax-linear-attention's own call: the kernel table, first
 PROVIDER_OPS = ("gla/auto,gla/jla,jla_gla/own,gla/chunk64,simple_gla/auto,simple_gla/jla,jla_simple_gla/own,"
                 "simple_gla/pallas,gated_delta_rule/auto,gated_delta_rule/jla,jla_gated_deltanet/own,"
-                "gated_delta_rule/chunk64,delta_rule/auto,jla_deltanet/own,channel_delta_rule/auto,jla_kda/own")
+                "gated_delta_rule/chunk64,delta_rule/auto,jla_deltanet/own,channel_delta_rule/auto,jla_kda/own,"
+                "mamba3/auto,mamba3/jla,jla_mamba3/own,mamba3/chunk64")
 # every variant at its default form (auto: jla's kernels on Hopper, cuDNN for softmax), the table
 DEFAULT_VARIANTS = ["softmax", "gla", "gated_deltanet", "mamba2", "kda", "rwkv7", "retnet", "deltaproduct", "gdn2",
                     "mamba3"]
@@ -82,7 +83,8 @@ def steps() -> list[Step]:
              ["bash", "-c", "ls wheels/*.whl 2>/dev/null; " + shlex.join(env_cmd)], 120, min_s=20),
         Step("ops_providers", [PY, "scripts/benchmark.py", "--shapes", "4x2048x16x128", "--dtype", "bfloat16", "--ops",
                                PROVIDER_OPS, "--repeats", "20", "--json", "{out}/ops_providers.json"],
-             [PY, "scripts/benchmark.py", "--shapes", "1x67x2x16", "--ops", "gla/auto,gla/jla,jla_gla/own", "--repeats", "2",
+             [PY, "scripts/benchmark.py", "--shapes", "1x67x2x16", "--ops", "gla/auto,gla/jla,jla_gla/own,mamba3/auto,mamba3/jla,jla_mamba3/own",
+              "--repeats", "2",
               "--json", "{out}/ops_providers.json"], 240, min_s=60),
         Step("throughput_default", [PY, "scripts/throughput.py", "--model", "small", "--lengths", "2048,8192",
                                     "--batch-tokens", "65536", "--variants", *DEFAULT_VARIANTS,

@@ -35,7 +35,7 @@ from lmzoo.sharding import param
 class CombaConfig(DecayConfig):
     forms = METHODS
 
-    method: str = "chunk"  # naive | parallel | chunk (see lmzoo.ops.comba)
+    method: str = "auto"  # auto | jla | naive | parallel | chunk (see lmzoo.ops.comba)
     output_correction: bool = True  # o = S^T (q - D p); false: o = S^T q
     correction_init: float = 1.0  # D's initial value (the paper finds 0.02 sometimes better for small models)
 

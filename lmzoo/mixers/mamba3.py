@@ -9,7 +9,8 @@ no short convolution.
     y     = mamba3(x, dt, A, B, C, lam, theta) + D x;   out_proj(y * silu(z))
 
 The recurrence (``lmzoo.ops.mamba3``, equations in its docstring) runs in the form ``attn.method``
-names; decoding carries its state ``{h [H,P,N], previous x, previous rotated B, phase}``.
+names (``auto``: jax-linear-attention's Hopper kernel where it takes the call, else ``chunk``);
+decoding carries its state ``{h [H,P,N], previous x, previous rotated B, phase}``.
 ``attention_matrix`` is the op's exact weights ``y = W x`` (``mamba3_attention``), averaged over
 contiguous groups of SSM heads when there are more of them than ``model.n_heads``. Heads read B
 and C in groups (``attn.n_groups``), as Mamba-2's do.
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
+from lmzoo.mixers.family.linear import chunked_mixing_flops
 from lmzoo.mixers.family.ssm import check_dt_range, check_ssm_heads, dt_bias_init
 from lmzoo.ops.mamba3 import METHODS, mamba3, mamba3_attention, zero_state
 from lmzoo.registry import register
@@ -47,7 +49,7 @@ class Mamba3Config(MixerConfig):
     dt_min: float = 0.001  # dt is initialised log-uniformly in [dt_min, dt_max]
     dt_max: float = 0.1
     A_floor: float = 1e-4  # -A >= A_floor: every step forgets a little
-    method: str = "chunk"  # naive | scan | chunk (see lmzoo.ops.mamba3)
+    method: str = "auto"  # auto | jla | naive | scan | chunk (see lmzoo.ops.mamba3)
     chunk_size: int = 64  # tokens per chunk for method=chunk
 
     def check(self, model: ModelConfig) -> None:
@@ -60,6 +62,14 @@ class Mamba3Config(MixerConfig):
                               f"at attn.rope_fraction={self.rope_fraction}")
         check_dt_range(self.dt_min, self.dt_max)
         check_ssm_heads(self.expand, self.head_dim, self.n_groups, model)
+
+    def flops_per_token(self, model: ModelConfig, seq_len: int) -> float:
+        """The trapezoid counted as the chunked recurrence it runs as (``lmzoo.ops.mamba3``'s chunk form, jla's
+        kernel): one SSD, heads of state [N, P] (``chunked_mixing_flops``); the rotations and the same-step
+        term are elementwise, like the gates the count leaves out for every recurrence."""
+        d_inner = self.expand * model.d_model
+        head_dim = self.head_dim or d_inner // model.n_heads
+        return chunked_mixing_flops(d_inner // head_dim, self.d_state, head_dim, self.chunk_size, seq_len)
 
     def build(self, ctx, *, rngs):
         return Mamba3(self, ctx, rngs=rngs)

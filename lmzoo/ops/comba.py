@@ -17,6 +17,9 @@ Forms (``method``):
 - ``"chunk"``:    the UT representation inside chunks of ``chunk_size`` steps, a short recurrence
   across them (derived below);
 - ``"parallel"``: the same over the whole sequence as one chunk (no recurrence at all).
+- ``"jla"``, ``"auto"``: jax-linear-attention's ``rwkv7`` (the DPLR rule, which reads the state before
+  the decay too: ``jla_call``; ``lmzoo.ops.kernels``); ``auto`` runs ``"chunk"`` where jla's Hopper kernel
+  does not take the call.
 
 The UT representation. Inside a chunk that starts from state S_0, let b_t = sum_{m<=t} log_g_m
 (from the chunk's start; b_{-1} = 0) and ``u_t = beta_t (v_t - S_{t-1}^T p_t)`` the value written
@@ -52,29 +55,50 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lmzoo.ops import kernels
 from lmzoo.ops.common import (
     Forms, check_form, decay_since, decay_until_end, from_chunks, gates_float32, same_segment, segment_starts,
     to_chunks,
 )
+from lmzoo.ops.dplr import dplr_jla_call
+from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.ut import ChunkTerms, decayed_pairs, invert_unit_lower
 
-METHODS = Forms("naive", "chunk", "parallel", aliases={"scan": "naive"})
+METHODS = Forms("naive", "chunk", "parallel", *PROVIDER_FORMS, aliases={"scan": "naive"})
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
 def comba(q, k, v, p, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64,
           segment_ids=None):
     """q, k, p [B,T,H,Dk], v [B,T,H,Dv], beta [B,T,H], log_g None, [B,T,H] or [B,T,H,Dk].
 
-    Returns (o [B,T,H,Dv] in v's dtype, S_T [B,H,Dk,Dv] float32).
+    ``method="auto"`` runs jla's Hopper kernel (its ``rwkv7``, through ``jla_call``) where it takes the call
+    and ``"chunk"`` otherwise. Returns (o [B,T,H,Dv] in v's dtype, S_T [B,H,Dk,Dv] float32).
     """
     method = check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    batch, _, heads, d_key = k.shape
     if p.shape != k.shape:
         raise ValueError(f"p has shape {p.shape}; expected {k.shape}")
     if beta.shape != k.shape[:3]:
         raise ValueError(f"beta has shape {beta.shape}; expected {k.shape[:3]}")
+    return kernels.dispatch(
+        "comba", method, "chunk", lambda: jla_call(q, k, v, p, beta, log_g, scale, initial_state, segment_ids),
+        lambda form: _comba(q, k, v, p, beta, log_g, scale=scale, initial_state=initial_state, method=form,
+                            chunk_size=chunk_size, segment_ids=segment_ids), v.dtype)
+
+
+def jla_call(q, k, v, p, beta, log_g, scale, initial_state, segment_ids) -> kernels.JlaCall:
+    """Comba as the DPLR rule (``lmzoo.ops.dplr``) and so jla's ``rwkv7``: ``S_t = diag(exp(w_t)) S + b_t (a_t^T S)
+    + k'_t v_t^T`` reads S before the decay, as Comba's prediction does, with ``a = p``, ``b = -beta k`` and
+    ``k' = beta k`` (in k's dtype). jla zeroes the state at a segment start, which is what lmzoo's forgetting
+    decay and zeroed p there compute."""
+    written = (beta.astype(jnp.float32)[..., None] * k.astype(jnp.float32)).astype(k.dtype)
+    return dplr_jla_call(q, written, v, p.astype(k.dtype), -written, log_g, scale, initial_state, segment_ids)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
+def _comba(q, k, v, p, beta, log_g, *, scale, initial_state, method, chunk_size, segment_ids):
+    """``comba`` in one of lmzoo's own forms."""
+    batch, _, heads, d_key = k.shape
     if initial_state is None:
         initial_state = jnp.zeros((batch, heads, d_key, v.shape[-1]), jnp.float32)
     q32, k32, v32, p32, g32 = inputs_float32(q, k, v, p, log_g, segment_ids)

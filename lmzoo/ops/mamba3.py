@@ -26,7 +26,7 @@ modulo 2 pi, so that decoding keeps it small).
 Forms (``method``):
 
 - ``"naive"``: the recurrence above, one step at a time (the reference);
-- ``"scan"``, ``"chunk"``: those forms of ``lmzoo.ops.gated.gla`` (one gate per head),
+- ``"scan"``, ``"chunk"``: those forms of ``lmzoo.ops.gated.gla_form`` (one gate per head),
   through this identity. Write ``mu_t = (1 - lam_t) dt_t`` (so beta_t = alpha_t mu_t; mu_T = 0)
   and run the Euler-style SSM
 
@@ -43,6 +43,10 @@ Forms (``method``):
   step's ``alpha_t C~_t``, plus an elementwise diagonal term. Reading H_{t-1} keeps every output
   exactly causal: H_{t-1} holds mu_t, never a later step's (reading H_t and subtracting its
   mu_{t+1} term would cancel only up to rounding).
+- ``"jla"``, ``"auto"``: jax-linear-attention's ``mamba3`` kind, the same trapezoid on the rotated
+  B~ and C~ (``jla_call``: q = C~, k = B~, v = x in x's dtype, ``g = dt A``, ``beta = alpha mu``,
+  ``gamma = lam dt``, its state ``h`` transposed; ``lmzoo.ops.kernels``); ``auto`` runs ``"chunk"``
+  where jla's Hopper kernel does not take the call.
 
 Documents (``segment_ids``): at a document's first step the decay forgets (``RESET_LOG_DECAY``),
 the look-back term is dropped (mu = 0 there: the previous token is another document's) and the
@@ -55,16 +59,20 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import RESET_LOG_DECAY, Forms, check_form, same_segment, segment_starts
-from lmzoo.ops.gated import gla, gla_weights
+from lmzoo.ops import kernels
+from lmzoo.ops.common import RESET_LOG_DECAY, Forms, check_form, segment_starts
+from lmzoo.ops.gated import gla_form, gla_weights
+from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.ssd import per_head
 
-METHODS = Forms("naive", "scan", "chunk")
+METHODS = Forms("naive", "scan", "chunk", *PROVIDER_FORMS)
+BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not
 
 
 def zero_state(batch: int, heads: int, head_dim: int, d_state: int, angles: int) -> dict:
@@ -73,7 +81,6 @@ def zero_state(batch: int, heads: int, head_dim: int, d_state: int, angles: int)
     return {"h": zeros(head_dim, d_state), "x": zeros(head_dim), "B": zeros(d_state), "phase": zeros(angles)}
 
 
-@functools.partial(jax.jit, static_argnames=("method", "chunk_size"))
 def mamba3(x, dt, A, B, C, lam, theta, *, D=None, initial_state=None, method="chunk", chunk_size=64, segment_ids=None):
     """x [B,T,H,P]; dt [B,T,H] (> 0); A [B,T,H] or [H] (< 0); B, C [B,T,G,N] (G divides H);
     lam [B,T,H] in [0, 1]; theta [B,T,H,R] (R <= N/2, rotation rates); D [H] or None.
@@ -81,29 +88,87 @@ def mamba3(x, dt, A, B, C, lam, theta, *, D=None, initial_state=None, method="ch
     Returns ``(y [B,T,H,P] in x's dtype, final state)`` (the state dict described above).
     """
     method = check_form(method, METHODS, chunk_size)
-    batch, length, heads, head_dim = x.shape
     d_state, angles = B.shape[-1], theta.shape[-1]
     if 2 * angles > d_state or theta.shape[:3] != x.shape[:3]:
         raise ValueError(f"theta has shape {theta.shape}; expected {x.shape[:3]} + (R,) with R <= N/2 = {d_state // 2}")
-    state = zero_state(batch, heads, head_dim, d_state, angles) if initial_state is None else initial_state
+    prepared = functools.cache(lambda: _prepare(x, dt, A, B, C, lam, theta, initial_state, segment_ids))
+    form, mapped = kernels.resolve("mamba3", method, BEST, lambda: jla_call(prepared(), x, initial_state, segment_ids))
+    if form != kernels.JLA:
+        return _mamba3(x, dt, A, B, C, lam, theta, D=D, initial_state=initial_state, method=form, chunk_size=chunk_size,
+                       segment_ids=segment_ids)
+    return _from_jla(kernels.run(mapped), prepared(), x, D)
+
+
+class Prepared(NamedTuple):
+    """The recurrence's float32 inputs: x, log_a = dt A (without document resets), gamma = lam dt, the look-back
+    weight mu = (1 - lam) dt (0 at document starts), the phases and the rotated b, c [B,T,H,N]; and the state."""
+
+    x: jax.Array
+    log_a: jax.Array
+    gamma: jax.Array
+    mu: jax.Array
+    phase: jax.Array
+    b: jax.Array
+    c: jax.Array
+    state: dict
+
+
+def _prepare(x, dt, A, B, C, lam, theta, initial_state, segment_ids) -> Prepared:
+    batch, _, heads, head_dim = x.shape
+    state = zero_state(batch, heads, head_dim, B.shape[-1], theta.shape[-1]) if initial_state is None else initial_state
     state = jax.tree.map(lambda a: a.astype(jnp.float32), state)
     x32, dt, lam, theta = (a.astype(jnp.float32) for a in (x, dt, lam, theta))
     log_a = dt * jnp.broadcast_to(A.astype(jnp.float32), dt.shape)
     mu = (1.0 - lam) * dt  # the look-back weight, beta_t / alpha_t
-    starts = None if segment_ids is None else segment_starts(segment_ids)[..., None]  # (B, T, 1)
-    if starts is not None:
-        log_a = log_a + jnp.where(starts, RESET_LOG_DECAY, 0.0)
-        mu = jnp.where(starts, 0.0, mu)
+    if segment_ids is not None:
+        mu = jnp.where(segment_starts(segment_ids)[..., None], 0.0, mu)
     phase = phases(dt[..., None] * theta, state["phase"], segment_ids)  # (B, T, H, R)
     b, c = rotate(per_head(B, heads), phase), rotate(per_head(C, heads), phase)
+    return Prepared(x32, log_a, lam * dt, mu, phase, b, c, state)
+
+
+def _final_state(h, p: Prepared) -> dict:
+    return {"h": h, "x": p.x[:, -1], "B": p.b[:, -1], "phase": jnp.mod(p.phase[:, -1], 2 * math.pi)}
+
+
+@functools.partial(jax.jit, static_argnames=("method", "chunk_size"))
+def _mamba3(x, dt, A, B, C, lam, theta, *, D, initial_state, method, chunk_size, segment_ids):
+    """``mamba3`` in one of lmzoo's own forms."""
+    p = _prepare(x, dt, A, B, C, lam, theta, initial_state, segment_ids)
+    log_a = p.log_a
+    if segment_ids is not None:  # forget the state where a document starts
+        log_a = log_a + jnp.where(segment_starts(segment_ids)[..., None], RESET_LOG_DECAY, 0.0)
     if method == "naive":
-        y, h = _naive(x32, log_a, lam * dt, mu, b, c, state)
+        y, h = _naive(p.x, log_a, p.gamma, p.mu, p.b, p.c, p.state)
     else:
-        y, h = _through_gla(x32, log_a, lam * dt, mu, b, c, state, method, chunk_size)
+        y, h = _through_gla(p.x, log_a, p.gamma, p.mu, p.b, p.c, p.state, method, chunk_size)
     if D is not None:
-        y = y + D.astype(jnp.float32)[:, None] * x32
-    final = {"h": h, "x": x32[:, -1], "B": b[:, -1], "phase": jnp.mod(phase[:, -1], 2 * math.pi)}
-    return y.astype(x.dtype), final
+        y = y + D.astype(jnp.float32)[:, None] * p.x
+    return y.astype(x.dtype), _final_state(h, p)
+
+
+def jla_call(p: Prepared, x, initial_state, segment_ids) -> kernels.JlaCall:
+    """Mamba-3 as jla's ``mamba3`` (the same trapezoid, state [N, P] per head): q = C~, k = B~ (rotated here: jla
+    leaves rotations to the layer) and v = x in x's dtype, ``g = dt A``, ``beta = exp(dt A) (1 - lam) dt``
+    (alpha mu), ``gamma = lam dt``, scale 1; its state is (h^T, the last B~, the last x). jla zeroes the state
+    and the previous token at every change of segment id, so g carries no reset."""
+    s0 = None
+    if initial_state is not None:
+        state = p.state
+        s0 = kernels.jla_ops().reference.Mamba3State(state["h"].swapaxes(-1, -2), state["B"], state["x"])
+    gates = {"g": p.log_a, "beta": jnp.exp(p.log_a) * p.mu, "gamma": p.gamma}
+    options = {"scale": 1.0, "initial_state": s0, "segment_ids": segment_ids}
+    return kernels.JlaCall("mamba3", p.c.astype(x.dtype), p.b.astype(x.dtype), x, gates, options)
+
+
+def _from_jla(result, p: Prepared, x, D):
+    """``mamba3``'s (y, state) from jla's (o, Mamba3State): D added in float32, h transposed back to [P, N]; the
+    last x and B~ are taken from the inputs in float32 (jla's copies are rounded to x's dtype)."""
+    o, final = result
+    y = o.astype(jnp.float32)
+    if D is not None:
+        y = y + D.astype(jnp.float32)[:, None] * p.x
+    return y.astype(x.dtype), _final_state(final.ssm.swapaxes(-1, -2), p)
 
 
 @jax.jit
@@ -175,8 +240,8 @@ def _through_gla(x, log_a, gamma, mu, b, c, state, method, chunk_size):
     h_before = state["h"] + mu[:, 0, :, None, None] * state["x"][..., None] * state["B"][..., None, :]  # H_{-1}
     v = (gamma + next_step(mu))[..., None] * x  # the input paid one step early
     reads = jnp.exp(log_a)[..., None] * c  # alpha_t C~_t, the query of step t - 1
-    out, h = gla(next_step(reads), b, v, log_a, scale=1.0, initial_state=jnp.swapaxes(h_before, -1, -2),
-                 method=method, chunk_size=chunk_size)  # GLA's state is [N, P]
+    out, h = gla_form(next_step(reads), b, v, log_a, scale=1.0, initial_state=jnp.swapaxes(h_before, -1, -2),
+                      method=method, chunk_size=chunk_size, segment_ids=None)  # GLA's state is [N, P]
     first = jnp.einsum("bhpn,bhn->bhp", h_before, reads[:, 0])  # step 0 reads H_{-1}
     previous = jnp.concatenate([first[:, None], out[:, :-1]], axis=1)  # (B, T, H, P): (alpha_t C~_t)^T H_{t-1}
     same_step = gamma * jnp.sum(c * b, axis=-1)  # (B, T, H)

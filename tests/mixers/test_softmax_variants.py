@@ -301,5 +301,7 @@ def test_flops_per_token_count_scores_and_values_over_the_keys_seen():
     assert flops("gla") == 3 * 4 * (4 * 4 * 8 + (4 + 8) * 64)  # 4 heads, keys 4 wide (key_ratio 0.5), values 8
     assert flops("gated_deltanet") == 3 * 4 * (6 * 8 * 8 + (8 + 8) * 64)  # the delta rule reads S once more
     assert flops("mamba") == 0  # a scan over channels: nothing beyond the 6N rule's
+    # Mamba-3's trapezoid runs as one chunked SSD: 4 heads (d_inner 64 / head_dim 16) of state [N = 32, P = 16]
+    assert flops("mamba3") == 3 * 4 * (4 * 32 * 16 + (32 + 16) * 64) == flops("mamba2", "attn.d_state=32")
     hybrid = tiny_config("gla_softmax", "model.n_layers=4")  # three gla layers, one softmax
     assert hybrid.attn.flops_per_token(hybrid.model, 256) == (3 * flops("gla") + flops("softmax")) / 4

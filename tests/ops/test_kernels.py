@@ -47,6 +47,15 @@ def _inputs(case: str, seed: int = 0, *, H: int = H, DK: int = DK, DV: int = DV)
         return {"x": n(B, T, heads, p), "dt": np.log1p(np.exp(n(B, T, heads) - 1.0)), "A": -np.exp(n(heads) * 0.5),
                 "B": n(B, T, groups, d_state), "C": n(B, T, groups, d_state), "D": n(heads),
                 "state": n(B, heads, p, d_state)}
+    if case == "comba":  # a prediction key p of its own, read before the decay
+        return {"q": n(B, T, H, DK), "k": _unit(n(B, T, H, DK)), "v": n(B, T, H, DV), "p": 0.5 * _unit(n(B, T, H, DK)),
+                "beta": 1 / (1 + np.exp(-n(B, T, H))), "log_g": _log_sigmoid(n(B, T, H)), "state": n(B, H, DK, DV)}
+    if case == "mamba3":  # x, dt, a per-step A, B, C (2 groups over 4 heads), lam, theta (4 of 8 pairs turn), D
+        heads, groups, p, d_state, angles = 2 * H, H, DV, DK, DK // 4
+        state = {"h": n(B, heads, p, d_state), "x": n(B, heads, p), "B": n(B, heads, d_state), "phase": n(B, heads, angles)}
+        return {"x": n(B, T, heads, p), "dt": np.log1p(np.exp(n(B, T, heads) - 1.0)), "A": -np.exp(n(B, T, heads) * 0.5),
+                "B": n(B, T, groups, d_state), "C": n(B, T, groups, d_state), "lam": 1 / (1 + np.exp(-n(B, T, heads))),
+                "theta": 3 * n(B, T, heads, angles), "D": n(heads), "state": state}
     if case == "gdn2":  # erase gates on the keys' channels, write gates on the values'
         return {"q": n(B, T, H, DK), "k": _unit(n(B, T, H, DK)), "v": n(B, T, H, DV), "log_g": _log_sigmoid(n(B, T, H, DK)),
                 "erase": 1 / (1 + np.exp(-n(B, T, H, DK))), "write": 1 / (1 + np.exp(-n(B, T, H, DV))),
@@ -88,6 +97,12 @@ def _call(case: str, method: str, args: dict, segment_ids):
     if case == "ssd":
         return ops.ssd(args["x"], args["dt"], args["A"], args["B"], args["C"], D=args["D"], initial_state=state,
                        method=method, chunk_size=16, segment_ids=segment_ids)
+    if case == "comba":
+        return ops.comba(args["q"], args["k"], args["v"], args["p"], args["beta"], args["log_g"], initial_state=state,
+                         method=method, chunk_size=16, segment_ids=segment_ids)
+    if case == "mamba3":
+        return ops.mamba3(args["x"], args["dt"], args["A"], args["B"], args["C"], args["lam"], args["theta"], D=args["D"],
+                          initial_state=state, method=method, chunk_size=16, segment_ids=segment_ids)
     if case == "selective_scan":
         return ops.selective_scan(args["u"], args["delta"], args["A"], args["B"], args["C"], D=args["D"], z=args["z"],
                                   delta_bias=args["bias"], delta_softplus=True, initial_state=state, method=method,
@@ -114,13 +129,16 @@ def _call(case: str, method: str, args: dict, segment_ids):
 # case -> the op's reference form
 CASES = {"gla_channel": "naive", "gla_head": "naive", "gla_none": "naive", "linear": "naive", "ssd": "naive",
          "delta_none": "naive", "delta_head": "naive", "delta_channel": "naive", "delta_grouped": "naive",
-         "delta_product": "naive", "gdn2": "naive", "dplr": "naive", "selective_scan": "naive"}
+         "delta_product": "naive", "gdn2": "naive", "dplr": "naive", "selective_scan": "naive",
+         "mamba3": "naive", "comba": "naive"}
 # case -> the implementation method="jla" runs on a CPU
 JLA_KINDS = {"gla_channel": "gla", "gla_head": "simple_gla", "gla_none": "simple_gla", "linear": "simple_gla",
              "ssd": "simple_gla", "delta_none": "deltanet", "delta_head": "gated_deltanet", "delta_channel": "kda",
-             "delta_grouped": "gated_deltanet", "delta_product": "gated_deltanet", "gdn2": "gdn2", "dplr": "rwkv7", "selective_scan": "mamba1"}
+             "delta_grouped": "gated_deltanet", "delta_product": "gated_deltanet", "gdn2": "gdn2", "dplr": "rwkv7", "selective_scan": "mamba1",
+             "mamba3": "mamba3", "comba": "rwkv7"}
 BEST = {"selective_scan": "scan"}  # the form auto runs off Hopper, where not "chunk"
-OPS = {"ssd": "ssd", "delta_product": "delta_rule", "gdn2": "gdn2", "dplr": "dplr", "selective_scan": "selective_scan"}  # the op whose choice is recorded, where not the case's family
+OPS = {"ssd": "ssd", "delta_product": "delta_rule", "gdn2": "gdn2", "dplr": "dplr", "selective_scan": "selective_scan",
+       "mamba3": "mamba3", "comba": "comba"}  # the op whose choice is recorded, where not the case's family
 
 
 def _segments():
@@ -135,13 +153,13 @@ def _outputs_and_grads(case, method, args, cotangent):
 
 def _compare(case: str, dtype, tol: float, *, with_state: bool = True, **sizes):
     args = jax.tree.map(lambda x: jnp.asarray(x).astype(dtype), _inputs(case, **sizes))
-    args["state"] = args["state"].astype(jnp.float32) if with_state else None  # float32 whatever the inputs
+    args["state"] = jax.tree.map(lambda s: s.astype(jnp.float32), args["state"]) if with_state else None  # float32
     reference_args = jax.tree.map(lambda x: x.astype(jnp.float32), args)
     cotangent = random_like(jax.eval_shape(lambda a: _call(case, CASES[case], a, _segments()), reference_args), 7)
     expected = _outputs_and_grads(case, CASES[case], reference_args, cotangent)
     actual = _outputs_and_grads(case, "jla", args, cotangent)
     assert actual[0][0].dtype == dtype  # o in the inputs' dtype, the state float32
-    assert actual[0][1].dtype == jnp.float32
+    assert all(s.dtype == jnp.float32 for s in jax.tree.leaves(actual[0][1]))
     assert_trees_close(jax.tree.map(lambda x: x.astype(jnp.float32), actual), expected, tol)
 
 
@@ -158,7 +176,7 @@ def test_jla_equals_reference(case, dtype):
 
 
 @needs_jla
-@pytest.mark.parametrize("case", ["gla_channel", "delta_head", "ssd", "dplr", "selective_scan"])
+@pytest.mark.parametrize("case", ["gla_channel", "delta_head", "ssd", "dplr", "selective_scan", "mamba3", "comba"])
 def test_jla_from_no_state(case):
     """Without an initial state jla is given none (its kernels then read none)."""
     _compare(case, jnp.float32, F32_TOLERANCE, with_state=False)
@@ -177,13 +195,15 @@ def test_jla_records_its_kind(case):
 @pytest.mark.gpu
 @needs_jla
 @pytest.mark.skipif(not kernels.hopper(), reason="needs a Hopper GPU")
-@pytest.mark.parametrize("case", ["gla_channel", "gla_head", "delta_head", "delta_channel", "ssd", "gdn2", "dplr"])
+@pytest.mark.parametrize("case", ["gla_channel", "gla_head", "delta_head", "delta_channel", "ssd", "gdn2", "dplr",
+                                  "mamba3", "comba"])
 def test_mosaic_kernels_equal_reference(case):
     """On a Hopper GPU at shapes its kernels take (bf16, K = V = 64, H K a multiple of 128)."""
     _compare(case, jnp.bfloat16, BF16_TOLERANCE, H=2, DK=64, DV=64)
 
 
-@pytest.mark.parametrize("case", ["gla_channel", "delta_head", "ssd", "delta_product", "gdn2", "dplr", "selective_scan"])
+@pytest.mark.parametrize("case", ["gla_channel", "delta_head", "ssd", "delta_product", "gdn2", "dplr", "selective_scan",
+                                  "mamba3", "comba"])
 def test_auto_off_hopper_is_the_best_form_bit_for_bit(case):
     """Fail-closed: where jla's kernel does not run (here: no Hopper GPU), ``auto`` is the op's own best form."""
     if kernels.hopper():
