@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from lmzoo.measure.comparison.harness import read_harness
 from lmzoo.metrics.intervals import bits_per_nat
 from lmzoo.metrics.scoring import sampling_note
 from lmzoo.run.directory import CONFIG, RunDir
@@ -33,6 +34,7 @@ class Run:
     results: dict | None = field(default=None)
     changes: list[dict] = field(default_factory=list)  # settings changed on resume (resumes.jsonl)
     fingerprint: dict | None = None  # what the data was (data_fingerprint.json)
+    harness: dict | None = None  # lm-evaluation-harness results (lm_eval/<tag>/results.json), per example
 
     @property
     def name(self) -> str:
@@ -205,7 +207,7 @@ def load_run(path: Path, tag: str) -> Run:
     if "tokenizer" in config.get("data", {}):  # a corpus; runs from before the setting packed without masks
         config["data"].setdefault("document_boundaries", "none")
     return Run(path, config, run_dir.read_run_info(), run_dir.read_metrics(), run_dir.read_results(tag),
-               run_dir.read_resumes(), run_dir.read_fingerprint())
+               run_dir.read_resumes(), run_dir.read_fingerprint(), read_harness(path, tag))
 
 
 def load_runs(paths: list[Path], tag: str) -> tuple[list[Run], list[tuple[Path, str]]]:
