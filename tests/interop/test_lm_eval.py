@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import run_lmzoo, tiny_config
 
 from lmzoo.measure import comparison
 from lmzoo.measure.comparison.harness import harness_difference_table, harness_table
@@ -183,3 +183,17 @@ def test_compare_shows_lm_eval_tasks_of_two_arms_of_two_seeds(tmp_path):
     [difference] = report.record["lm_eval_differences"]
     assert difference["label"] == "b" and difference["lmzoo_rolling/bits_per_byte"]["estimate"] == pytest.approx(
         rows["b"]["lmzoo_rolling/bits_per_byte"]["estimate"] - rows["a"]["lmzoo_rolling/bits_per_byte"]["estimate"])
+
+
+@pytest.mark.slow
+def test_lm_evals_own_command_line_runs_the_lmzoo_model(run, tmp_path):
+    """lm-eval reads no plugin entry points: its command line knows ``lmzoo`` when lmzoo's adapter module runs it."""
+    tasks = write_tasks(tmp_path)
+    proc = run_lmzoo("-m", "lmzoo.interop.lm_eval", "--model", "lmzoo", "--model_args", f"run_dir={run}",
+                     "--tasks", "lmzoo_choice", "--include_path", str(tasks), "--batch_size", "2",
+                     "--output_path", str(tmp_path / "out"), check=True)
+    [written] = (tmp_path / "out").rglob("results_*.json")
+    theirs = json.loads(written.read_text())["results"]["lmzoo_choice"]["acc,none"]
+    ours = command.main([f"run_dir={run}", "tasks=lmzoo_choice", f"include_path={tasks}", "batch_size=2",
+                         "tag=own"])["results"]["lmzoo_choice"]["acc,none"]
+    assert theirs == ours and "lmzoo_choice" in proc.stdout
