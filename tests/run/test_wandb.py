@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from lmzoo import eval as lmzoo_eval
 from lmzoo.config import ConfigError
 from lmzoo.run import tracking
 from lmzoo.run.directory import RunDir
@@ -81,6 +82,7 @@ def logged(files: Path):
     return history, config, summary
 
 
+@pytest.mark.slow
 def test_wandb_logs_the_scalars_and_config_metrics_jsonl_and_tensorboard_get(tmp_path, offline):
     run_dir = tmp_path / "run"
     cfg = tiny_config("softmax", "logger=wandb", "train.steps=4", "train.log_every=1", "train.eval_every=2",
@@ -96,7 +98,13 @@ def test_wandb_logs_the_scalars_and_config_metrics_jsonl_and_tensorboard_get(tmp
     assert "val/loss" in history[2] and "val/loss" not in history[1]
     assert config["model.d_model"] == 32 and config["logger"] == "wandb" and config["params"] > 0
     run_id = (run_dir / tracking.WANDB_ID).read_text().strip()
-    assert [p.name for p in offline.glob("wandb/offline-run-*")][0].endswith(run_id)
+    assert {p.name.rsplit("-", 1)[1] for p in offline.glob("wandb/offline-run-*")} == {run_id}
+
+    results = lmzoo_eval.main([f"run_dir={run_dir}", "eval.lengths=[32]", "eval.tokens=512", "eval.probe_batch=0",
+                               "eval.progress=false", "eval.tag=short"])
+    _, _, summary = logged(offline)  # the evaluation went to the same Weights & Biases run
+    assert json.loads(summary["eval/short/bpb@32"]) == pytest.approx(results["lengths"]["32"]["bpb"])
+    assert {p.name.rsplit("-", 1)[1] for p in offline.glob("wandb/offline-run-*")} == {run_id}
 
 
 def test_an_evaluation_of_a_wandb_run_goes_to_the_same_run(tmp_path, offline):
