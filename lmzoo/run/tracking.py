@@ -57,6 +57,12 @@ def log_evaluation(run: RunDir, tag: str, rows: list[dict[str, Any]]) -> None:
         tracker.log_evaluation(tag, rows, numbers)
 
 
+def display_name(run: RunDir) -> str:
+    """The run directory's name; a seed's of a group (``<run_dir>/seed<s>``) with its group's in front."""
+    name = run.path.name
+    return f"{run.path.parent.name}/{name}" if name.startswith("seed") and name[4:].isdigit() else name
+
+
 def number(value: Any) -> Optional[float]:
     """A finite float of a table cell (results.csv holds text), else None."""
     try:
@@ -82,10 +88,15 @@ class WandbTracker:
         wandb = import_wandb()
         logging.getLogger("wandb").setLevel(logging.WARNING)
         self.wandb = wandb
-        self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT), id=self.run_id(run),
-            name=run.path.name, group=label, job_type=job, resume="allow", reinit="create_new",
-            dir=os.environ.get("WANDB_DIR") or str(run.path), settings=wandb.Settings(silent=True, console="off"))
+        try:
+            self.run = wandb.init(
+                project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT), id=self.run_id(run), name=display_name(run),
+                group=label, job_type=job, resume="allow", reinit="create_new",
+                dir=os.environ.get("WANDB_DIR") or str(run.path), settings=wandb.Settings(silent=True, console="off"))
+        except wandb.errors.Error as e:  # not logged in, no network: before any step, in one line
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"logger=wandb could not start a Weights & Biases run ({first}): run `wandb login`, "
+                              f"or set WANDB_MODE=offline to keep it on disk") from None
 
     @staticmethod
     def run_id(run: RunDir) -> str:

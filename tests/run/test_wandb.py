@@ -147,3 +147,22 @@ def test_logger_names_its_choices(tmp_path, capsys):
     with pytest.raises(SystemExit):
         tiny_config("softmax", "logger=mlflow", run_dir=tmp_path)
     assert "logger='mlflow' is not valid (choose from: tensorboard, wandb)" in capsys.readouterr().err
+
+
+def test_a_tracker_that_cannot_start_says_so_in_one_line(tmp_path, offline, monkeypatch):
+    import wandb
+
+    def not_logged_in(**_):
+        raise wandb.errors.UsageError("api_key not configured (no-tty). call wandb.login(key=[your_api_key])")
+
+    monkeypatch.setattr(wandb, "init", not_logged_in)
+    with pytest.raises(ConfigError, match=r"^logger=wandb could not start a Weights & Biases run \(api_key not "
+                                          r"configured \(no-tty\)\..*\): run `wandb login`, or set WANDB_MODE=offline"):
+        tracking.open_tracker("wandb", RunDir(tmp_path))
+    (tmp_path / "eval").mkdir()
+    tracking.log_evaluation(RunDir(tmp_path), "x", [{"length": "32", "bpb": "1.0"}])  # an evaluation warns, goes on
+
+
+def test_a_seed_of_a_group_is_named_with_its_group():
+    assert tracking.display_name(RunDir("/runs/gla-sweep/seed3")) == "gla-sweep/seed3"
+    assert tracking.display_name(RunDir("/runs/seedling")) == "seedling"
