@@ -11,16 +11,15 @@ training noise. A metric lm-eval takes as a mean over examples (accuracy, exact 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from lmzoo.measure.comparison.tables import (
+    adjusted_columns, adjusted_record, interval_cell, interval_note, stars_caption,
+)
 from lmzoo.metrics.intervals import ratio_of_sums
 from lmzoo.metrics.seeds import Comparison, arm_difference, arm_estimate
-
-RESULTS_DIR = "lm_eval"  # <run_dir>/lm_eval/<tag>/results.json, as python -m lmzoo.lm_eval writes it
 
 # lm-eval's metrics aggregated as a ratio of sums: the metric of minus the summed log-likelihood over the summed count
 RATIO_METRICS: dict[str, Callable] = {
@@ -28,17 +27,6 @@ RATIO_METRICS: dict[str, Callable] = {
     "byte_perplexity": np.exp,
     "word_perplexity": np.exp,
 }
-
-
-def read_harness(path: Path, tag: str) -> dict | None:
-    """The run's lm-eval results of ``tag``, or None when it has none (ValueError for a file that is not JSON)."""
-    file = Path(path) / RESULTS_DIR / tag / "results.json"
-    if not file.exists():
-        return None
-    try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file} is not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
 def metric_function(metric: str, paired: bool) -> Callable | None:
@@ -117,8 +105,6 @@ def harness_differences(group, baseline, columns, settings: dict) -> dict[str, C
 def harness_table(groups, settings: dict) -> tuple[str, list[dict], list[str]]:
     """The markdown table of each arm's lm-eval metrics with their intervals ("" when no run has lm-eval results
     with per-example scores), its records for comparison.json, and notes."""
-    from lmzoo.measure.comparison.tables import interval_cell, interval_note
-
     columns, rows, notes = harness_estimates(groups, settings)
     if not columns:
         return "", [], notes
@@ -137,8 +123,6 @@ def harness_table(groups, settings: dict) -> tuple[str, list[dict], list[str]]:
 
 def harness_difference_table(groups, baseline, settings: dict, adjust: str) -> tuple[str, list[dict]]:
     """Each arm's lm-eval metrics minus the baseline's, stars adjusted over the arms as the bpb table's are."""
-    from lmzoo.measure.comparison.tables import adjusted_columns, adjusted_record, interval_cell, stars_caption
-
     columns, _ = aligned_columns([r for g in groups for r in g.runs])
     others = [g for g in groups if g is not baseline]
     if not columns or not others:

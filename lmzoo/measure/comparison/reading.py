@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from lmzoo.measure.comparison.harness import read_harness
 from lmzoo.metrics.intervals import bits_per_nat
 from lmzoo.metrics.scoring import sampling_note
 from lmzoo.run.directory import CONFIG, RunDir
 from lmzoo.schema import ConfigError, changes_trained_model, flatten
 
+HARNESS_DIR = "lm_eval"  # <run_dir>/lm_eval/<tag>/results.json, as python -m lmzoo.lm_eval writes it
 SAME_SEED = ("refuse", "distinct")  # two runs of one arm with one seed: an error, or counted apart as the user says
 
 
@@ -199,6 +199,17 @@ def folders_below(path: Path) -> list[Path]:
         subfolders[:] = [] if real in visited else [s for s in subfolders if not s.startswith(".")]
         visited.add(real)
     return sorted(found)
+
+
+def read_harness(path: Path, tag: str) -> dict | None:
+    """The run's lm-eval results of ``tag``, or None when it has none (ValueError for a file that is not JSON)."""
+    file = Path(path) / HARNESS_DIR / tag / "results.json"
+    if not file.exists():
+        return None
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file} is not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
 def load_run(path: Path, tag: str) -> Run:
