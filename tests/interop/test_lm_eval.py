@@ -192,7 +192,7 @@ def test_lm_evals_own_command_line_runs_the_lmzoo_model(run, tmp_path):
     tasks = write_tasks(tmp_path)
     proc = run_lmzoo("-m", "lmzoo.interop.lm_eval", "--model", "lmzoo", "--model_args", f"run_dir={run}",
                      "--tasks", "lmzoo_choice", "--include_path", str(tasks), "--batch_size", "2",
-                     "--output_path", str(tmp_path / "out"), check=True)
+                     "--output_path", str(tmp_path / "out"), check=True, timeout=900)
     [written] = (tmp_path / "out").rglob("results_*.json")
     theirs = json.loads(written.read_text())["results"]["lmzoo_choice"]["acc,none"]
     ours = command.main([f"run_dir={run}", "tasks=lmzoo_choice", f"include_path={tasks}", "batch_size=2",
