@@ -166,3 +166,27 @@ def test_a_tracker_that_cannot_start_says_so_in_one_line(tmp_path, offline, monk
 def test_a_seed_of_a_group_is_named_with_its_group():
     assert tracking.display_name(RunDir("/runs/gla-sweep/seed3")) == "gla-sweep/seed3"
     assert tracking.display_name(RunDir("/runs/seedling")) == "seedling"
+
+
+def test_seeds_trained_together_log_to_runs_of_their_own_at_once(tmp_path, offline):
+    """A seed group's members each hold a tracker open in one process (``train.seeds``)."""
+    runs = [RunDir(tmp_path / "group" / f"seed{s}") for s in (0, 1)]
+    trackers = []
+    for run in runs:
+        run.path.mkdir(parents=True)
+        trackers.append(tracking.open_tracker("wandb", run, label="arm"))
+    for step in (1, 2):
+        for seed, tracker in enumerate(trackers):
+            tracker.log(step, {"train/loss": 10.0 * seed + step})
+    for tracker in trackers:
+        tracker.close()
+    for seed, run in enumerate(runs):
+        run_id = (run.path / tracking.WANDB_ID).read_text().strip()
+        [files] = offline.glob(f"wandb/offline-run-*-{run_id}")
+        logged(offline)  # lets the service write what it holds
+        by_run = {}
+        for record in wandb_records(next(files.glob("run-*.wandb"))):
+            if record.WhichOneof("record_type") == "history":
+                row = {item_key(i): json.loads(i.value_json) for i in record.history.item}
+                by_run[row["_step"]] = row["train/loss"]
+        assert by_run == {1: 10.0 * seed + 1, 2: 10.0 * seed + 2}
