@@ -91,6 +91,7 @@ class Config:
     seed: int = 0  # parameters and data order
     # Recorded in config.yaml; it changes nothing in training.
     label: Optional[str] = None  # the arm this run belongs to: lmzoo.compare groups runs by it (by config otherwise)
+    logger: str = "tensorboard"  # where metrics go besides metrics.jsonl: tensorboard, or wandb (TensorBoard and Weights & Biases)
     model: ModelConfig = field(default_factory=ModelConfig)
     pos: PosConfig = field(default_factory=PosConfig)
     data: Any = None  # a registered data source's spec (a DataConfig subclass)
@@ -100,6 +101,7 @@ class Config:
 
 
 DTYPES = ("float32", "bfloat16")
+LOGGERS = ("tensorboard", "wandb")  # lmzoo.run.tracking: wandb needs pip install -e '.[track]'
 REMAT = ("none", "block", "mixer")  # what lmzoo.model recomputes in the backward pass instead of storing
 
 
@@ -169,6 +171,7 @@ def check(cfg: Config) -> None:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
     one_of("model.dtype", m.dtype, DTYPES)
     one_of("model.remat", m.remat, REMAT)
+    one_of("logger", cfg.logger, LOGGERS)
     cfg.pos.check()
     for key in ("steps", "batch_size", "eval_every", "eval_tokens", "checkpoint_every", "keep_checkpoints",
                 "log_every", "max_nonfinite"):

@@ -222,7 +222,7 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 # makes another arm. A key is classified by its longest entry below (a whole group, or one key); a new key
 # matching none must be added to one list (tests/measure/test_compare.py checks every key of every spec).
 CANNOT_CHANGE_TRAINED_MODEL = (
-    "run_dir", "label",  # where it is written, what it is called
+    "run_dir", "label", "logger",  # where it is written, what it is called, where its metrics also go
     "data.allow_changed",  # whether a resume may proceed; the change itself is recorded in resumes.jsonl
     "model.remat",  # recomputes activations in the backward pass: the same values
     "attn.method",  # the computation form: every form is tested equal to the reference (kernels are named apart)

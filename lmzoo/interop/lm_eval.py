@@ -272,3 +272,18 @@ def json_safe(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
+
+
+def harness_command_line() -> None:
+    """lm-eval's own command line, with the ``lmzoo`` model registered in its process:
+    ``python -m lmzoo.interop.lm_eval run --model lmzoo --model_args run_dir=<run> --tasks <task> ...``.
+
+    lm-eval finds models by name in its registry, which it fills from a fixed table of its own models; it reads no
+    plugin entry points, so its ``lm_eval`` command cannot know ``lmzoo`` unless this module is imported first."""
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    harness_command_line()

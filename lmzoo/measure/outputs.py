@@ -1,6 +1,7 @@
 """Writing an evaluation's results: results.json, results.csv and plots in ``eval/<tag>/``, and TensorBoard.
 
-The files go to ``eval/<tag>/`` of the run and the scalars to ``tb/eval/<tag>/``. Each evaluation
+The files go to ``eval/<tag>/`` of the run and the scalars to ``tb/eval/<tag>/`` (and to the run's Weights &
+Biases run, if it trained with ``logger=wandb``). Each evaluation
 replaces its tag's files whole, so a rerun never leaves duplicate TensorBoard steps or a torn results
 file behind.
 """
@@ -16,6 +17,7 @@ import numpy as np
 from lmzoo.faults import probe_writable
 from lmzoo.metrics.probes import PROBES
 from lmzoo.run.directory import RunDir, atomic_write_text, json_text
+from lmzoo.run.tracking import log_evaluation
 
 CSV_COLUMNS = ["length", "length_ratio", "tokens", "loss", "bpb", "bpb_lo", "bpb_hi", "ratio", "ratio_lo",
                "ratio_hi", "accuracy", "mean_sparsity", "mean_entropy", "mean_first_key"]
@@ -31,10 +33,12 @@ def write_outputs(run: RunDir, results: dict, *, plots: bool = True) -> Path:
     """results.json, results.csv, the plots and TensorBoard scalars of ``results``; the results.json path."""
     tag = results["tag"]
     out_dir = run.eval_dir(tag)
-    atomic_write_text(run.results_csv_path(tag), results_csv(results))
+    table = results_csv(results)
+    atomic_write_text(run.results_csv_path(tag), table)
     if plots:
         plot_results(results, out_dir)
     write_tensorboard(run, results, sorted(out_dir.glob("*.png")) if plots else [])
+    log_evaluation(run, tag, list(csv.DictReader(io.StringIO(table))))
     atomic_write_text(run.results_path(tag), json_text(results))  # last: its presence says the rest is written
     return run.results_path(tag)
 

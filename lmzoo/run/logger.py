@@ -1,10 +1,11 @@
-"""Where metrics go: the run's metrics log (one JSON object per logged step) and TensorBoard.
+"""Where metrics go: metrics.jsonl (one JSON object per logged step), TensorBoard and a tracker.
 
 A run that resumes from step S redoes the steps after S, so both logs are cut back to S when they
 open: the metrics log loses its later rows (and any line a kill tore), and TensorBoard is told to
 purge events after S (its purge-step mechanism). Each metrics row is synced as it is appended;
 ``flush`` makes TensorBoard's events durable too; the trainer calls it before each checkpoint, so a
-killed process loses at most the steps the resumed run redoes.
+killed process loses at most the steps the resumed run redoes. ``logger=wandb`` adds a tracker
+(``lmzoo.run.tracking``) that gets the same scalars and config.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tensorboardX import SummaryWriter
 from tensorboardX.summary import hparams
 
 from lmzoo.run.directory import RunDir
+from lmzoo.run.tracking import open_tracker
 
 
 def open_in_a_later_second(tb_dir: Path) -> None:
@@ -37,10 +39,12 @@ def open_in_a_later_second(tb_dir: Path) -> None:
 class MetricsLogger:
     """Writes only when ``enabled`` (the first process of a multi-host run), for steps after ``start_step``."""
 
-    def __init__(self, run: RunDir, *, start_step: int = 0, enabled: bool = True):
+    def __init__(self, run: RunDir, *, start_step: int = 0, enabled: bool = True, logger: str = "tensorboard",
+                 label: Optional[str] = None):
         self.enabled = enabled
         if enabled:
             self.run = run
+            self.tracker = open_tracker(logger, run, label=label)  # first: a missing package stops it before any write
             run.truncate_metrics(start_step)
             self.segment, self._tb = 0, None
             self.purge_step: Optional[int] = start_step + 1  # the first event file of this process purges
@@ -62,9 +66,12 @@ class MetricsLogger:
             return
         row = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
         self.run.append_metrics(row)
-        for key, value in row.items():
-            if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                self.tb.add_scalar(tensorboard_tag(key), value, step)
+        scalars = {tensorboard_tag(k): v for k, v in row.items()
+                   if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
+        for tag, value in scalars.items():
+            self.tb.add_scalar(tag, value, step)
+        if self.tracker is not None and scalars:
+            self.tracker.log(step, scalars)
 
     def log_config(self, config_yaml: str, hparam_dict: dict[str, Any], metric_names: list[str]) -> None:
         """The resolved config as text, and hyper-parameters for TensorBoard's HPARAMS tab."""
@@ -74,6 +81,8 @@ class MetricsLogger:
         experiment, session_start, session_end = hparams(hparam_dict, {f"val/{m}": 0.0 for m in metric_names})
         for summary in (experiment, session_start, session_end):
             self.tb.file_writer.add_summary(summary)
+        if self.tracker is not None:
+            self.tracker.log_config(hparam_dict)
 
     def flush(self) -> None:
         """Put everything logged so far on disk.
@@ -89,6 +98,9 @@ class MetricsLogger:
 
     def close(self) -> None:
         self.flush()
+        if self.enabled and self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
 
 
 def tensorboard_tag(key: str) -> str:

@@ -174,7 +174,8 @@ def write_run_info(run: RunDir, cfg: Config, data, model: LM, n_params: int) -> 
 
 
 def open_logger(run: RunDir, cfg: Config, n_params: int, start_step: int) -> MetricsLogger:
-    logger = MetricsLogger(run, start_step=start_step, enabled=jax.process_index() == 0)
+    logger = MetricsLogger(run, start_step=start_step, enabled=jax.process_index() == 0, logger=cfg.logger,
+                           label=cfg.label)
     plain = lambda v: v if isinstance(v, (int, float, str, bool)) else str(v)  # noqa: E731  (TensorBoard's hparams)
     hparams = {**{k: plain(v) for k, v in flatten(asdict(cfg)).items()}, "params": n_params}
     logger.log_config(OmegaConf.to_yaml(OmegaConf.structured(cfg)), hparams, ["loss", "bpb"])

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import run_lmzoo, tiny_config
 
+from lmzoo.measure import comparison
+from lmzoo.measure.comparison.harness import harness_difference_table, harness_table
+from lmzoo.measure.comparison.reading import HARNESS_DIR, Group, Run
 from lmzoo.metrics.scoring import token_scores
 from lmzoo.run.load import open_trained
 from lmzoo.run.loop import train
+from lmzoo.run.seeds import train as train_seeds
 
 pytest.importorskip("lm_eval")
 from lmzoo import lm_eval as command
@@ -116,3 +121,80 @@ def test_the_command_names_a_missing_model_or_task(capsys):
         with pytest.raises(SystemExit) as exit:
             command.main(argv)
         assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def harness_run(name: str, seed: int, scores: dict) -> Run:
+    """A run whose only results are lm-eval's: per task and metric, each example's score."""
+    per_example = {task: {"doc_id": list(range(len(next(iter(metrics.values()))))), **metrics}
+                   for task, metrics in scores.items()}
+    return Run(Path(name), {"seed": seed, "label": name.split("/")[0]}, {}, [], harness={"per_example": per_example})
+
+
+def test_compare_pools_lm_eval_examples_over_seeds_with_intervals_that_count_both():
+    rng = np.random.default_rng(0)
+    scores = {f"{arm}/{seed}": {"choice": {"acc": (rng.random(40) < p).astype(float).tolist()},
+                                "rolling": {"bits_per_byte": [[-float(rng.uniform(20, 40)) * p, 30] for _ in range(40)]}}
+              for arm, p in (("a", 0.3), ("b", 0.8)) for seed in (0, 1)}
+    groups = [Group(arm, [harness_run(f"{arm}/{seed}", seed, scores[f"{arm}/{seed}"]) for seed in (0, 1)])
+              for arm in ("a", "b")]
+    settings = {"resamples": 200, "seed": 0}
+    markdown, records, notes = harness_table(groups, settings)
+    assert HARNESS_DIR == command.RESULTS_DIR  # compare reads where lmzoo.lm_eval writes
+    assert not notes and "| variant | n | choice acc | rolling bits_per_byte | interval |" in markdown
+    for group, record in zip(groups, records):
+        per_run = [np.mean(r.harness["per_example"]["choice"]["acc"]) for r in group.runs]
+        assert record["choice/acc"]["estimate"] == pytest.approx(np.mean(per_run))
+        assert record["choice/acc"]["uncertainty"] == "seeds+text" and record["choice/acc"]["seeds"] == [2]
+        pairs = [np.asarray(r.harness["per_example"]["rolling"]["bits_per_byte"]) for r in group.runs]
+        bpb = [-p[:, 0].sum() / p[:, 1].sum() / np.log(2) for p in pairs]  # lm-eval's ratio of sums, per run
+        assert record["rolling/bits_per_byte"]["estimate"] == pytest.approx(np.mean(bpb))
+        assert record["choice/acc"]["lo"] <= record["choice/acc"]["estimate"] <= record["choice/acc"]["hi"]
+    text, differences = harness_difference_table(groups, groups[0], settings, "holm")
+    assert differences[0]["choice/acc"]["estimate"] == pytest.approx(
+        records[1]["choice/acc"]["estimate"] - records[0]["choice/acc"]["estimate"])
+    assert "Δ choice acc" in text and differences[0]["choice/acc"]["uncertainty"] == "seeds+text"
+
+    groups[1].runs[1].harness["per_example"]["choice"]["doc_id"][0] = 99  # another example scored: not comparable
+    markdown, records, notes = harness_table(groups, settings)
+    assert "choice acc" not in markdown and "rolling bits_per_byte" in markdown
+    assert notes == ["lm-eval choice acc left out: its runs scored different examples (another limit= or task "
+                     "version); rerun python -m lmzoo.lm_eval with the same settings on each"]
+
+
+@pytest.mark.slow
+def test_compare_shows_lm_eval_tasks_of_two_arms_of_two_seeds(tmp_path):
+    tasks = write_tasks(tmp_path)
+    for arm, lr in (("a", "0.003"), ("b", "0.01")):
+        train_seeds(tiny_config("softmax", "train.seeds=[0,1]", "train.steps=2", "train.eval_every=2",
+                                "train.checkpoint_every=2", f"optim.lr={lr}", f"label={arm}", run_dir=tmp_path / arm))
+        for seed in (0, 1):
+            command.main([f"run_dir={tmp_path / arm / f'seed{seed}'}", "tasks=lmzoo_choice,lmzoo_rolling",
+                          f"include_path={tasks}", "batch_size=4"])
+    report = comparison.compare([tmp_path / "a", tmp_path / "b"], baseline="a")
+    rows = {row["label"]: row for row in report.record["lm_eval"]}
+    assert set(rows) == {"a", "b"} and "lm-evaluation-harness" in report.markdown
+    for arm in ("a", "b"):
+        saved = [json.loads((tmp_path / arm / f"seed{s}" / "lm_eval" / "default" / "results.json").read_text())
+                 for s in (0, 1)]
+        assert rows[arm]["lmzoo_choice/acc"]["estimate"] == pytest.approx(
+            np.mean([s["results"]["lmzoo_choice"]["acc,none"] for s in saved]))
+        assert rows[arm]["lmzoo_rolling/bits_per_byte"]["estimate"] == pytest.approx(
+            np.mean([s["results"]["lmzoo_rolling"]["bits_per_byte,none"] for s in saved]))
+        assert rows[arm]["lmzoo_rolling/bits_per_byte"]["uncertainty"] == "seeds+text"
+    [difference] = report.record["lm_eval_differences"]
+    assert difference["label"] == "b" and difference["lmzoo_rolling/bits_per_byte"]["estimate"] == pytest.approx(
+        rows["b"]["lmzoo_rolling/bits_per_byte"]["estimate"] - rows["a"]["lmzoo_rolling/bits_per_byte"]["estimate"])
+
+
+@pytest.mark.slow
+def test_lm_evals_own_command_line_runs_the_lmzoo_model(run, tmp_path):
+    """lm-eval reads no plugin entry points: its command line knows ``lmzoo`` when lmzoo's adapter module runs it."""
+    tasks = write_tasks(tmp_path)
+    proc = run_lmzoo("-m", "lmzoo.interop.lm_eval", "--model", "lmzoo", "--model_args", f"run_dir={run}",
+                     "--tasks", "lmzoo_choice", "--include_path", str(tasks), "--batch_size", "2",
+                     "--output_path", str(tmp_path / "out"), check=True, timeout=900)
+    [written] = (tmp_path / "out").rglob("results_*.json")
+    theirs = json.loads(written.read_text())["results"]["lmzoo_choice"]["acc,none"]
+    ours = command.main([f"run_dir={run}", "tasks=lmzoo_choice", f"include_path={tasks}", "batch_size=2",
+                         "tag=own"])["results"]["lmzoo_choice"]["acc,none"]
+    assert theirs == ours and "lmzoo_choice" in proc.stdout

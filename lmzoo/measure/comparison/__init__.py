@@ -1,7 +1,8 @@
 """Comparing trained runs: reading them, grouping seeds into arms, intervals that count seeds and text.
 
-A run is read from its run directory (config, run info, data fingerprint, metrics, resumes and
-``eval/<tag>/results.json``). Runs form one *arm* when they set the same ``label``, or, without
+A run is read from its run directory (config, run info, data fingerprint, metrics, resumes,
+``eval/<tag>/results.json`` and ``lm_eval/<tag>/results.json``, whose tasks get a table of their own:
+``comparison.harness``). Runs form one *arm* when they set the same ``label``, or, without
 labels, when their configs differ only in ``seed`` (and ``run_dir``): the seeds of one experiment.
 
 Every interval between arms counts both sources of uncertainty (``lmzoo.metrics.seeds``):
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from lmzoo.measure.comparison.estimates import bootstrap_settings
 from lmzoo.measure.comparison.figures import plot
+from lmzoo.measure.comparison.harness import harness_difference_table, harness_table
 from lmzoo.measure.comparison.reading import (
     Group,
     check_distinct_seeds,
@@ -91,11 +93,18 @@ def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = N
               "left_out": [{"run": str(path), "reason": why} for path, why in unreadable]
               + [{"run": str(run.path), "reason": why} for run, why in left_out],
               "counted_once": duplicates}
+    harness, record["lm_eval"], harness_notes = harness_table(groups, settings)
+    record["lm_eval_differences"] = []
     if baseline:
         base = find_baseline(groups, baseline)
         text, record["differences"] = differences(groups, base, settings, adjust)
         markdown += "\n\n" + text
         record["baseline"] = base.label
+        harness_diffs, record["lm_eval_differences"] = harness_difference_table(groups, base, settings, adjust)
+        harness += "\n\n" + harness_diffs if harness_diffs else ""
+    if harness:
+        markdown += "\n\n" + harness
+    notes += harness_notes
     notes += missing_evaluations(groups, tag) + kernel_differences(groups) + stale_evaluations(kept)
     record["kernels"] = {g.label: [list(s) for s in g.kernels] for g in groups}
     if reference.results:

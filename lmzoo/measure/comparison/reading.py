@@ -16,6 +16,7 @@ from lmzoo.metrics.scoring import sampling_note
 from lmzoo.run.directory import CONFIG, RunDir
 from lmzoo.schema import ConfigError, changes_trained_model, flatten
 
+HARNESS_DIR = "lm_eval"  # <run_dir>/lm_eval/<tag>/results.json, as python -m lmzoo.lm_eval writes it
 SAME_SEED = ("refuse", "distinct")  # two runs of one arm with one seed: an error, or counted apart as the user says
 
 
@@ -33,6 +34,7 @@ class Run:
     results: dict | None = field(default=None)
     changes: list[dict] = field(default_factory=list)  # settings changed on resume (resumes.jsonl)
     fingerprint: dict | None = None  # what the data was (data_fingerprint.json)
+    harness: dict | None = None  # lm-evaluation-harness results (lm_eval/<tag>/results.json), per example
 
     @property
     def name(self) -> str:
@@ -199,13 +201,24 @@ def folders_below(path: Path) -> list[Path]:
     return sorted(found)
 
 
+def read_harness(path: Path, tag: str) -> dict | None:
+    """The run's lm-eval results of ``tag``, or None when it has none (ValueError for a file that is not JSON)."""
+    file = Path(path) / HARNESS_DIR / tag / "results.json"
+    if not file.exists():
+        return None
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file} is not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
 def load_run(path: Path, tag: str) -> Run:
     run_dir = RunDir(path)
     config = OmegaConf.to_container(run_dir.read_config())
     if "tokenizer" in config.get("data", {}):  # a corpus; runs from before the setting packed without masks
         config["data"].setdefault("document_boundaries", "none")
     return Run(path, config, run_dir.read_run_info(), run_dir.read_metrics(), run_dir.read_results(tag),
-               run_dir.read_resumes(), run_dir.read_fingerprint())
+               run_dir.read_resumes(), run_dir.read_fingerprint(), read_harness(path, tag))
 
 
 def load_runs(paths: list[Path], tag: str) -> tuple[list[Run], list[tuple[Path, str]]]:
