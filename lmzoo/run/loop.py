@@ -29,7 +29,7 @@ import math
 import signal
 import threading
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -201,6 +201,16 @@ def scan_steps(step, leaves: list, batches):
     return jax.lax.scan(step, leaves, batches)
 
 
+@contextmanager
+def released_on_failure(held: ExitStack):
+    """Give back what ``held`` holds if the block fails: a start that fails half way keeps no lock or file open."""
+    try:
+        yield
+    except BaseException:
+        held.close()
+        raise
+
+
 class Trainer:
     """One run: its training state on the devices, and the named steps of the loop in ``train``."""
 
@@ -218,11 +228,8 @@ class Trainer:
         self.held = ExitStack()  # what ``close`` gives back: the run lock first of all
         if jax.process_index() == 0:  # the hosts of one multi-host run share its directory
             self.held.enter_context(RunLock(self.run.lock_path))
-        try:
+        with released_on_failure(self.held):
             self._start(cfg)
-        except BaseException:
-            self.held.close()
-            raise
 
     def _start(self, cfg: Config) -> None:
         self.mesh = training_mesh(cfg)

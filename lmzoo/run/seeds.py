@@ -39,7 +39,7 @@ from lmzoo.run import loop
 from lmzoo.run.checkpoint import Checkpointer
 from lmzoo.run.directory import RunDir
 from lmzoo.run.feed import BatchFeed
-from lmzoo.run.loop import Trainer
+from lmzoo.run.loop import Trainer, released_on_failure
 
 log = logging.getLogger("lmzoo.train")
 
@@ -48,6 +48,18 @@ def seed_config(cfg: Config, seed: int) -> Config:
     """The single run that is seed ``seed`` of ``cfg``'s group: its own seed, in ``run_dir/seed<seed>``."""
     return dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / f"seed{seed}"),
                                train=dataclasses.replace(cfg.train, seeds=[]))
+
+
+def group_config(runs: list[Config]) -> Config:
+    """The group that trains ``runs`` (single runs alike but for their seeds and run directories) as one: the
+    first run's settings with ``train.seeds`` their seeds. ConfigError where two differ in anything else."""
+    first = runs[0]
+    apart = lambda c: dataclasses.replace(c, seed=first.seed, run_dir=first.run_dir)  # noqa: E731
+    for other in runs[1:]:
+        if apart(other) != first:
+            raise ConfigError(f"run_dir {other.run_dir!r} differs from {first.run_dir!r} in more than its seed: "
+                              f"runs of one group share every other setting")
+    return dataclasses.replace(first, train=dataclasses.replace(first.train, seeds=[c.seed for c in runs]))
 
 
 def align_checkpoints(runs: list[RunDir]) -> None:
@@ -99,17 +111,14 @@ class SeedGroup:
     """The seeds of ``cfg.train.seeds``: each a ``Trainer`` of its own run (its directory, data, records), and their
     states stacked and stepped as one. Offers ``train`` the same steps as a ``Trainer``."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, runs: list[Config] | None = None):
+        """``runs``: each seed's single run (by default ``seed_config``'s, in ``run_dir/seed<s>``)."""
         self.cfg = cfg
         self.held = ExitStack()
-        try:
-            self._start(cfg)
-        except BaseException:
-            self.held.close()
-            raise
+        with released_on_failure(self.held):
+            self._start(cfg, runs or [seed_config(cfg, seed) for seed in cfg.train.seeds])
 
-    def _start(self, cfg: Config) -> None:
-        configs = [seed_config(cfg, seed) for seed in cfg.train.seeds]
+    def _start(self, cfg: Config, configs: list[Config]) -> None:
         align_checkpoints([RunDir(c.run_dir) for c in configs])
         self.members: list[Trainer] = []
         for c in configs:
@@ -119,8 +128,8 @@ class SeedGroup:
         first = self.members[0]
         steps = {m.run_dir.name: m.step for m in self.members}
         if len(set(steps.values())) > 1:  # a seed whose newest common checkpoint was damaged fell back further
-            raise ConfigError(f"run_dir {cfg.run_dir!r}: the seeds resume at different steps {steps}; resume each "
-                              f"alone (run_dir=<run_dir>/seed<s> seed=<s>) to a common step, or start afresh")
+            raise ConfigError(f"the seeds resume at different steps {steps}; resume each alone (run_dir=<its directory> "
+                              f"seed=<s>) to a common step, or start afresh")
         self.step, self.steps_per_call, self.mesh = first.step, first.steps_per_call, first.mesh
         for member in self.members[1:]:
             member.eval_fn = first.eval_fn  # one program scores every seed (the same model, other numbers)
@@ -233,8 +242,8 @@ class SeedGroup:
 
     def save_and_stop(self) -> dict:
         self.save()
-        log.info("interrupted: saved a checkpoint at step %d of every seed in %s; run the same command to resume",
-                 self.step, self.cfg.run_dir)
+        log.info("interrupted: saved a checkpoint at step %d of every seed (%s); run the same command to resume",
+                 self.step, ", ".join(str(m.run_dir) for m in self.members))
         return self.summary(interrupted=True)
 
     def report_end(self) -> None:
@@ -255,3 +264,10 @@ class SeedGroup:
 def train(cfg: Config) -> dict:
     """Train (or resume) ``cfg``: its seeds as one group with ``train.seeds``, else its one run."""
     return loop.train(cfg, SeedGroup(cfg) if cfg.train.seeds else None)
+
+
+def train_runs(runs: list[Config]) -> dict:
+    """Train (or resume) single runs that differ only in their seeds and run directories as one group, each in
+    its own directory (``group_config``); the summary of ``train``'s group."""
+    cfg = group_config(runs)
+    return loop.train(cfg, SeedGroup(cfg, runs))
