@@ -84,13 +84,18 @@ def train_runs(variant: str, run_dirs: dict[int, Path], *, steps: int, overrides
     left = [cfg for cfg in configs.values() if not reused(cfg, Path(cfg.run_dir))]
     for group in by_start(left, steps):
         if len(group) > 1 and grouping(group[0]):
-            summary = seeds.train_runs(group)
+            finished(seeds.train_runs(group), group)
         else:
-            summary = train(group[0])
-        if summary["interrupted"]:
-            raise Interrupted(f"interrupted while training {', '.join(c.run_dir for c in group)} (checkpoint at step "
-                              f"{summary['step']}); run the same experiment again to resume")
+            for cfg in group:
+                finished(train(cfg), [cfg])
     return configs
+
+
+def finished(summary: dict, runs: list[Config]) -> None:
+    """Interrupted where training ``runs`` stopped before their last step (each saved where it stood)."""
+    if summary["interrupted"]:
+        raise Interrupted(f"interrupted while training {', '.join(c.run_dir for c in runs)} (checkpoint at step "
+                          f"{summary['step']}); run the same experiment again to resume")
 
 
 def reused(cfg: Config, run_dir: Path) -> bool:
