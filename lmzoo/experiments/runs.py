@@ -78,17 +78,43 @@ def train_run(variant: str, run_dir: Path, *, seed: int, steps: int, overrides: 
 def train_runs(variant: str, run_dirs: dict[int, Path], *, steps: int, overrides: list[str] = ()) -> dict[int, Config]:
     """``train_run`` for each seed's ``run_dirs[seed]``; their configs by seed. The seeds left to train that
     resume from the same step (all of them, in a fresh ``out_dir``) train as one group where ``grouping`` says so."""
-    configs = {seed: compose_and_validate([f"+attn={variant}", f"run_dir={run_dir}", f"seed={seed}",
-                                           f"train.steps={steps}", "train.progress=false", *overrides])
-               for seed, run_dir in run_dirs.items()}
-    left = [cfg for cfg in configs.values() if not reused(cfg, Path(cfg.run_dir))]
-    for group in by_start(left, steps):
-        if len(group) > 1 and grouping(group[0]):
-            finished(seeds.train_runs(group), group)
-        else:
-            for cfg in group:
-                finished(train(cfg), [cfg])
+    configs = {seed: run_config(variant, run_dir, seed, steps, overrides) for seed, run_dir in run_dirs.items()}
+    train_configs(list(configs.values()), steps)
     return configs
+
+
+def train_grid(variant: str, run_dirs: dict[tuple[float, int], Path], *, steps: int,
+               overrides: list[str] = ()) -> dict[tuple[float, int], Config]:
+    """``train_runs`` over learning rates too: ``run_dirs[lr, seed]`` trains at ``optim.lr=lr``; with AdamW every
+    rate and seed left at one step trains in one group (``train.lrs``' step)."""
+    configs = {(lr, seed): run_config(variant, run_dir, seed, steps, [f"optim.lr={lr}", *overrides])
+               for (lr, seed), run_dir in run_dirs.items()}
+    train_configs(list(configs.values()), steps)
+    return configs
+
+
+def run_config(variant: str, run_dir: Path, seed: int, steps: int, overrides: list[str]) -> Config:
+    return compose_and_validate([f"+attn={variant}", f"run_dir={run_dir}", f"seed={seed}", f"train.steps={steps}",
+                                 "train.progress=false", *overrides])
+
+
+def train_configs(configs: list[Config], steps: int) -> None:
+    """Train the runs not reused from a twin: those resuming from one step as one group where ``grouping`` says
+    so (and the group can hold them: other learning rates need AdamW), else one at a time."""
+    left = [cfg for cfg in configs if not reused(cfg, Path(cfg.run_dir))]
+    for group in by_start(left, steps):
+        for runs in stackable(group) if grouping(group[0]) else [[cfg] for cfg in group]:
+            finished(seeds.train_runs(runs) if len(runs) > 1 else train(runs[0]), runs)
+
+
+def stackable(group: list[Config]) -> list[list[Config]]:
+    """``group`` split where one vmapped step cannot hold it: runs of other learning rates need AdamW."""
+    if group[0].optim.name == "adamw":
+        return [group]
+    by_lr: dict[float, list[Config]] = {}
+    for cfg in group:
+        by_lr.setdefault(cfg.optim.lr, []).append(cfg)
+    return list(by_lr.values())
 
 
 def finished(summary: dict, runs: list[Config]) -> None:

@@ -29,6 +29,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from functools import partial
@@ -215,9 +216,9 @@ class Trainer:
     """One run: its training state on the devices, and the named steps of the loop in ``train``."""
 
     def __init__(self, cfg: Config, *, progress: bool | None = None):
-        if cfg.train.seeds:
-            raise ConfigError(f"train.seeds={cfg.train.seeds}: several seeds train through lmzoo.run.seeds.train "
-                              f"(python -m lmzoo.train), not one Trainer")
+        if cfg.train.seeds or cfg.train.lrs:
+            raise ConfigError(f"train.seeds={cfg.train.seeds} train.lrs={cfg.train.lrs}: several runs train through "
+                              f"lmzoo.run.seeds.train (python -m lmzoo.train), not one Trainer")
         self.progress = cfg.train.progress if progress is None else progress  # a group of seeds shows one bar
         self.name = ""  # what the console's lines start with: a seed of a group names itself
         if cfg.train.distributed:
@@ -267,12 +268,7 @@ class Trainer:
 
         self.source_metrics = source_metrics(data, cfg.data.seq_len, cfg.train.eval_tokens)  # a mix's loss/<name>
         self.state_def = jax.tree.structure(self.state)
-        step = partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum, z_loss=cfg.train.z_loss,
-                       terms=self.source_metrics.step_terms)
-        call = partial(step_on_leaves, self.state_def, step)
-        if self.steps_per_call > 1:  # one step a call stays the plain step, without a scan around it
-            call = partial(scan_steps, call)
-        self.call = call  # (leaves, batches) -> (leaves, metrics), unjitted: lmzoo.run.seeds maps it over seeds
+        self.call = call = self.make_call(tx)
         self.step_fn = jax.jit(call, donate_argnums=0,
                                out_shardings=(jax.tree.leaves(self.shardings), replicated))  # state keeps its layout
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
@@ -297,6 +293,17 @@ class Trainer:
         self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=cfg.attn.name,
                         disable=not self.progress, dynamic_ncols=True)
         self.held.callback(self.bar.close)
+
+    def make_call(self, tx) -> Callable:
+        """(leaves, batches) -> (leaves, metrics): one call's steps with the optimizer ``tx``, unjitted
+        (``lmzoo.run.seeds`` maps it over the runs of a group)."""
+        cfg = self.cfg
+        step = partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum, z_loss=cfg.train.z_loss,
+                       terms=self.source_metrics.step_terms)
+        call = partial(step_on_leaves, self.state_def, step)
+        if self.steps_per_call > 1:  # one step a call stays the plain step, without a scan around it
+            call = partial(scan_steps, call)
+        return call
 
     def resume(self) -> int:
         """Continue from the newest intact checkpoint; the step restored (0 without checkpoints).

@@ -8,7 +8,7 @@ import pytest
 
 from lmzoo.cli import compose_and_validate
 from lmzoo.experiments import run_experiment, runs
-from lmzoo.experiments.runs import by_start, seed_groups, train_run, train_runs
+from lmzoo.experiments.runs import by_start, seed_groups, train_grid, train_run, train_runs
 from lmzoo.run.directory import RunDir
 
 TINY = ["data.seq_len=32", "train.batch_size=2", "model.n_layers=1", "model.d_model=32", "train.eval_every=2",
@@ -64,6 +64,21 @@ def test_an_out_dir_trained_one_seed_at_a_time_is_reused_and_its_missing_seeds_t
     with seed_groups("true"):
         train_runs("softmax", two, steps=2, overrides=TINY)
     assert groups == [[1, 2]] and all(two[s].resolve() == one[s].resolve() for s in two)
+
+
+@pytest.mark.slow
+def test_a_learning_rate_grid_trains_as_one_group_with_adamw_and_one_group_per_rate_otherwise(tmp_path, groups):
+    grid = lambda name: {(lr, seed): tmp_path / name / "runs" / f"softmax-lr{lr:g}-s{seed}"  # noqa: E731
+                         for lr in (0.001, 0.02) for seed in (0, 1)}
+    with seed_groups("true"):
+        configs = train_grid("softmax", grid("adamw"), steps=2, overrides=TINY)
+        assert groups == [[0, 1, 0, 1]]
+        for (lr, seed), run_dir in grid("adamw").items():
+            saved = RunDir(run_dir).read_config()
+            assert configs[lr, seed].optim.lr == saved.optim.lr == lr and saved.seed == seed
+        train_grid("softmax", grid("muon"), steps=2, overrides=[*TINY, "optim=muon"])
+    assert groups == [[0, 1, 0, 1], [0, 1], [0, 1]]
+    assert rows(tmp_path / "adamw" / "runs" / "softmax-lr0.02-s0") != rows(tmp_path / "adamw" / "runs" / "softmax-lr0.001-s0")
 
 
 def test_runs_group_by_the_step_they_resume_from(tmp_path):
