@@ -143,8 +143,9 @@ def take_seed(tree, index: int):
 
 
 class SeedGroup:
-    """The seeds of ``cfg.train.seeds``: each a ``Trainer`` of its own run (its directory, data, records), and their
-    states stacked and stepped as one. Offers ``train`` the same steps as a ``Trainer``."""
+    """The runs of ``cfg.train.seeds`` and ``train.lrs`` (or the ``runs`` given): each a ``Trainer`` of its own run
+    (its directory, data, records), and their states stacked and stepped as one. Offers ``train`` the same steps
+    as a ``Trainer``."""
 
     def __init__(self, cfg: Config, runs: list[Config] | None = None):
         """``runs``: the group's single runs (by default ``member_configs``')."""
