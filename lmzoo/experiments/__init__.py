@@ -19,10 +19,12 @@ the normal trainer and run directories under ``<out_dir>/<name>/runs``, so a rer
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import importlib
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -37,6 +39,22 @@ MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "sparsity_predicted", 
            "position_extrapolation", "mqar_state_size", "state_tracking", "state_passing")
 VERDICTS = (*OUTCOMES, SMOKE)  # what verdict.json may say; SMOKE only for quick runs
 SEED_GROUPS = ("auto", "true", "false")  # when an arm's seeds train as one group (lmzoo.experiments.runs)
+_seed_groups = contextvars.ContextVar("seed_groups", default="auto")
+
+
+@contextmanager
+def seeds_grouped(when: str):
+    """Within the block, an arm's seeds train as one group ``when`` (one of ``SEED_GROUPS``)."""
+    one_of("seed_groups", when, SEED_GROUPS)
+    token = _seed_groups.set(when)
+    try:
+        yield
+    finally:
+        _seed_groups.reset(token)
+
+
+def seed_groups_setting() -> str:
+    return _seed_groups.get()
 
 
 @dataclass
@@ -93,9 +111,7 @@ def run_experiment(name: str, out_dir: Path, *, quick: bool = False, overrides: 
     folder = Path(out_dir) / name
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    from lmzoo.experiments import runs  # the trainer's imports, only for a run
-
-    with runs.seed_groups(seed_groups):
+    with seeds_grouped(seed_groups):
         result = module.run(settings, folder)
     relative = lambda paths: [str(Path(p).relative_to(folder)) for p in paths]  # noqa: E731
     record = {

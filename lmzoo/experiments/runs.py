@@ -18,8 +18,6 @@ costs more per seed (docs/benchmarks.md); ``true`` always, ``false`` never.
 
 from __future__ import annotations
 
-import contextvars
-from contextlib import contextmanager
 from pathlib import Path
 
 import jax
@@ -31,7 +29,7 @@ from omegaconf import OmegaConf
 from lmzoo.cli import compose_and_validate
 from lmzoo.config import Config, ConfigError
 from lmzoo.data.tokenizers import ByteTokenizer
-from lmzoo.experiments import SEED_GROUPS
+from lmzoo.experiments import seed_groups_setting
 from lmzoo.experiments.judging import measured
 from lmzoo.faults import Interrupted
 from lmzoo.measure.evaluation import eval_settings, evaluate, result_settings
@@ -44,25 +42,11 @@ from lmzoo.run import seeds
 from lmzoo.run.directory import RunDir, flat_settings
 from lmzoo.run.load import open_trained
 from lmzoo.run.loop import train
-from lmzoo.schema import one_of
-
-_seed_groups = contextvars.ContextVar("seed_groups", default="auto")
-
-
-@contextmanager
-def seed_groups(when: str):
-    """Within the block, ``train_runs`` groups seeds ``when`` (one of ``SEED_GROUPS``)."""
-    one_of("seed_groups", when, SEED_GROUPS)
-    token = _seed_groups.set(when)
-    try:
-        yield
-    finally:
-        _seed_groups.reset(token)
 
 
 def grouping(cfg: Config) -> bool:
     """Whether seeds of ``cfg`` train as one group: as ``seed_groups`` says, never for a run over processes."""
-    when = _seed_groups.get()
+    when = seed_groups_setting()
     wanted = when == "true" or (when == "auto" and jax.default_backend() != "cpu")
     return wanted and not cfg.train.distributed
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from lmzoo.cli import compose_and_validate
-from lmzoo.experiments import run_experiment, runs
-from lmzoo.experiments.runs import by_start, seed_groups, train_grid, train_run, train_runs
+from lmzoo.experiments import run_experiment, runs, seeds_grouped
+from lmzoo.experiments.runs import by_start, train_grid, train_run, train_runs
 from lmzoo.run.directory import RunDir
 
 TINY = ["data.seq_len=32", "train.batch_size=2", "model.n_layers=1", "model.d_model=32", "train.eval_every=2",
@@ -52,7 +52,7 @@ def test_an_out_dir_trained_one_seed_at_a_time_is_reused_and_its_missing_seeds_t
     one = {seed: tmp_path / "one" / "runs" / f"softmax-s{seed}" for seed in (0, 1, 2)}
     train_run("softmax", one[0], seed=0, steps=2, overrides=TINY)
     before = (one[0] / "metrics.jsonl").read_bytes()
-    with seed_groups("true"):
+    with seeds_grouped("true"):
         configs = train_runs("softmax", one, steps=2, overrides=TINY)
     assert groups == [[1, 2]] and (one[0] / "metrics.jsonl").read_bytes() == before
     for seed, run_dir in one.items():
@@ -61,7 +61,7 @@ def test_an_out_dir_trained_one_seed_at_a_time_is_reused_and_its_missing_seeds_t
         assert saved.seed == seed and list(saved.train.seeds) == [] and saved.run_dir == str(run_dir)
     assert rows(one[1]) != rows(one[2])
     two = {seed: tmp_path / "two" / "runs" / f"rope-s{seed}" for seed in (0, 1, 2)}
-    with seed_groups("true"):
+    with seeds_grouped("true"):
         train_runs("softmax", two, steps=2, overrides=TINY)
     assert groups == [[1, 2]] and all(two[s].resolve() == one[s].resolve() for s in two)
 
@@ -70,7 +70,7 @@ def test_an_out_dir_trained_one_seed_at_a_time_is_reused_and_its_missing_seeds_t
 def test_a_learning_rate_grid_trains_as_one_group_with_adamw_and_one_group_per_rate_otherwise(tmp_path, groups):
     grid = lambda name: {(lr, seed): tmp_path / name / "runs" / f"softmax-lr{lr:g}-s{seed}"  # noqa: E731
                          for lr in (0.001, 0.02) for seed in (0, 1)}
-    with seed_groups("true"):
+    with seeds_grouped("true"):
         configs = train_grid("softmax", grid("adamw"), steps=2, overrides=TINY)
         assert groups == [[0, 1, 0, 1]]
         for (lr, seed), run_dir in grid("adamw").items():
@@ -96,5 +96,5 @@ def test_runs_group_by_the_step_they_resume_from(tmp_path):
 def test_seed_groups_is_one_of_its_choices():
     from lmzoo.config import ConfigError
 
-    with pytest.raises(ConfigError, match="seed_groups='sometimes' is not valid"), seed_groups("sometimes"):
+    with pytest.raises(ConfigError, match="seed_groups='sometimes' is not valid"), seeds_grouped("sometimes"):
         pass
