@@ -9,6 +9,7 @@ dataclass (see ``lmzoo.registry``), picked by ``attn.mixer`` and ``data.source``
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -32,6 +33,7 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per step: the same update, batch_size / grad_accum rows in memory at once
     steps_per_call: int = 1  # optimizer steps per jitted call (a scan over as many batches): host costs once a call
     seeds: list[int] = field(default_factory=list)  # several seeds as one jitted step, each a run in run_dir/seed<s>; empty: seed
+    lrs: list[float] = field(default_factory=list)  # several optim.lr as one jitted step, each a run in run_dir/lr<lr>[/seed<s>]
     eval_every: int = 100  # steps between validations
     eval_tokens: int = 32768  # validation targets scored at each validation (spans spread over every document)
     checkpoint_every: int = 200  # steps between checkpoints (and at the last step)
@@ -160,6 +162,20 @@ def check_seeds(train: TrainConfig) -> None:
                           f"supported with it (train each seed as a run of its own)")
 
 
+def check_lrs(train: TrainConfig, optim_name: str) -> None:
+    """``train.lrs``: distinct positive learning rates of AdamW, trained by one process (lmzoo.run.seeds)."""
+    lrs = list(train.lrs)
+    if len(set(lrs)) != len(lrs) or any(not (math.isfinite(lr) and lr > 0) for lr in lrs):
+        raise ConfigError(f"train.lrs={lrs} must be distinct positive learning rates (each trains its own run in "
+                          f"run_dir/lr<lr>)")
+    if lrs and train.distributed:
+        raise ConfigError(f"train.lrs={lrs} trains its runs in one process: train.distributed=true is not supported "
+                          f"with it (train each learning rate as a run of its own)")
+    if lrs and optim_name != "adamw":
+        raise ConfigError(f"train.lrs={lrs} sets AdamW's optim.lr: optim.name={optim_name} is not supported with it "
+                          f"(choose optim.name=adamw, or train each learning rate as a run of its own)")
+
+
 def check(cfg: Config) -> None:
     """Cross-field checks the schema alone cannot express."""
     m, t, o = cfg.model, cfg.train, cfg.optim
@@ -182,6 +198,7 @@ def check(cfg: Config) -> None:
         raise ConfigError(f"train.batch_size={t.batch_size} does not split into train.grad_accum={t.grad_accum} equal micro-batches")
     check_steps_per_call(t)
     check_seeds(t)
+    check_lrs(t, o.name)
     t.mesh.check()
     positive("train.z_loss", t.z_loss, allow_zero=True)
     o.check(t.steps)

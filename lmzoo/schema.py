@@ -230,6 +230,7 @@ CANNOT_CHANGE_TRAINED_MODEL = (
     "train.checkpoint_every", "train.keep_checkpoints",  # what is shown, logged, validated and saved
     "train.grad_accum", "train.steps_per_call",  # the same update, split or fused differently
     "train.seeds",  # several seeds trained in one step: each seed's own run holds its own seed (and no seeds)
+    "train.lrs",  # several learning rates trained in one step: each run holds its own optim.lr (and no lrs)
     "train.distributed", "train.coordinator_address", "train.num_processes", "train.process_id", "train.mesh",
 )  # placement over processes and devices: the same model, rounding apart
 CAN_CHANGE_TRAINED_MODEL = (

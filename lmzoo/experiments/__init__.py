@@ -19,10 +19,12 @@ the normal trainer and run directories under ``<out_dir>/<name>/runs``, so a rer
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import importlib
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -36,6 +38,23 @@ from lmzoo.schema import ConfigError, one_of, to_dataclass
 MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "sparsity_predicted", "decode_cache", "logn_entropy",
            "position_extrapolation", "mqar_state_size", "state_tracking", "state_passing")
 VERDICTS = (*OUTCOMES, SMOKE)  # what verdict.json may say; SMOKE only for quick runs
+SEED_GROUPS = ("auto", "true", "false")  # when an arm's seeds train as one group (lmzoo.experiments.runs)
+_seed_groups = contextvars.ContextVar("seed_groups", default="auto")
+
+
+@contextmanager
+def seeds_grouped(when: str):
+    """Within the block, an arm's seeds train as one group ``when`` (one of ``SEED_GROUPS``)."""
+    one_of("seed_groups", when, SEED_GROUPS)
+    token = _seed_groups.set(when)
+    try:
+        yield
+    finally:
+        _seed_groups.reset(token)
+
+
+def seed_groups_setting() -> str:
+    return _seed_groups.get()
 
 
 @dataclass
@@ -78,8 +97,10 @@ def judged(module: ModuleType, evidence: dict, settings, *, quick: bool) -> dict
     return {"verdict": word, "reason": reason, "rules_version": RULES_VERSION, "checks": [c.record() for c in checks]}
 
 
-def run_experiment(name: str, out_dir: Path, *, quick: bool = False, overrides: list[str] = ()) -> dict:
-    """Run one experiment and write ``<out_dir>/<name>/verdict.json``:
+def run_experiment(name: str, out_dir: Path, *, quick: bool = False, overrides: list[str] = (),
+                   seed_groups: str = "auto") -> dict:
+    """Run one experiment and write ``<out_dir>/<name>/verdict.json`` (``seed_groups``: when an arm's seeds
+    train as one group, ``lmzoo.experiments.runs``):
 
     ``{"name", "claim", "seed_article", "verdict", "reason", "rules_version", "checks", "evidence",
     "figures", "runs", "settings", "quick", "seconds"}``; figure and run paths are relative to that
@@ -90,7 +111,8 @@ def run_experiment(name: str, out_dir: Path, *, quick: bool = False, overrides: 
     folder = Path(out_dir) / name
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    result = module.run(settings, folder)
+    with seeds_grouped(seed_groups):
+        result = module.run(settings, folder)
     relative = lambda paths: [str(Path(p).relative_to(folder)) for p in paths]  # noqa: E731
     record = {
         "name": name, "claim": module.CLAIM, "seed_article": module.SEED,

@@ -18,14 +18,16 @@ from typing import NoReturn
 from lmzoo.cli import (
     Option, errors_in_one_line, exit_codes, fail, key_values, run_command, schema_options, show_help, wants_help,
 )
-from lmzoo.experiments import MODULES, load, rejudge, run_experiment
+from lmzoo.experiments import MODULES, SEED_GROUPS, load, rejudge, run_experiment
 from lmzoo.faults import EXIT_INTERRUPTED, probe_writable
-from lmzoo.schema import ConfigError
+from lmzoo.schema import ConfigError, one_of
 
 DEFAULT_OUT = "experiments"
 OPTIONS = [
     Option("quick", "false", "true: small settings that test the pipeline in about a minute, not the claim (no verdict)"),
     Option("out_dir", DEFAULT_OUT, "the experiment writes <out_dir>/<name>/ (verdict.json, figures, runs); a rerun resumes"),
+    Option("seed_groups", "auto", "an arm's seeds trained as one vmapped group: auto (on an accelerator), true, false "
+                                  "(one run per seed)"),
 ]
 
 
@@ -78,16 +80,18 @@ def rejudge_all(paths: list[str]) -> None:
 
 
 def parse_args(rest: list[str]) -> tuple[dict, list[str]]:
-    """(run settings: quick and out_dir, the experiment's own ``key=value`` overrides)."""
+    """(run settings: quick, out_dir and seed_groups, the experiment's own ``key=value`` overrides)."""
     pairs = key_values(rest, "experiments")
-    options = {key: value for key, value in pairs if key in ("out_dir", "quick")}
+    options = {key: value for key, value in pairs if key in ("out_dir", "quick", "seed_groups")}
     overrides = [f"{key}={value}" for key, value in pairs if key not in options]
     quick = options.get("quick", "false").lower()
     if quick not in ("true", "false"):
         raise ConfigError(f"quick={quick!r} is not valid (choose from: true, false)")
     out_dir = Path(options.get("out_dir", DEFAULT_OUT))
     probe_writable(out_dir, "out_dir")  # a file or a read-only folder: one line now, not a traceback after runs
-    return {"quick": quick == "true", "out_dir": out_dir}, overrides
+    seed_groups = options.get("seed_groups", "auto").lower()
+    one_of("seed_groups", seed_groups, SEED_GROUPS)
+    return {"quick": quick == "true", "out_dir": out_dir, "seed_groups": seed_groups}, overrides
 
 
 def main(argv: list[str]) -> None:
@@ -103,7 +107,8 @@ def main(argv: list[str]) -> None:
             show_usage(name)
         options, overrides = parse_args(rest)
         try:
-            record = run_experiment(name, options["out_dir"], quick=options["quick"], overrides=overrides)
+            record = run_experiment(name, options["out_dir"], quick=options["quick"], overrides=overrides,
+                                    seed_groups=options["seed_groups"])
         except KeyboardInterrupt:  # outside training, which saves and stops on its own
             fail("interrupted; no verdict was written: run the same command again to resume", EXIT_INTERRUPTED)
     folder = options["out_dir"] / name

@@ -32,7 +32,7 @@ from typing import List
 from lmzoo.experiments import Outcome, ngram
 from lmzoo.experiments.arms import bpb_difference, bpb_estimate
 from lmzoo.experiments.judging import Check, Measured, measured
-from lmzoo.experiments.runs import evaluate_run, state_floats, train_run
+from lmzoo.experiments.runs import evaluate_run, state_floats, train_runs
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style
 
 CLAIM = ("Going from MHA to GQA and MQA shrinks the decoding cache per token at some cost in quality, "
@@ -64,9 +64,10 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
     results, caches, runs = {}, {}, []
     for variant in settings.variants:
         results[variant] = []
-        for seed in settings.seeds:
-            run_dir = out_dir / "runs" / f"{variant}-s{seed}"
-            cfg = train_run(variant, run_dir, seed=seed, steps=settings.steps, overrides=settings.overrides)
+        run_dirs = {seed: out_dir / "runs" / f"{variant}-s{seed}" for seed in settings.seeds}
+        configs = train_runs(variant, run_dirs, steps=settings.steps, overrides=settings.overrides)
+        for seed, run_dir in run_dirs.items():
+            cfg = configs[seed]
             results[variant].append(evaluate_run(run_dir, tag="decode_cache", lengths=[cfg.data.seq_len],
                                                  tokens=settings.eval_tokens))
             caches[variant] = cache_per_token(cfg)

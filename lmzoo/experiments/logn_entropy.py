@@ -36,7 +36,7 @@ import numpy as np
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import ratio_difference, ratio_estimate, ratio_runs, switch
 from lmzoo.experiments.judging import Check, measured
-from lmzoo.experiments.runs import as_record, bucket_means, evaluate_run, over_windows, paired_over_windows, row_statistic, train_run
+from lmzoo.experiments.runs import as_record, bucket_means, evaluate_run, over_windows, paired_over_windows, row_statistic, train_runs
 from lmzoo.metrics.intervals import ratio_to_reference
 from lmzoo.metrics.sparsity import attention_entropy
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
@@ -78,9 +78,8 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
     lengths = [f * settings.seq_len for f in FACTORS]
     runs = {variant: [out_dir / "runs" / f"{variant}-s{seed}" for seed in settings.seeds] for variant in ("softmax", "logn")}
     for variant, run_dirs in runs.items():
-        for seed, run_dir in zip(settings.seeds, run_dirs):
-            train_run(variant, run_dir, seed=seed, steps=settings.steps,
-                      overrides=[f"data.seq_len={settings.seq_len}", *settings.overrides])
+        train_runs(variant, dict(zip(settings.seeds, run_dirs)), steps=settings.steps,
+                   overrides=[f"data.seq_len={settings.seq_len}", *settings.overrides])
     conditions = [Condition("softmax", runs["softmax"], []), Condition("log-n trained", runs["logn"], []),
                   Condition("log-n at evaluation", runs["softmax"], SWITCH_AT_EVAL)]
     for c in conditions:

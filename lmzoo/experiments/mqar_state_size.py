@@ -36,7 +36,7 @@ import numpy as np
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import estimate
 from lmzoo.experiments.judging import Check, Measured, measured
-from lmzoo.experiments.runs import evaluate_run, state_floats, train_run
+from lmzoo.experiments.runs import evaluate_run, state_floats, train_grid
 from lmzoo.metrics.intervals import ratio_of_sums
 from lmzoo.plots import error_bars, label_log_axis, plt, save_axes, series_style, spread
 
@@ -83,13 +83,16 @@ def best_over_lrs(variant: str, width: int, pairs: int, settings: Settings, runs
     validation, run_dirs = {}, {}
     for lr in settings.lrs:
         run_dirs[lr] = [runs_dir / f"{variant}-d{width}-p{pairs}-lr{lr:g}-s{seed}" for seed in settings.seeds]
+    configs = train_grid(variant, {(lr, seed): run_dir for lr in settings.lrs
+                                   for seed, run_dir in zip(settings.seeds, run_dirs[lr])}, steps=settings.steps,
+                         overrides=["data=mqar", f"data.seq_len={settings.seq_len}", f"data.num_pairs={pairs}",
+                                    "model.n_layers=2", f"model.d_model={width}",
+                                    *([f"attn.window={settings.swa_window}"] if variant == "swa" else []),
+                                    *settings.overrides])
+    cfg = next(iter(configs.values()))  # the grid's shapes and task: alike in every run
+    for lr in settings.lrs:
         accuracies = []
-        for seed, run_dir in zip(settings.seeds, run_dirs[lr]):
-            cfg = train_run(variant, run_dir, seed=seed, steps=settings.steps,
-                            overrides=["data=mqar", f"data.seq_len={settings.seq_len}", f"data.num_pairs={pairs}",
-                                       "model.n_layers=2", f"model.d_model={width}", f"optim.lr={lr}",
-                                       *([f"attn.window={settings.swa_window}"] if variant == "swa" else []),
-                                       *settings.overrides])
+        for run_dir in run_dirs[lr]:
             accuracies.append(evaluate(run_dir, "mqar_state_size")["lengths"][str(settings.seq_len)]["accuracy"])
             runs.append(run_dir)
         validation[f"{lr:g}"] = float(np.mean(accuracies))

@@ -33,7 +33,7 @@ from typing import List
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import bpb_estimate, bpb_runs, ratio_difference, ratio_estimate, switch
 from lmzoo.experiments.judging import Check, measured
-from lmzoo.experiments.runs import evaluate_run, plot_against_length, train_run
+from lmzoo.experiments.runs import evaluate_run, plot_against_length, train_runs
 from lmzoo.metrics.intervals import bits_per_nat, ratio_of_sums
 from lmzoo.schema import one_of
 
@@ -86,8 +86,8 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
     run_dir = lambda name, seed: out_dir / "runs" / f"{name}-s{seed}"  # noqa: E731
 
     def trained(name: str, variant: str, extra: list[str]) -> list[dict]:
-        for seed in settings.seeds:
-            train_run(variant, run_dir(name, seed), seed=seed, steps=settings.steps, overrides=[*train_overrides, *extra])
+        train_runs(variant, {seed: run_dir(name, seed) for seed in settings.seeds}, steps=settings.steps,
+                   overrides=[*train_overrides, *extra])
         return evaluated(name, "position_extrapolation")
 
     def evaluated(name: str, tag: str, extra=()) -> list[dict]:

@@ -7,12 +7,20 @@ evaluation already made with the same settings from the run's newest checkpoint 
 scored again (delete ``eval/<tag>`` to score it anew). A run
 that stops early (interrupted, diverged) stops the experiment with the run's fault: nothing is judged
 on a half-trained model, and rerunning the experiment resumes the run.
+
+An arm's seeds train through ``train_runs``: the seeds still to train that stand at the same step go as one
+group (``lmzoo.run.seeds``: one vmapped step for all of them), each still written to its own run directory
+exactly where a run of its own would be, so a directory does not show how it was trained, and an ``out_dir``
+trained one seed at a time is reused and resumed alike. ``seed_groups`` says when: ``auto`` (the default)
+groups on an accelerator, where a small model leaves the device idle, and not on a CPU, where the stacked step
+costs more per seed (docs/benchmarks.md); ``true`` always, ``false`` never.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -21,6 +29,7 @@ from omegaconf import OmegaConf
 from lmzoo.cli import compose_and_validate
 from lmzoo.config import Config, ConfigError
 from lmzoo.data.tokenizers import ByteTokenizer
+from lmzoo.experiments import seed_groups_setting
 from lmzoo.experiments.judging import measured
 from lmzoo.faults import Interrupted
 from lmzoo.measure.evaluation import eval_settings, evaluate, result_settings
@@ -29,9 +38,17 @@ from lmzoo.metrics.intervals import Interval, bootstrap, paired_difference_inter
 from lmzoo.model import LM
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
+from lmzoo.run import seeds
 from lmzoo.run.directory import RunDir, flat_settings
 from lmzoo.run.load import open_trained
 from lmzoo.run.loop import train
+
+
+def grouping(cfg: Config) -> bool:
+    """Whether seeds of ``cfg`` train as one group: as ``seed_groups`` says, never for a run over processes."""
+    when = seed_groups_setting()
+    wanted = when == "true" or (when == "auto" and jax.default_backend() != "cpu")
+    return wanted and not cfg.train.distributed
 
 
 def train_run(variant: str, run_dir: Path, *, seed: int, steps: int, overrides: list[str] = ()) -> Config:
@@ -39,20 +56,83 @@ def train_run(variant: str, run_dir: Path, *, seed: int, steps: int, overrides: 
 
     A finished run of the same settings that another experiment trained under the same ``out_dir`` is
     reused (``run_dir`` becomes a link to it): training it again would repeat it bit for bit."""
-    cfg = compose_and_validate([f"+attn={variant}", f"run_dir={run_dir}", f"seed={seed}", f"train.steps={steps}",
-                                "train.progress=false", *overrides])
+    return train_runs(variant, {seed: run_dir}, steps=steps, overrides=overrides)[seed]
+
+
+def train_runs(variant: str, run_dirs: dict[int, Path], *, steps: int, overrides: list[str] = ()) -> dict[int, Config]:
+    """``train_run`` for each seed's ``run_dirs[seed]``; their configs by seed. The seeds left to train that
+    resume from the same step (all of them, in a fresh ``out_dir``) train as one group where ``grouping`` says so."""
+    configs = {seed: run_config(variant, run_dir, seed, steps, overrides) for seed, run_dir in run_dirs.items()}
+    train_configs(list(configs.values()), steps)
+    return configs
+
+
+def train_grid(variant: str, run_dirs: dict[tuple[float, int], Path], *, steps: int,
+               overrides: list[str] = ()) -> dict[tuple[float, int], Config]:
+    """``train_runs`` over learning rates too: ``run_dirs[lr, seed]`` trains at ``optim.lr=lr``; with AdamW every
+    rate and seed left at one step trains in one group (``train.lrs``' step)."""
+    configs = {(lr, seed): run_config(variant, run_dir, seed, steps, [f"optim.lr={lr}", *overrides])
+               for (lr, seed), run_dir in run_dirs.items()}
+    train_configs(list(configs.values()), steps)
+    return configs
+
+
+def run_config(variant: str, run_dir: Path, seed: int, steps: int, overrides: list[str]) -> Config:
+    return compose_and_validate([f"+attn={variant}", f"run_dir={run_dir}", f"seed={seed}", f"train.steps={steps}",
+                                 "train.progress=false", *overrides])
+
+
+def train_configs(configs: list[Config], steps: int) -> None:
+    """Train the runs not reused from a twin: those resuming from one step as one group where ``grouping`` says
+    so (and the group can hold them: other learning rates need AdamW), else one at a time."""
+    left = [cfg for cfg in configs if not reused(cfg, Path(cfg.run_dir))]
+    for group in by_start(left, steps):
+        for runs in stackable(group) if grouping(group[0]) else [[cfg] for cfg in group]:
+            finished(seeds.train_runs(runs) if len(runs) > 1 else train(runs[0]), runs)
+
+
+def stackable(group: list[Config]) -> list[list[Config]]:
+    """``group`` split where one vmapped step cannot hold it: runs of other learning rates need AdamW."""
+    if group[0].optim.name == "adamw":
+        return [group]
+    by_lr: dict[float, list[Config]] = {}
+    for cfg in group:
+        by_lr.setdefault(cfg.optim.lr, []).append(cfg)
+    return list(by_lr.values())
+
+
+def finished(summary: dict, runs: list[Config]) -> None:
+    """Interrupted where training ``runs`` stopped before their last step (each saved where it stood)."""
+    if summary["interrupted"]:
+        raise Interrupted(f"interrupted while training {', '.join(c.run_dir for c in runs)} (checkpoint at step "
+                          f"{summary['step']}); run the same experiment again to resume")
+
+
+def reused(cfg: Config, run_dir: Path) -> bool:
+    """Whether ``run_dir`` is (or now links to) a finished twin's run rather than one to train here."""
     if run_dir.is_symlink():
-        return cfg
+        return True
     if not run_dir.exists() and (twin := finished_twin(cfg, run_dir)) is not None:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         run_dir.symlink_to(twin.resolve(), target_is_directory=True)
         print(f"{run_dir}: reusing {twin}, trained with the same settings")
-        return cfg
-    summary = train(cfg)
-    if summary["interrupted"]:
-        raise Interrupted(f"interrupted while training {run_dir} (checkpoint at step {summary['step']}); "
-                          "run the same experiment again to resume")
-    return cfg
+        return True
+    return False
+
+
+def by_start(configs: list[Config], steps: int) -> list[list[Config]]:
+    """The runs in groups that resume from the same saved step (a group's seeds stand at one step), fresh ones
+    at step 0; each finished run alone (training it only reads it back)."""
+    groups: dict[int, list[Config]] = {}
+    finished = []
+    for cfg in configs:
+        run = RunDir(cfg.run_dir)
+        start = final_step(run) if run.checkpoints.is_dir() else 0
+        if start >= steps:
+            finished.append([cfg])
+        else:
+            groups.setdefault(start, []).append(cfg)
+    return [*groups.values(), *finished]
 
 
 def finished_twin(cfg: Config, run_dir: Path) -> Path | None:

@@ -39,7 +39,7 @@ from flax import nnx
 
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.judging import LEVEL, Check, Measured, measured
-from lmzoo.experiments.runs import train_run
+from lmzoo.experiments.runs import train_runs
 from lmzoo.experiments.sparsity_closed_forms import closed_exp, closed_identity, closed_relu2
 from lmzoo.metrics.intervals import bootstrap
 from lmzoo.metrics.seeds import t_interval
@@ -159,10 +159,10 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
     for name in settings.models:
         variant, extra, closed = MODELS[name]
         points[name] = []
-        for seed in settings.seeds:
-            run_dir = out_dir / "runs" / f"{name.replace(' ', '_')}-s{seed}"
-            train_run(variant, run_dir, seed=seed, steps=settings.steps,
-                      overrides=[f"data.seq_len={settings.seq_len}", *extra, *settings.overrides])
+        run_dirs = {seed: out_dir / "runs" / f"{name.replace(' ', '_')}-s{seed}" for seed in settings.seeds}
+        train_runs(variant, run_dirs, steps=settings.steps,
+                   overrides=[f"data.seq_len={settings.seq_len}", *extra, *settings.overrides])
+        for run_dir in run_dirs.values():
             points[name].append(head_points(run_dir, closed, length=settings.seq_len, windows=settings.windows,
                                             tokens=settings.eval_tokens))
             runs.append(run_dir)

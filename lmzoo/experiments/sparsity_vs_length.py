@@ -36,7 +36,7 @@ import numpy as np
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import column, curve_metric, difference, estimate, window_run
 from lmzoo.experiments.judging import Check, measured
-from lmzoo.experiments.runs import bucket_means, over_windows, row_statistic, train_run
+from lmzoo.experiments.runs import bucket_means, over_windows, row_statistic, train_runs
 from lmzoo.metrics.sparsity import l1_l2_sparsity
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 from lmzoo.schema import one_of
@@ -106,10 +106,10 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
     for name in settings.variants:
         _, variant, extra = VARIANTS[name]
         per_seed[name] = []
-        for seed in settings.seeds:
-            run_dir = out_dir / "runs" / f"{name.replace(' ', '_')}-s{seed}"
-            train_run(variant, run_dir, seed=seed, steps=settings.steps,
-                      overrides=[f"data.seq_len={settings.seq_len}", *extra, *settings.overrides])
+        run_dirs = {seed: out_dir / "runs" / f"{name.replace(' ', '_')}-s{seed}" for seed in settings.seeds}
+        train_runs(variant, run_dirs, steps=settings.steps,
+                   overrides=[f"data.seq_len={settings.seq_len}", *extra, *settings.overrides])
+        for run_dir in run_dirs.values():
             rows = row_statistic(run_dir, [], l1_l2_sparsity, length=longest, windows=settings.windows,
                                  tokens=settings.eval_tokens)
             per_seed[name].append(bucket_means(rows, edges))

@@ -34,7 +34,7 @@ from typing import List
 from lmzoo.experiments import Outcome, ngram
 from lmzoo.experiments.arms import bpb_difference, bpb_estimate, ratio_difference, ratio_estimate
 from lmzoo.experiments.judging import Check, measured
-from lmzoo.experiments.runs import evaluate_run, plot_against_length, train_run
+from lmzoo.experiments.runs import evaluate_run, plot_against_length, train_runs
 from lmzoo.schema import ConfigError
 
 CLAIM = ("Recurrent models trained on windows of T tokens degrade past T; training with state passing (each "
@@ -79,9 +79,8 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
     results = {}
     for variant in settings.variants:
         for arm, extra in ARMS.items():
-            for seed in settings.seeds:
-                train_run(variant, run_dir(variant, arm, seed), seed=seed, steps=settings.steps,
-                          overrides=[*train_overrides, *extra])
+            train_runs(variant, {seed: run_dir(variant, arm, seed) for seed in settings.seeds}, steps=settings.steps,
+                       overrides=[*train_overrides, *extra])
             long_documents = [f"eval.min_doc_tokens={lengths[-1]}"]  # every target sees only its own document
             results[f"{variant} {arm}"] = [evaluate_run(run_dir(variant, arm, seed), tag=TAG, lengths=lengths,
                                                         tokens=settings.eval_tokens, eval_overrides=long_documents)

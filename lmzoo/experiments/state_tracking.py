@@ -34,7 +34,7 @@ import numpy as np
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import estimate
 from lmzoo.experiments.judging import Check, Measured, measured
-from lmzoo.experiments.runs import evaluate_run, train_run
+from lmzoo.experiments.runs import evaluate_run, train_runs
 from lmzoo.metrics.intervals import ratio_of_sums
 from lmzoo.plots import error_bars, plt, save_axes, series_style, spread
 
@@ -82,11 +82,11 @@ def accuracy_runs(results: list[dict], length: int) -> list[tuple]:
 def train_and_score(arm: str, overrides: list[str], settings: Settings, runs_dir: Path, runs: list) -> dict:
     """Every seed of one arm trained and evaluated: accuracy at each length over seeds and examples."""
     results = []
-    for seed in settings.seeds:
-        run_dir = runs_dir / f"{arm}-s{seed}"
-        train_run("deltaproduct", run_dir, seed=seed, steps=settings.steps,
-                  overrides=[f"data={settings.task}", f"data.seq_len={settings.seq_len}", f"model.d_model={settings.d_model}",
-                             f"model.n_layers={settings.n_layers}", f"optim.lr={settings.lr}", *overrides, *settings.overrides])
+    run_dirs = {seed: runs_dir / f"{arm}-s{seed}" for seed in settings.seeds}
+    train_runs("deltaproduct", run_dirs, steps=settings.steps,
+               overrides=[f"data={settings.task}", f"data.seq_len={settings.seq_len}", f"model.d_model={settings.d_model}",
+                          f"model.n_layers={settings.n_layers}", f"optim.lr={settings.lr}", *overrides, *settings.overrides])
+    for run_dir in run_dirs.values():
         results.append(evaluate_run(run_dir, tag="state_tracking", lengths=lengths(settings), tokens=settings.eval_tokens))
         runs.append(run_dir)
     return {str(length): estimate(accuracy_runs(results, length), ratio_of_sums) for length in lengths(settings)}

@@ -29,7 +29,8 @@ import math
 import signal
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -202,13 +203,23 @@ def scan_steps(step, leaves: list, batches):
     return jax.lax.scan(step, leaves, batches)
 
 
+@contextmanager
+def released_on_failure(held: ExitStack):
+    """Give back what ``held`` holds if the block fails: a start that fails half way keeps no lock or file open."""
+    try:
+        yield
+    except BaseException:
+        held.close()
+        raise
+
+
 class Trainer:
     """One run: its training state on the devices, and the named steps of the loop in ``train``."""
 
     def __init__(self, cfg: Config, *, progress: bool | None = None):
-        if cfg.train.seeds:
-            raise ConfigError(f"train.seeds={cfg.train.seeds}: several seeds train through lmzoo.run.seeds.train "
-                              f"(python -m lmzoo.train), not one Trainer")
+        if cfg.train.seeds or cfg.train.lrs:
+            raise ConfigError(f"train.seeds={cfg.train.seeds} train.lrs={cfg.train.lrs}: several runs train through "
+                              f"lmzoo.run.seeds.train (python -m lmzoo.train), not one Trainer")
         self.progress = cfg.train.progress if progress is None else progress  # a group of seeds shows one bar
         self.name = ""  # what the console's lines start with: a seed of a group names itself
         if cfg.train.distributed:
@@ -219,11 +230,8 @@ class Trainer:
         self.held = ExitStack()  # what ``close`` gives back: the run lock first of all
         if jax.process_index() == 0:  # the hosts of one multi-host run share its directory
             self.held.enter_context(RunLock(self.run.lock_path))
-        try:
+        with released_on_failure(self.held):
             self._start(cfg)
-        except BaseException:
-            self.held.close()
-            raise
 
     def _start(self, cfg: Config) -> None:
         self.mesh = training_mesh(cfg)
@@ -261,12 +269,7 @@ class Trainer:
 
         self.source_metrics = source_metrics(data, cfg.data.seq_len, cfg.train.eval_tokens)  # a mix's loss/<name>
         self.state_def = jax.tree.structure(self.state)
-        step = partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum, z_loss=cfg.train.z_loss,
-                       terms=self.source_metrics.step_terms)
-        call = partial(step_on_leaves, self.state_def, step)
-        if self.steps_per_call > 1:  # one step a call stays the plain step, without a scan around it
-            call = partial(scan_steps, call)
-        self.call = call  # (leaves, batches) -> (leaves, metrics), unjitted: lmzoo.run.seeds maps it over seeds
+        self.call = call = self.make_call(tx)
         self.step_fn = jax.jit(call, donate_argnums=0,
                                out_shardings=(jax.tree.leaves(self.shardings), replicated))  # state keeps its layout
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
@@ -291,6 +294,17 @@ class Trainer:
         self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=cfg.attn.name,
                         disable=not self.progress, dynamic_ncols=True)
         self.held.callback(self.bar.close)
+
+    def make_call(self, tx) -> Callable:
+        """(leaves, batches) -> (leaves, metrics): one call's steps with the optimizer ``tx``, unjitted
+        (``lmzoo.run.seeds`` maps it over the runs of a group)."""
+        cfg = self.cfg
+        step = partial(train_step, self.graphdef, tx, micro_batches=cfg.train.grad_accum, z_loss=cfg.train.z_loss,
+                       terms=self.source_metrics.step_terms)
+        call = partial(step_on_leaves, self.state_def, step)
+        if self.steps_per_call > 1:  # one step a call stays the plain step, without a scan around it
+            call = partial(scan_steps, call)
+        return call
 
     def resume(self) -> int:
         """Continue from the newest intact checkpoint; the step restored (0 without checkpoints).

@@ -14,6 +14,12 @@ checkpoint and its logs; the warning names it) while the others train on. Its sl
 computed, and nothing of it is used. When the others finish, the run fails with ``Diverged``, naming each seed
 that stopped.
 
+``train.lrs=[1e-3,3e-3]`` does the same over AdamW's peak learning rate (``optim.lr``): each in
+``run_dir/lr<lr>`` (``run_dir/lr<lr>/seed<s>`` with ``train.seeds``: every learning rate with every seed), its
+config.yaml recording its ``optim.lr``. The learning rate is an argument of the vmapped call: the group's optimizer
+is the run's with a peak of 1, its updates times each run's own rate (the same state, so a run's checkpoints
+resume alone; its losses equal its single run's to float rounding). Runs of one group may differ in nothing else.
+
 Re-running the same command resumes every seed, from the newest step every seed saved: a seed that saved a later
 checkpoint (the run was killed between the seeds' saves) has it moved to ``checkpoints_ahead/`` and its logs cut
 back, so the seeds go on together.
@@ -30,6 +36,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
@@ -39,7 +46,8 @@ from lmzoo.run import loop
 from lmzoo.run.checkpoint import Checkpointer
 from lmzoo.run.directory import RunDir
 from lmzoo.run.feed import BatchFeed
-from lmzoo.run.loop import Trainer
+from lmzoo.run.loop import Trainer, released_on_failure
+from lmzoo.run.optim import make_optimizer
 
 log = logging.getLogger("lmzoo.train")
 
@@ -48,6 +56,45 @@ def seed_config(cfg: Config, seed: int) -> Config:
     """The single run that is seed ``seed`` of ``cfg``'s group: its own seed, in ``run_dir/seed<seed>``."""
     return dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / f"seed{seed}"),
                                train=dataclasses.replace(cfg.train, seeds=[]))
+
+
+def member_configs(cfg: Config) -> list[Config]:
+    """The single runs of ``cfg``'s group: every ``train.lrs`` (or ``optim.lr``) with every ``train.seeds`` (or
+    ``seed``), in ``run_dir[/lr<lr>][/seed<s>]``."""
+    if not cfg.train.lrs:
+        return [seed_config(cfg, seed) for seed in cfg.train.seeds]
+    runs = []
+    for lr in cfg.train.lrs:
+        at_lr = dataclasses.replace(cfg, run_dir=str(Path(cfg.run_dir) / f"lr{lr:g}"),
+                                    optim=dataclasses.replace(cfg.optim, lr=lr),
+                                    train=dataclasses.replace(cfg.train, lrs=[]))
+        runs += [seed_config(at_lr, seed) for seed in cfg.train.seeds] if cfg.train.seeds else [at_lr]
+    return runs
+
+
+def group_config(runs: list[Config]) -> Config:
+    """The group that trains ``runs`` (single runs alike but for their seeds, AdamW learning rates and run
+    directories) as one: the first run's settings. ConfigError where two differ in anything else."""
+    first = runs[0]
+    apart = lambda c: dataclasses.replace(c, seed=first.seed, run_dir=first.run_dir,  # noqa: E731
+                                          optim=dataclasses.replace(c.optim, lr=first.optim.lr))
+    for other in runs[1:]:
+        if apart(other) != first:
+            raise ConfigError(f"run_dir {other.run_dir!r} differs from {first.run_dir!r} in more than its seed and "
+                              f"optim.lr: runs of one group share every other setting")
+    if len({c.optim.lr for c in runs}) > 1 and first.optim.name != "adamw":
+        raise ConfigError(f"runs of other optim.lr train as one group with optim.name=adamw only, not "
+                          f"{first.optim.name}: train each as a run of its own")
+    return first
+
+
+def scaled(tx: optax.GradientTransformation, factor) -> optax.GradientTransformation:
+    """``tx`` with its updates times ``factor`` (a traced value), keeping ``tx``'s state as it is."""
+    def update(updates, state, params=None):
+        updates, state = tx.update(updates, state, params)
+        return jax.tree.map(lambda u: u * factor.astype(u.dtype), updates), state
+
+    return optax.GradientTransformation(tx.init, update)
 
 
 def align_checkpoints(runs: list[RunDir]) -> None:
@@ -96,20 +143,18 @@ def take_seed(tree, index: int):
 
 
 class SeedGroup:
-    """The seeds of ``cfg.train.seeds``: each a ``Trainer`` of its own run (its directory, data, records), and their
-    states stacked and stepped as one. Offers ``train`` the same steps as a ``Trainer``."""
+    """The runs of ``cfg.train.seeds`` and ``train.lrs`` (or the ``runs`` given): each a ``Trainer`` of its own run
+    (its directory, data, records), and their states stacked and stepped as one. Offers ``train`` the same steps
+    as a ``Trainer``."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, runs: list[Config] | None = None):
+        """``runs``: the group's single runs (by default ``member_configs``')."""
         self.cfg = cfg
         self.held = ExitStack()
-        try:
-            self._start(cfg)
-        except BaseException:
-            self.held.close()
-            raise
+        with released_on_failure(self.held):
+            self._start(cfg, runs or member_configs(cfg))
 
-    def _start(self, cfg: Config) -> None:
-        configs = [seed_config(cfg, seed) for seed in cfg.train.seeds]
+    def _start(self, cfg: Config, configs: list[Config]) -> None:
         align_checkpoints([RunDir(c.run_dir) for c in configs])
         self.members: list[Trainer] = []
         for c in configs:
@@ -119,8 +164,8 @@ class SeedGroup:
         first = self.members[0]
         steps = {m.run_dir.name: m.step for m in self.members}
         if len(set(steps.values())) > 1:  # a seed whose newest common checkpoint was damaged fell back further
-            raise ConfigError(f"run_dir {cfg.run_dir!r}: the seeds resume at different steps {steps}; resume each "
-                              f"alone (run_dir=<run_dir>/seed<s> seed=<s>) to a common step, or start afresh")
+            raise ConfigError(f"the seeds resume at different steps {steps}; resume each alone (run_dir=<its directory> "
+                              f"seed=<s>) to a common step, or start afresh")
         self.step, self.steps_per_call, self.mesh = first.step, first.steps_per_call, first.mesh
         for member in self.members[1:]:
             member.eval_fn = first.eval_fn  # one program scores every seed (the same model, other numbers)
@@ -132,18 +177,34 @@ class SeedGroup:
         for member in self.members:
             member.leaves = None
             member.feed = SeedPosition(self, self.members.index(member))
-        self.step_fn = jax.jit(jax.vmap(first.call), donate_argnums=0,
-                               out_shardings=(state_shardings, NamedSharding(self.mesh, P())))
+        self.lrs_vary = len({c.optim.lr for c in configs}) > 1
+        self.step_fn, self.call_args = self.stacked_call(first, configs, state_shardings)
         self.feed = None
         self.unread_flag = None
         self.window: list[dict] = []  # each call's metrics since the last log row, on the device
         self.stopped: dict[int, Diverged] = {}  # seeds that diverged, by index
-        self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=f"{cfg.attn.name} x{len(self.members)} seeds",
+        self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=f"{cfg.attn.name} x{len(self.members)} runs",
                         disable=not cfg.train.progress, dynamic_ncols=True)
         self.held.callback(self.bar.close)
         self.window_start = time.perf_counter()  # of the steps since the last log row, as each seed's row reports
         for member in self.members:
-            member.name = f"seed {member.cfg.seed}: "
+            member.name = f"{self.label(member)}: "
+
+    def stacked_call(self, first: Trainer, configs: list[Config], state_shardings) -> tuple:
+        """(the jitted call of every run's step, the arguments besides state and batches it takes): with one
+        learning rate every run's own call, else the call at a learning rate given per run."""
+        out_shardings = (state_shardings, NamedSharding(self.mesh, P()))
+        if not self.lrs_vary:
+            return jax.jit(jax.vmap(first.call), donate_argnums=0, out_shardings=out_shardings), ()
+        unit = make_optimizer(dataclasses.replace(first.cfg.optim, lr=1.0), first.cfg.train.steps)
+        at_lr = lambda leaves, batches, lr: first.make_call(scaled(unit, lr))(leaves, batches)  # noqa: E731
+        lrs = jnp.asarray([c.optim.lr for c in configs], jnp.float32)
+        return (jax.jit(jax.vmap(at_lr), donate_argnums=0, out_shardings=out_shardings),
+                (jax.device_put(lrs, NamedSharding(self.mesh, P())),))
+
+    def label(self, member: Trainer) -> str:
+        """How logs name a run of the group: its seed, and its learning rate where they vary."""
+        return (f"lr {member.cfg.optim.lr:g} " if self.lrs_vary else "") + f"seed {member.cfg.seed}"
 
     def live(self) -> list[tuple[int, Trainer]]:
         """The seeds still training, with their places in the stacked state."""
@@ -169,7 +230,7 @@ class SeedGroup:
             self.held.callback(self.feed.close)
         batches = self.feed.take()
         with jax.set_mesh(self.mesh):
-            self.leaves, metrics = self.step_fn(self.leaves, batches)
+            self.leaves, metrics = self.step_fn(self.leaves, batches, *self.call_args)
         self.step += self.steps_per_call
         for member in self.members:
             member.step = self.step
@@ -193,12 +254,12 @@ class SeedGroup:
                     member.check_finite(bool(finite), step)
             except Diverged as e:
                 self.stopped[i] = e
-                log.error("seed %d stopped: %s; the other seeds train on", member.cfg.seed, e)
+                log.error("%s stopped: %s; the other runs train on", self.label(member), e)
         if len(self.stopped) == len(self.members):
             raise Diverged(self.diverged_message())
 
     def diverged_message(self) -> str:
-        return "; ".join(f"seed {self.members[i].cfg.seed}: {e}" for i, e in sorted(self.stopped.items()))
+        return "; ".join(f"{self.label(self.members[i])}: {e}" for i, e in sorted(self.stopped.items()))
 
     def hand_state(self, index: int, member: Trainer) -> None:
         """Give a seed its part of the stacked state, for its validation or checkpoint."""
@@ -233,8 +294,8 @@ class SeedGroup:
 
     def save_and_stop(self) -> dict:
         self.save()
-        log.info("interrupted: saved a checkpoint at step %d of every seed in %s; run the same command to resume",
-                 self.step, self.cfg.run_dir)
+        log.info("interrupted: saved a checkpoint at step %d of every seed (%s); run the same command to resume",
+                 self.step, ", ".join(str(m.run_dir) for m in self.members))
         return self.summary(interrupted=True)
 
     def report_end(self) -> None:
@@ -246,7 +307,9 @@ class SeedGroup:
 
     def summary(self, *, interrupted: bool = False) -> dict:
         return {"step": self.step, "interrupted": interrupted,
-                "seeds": {m.cfg.seed: m.summary(interrupted=interrupted) for _, m in self.live()}}
+                "runs": {str(m.run_dir): m.summary(interrupted=interrupted) for _, m in self.live()},
+                **({} if self.lrs_vary else
+                   {"seeds": {m.cfg.seed: m.summary(interrupted=interrupted) for _, m in self.live()}})}
 
     def close(self) -> None:
         self.held.close()
@@ -254,4 +317,11 @@ class SeedGroup:
 
 def train(cfg: Config) -> dict:
     """Train (or resume) ``cfg``: its seeds as one group with ``train.seeds``, else its one run."""
-    return loop.train(cfg, SeedGroup(cfg) if cfg.train.seeds else None)
+    return loop.train(cfg, SeedGroup(cfg) if cfg.train.seeds or cfg.train.lrs else None)
+
+
+def train_runs(runs: list[Config]) -> dict:
+    """Train (or resume) single runs that differ only in their seeds and run directories as one group, each in
+    its own directory (``group_config``); the summary of ``train``'s group."""
+    cfg = group_config(runs)
+    return loop.train(cfg, SeedGroup(cfg, runs))

@@ -55,6 +55,25 @@ def test_each_seed_of_a_group_is_its_single_seed_run(tmp_path):
     assert losses(tmp_path / "group" / "seed0") != losses(tmp_path / "group" / "seed1")  # own data, own start
 
 
+@pytest.mark.slow
+def test_each_learning_rate_of_a_grid_is_its_single_run(tmp_path):
+    """train.lrs with train.seeds: every learning rate with every seed in one step, each run in lr<lr>/seed<s>
+    with its own optim.lr, its losses and validation those of the same run trained alone (rtol 1e-5: the grid's
+    optimizer scales a peak-1 update by the rate, a rounding apart), its checkpoint one a single run resumes."""
+    summary = train(tiny_config("softmax", *SHORT, "train.lrs=[0.001,0.02]", "train.seeds=[0,1]", run_dir=tmp_path))
+    assert sorted(summary["runs"]) == [str(tmp_path / f"lr{lr}" / f"seed{s}") for lr in ("0.001", "0.02") for s in (0, 1)]
+    for lr, seed in [("0.001", 1), ("0.02", 0)]:
+        own = tmp_path / f"lr{lr}" / f"seed{seed}"
+        saved = OmegaConf.load(own / "config.yaml")
+        assert saved.optim.lr == float(lr) and saved.seed == seed and list(saved.train.lrs) == list(saved.train.seeds) == []
+        single = [*SHORT, f"optim.lr={lr}", f"seed={seed}"]
+        alone = train(tiny_config("softmax", *single, run_dir=tmp_path / f"alone{lr}"))
+        np.testing.assert_allclose(losses(own), losses(tmp_path / f"alone{lr}"), rtol=1e-5)
+        assert summary["runs"][str(own)]["val_loss"] == pytest.approx(alone["val_loss"], rel=1e-5)
+        assert train(tiny_config("softmax", *single, run_dir=own))["step"] == 4  # a single run opens its checkpoint
+    assert losses(tmp_path / "lr0.001" / "seed0") != losses(tmp_path / "lr0.02" / "seed0")
+
+
 class Killed(Exception):
     pass
 
@@ -111,6 +130,9 @@ def test_one_seed_diverging_stops_only_that_seed(tmp_path, caplog):
     (["train.seeds=[0,1,0]"], "train.seeds=[0, 1, 0] must be distinct non-negative seeds"),
     (["train.seeds=[-1]"], "train.seeds=[-1] must be distinct non-negative seeds"),
     (["train.seeds=[0,1]", "train.distributed=true"], "train.distributed=true is not supported with it"),
+    (["train.lrs=[0.001,0.001]"], "train.lrs=[0.001, 0.001] must be distinct positive learning rates"),
+    (["train.lrs=[0]"], "train.lrs=[0.0] must be distinct positive learning rates"),
+    (["train.lrs=[0.001]", "optim=muon"], "optim.name=muon is not supported with it"),
 ])
 def test_bad_seeds_are_one_line(tmp_path, capsys, overrides, message):
     with pytest.raises(SystemExit):
@@ -120,7 +142,7 @@ def test_bad_seeds_are_one_line(tmp_path, capsys, overrides, message):
 
 
 def test_a_trainer_is_one_seed(tmp_path):
-    with pytest.raises(ConfigError, match="several seeds train through lmzoo.run.seeds.train"):
+    with pytest.raises(ConfigError, match="several runs train through lmzoo.run.seeds.train"):
         Trainer(tiny_config("softmax", "train.seeds=[0,1]", run_dir=tmp_path))
 
 
