@@ -4,7 +4,8 @@ The run directory holds the resolved config, Orbax checkpoints, TensorBoard even
 log (``lmzoo.run.directory``). Running the same command on an existing run directory resumes from its
 newest intact checkpoint; SIGTERM or Ctrl-C saves a checkpoint before exiting. The training itself
 is ``lmzoo.run.loop.train`` (with ``train.seeds=[0,1,2]``, several seeds as one jitted step, each a run of its
-own in ``run_dir/seed<s>``: ``lmzoo.run.seeds``); this module is its command line (Hydra's: ``-m`` sweeps,
+own in ``run_dir/seed<s>``, and with ``train.lrs=[1e-3,3e-3]`` several AdamW learning rates the same way, in
+``run_dir/lr<lr>``: ``lmzoo.run.seeds``); this module is its command line (Hydra's: ``-m`` sweeps,
 ``--hydra-help``). ``--help`` lists the settings. Exit codes: ``lmzoo.faults``.
 """
 
