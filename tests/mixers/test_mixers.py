@@ -13,15 +13,15 @@ from flax import nnx
 from lmzoo.mixers.softmax import SoftmaxAttention
 from lmzoo.model import LM
 
-from conftest import VARIANTS, covering_layers, layer_specs, tiny_config
+from conftest import VARIANTS, fewest_layers, layer_specs, tiny_config
 from mixer_checks import compiled
 
 VOCAB = 259
 
 
 def build(variant: str, *overrides: str, seed: int = 0):
-    """The tiny model of ``variant`` with a layer of every kind its spec builds."""
-    cfg = tiny_config(variant, f"model.n_layers={covering_layers(variant)}", *overrides)
+    """The tiny model of ``variant`` with a layer of every kind its spec builds, each kind once (``fewest_layers``)."""
+    cfg = tiny_config(variant, *fewest_layers(variant), *overrides)
     return cfg, LM(cfg, VOCAB, rngs=nnx.Rngs(seed))
 
 
