@@ -167,8 +167,8 @@ def test_resume_after_kill_reproduces_uninterrupted_parameters(tmp_path, sig, un
 @pytest.mark.slow
 def test_multirun_sweeps_variants(tmp_path):
     run_lmzoo(
-        "-m", "lmzoo.train", "-m", "+attn=softmax,mqa", *TINY, "train.steps=2", "train.eval_every=2",
-        f"hydra.sweep.dir={tmp_path}", check=True,
+        "-m", "lmzoo.train", "-m", "+attn=softmax,mqa", *TINY, "model.n_layers=1", "train.steps=2",
+        "train.eval_every=2", f"hydra.sweep.dir={tmp_path}", check=True,
     )
     run_dirs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
     assert [p.name for p in run_dirs] == ["0-softmax", "1-mqa"]
