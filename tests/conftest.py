@@ -165,6 +165,13 @@ def fewest_layers(variant: str, at_least: int = 2) -> tuple[str, ...]:
     return (f"model.n_layers={n}",)
 
 
+def layers_to_check(variant: str) -> tuple[str, ...]:
+    """``fewest_layers`` for a check made for every variant: two layers at least for the default run's three
+    families, whose cases check what the shared model code hands each layer above the first; one of each kind
+    for every other variant, whose case adds its own layers' mixing."""
+    return fewest_layers(variant, 2 if variant in QUICK_VARIANTS else 1)
+
+
 def layer_specs(variant: str) -> list:
     """The spec of every layer of ``variant``'s model at ``covering_layers``, bottom first."""
     n = covering_layers(variant)
