@@ -141,6 +141,37 @@ def covering_layers(variant: str) -> int:
     return next(n for n in candidates if len(kinds(n)) == most)
 
 
+def layer_kinds(attn, n: int) -> set[str]:
+    """The distinct layer specs a model of ``n`` layers builds from ``attn``."""
+    return {repr(attn.for_layer(i, n)) for i in range(n)}
+
+
+@functools.cache
+def fewest_layers(variant: str, at_least: int = 2) -> tuple[str, ...]:
+    """Overrides that build every distinct layer spec of ``variant``'s model in the fewest layers (at least
+    ``at_least``): a hybrid's pattern that repeats a kind (gla, gla, gla, softmax) shortened to one layer of
+    each kind (gla, softmax), in order. Compiling a model takes time in proportion to its layers; a check
+    made of every layer kind needs each kind once."""
+    attn = tiny_config(variant).attn
+    every = layer_kinds(attn, covering_layers(variant))
+    pattern = getattr(attn, "pattern", None)
+    if pattern and len(set(pattern)) < len(pattern):
+        once = list(dict.fromkeys(pattern))
+        overrides = (f"attn.pattern=[{','.join(once)}]", f"model.n_layers={max(at_least, len(once))}")
+        shortened = tiny_config(variant, *overrides)
+        if layer_kinds(shortened.attn, shortened.model.n_layers) == every:
+            return overrides
+    n = next(n for n in range(at_least, 9) if layer_kinds(attn, n) == every)
+    return (f"model.n_layers={n}",)
+
+
+def layers_to_check(variant: str) -> tuple[str, ...]:
+    """``fewest_layers`` for a check made for every variant: two layers at least for the default run's three
+    families, whose cases check what the shared model code hands each layer above the first; one of each kind
+    for every other variant, whose case adds its own layers' mixing."""
+    return fewest_layers(variant, 2 if variant in QUICK_VARIANTS else 1)
+
+
 def layer_specs(variant: str) -> list:
     """The spec of every layer of ``variant``'s model at ``covering_layers``, bottom first."""
     n = covering_layers(variant)

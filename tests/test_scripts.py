@@ -35,16 +35,18 @@ def test_benchmark_reports_rates_and_skips_what_cannot_run(tmp_path):
 
 @pytest.mark.slow
 def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
+    two_layers = "model.n_layers=2"  # fewer to compile (the Pallas kernel is interpreted); two: the flops count layers
+    gla_variant = f"gla attn.method=pallas attn.chunk_size=16 {two_layers}"
     out = run_script("throughput.py", "--model", "tiny", "--lengths", "32", "--batch-tokens", "64", "--steps", "1",
-                     "--variants", "softmax", "gla attn.method=pallas attn.chunk_size=16", "softmax attn.method=cudnn",
+                     "--variants", f"softmax {two_layers}", gla_variant, "softmax attn.method=cudnn",
                      "--json", str(tmp_path / "rows.json"))
     rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
-    assert [row["variant"] for row in rows] == ["softmax", "gla attn.method=pallas attn.chunk_size=16"]
+    assert [row["variant"] for row in rows] == [f"softmax {two_layers}", gla_variant]
     assert all(row["tokens_per_s"] > 0 and row["batch"] == 2 and row["memory_gib"] > 0 and row["mesh"] == "1x1x1" for row in rows)
     assert "gla attn.method=pallas" in out
     assert "softmax attn.method=cudnn" in out and "failed" in out  # no cuDNN on a CPU: one line, the rest still runs
     softmax, gla = rows
-    layers, d_model = 4, 128  # model=tiny
+    layers, d_model = 2, 128  # model=tiny, two layers
     attention = 6 * layers * 32 * d_model  # causal scores and values at T=32, forward and backward
     want = softmax["tokens_per_s"] * (6 * softmax["params"] + attention) / 1e12
     assert softmax["model_tflops"] == pytest.approx(want, rel=1e-12)
@@ -85,7 +87,7 @@ def test_benchmark_decode_times_prefill_and_steps_and_sizes_the_state(tmp_path):
     assert [(row["variant"], row["T"]) for row in rows] == [("softmax", 8), ("softmax", 24), ("gla", 8), ("gla", 24)]
     assert all(row["prefill_ms"] > 0 and row["ms_per_token"] > 0 for row in rows)
     softmax, gla = rows[:2], rows[2:]
-    layers, d_model = 4, 128  # model=tiny: per layer float32 keys and values of T + 2 tokens, their int32 positions, t
+    layers, d_model = 2, 128  # model=tiny, two layers: per layer float32 keys and values of T + 2 tokens, their int32 positions, t
     per_layer = lambda t: 2 * (t + 2) * d_model * 4 + (t + 2) * 4 + 4
     assert [row["state_mib"] for row in softmax] == [layers * per_layer(t) / 2**20 for t in (8, 24)]
     assert gla[0]["state_mib"] == gla[1]["state_mib"]  # a recurrent state does not grow with the context

@@ -90,16 +90,16 @@ LAYOUT_RUNS = [("softmax", layout) for layout in ("data", "fsdp", "tensor")] + [
 LAYOUT_SNIPPET = """
 import json, shutil, sys
 import jax
-from conftest import tiny_config
+from conftest import fewest_layers, tiny_config
 from lmzoo.run.directory import RunDir
 from lmzoo.run.loop import Trainer, train
 
 layouts, variants, out = json.loads(sys.argv[1]), sys.argv[2].split(","), sys.argv[3]
 result = {"devices": jax.device_count(), "losses": {}, "split": {}}
 
-def config(variant, layout, run, *extra):
-    return tiny_config(variant, "train.steps=3", "train.log_every=1", "train.probe_batch=0", *layouts[layout], *extra,
-                       run_dir=f"{out}/{run}")
+def config(variant, layout, run, *extra):  # each kind of layer once: the rules place each layer of a kind alike
+    return tiny_config(variant, *fewest_layers(variant, 1), "train.steps=3", "train.log_every=1", "train.probe_batch=0",
+                       *layouts[layout], *extra, run_dir=f"{out}/{run}")
 
 def losses(run):
     return [r["loss"] for r in RunDir(f"{out}/{run}").read_metrics() if "loss" in r]
@@ -160,8 +160,8 @@ from conftest import tiny_config
 from lmzoo.run import loop as training
 
 run_dir, port, processes, index, killed_at, layout = sys.argv[1:7]
-overrides = ["train.steps=4", "train.log_every=1", "train.eval_every=4", "train.checkpoint_every=2", "train.probe_batch=0",
-             *layout.split()]
+overrides = ["model.n_layers=1", "train.steps=4", "train.log_every=1", "train.eval_every=4", "train.checkpoint_every=2",
+             "train.probe_batch=0", *layout.split()]
 if int(processes) > 1:
     overrides += ["train.distributed=true", f"train.coordinator_address=127.0.0.1:{port}",
                   f"train.num_processes={processes}", f"train.process_id={index}"]

@@ -49,6 +49,7 @@ def test_a_corrupt_cached_tokenizer_says_to_delete_its_cache_folder(tmp_path, mo
     assert str(error.value).endswith(f"delete its cache folder {cached.parent} and it is trained again")
 
 
+@pytest.mark.slow  # starts the training command
 def test_a_run_with_a_garbage_tokenizer_file_is_one_line(tmp_path):
     garbage = tmp_path / "garbage.json"
     garbage.write_bytes(b"\x00\xff not json")

@@ -194,8 +194,8 @@ def test_compare_tabulates_and_plots_a_sweep(tmp_path, capsys):
 
     for variant, documents in (("softmax", "none"), ("mqa", "mask")):  # mqa keeps packed documents apart
         run_dir = tmp_path / "sweep" / variant
-        train(tiny_config(variant, "train.steps=4", "train.eval_every=4", f"data.document_boundaries={documents}",
-                          run_dir=run_dir))
+        train(tiny_config(variant, "model.n_layers=1", "train.steps=4", "train.eval_every=4",
+                          f"data.document_boundaries={documents}", run_dir=run_dir))
         assert json.loads((run_dir / "run_info.json").read_text())["document_boundaries"] == documents
         lmzoo_eval.main([f"run_dir={run_dir}", "eval.lengths=[32,64]", "eval.tokens=1024", "eval.progress=false"])
     header, rows = rows_of(compare.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]))

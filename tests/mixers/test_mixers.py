@@ -13,15 +13,16 @@ from flax import nnx
 from lmzoo.mixers.softmax import SoftmaxAttention
 from lmzoo.model import LM
 
-from conftest import VARIANTS, covering_layers, layer_specs, tiny_config
+from conftest import VARIANTS, fewest_layers, layer_specs, layers_to_check, tiny_config
 from mixer_checks import compiled
 
 VOCAB = 259
 
 
-def build(variant: str, *overrides: str, seed: int = 0):
-    """The tiny model of ``variant`` with a layer of every kind its spec builds."""
-    cfg = tiny_config(variant, f"model.n_layers={covering_layers(variant)}", *overrides)
+def build(variant: str, *overrides: str, seed: int = 0, layers: tuple[str, ...] | None = None):
+    """The tiny model of ``variant`` with a layer of every kind its spec builds, each kind once and two layers at
+    least (``fewest_layers``), or as ``layers`` says."""
+    cfg = tiny_config(variant, *(layers or fewest_layers(variant)), *overrides)
     return cfg, LM(cfg, VOCAB, rngs=nnx.Rngs(seed))
 
 
@@ -107,7 +108,8 @@ def test_causal_decoding_and_prefill_equal_the_forward(variant):
     stepping leaves (at an odd length, past a window's ring buffer); stepping on from it gives the forward's
     outputs on the longer sequence. A softmax layer's attention matrix has rows summing to one and, times its
     values, gives its output."""
-    _, model = build(*variant.split())
+    name, *overrides = variant.split()
+    _, model = build(name, *overrides, layers=layers_to_check(name))
     tokens = random_tokens(2, LENGTH)
     changed = tokens.at[:, CHANGED].set((tokens[:, CHANGED] + 1) % VOCAB)
     x = jax.random.normal(jax.random.key(0), (2, LENGTH, 32))

@@ -152,9 +152,9 @@ def test_compiled_on_gpu_matches_naive(case, length, with_state):
 # ----------------------------------------------------------------------------- in the model
 
 
-def losses(tmp_path, variant, method):
-    cfg = tiny_config(variant, f"attn.method={method}", "attn.chunk_size=16", "train.steps=4", "train.log_every=1",
-                      "train.eval_every=4", "train.probe_batch=0", run_dir=tmp_path / method)
+def losses(tmp_path, variant, method):  # one layer: its kernel's gradients reach every parameter below the head
+    cfg = tiny_config(variant, "model.n_layers=1", f"attn.method={method}", "attn.chunk_size=16", "train.steps=4",
+                      "train.log_every=1", "train.eval_every=4", "train.probe_batch=0", run_dir=tmp_path / method)
     train(cfg)
     rows = [json.loads(line) for line in (tmp_path / method / "metrics.jsonl").read_text().splitlines()]
     return np.array([row[key] for row in rows for key in ("loss", "val_loss") if key in row])

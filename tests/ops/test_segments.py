@@ -14,7 +14,7 @@ from flax import nnx
 
 import mixer_checks
 import op_checks
-from conftest import VARIANTS, covering_layers, tiny_config
+from conftest import VARIANTS, layers_to_check, tiny_config
 from lmzoo import ops
 from lmzoo.model import LM
 from lmzoo.ops.common import segment_starts
@@ -193,7 +193,10 @@ VOCAB, FIRST = 259, 16  # documents of 16 and 13 tokens: an odd window of 29
 
 
 def model_of(variant: str):
-    cfg = tiny_config(variant, f"model.n_layers={covering_layers(variant)}")
+    """Every kind of layer the variant has, each once (a hybrid's [gla, gla, gla, softmax] as [gla, softmax]); two
+    layers at least for softmax, gla and mamba, whose second layers check that documents stay apart in what the
+    model passes up (code every variant shares): ``layers_to_check``."""
+    cfg = tiny_config(variant, *layers_to_check(variant))
     return cfg, LM(cfg, VOCAB, rngs=nnx.Rngs(0))
 
 

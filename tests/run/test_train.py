@@ -131,12 +131,18 @@ def wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, step: int, timeou
         time.sleep(0.05)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The final step and parameters of the run each killed one must end up equal to (trained once for both)."""
+    whole = tmp_path_factory.mktemp("whole")
+    train(tiny_config("softmax", *RESUME_ARGS, run_dir=whole))
+    return final_params(whole)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_resume_after_kill_reproduces_uninterrupted_parameters(tmp_path, sig):
-    whole, broken = tmp_path / "whole", tmp_path / "broken"
-    train(tiny_config("softmax", *RESUME_ARGS, run_dir=whole))
-
+def test_resume_after_kill_reproduces_uninterrupted_parameters(tmp_path, sig, uninterrupted):
+    broken = tmp_path / "broken"
     proc = start_training(broken)
     wait_for_checkpoint(broken, proc, 4)
     proc.send_signal(sig)
@@ -151,7 +157,7 @@ def test_resume_after_kill_reproduces_uninterrupted_parameters(tmp_path, sig):
     summary = train(tiny_config("softmax", *RESUME_ARGS, run_dir=broken))
     assert summary["step"] == 12
     assert [r["step"] for r in RunDir(broken).read_metrics()] == list(range(1, 13))  # no step lost or doubled
-    step_a, params_a = final_params(whole)
+    step_a, params_a = uninterrupted
     step_b, params_b = final_params(broken)
     assert step_a == step_b == 12
     for a, b in zip(params_a, params_b):
@@ -161,8 +167,8 @@ def test_resume_after_kill_reproduces_uninterrupted_parameters(tmp_path, sig):
 @pytest.mark.slow
 def test_multirun_sweeps_variants(tmp_path):
     run_lmzoo(
-        "-m", "lmzoo.train", "-m", "+attn=softmax,mqa", *TINY, "train.steps=2", "train.eval_every=2",
-        f"hydra.sweep.dir={tmp_path}", check=True,
+        "-m", "lmzoo.train", "-m", "+attn=softmax,mqa", *TINY, "model.n_layers=1", "train.steps=2",
+        "train.eval_every=2", f"hydra.sweep.dir={tmp_path}", check=True,
     )
     run_dirs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
     assert [p.name for p in run_dirs] == ["0-softmax", "1-mqa"]
@@ -174,8 +180,8 @@ def test_multirun_sweeps_variants(tmp_path):
 @pytest.mark.slow
 def test_submitit_local_launcher_runs_a_sweep(tmp_path):
     """hydra/launcher=local: the SLURM launcher's code path, each run a local submitit job."""
-    run_lmzoo("-m", "lmzoo.train", "-m", "hydra/launcher=local", "+attn=softmax,gla", *TINY, "train.steps=2",
-              f"hydra.sweep.dir={tmp_path}", check=True)
+    run_lmzoo("-m", "lmzoo.train", "-m", "hydra/launcher=local", "+attn=softmax,gla", *TINY, "model.n_layers=1",
+              "train.steps=2", f"hydra.sweep.dir={tmp_path}", check=True)
     run_dirs = sorted(p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith("."))
     assert [p.name for p in run_dirs] == ["0-softmax", "1-gla"]
     for run_dir in run_dirs:
