@@ -87,7 +87,7 @@ def test_benchmark_decode_times_prefill_and_steps_and_sizes_the_state(tmp_path):
     assert [(row["variant"], row["T"]) for row in rows] == [("softmax", 8), ("softmax", 24), ("gla", 8), ("gla", 24)]
     assert all(row["prefill_ms"] > 0 and row["ms_per_token"] > 0 for row in rows)
     softmax, gla = rows[:2], rows[2:]
-    layers, d_model = 2, 128  # model=tiny, two layers: per layer float32 keys and values of T + 2 tokens, their int32 positions, t
+    layers, d_model = 4, 128  # model=tiny: per layer float32 keys and values of T + 2 tokens, their int32 positions, t
     per_layer = lambda t: 2 * (t + 2) * d_model * 4 + (t + 2) * 4 + 4
     assert [row["state_mib"] for row in softmax] == [layers * per_layer(t) / 2**20 for t in (8, 24)]
     assert gla[0]["state_mib"] == gla[1]["state_mib"]  # a recurrent state does not grow with the context
