@@ -20,7 +20,8 @@ import numpy as np
 
 from lmzoo.cli import shown
 from lmzoo.config import Config, ConfigError
-from lmzoo.interop.llama import Tensor, half, mlp_input, same, transposed
+from lmzoo.interop import llama
+from lmzoo.interop.llama import Tensor, same, transposed
 from lmzoo.mixers.family.linear import GatedHeadNorm
 from lmzoo.mixers.gla import GLAConfig
 from lmzoo.model import ff_size
@@ -134,21 +135,9 @@ def tensors(n_layers: int, tied: bool) -> list[Tensor]:
 
 def to_hf(params: dict[tuple, np.ndarray], n_layers: int, tied: bool) -> dict[str, np.ndarray]:
     """fla's tensors (float32, by name) from lmzoo's parameters (numpy, by state path)."""
-    out = {t.hf: t.out(params[t.path]) for t in tensors(n_layers, tied)}
-    for i in range(n_layers):
-        gate, up, path = mlp_input(i)
-        out[gate], out[up] = half(0)(params[path]), half(1)(params[path])
-    return {name: np.asarray(a, np.float32) for name, a in out.items()}
+    return llama.to_hf(params, n_layers, tied, tensors(n_layers, tied))
 
 
 def from_hf(weights: dict[str, np.ndarray], n_layers: int, tied: bool) -> dict[tuple, np.ndarray]:
     """lmzoo's parameters (by state path) from fla's tensors; ConfigError naming a missing one."""
-    missing = [t.hf for t in tensors(n_layers, tied) if t.hf not in weights]
-    missing += [name for i in range(n_layers) for name in mlp_input(i)[:2] if name not in weights]
-    if missing:
-        raise ConfigError(f"the checkpoint lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-    params = {t.path: t.back(np.asarray(weights[t.hf], np.float32)) for t in tensors(n_layers, tied)}
-    for i in range(n_layers):
-        gate, up, path = mlp_input(i)
-        params[path] = np.concatenate([weights[gate].T, weights[up].T], axis=1).astype(np.float32)
-    return params
+    return llama.from_hf(weights, n_layers, tied, tensors(n_layers, tied))

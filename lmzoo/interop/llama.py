@@ -167,22 +167,28 @@ def mlp_input(i: int) -> tuple[str, str, tuple]:
     return f"model.layers.{i}.mlp.gate_proj.weight", f"model.layers.{i}.mlp.up_proj.weight", ("blocks", i, "mlp", "up", "kernel")
 
 
-def to_hf(params: dict[tuple, np.ndarray], n_layers: int, tied: bool) -> dict[str, np.ndarray]:
-    """Hugging Face's tensors (float32, by name) from lmzoo's parameters (numpy, by state path)."""
-    out = {t.hf: t.out(params[t.path]) for t in tensors(n_layers, tied)}
+def to_hf(params: dict[tuple, np.ndarray], n_layers: int, tied: bool, table: list[Tensor] | None = None
+          ) -> dict[str, np.ndarray]:
+    """Hugging Face's tensors (float32, by name) from lmzoo's parameters (numpy, by state path); ``table`` is
+    another format's tensors (Llama's by default) for a format that shares Llama's MLP layout."""
+    table = tensors(n_layers, tied) if table is None else table
+    out = {t.hf: t.out(params[t.path]) for t in table}
     for i in range(n_layers):
         gate, up, path = mlp_input(i)
         out[gate], out[up] = half(0)(params[path]), half(1)(params[path])
     return {name: np.asarray(a, np.float32) for name, a in out.items()}
 
 
-def from_hf(weights: dict[str, np.ndarray], n_layers: int, tied: bool) -> dict[tuple, np.ndarray]:
-    """lmzoo's parameters (by state path) from Hugging Face's tensors; ConfigError naming a missing one."""
-    missing = [t.hf for t in tensors(n_layers, tied) if t.hf not in weights]
+def from_hf(weights: dict[str, np.ndarray], n_layers: int, tied: bool, table: list[Tensor] | None = None
+            ) -> dict[tuple, np.ndarray]:
+    """lmzoo's parameters (by state path) from Hugging Face's tensors (``table`` as for ``to_hf``); ConfigError
+    naming a missing one."""
+    table = tensors(n_layers, tied) if table is None else table
+    missing = [t.hf for t in table if t.hf not in weights]
     missing += [name for i in range(n_layers) for name in mlp_input(i)[:2] if name not in weights]
     if missing:
         raise ConfigError(f"the checkpoint lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-    params = {t.path: t.back(np.asarray(weights[t.hf], np.float32)) for t in tensors(n_layers, tied)}
+    params = {t.path: t.back(np.asarray(weights[t.hf], np.float32)) for t in table}
     for i in range(n_layers):
         gate, up, path = mlp_input(i)
         params[path] = np.concatenate([weights[gate].T, weights[up].T], axis=1).astype(np.float32)

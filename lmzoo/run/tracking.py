@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import uuid
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from lmzoo.config import ConfigError
 from lmzoo.run.directory import RunDir
@@ -33,7 +33,7 @@ class Tracker(Protocol):
     def close(self) -> None: ...
 
 
-def open_tracker(logger: str, run: RunDir, *, job: str = "train", label: Optional[str] = None) -> Optional[Tracker]:
+def open_tracker(logger: str, run: RunDir, *, job: str = "train", label: str | None = None) -> Tracker | None:
     """The tracker ``logger`` names for ``run``, or None for ``tensorboard`` (metrics.jsonl and TensorBoard only)."""
     if logger == "tensorboard":
         return None
@@ -63,7 +63,7 @@ def display_name(run: RunDir) -> str:
     return f"{run.path.parent.name}/{name}" if name.startswith("seed") and name[4:].isdigit() else name
 
 
-def number(value: Any) -> Optional[float]:
+def number(value: Any) -> float | None:
     """A finite float of a table cell (results.csv holds text), else None."""
     try:
         value = float(value)
@@ -84,7 +84,7 @@ def import_wandb():
 class WandbTracker:
     """One Weights & Biases run per run directory; several may be open in one process (seeds trained together)."""
 
-    def __init__(self, run: RunDir, *, job: str, label: Optional[str] = None):
+    def __init__(self, run: RunDir, *, job: str, label: str | None = None):
         wandb = import_wandb()
         logging.getLogger("wandb").setLevel(logging.WARNING)
         self.wandb = wandb
@@ -125,7 +125,7 @@ class WandbTracker:
     def close(self) -> None:
         self.run.finish()
 
-    def __enter__(self) -> "WandbTracker":
+    def __enter__(self) -> WandbTracker:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -41,7 +41,7 @@ def test_a_quick_experiment_trains_each_arm_as_one_group_with_its_single_runs_lo
         mine, theirs = (rows(tmp_path / which / "decode_cache" / run) for which in ("grouped", "alone"))
         assert [r[0] for r in mine] == [r[0] for r in theirs] == [8]  # the quick run logs its last step
         np.testing.assert_allclose(np.array(mine, float), np.array(theirs, float), rtol=1e-5)
-    outcome = lambda record: [(c["name"], c["passed"], c.get("undecided")) for c in record["checks"]]  # noqa: E731
+    outcome = lambda record: [(c["name"], c["passed"], c.get("undecided")) for c in record["checks"]]
     assert outcome(grouped) == outcome(alone) and grouped["reason"] == alone["reason"]
 
 
@@ -68,7 +68,7 @@ def test_an_out_dir_trained_one_seed_at_a_time_is_reused_and_its_missing_seeds_t
 
 @pytest.mark.slow
 def test_a_learning_rate_grid_trains_as_one_group_with_adamw_and_one_group_per_rate_otherwise(tmp_path, groups):
-    grid = lambda name: {(lr, seed): tmp_path / name / "runs" / f"softmax-lr{lr:g}-s{seed}"  # noqa: E731
+    grid = lambda name: {(lr, seed): tmp_path / name / "runs" / f"softmax-lr{lr:g}-s{seed}"
                          for lr in (0.001, 0.02) for seed in (0, 1)}
     with seeds_grouped("true"):
         configs = train_grid("softmax", grid("adamw"), steps=2, overrides=TINY)

@@ -11,12 +11,16 @@ training noise. A metric lm-eval takes as a mean over examples (accuracy, exact 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from lmzoo.measure.comparison.tables import (
-    adjusted_columns, adjusted_record, interval_cell, interval_note, stars_caption,
+    adjusted_columns,
+    adjusted_record,
+    interval_cell,
+    interval_note,
+    stars_caption,
 )
 from lmzoo.metrics.intervals import ratio_of_sums
 from lmzoo.metrics.seeds import Comparison, arm_difference, arm_estimate
