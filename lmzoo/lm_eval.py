@@ -16,9 +16,8 @@ from typing import NoReturn
 
 from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, show_help, wants_help
 from lmzoo.config import ConfigError
-from lmzoo.run.directory import atomic_write_text, json_text
+from lmzoo.run.directory import RunDir, atomic_write_text, json_text
 
-RESULTS_DIR = "lm_eval"
 SETTINGS = [
     Option("run_dir", "<dir>", "the trained run to evaluate (or hf=<folder>)"),
     Option("hf", "<folder>", "a local Hugging Face Llama folder to evaluate instead of a run"),
@@ -86,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
         settings = {key: value for key, value in args.items() if key not in ("run_dir", "hf", "tag")}
         results = {"variant": lm.trained.cfg.attn.name, "step": lm.trained.step, "tag": tag,
                    "max_length": lm.max_length, "settings": settings, **found}
-        path = where / RESULTS_DIR / tag / "results.json"
+        path = RunDir(where).harness_results_path(tag)
         atomic_write_text(path, json_text(results))
     for task, metrics in results["results"].items():
         shown = "  ".join(f"{name.split(',')[0]} {value:.4f}" for name, value in metrics.items()

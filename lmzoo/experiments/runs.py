@@ -124,15 +124,15 @@ def by_start(configs: list[Config], steps: int) -> list[list[Config]]:
     """The runs in groups that resume from the same saved step (a group's seeds stand at one step), fresh ones
     at step 0; each finished run alone (training it only reads it back)."""
     groups: dict[int, list[Config]] = {}
-    finished = []
+    done = []
     for cfg in configs:
         run = RunDir(cfg.run_dir)
         start = final_step(run) if run.checkpoints.is_dir() else 0
         if start >= steps:
-            finished.append([cfg])
+            done.append([cfg])
         else:
             groups.setdefault(start, []).append(cfg)
-    return [*groups.values(), *finished]
+    return [*groups.values(), *done]
 
 
 def finished_twin(cfg: Config, run_dir: Path) -> Path | None:

@@ -61,6 +61,12 @@ def check_exportable(cfg: Config) -> None:
                           f"MLP and model.norm_eps={HEAD_NORM_EPS:g}, the epsilon lmzoo's GLA head norm uses)")
 
 
+# fla GLAConfig keys whose other values compute something lmzoo's GLA does not, at fla's default (which maps).
+FLA_DEFAULTS = {"expand_v": 1.0, "num_kv_heads": None, "feature_map": None, "use_short_conv": False,
+                "use_output_gate": True, "clamp_min": None, "hidden_act": "swish", "elementwise_affine": True,
+                "use_gk": True, "use_gv": False, "attn": None, "attnres_block_size": None}
+
+
 def hf_config(cfg: Config, vocab_size: int, *, bos_id: int, eos_id: int, pad_id: int) -> dict:
     """A ``config.json`` of an fla GLAForCausalLM computing what ``cfg``'s model computes."""
     check_exportable(cfg)
@@ -68,10 +74,8 @@ def hf_config(cfg: Config, vocab_size: int, *, bos_id: int, eos_id: int, pad_id:
     return {
         "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE,
         "vocab_size": vocab_size, "hidden_size": m.d_model, "intermediate_size": m.d_ff or ff_size(m.d_model),
-        "num_hidden_layers": m.n_layers, "num_heads": m.n_heads, "num_kv_heads": None,
-        "expand_k": cfg.attn.key_ratio, "expand_v": 1.0, "feature_map": None, "use_short_conv": False,
-        "use_output_gate": True, "clamp_min": None, "use_gk": True, "use_gv": False, "attn": None,
-        "hidden_act": "swish", "elementwise_affine": True, "norm_eps": m.norm_eps,
+        "num_hidden_layers": m.n_layers, "num_heads": m.n_heads, "expand_k": cfg.attn.key_ratio, **FLA_DEFAULTS,
+        "norm_eps": m.norm_eps,
         "max_position_embeddings": cfg.data.seq_len, "tie_word_embeddings": m.tie_embeddings,
         "initializer_range": m.init_std, "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": pad_id,
         "attn_mode": "chunk", "fuse_norm": True, "fuse_swiglu": True, "fuse_cross_entropy": True,
@@ -79,10 +83,6 @@ def hf_config(cfg: Config, vocab_size: int, *, bos_id: int, eos_id: int, pad_id:
     }
 
 
-# fla GLAConfig keys whose other values compute something lmzoo's GLA does not, at fla's default (which maps).
-FLA_DEFAULTS = {"expand_v": 1.0, "num_kv_heads": None, "feature_map": None, "use_short_conv": False,
-                "use_output_gate": True, "clamp_min": None, "hidden_act": "swish", "elementwise_affine": True,
-                "use_gk": True, "use_gv": False, "attn": None, "attnres_block_size": None}
 FLA_NORM_EPS = 1e-6  # GLAConfig's default norm_eps: a checkpoint at it does not map (see HEAD_NORM_EPS)
 
 

@@ -38,8 +38,8 @@ def write_outputs(run: RunDir, results: dict, *, plots: bool = True) -> Path:
     if plots:
         plot_results(results, out_dir)
     write_tensorboard(run, results, sorted(out_dir.glob("*.png")) if plots else [])
-    log_evaluation(run, tag, list(csv.DictReader(io.StringIO(table))))
-    atomic_write_text(run.results_path(tag), json_text(results))  # last: its presence says the rest is written
+    atomic_write_text(run.results_path(tag), json_text(results))  # last on disk: its presence says the rest is written
+    log_evaluation(run, tag, list(csv.DictReader(io.StringIO(table))))  # after: a tracker's failure loses no file
     return run.results_path(tag)
 
 

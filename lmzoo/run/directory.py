@@ -54,6 +54,7 @@ DAMAGED_CHECKPOINTS = "damaged_checkpoints"
 EVAL = "eval"
 RESULTS = "results.json"
 RESULTS_CSV = "results.csv"
+LM_EVAL = "lm_eval"  # lm-evaluation-harness results (python -m lmzoo.lm_eval), one folder per tag
 TENSORBOARD = "tb"
 
 # Keys that may differ between two invocations of one run without changing how it trains.
@@ -230,6 +231,9 @@ class RunDir:
 
     def results_path(self, tag: str) -> Path:
         return self.eval_dir(tag) / RESULTS
+
+    def harness_results_path(self, tag: str) -> Path:
+        return self.path / LM_EVAL / tag / RESULTS
 
     def results_csv_path(self, tag: str) -> Path:
         return self.eval_dir(tag) / RESULTS_CSV

@@ -16,7 +16,6 @@ from lmzoo.metrics.scoring import sampling_note
 from lmzoo.run.directory import CONFIG, RunDir
 from lmzoo.schema import ConfigError, changes_trained_model, flatten
 
-HARNESS_DIR = "lm_eval"  # <run_dir>/lm_eval/<tag>/results.json, as python -m lmzoo.lm_eval writes it
 SAME_SEED = ("refuse", "distinct")  # two runs of one arm with one seed: an error, or counted apart as the user says
 
 
@@ -203,7 +202,7 @@ def folders_below(path: Path) -> list[Path]:
 
 def read_harness(path: Path, tag: str) -> dict | None:
     """The run's lm-eval results of ``tag``, or None when it has none (ValueError for a file that is not JSON)."""
-    file = Path(path) / HARNESS_DIR / tag / "results.json"
+    file = RunDir(path).harness_results_path(tag)
     if not file.exists():
         return None
     try:
