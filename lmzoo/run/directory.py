@@ -302,6 +302,11 @@ class RunDir:
     def read_results(self, tag: str) -> dict | None:
         return self.read_json(Path(EVAL) / tag / RESULTS)
 
+    def read_harness_results(self, tag: str) -> dict | None:
+        """The run's lm-eval results of ``tag`` (None when absent, or unreadable and named in a warning, as
+        ``read_results``: one damaged file leaves out that file, not the run)."""
+        return self.read_json(self.harness_results_path(tag).relative_to(self.path))
+
     # writing
     def write_text(self, relative: str | Path, text: str) -> Path:
         path = self.path / relative

@@ -228,6 +228,20 @@ def test_a_run_that_cannot_be_read_is_left_out_in_one_line(sweep, tmp_path):
     assert rows["gla"]["n"] == "1" and rows["softmax"]["n"] == "2"
 
 
+def test_a_damaged_results_file_leaves_out_that_file_not_the_run(sweep, caplog):
+    for folder in ("eval", "lm_eval"):  # lmzoo's evaluation and lm-eval's are read alike
+        damaged = sweep / "gla-1" / folder / "default" / "results.json"
+        damaged.parent.mkdir(parents=True, exist_ok=True)
+        kept = damaged.read_text() if damaged.exists() else None
+        damaged.write_text('{"lengths": ')  # a write cut short
+        report = comparison.compare([sweep], baseline="softmax")
+        assert not [note for note in report.notes if note.startswith("left out")], report.notes
+        _, rows = rows_of(report.markdown.split("Difference")[0])
+        assert rows["gla"]["n"] == "2"
+        assert f"{damaged} cannot be read" in caplog.text
+        damaged.write_text(kept) if kept is not None else damaged.unlink()
+
+
 def test_a_hidden_folder_below_a_sweep_is_not_a_run(sweep, tmp_path):
     write_run(sweep, ".gla-2.partial", variant="gla", seed=2, growth=FLAT, shift=1)  # a copy not yet moved in place
     _, rows = rows_of(compare.main([str(sweep), "--out", str(tmp_path / "out")]))

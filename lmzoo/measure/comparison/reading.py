@@ -200,24 +200,13 @@ def folders_below(path: Path) -> list[Path]:
     return sorted(found)
 
 
-def read_harness(path: Path, tag: str) -> dict | None:
-    """The run's lm-eval results of ``tag``, or None when it has none (ValueError for a file that is not JSON)."""
-    file = RunDir(path).harness_results_path(tag)
-    if not file.exists():
-        return None
-    try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file} is not valid JSON ({e.msg} at line {e.lineno})") from None
-
-
 def load_run(path: Path, tag: str) -> Run:
     run_dir = RunDir(path)
     config = OmegaConf.to_container(run_dir.read_config())
     if "tokenizer" in config.get("data", {}):  # a corpus; runs from before the setting packed without masks
         config["data"].setdefault("document_boundaries", "none")
     return Run(path, config, run_dir.read_run_info(), run_dir.read_metrics(), run_dir.read_results(tag),
-               run_dir.read_resumes(), run_dir.read_fingerprint(), read_harness(path, tag))
+               run_dir.read_resumes(), run_dir.read_fingerprint(), run_dir.read_harness_results(tag))
 
 
 def load_runs(paths: list[Path], tag: str) -> tuple[list[Run], list[tuple[Path, str]]]:
