@@ -48,6 +48,7 @@ THROUGHPUT_VARIANTS = ["softmax", "softmax attn.method=cudnn", "gla attn.method=
                        "gated_deltanet attn.method=pallas"]  # in the order a short loan should measure them
 MEMORY_VARIANTS = ["softmax", "gla attn.method=chunk", "gla attn.method=chunk model.remat=mixer",
                    "gla attn.method=chunk model.remat=block"]
+DOCUMENT_VARIANTS = ["softmax", "softmax attn.method=xla", "gla"]
 KERNEL_TESTS = ["tests/ops/test_pallas_gla.py", "tests/ops/test_pallas_ssm.py", "tests/ops/test_delta_rule.py"]
 
 
@@ -86,6 +87,11 @@ def steps() -> list[Step]:
              [PY, "scripts/benchmark.py", "--shapes", "1x67x2x16", "--ops", "gla/auto,gla/jla,jla_gla/own,mamba3/auto,mamba3/jla,jla_mamba3/own",
               "--repeats", "2",
               "--json", "{out}/ops_providers.json"], 240, min_s=60),
+        # the jla mappings' gpu-marked tests: Mosaic kernels (and jla's attention kernel) against lmzoo's references
+        Step("jla_kernel_tests", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "4", "-m", "gpu", "-rfE",
+                                  "tests/ops/test_kernels.py"],
+             [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "gpu", "tests/ops/test_kernels.py"],
+             150, min_s=60, env=tests_env),
         Step("throughput_default", [PY, "scripts/throughput.py", "--model", "small", "--lengths", "2048,8192",
                                     "--batch-tokens", "65536", "--variants", *DEFAULT_VARIANTS,
                                     "--json", "{out}/throughput_default.json"],
@@ -97,6 +103,12 @@ def steps() -> list[Step]:
                             "65536", "--steps", "0", "--variants", *MEMORY_VARIANTS, "--json", "{out}/memory_gla.json"],
              [PY, "scripts/throughput.py", "--model", "tiny", "--lengths", "64", "--batch-tokens", "256", "--steps",
               "0", "--variants", *MEMORY_VARIANTS], 240, min_s=90),
+        # packed documents: softmax's auto (jla's Hopper kernel, the ids read per tile) against XLA's dense mask
+        Step("throughput_documents", [PY, "scripts/throughput.py", "--model", "small", "--lengths", "2048",
+                                      "--batch-tokens", "65536", "--documents", "4", "--variants", *DOCUMENT_VARIANTS,
+                                      "--json", "{out}/throughput_documents.json"],
+             [PY, "scripts/throughput.py", "--model", "tiny", "--lengths", "64", "--batch-tokens", "256", "--steps",
+              "2", "--documents", "4", "--variants", *DOCUMENT_VARIANTS], 240, min_s=90),
         Step("env", ["bash", "-c", "nvidia-smi; nvidia-smi -q -d CLOCK | head -30; " + shlex.join(env_cmd)],
              env_cmd, 60, min_s=5),
         Step("kernel_tests", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "4", *KERNEL_TESTS],

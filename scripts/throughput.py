@@ -4,11 +4,13 @@
     python scripts/throughput.py --variants softmax "gla attn.method=pallas" "mamba attn.method=pallas"
     python scripts/throughput.py --model tiny --lengths 128 --batch-tokens 4096   # a CPU smoke run
     python scripts/throughput.py --variants "gla train.mesh.fsdp=-1 train.mesh.data=1"  # a mesh layout (lmzoo.sharding)
+    python scripts/throughput.py --variants softmax "softmax attn.method=xla" --documents 4  # packed documents
 
 Each entry of ``--variants`` is a variant name followed by config overrides for it. It is built
 from the same configs as ``lmzoo.train`` (``+attn=<variant> model=<model> data.seq_len=<T>`` plus
 its overrides) and runs the trainer's own jitted ``train_step`` (AdamW update included) on random
-tokens; the batch holds ``--batch-tokens`` tokens at every length. The state and batch are placed on
+tokens; the batch holds ``--batch-tokens`` tokens at every length; ``--documents n`` packs n documents of equal
+length into every row (segment ids, as ``data.document_boundaries=mask`` gives the model). The state and batch are placed on
 the training mesh exactly as ``lmzoo.train`` places them (``train.mesh.*`` overrides choose the
 layout; by default data-parallel over every device), and the row says which layout it measured.
 
@@ -33,6 +35,7 @@ import time
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -59,7 +62,8 @@ def model_flops_per_token(cfg, params: int, length: int) -> float:
     return 6 * params + mixing
 
 
-def measure(variant: str, overrides: list[str], model: str, length: int, batch_tokens: int, steps: int) -> dict:
+def measure(variant: str, overrides: list[str], model: str, length: int, batch_tokens: int, steps: int,
+            documents: int = 1) -> dict:
     batch_size = max(1, batch_tokens // length)
     cfg = compose_and_validate([f"+attn={variant}", f"model={model}", f"data.seq_len={length}", f"train.batch_size={batch_size}",
                                 "train.progress=false", *overrides])
@@ -70,8 +74,11 @@ def measure(variant: str, overrides: list[str], model: str, length: int, batch_t
     shardings = state_shardings(state, mesh, cfg.train.mesh.rules)
     state = jax.device_put(state, shardings)
     tokens = jax.random.randint(jax.random.key(0), (batch_size, length + 1), 0, VOCAB)
-    batch = jax.device_put({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, batch_sharding(mesh))
-    kernels = {op["implementation"] for layer in lm.mixer_kernels(batch_size, length) for op in layer}
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+    if documents > 1:
+        batch["segment_ids"] = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32) * documents // length, (batch_size, length))
+    batch = jax.device_put(batch, batch_sharding(mesh))
+    kernels = {op["implementation"] for layer in lm.mixer_kernels(batch_size, length, documents > 1) for op in layer}
     with jax.set_mesh(mesh):
         compile_start = time.perf_counter()
         step = jax.jit(partial(train_step, graphdef, tx), donate_argnums=0,
@@ -90,7 +97,8 @@ def measure(variant: str, overrides: list[str], model: str, length: int, batch_t
     seconds = statistics.median(times)
     tokens_per_s = batch_size * length / seconds
     layout = "x".join(str(mesh.shape[axis]) for axis in mesh.axis_names)
-    return {"variant": " ".join([variant, *overrides]), "mesh": layout, "T": length, "batch": batch_size, "params": params,
+    return {"variant": " ".join([variant, *overrides]), "mesh": layout, "T": length, "batch": batch_size,
+            "documents": documents, "params": params,
             "step_ms": 1e3 * seconds,
             "tokens_per_s": tokens_per_s, "model_tflops": tokens_per_s * model_flops_per_token(cfg, params, length) / 1e12,
             "memory_gib": compiled_gib(step), "compile_s": compile_s, "kernels": ",".join(sorted(kernels))}
@@ -112,6 +120,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="2048,8192")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="tokens per step at every length")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--documents", type=int, default=1, help="documents packed into every row (segment ids)")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak dense bf16 TFLOP/s (for MFU)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
@@ -119,7 +128,7 @@ def main() -> None:
     device = jax.devices()[0]
     peak = peak_tflops(device.device_kind, args.peak_tflops)
     print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}; model={args.model}, "
-          f"{args.batch_tokens} tokens per step; peak {peak or '?'} TFLOP/s")
+          f"{args.batch_tokens} tokens per step, {args.documents} document(s) a row; peak {peak or '?'} TFLOP/s")
     print(f"{'variant':<32}{'mesh d x f x t':>15}{'T':>7}{'batch':>7}{'params':>12}{'step ms':>10}{'tokens/s':>12}"
           f"{'TFLOP/s':>9}{'MFU':>7}{'GiB':>7}{'compile s':>10}  kernels")
     rows = []
@@ -127,7 +136,7 @@ def main() -> None:
         variant, *overrides = entry.split()
         for length in map(int, args.lengths.split(",")):
             try:
-                row = measure(variant, overrides, args.model, length, args.batch_tokens, args.steps)
+                row = measure(variant, overrides, args.model, length, args.batch_tokens, args.steps, args.documents)
             except Exception as error:  # out of memory, a method the device lacks: report it and go on
                 print(f"{entry:<32}{length:>7}  failed: {str(error).strip().splitlines()[0][:120]}", flush=True)
                 continue
@@ -139,7 +148,7 @@ def main() -> None:
 
     if args.json:
         meta = {"device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
-                "model": args.model, "batch_tokens": args.batch_tokens, "peak_tflops": peak}
+                "model": args.model, "batch_tokens": args.batch_tokens, "documents": args.documents, "peak_tflops": peak}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=2)
 

@@ -7,6 +7,10 @@ selected by ``method``.
   are never computed: about half the score work of a causal square. For CPUs, where the fused
   path builds and normalises the whole masked square;
 - ``"xla"`` / ``"cudnn"``: ``jax.nn.dot_product_attention``.
+
+``"auto"`` (the default on a GPU) runs cuDNN's fused kernel where it takes the call, jax-linear-attention's
+Hopper kernel (the ``gpu`` extra) where cuDNN does not but that kernel does (documents: it reads the segment
+ids per tile, where cuDNN would need a dense [T, T] mask), and ``"xla"`` otherwise.
 """
 
 from __future__ import annotations
@@ -57,12 +61,12 @@ def softmax_attention(q, k, v, *, scale=None, causal=True, window=None, bias=Non
     """
     method = check_form(method, METHODS)
     if method == AUTO:
-        refusal = cudnn_refusal(q, k, bias, segment_ids)
-        method = "xla" if refusal else "cudnn"
-        kernels.note("softmax_attention", method, refusal)
+        method = _auto_form(q, k, v, causal=causal, bias=bias, segment_ids=segment_ids)
     else:
         kernels.note("softmax_attention", method)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if method == kernels.JLA:
+        return kernels.jla_attention()(q, k, v, segment_ids=segment_ids, sliding_window=window, scale=scale)
     if method == "naive":
         return _weighted_values(q, k, v, scale=scale, causal=causal, window=window, bias=bias, segment_ids=segment_ids)
     if q.shape[1] != k.shape[1] and causal:
@@ -80,10 +84,30 @@ def softmax_attention(q, k, v, *, scale=None, causal=True, window=None, bias=Non
     )
 
 
+# cuDNN as JAX 0.11 ships it returns wrong attention gradients, without an error, once one call's query holds more
+# than 2**31 elements; its backward also rejects odd lengths. Such calls never go to it.
+CUDNN_MAX_QUERY_ELEMENTS = 2**31
+
+
+def _auto_form(q, k, v, *, causal, bias, segment_ids) -> str:
+    """The form ``auto`` runs, recorded with why the faster ones did not take the call."""
+    refusal = cudnn_refusal(q, k, bias, segment_ids)
+    if not refusal:
+        kernels.note("softmax_attention", "cudnn")
+        return "cudnn"
+    jla_refusal = kernels.attention_refusal(q, k, v, causal=causal, bias=bias)
+    if not jla_refusal:
+        kernels.record("softmax_attention", "jla.mosaic_gpu:attention")
+        return kernels.JLA
+    kernels.note("softmax_attention", "xla", f"{refusal}; {jla_refusal}")
+    return "xla"
+
+
 def cudnn_refusal(q, k, bias, segment_ids) -> str:
     """Why cuDNN's fused attention would not take this call ("" when it would): it runs on an NVIDIA GPU, in
-    bf16 or fp16, with head sizes up to 128 in multiples of 8. Fail-closed: documents and biases go to "xla",
-    whose masks are tested here on every call."""
+    bf16 or fp16, with head sizes up to 128 in multiples of 8, even lengths, and at most
+    ``CUDNN_MAX_QUERY_ELEMENTS`` query elements (counted over all devices: fail-closed). Documents and biases
+    are refused too: cuDNN would take documents only as a dense [T, T] mask."""
     device = jax.devices()[0]
     if device.platform != "gpu":
         return f"the device is {device.platform}, not an NVIDIA GPU"
@@ -92,7 +116,11 @@ def cudnn_refusal(q, k, bias, segment_ids) -> str:
     if q.shape[-1] > 128 or q.shape[-1] % 8:
         return f"head size {q.shape[-1]} (cuDNN: a multiple of 8 up to 128)"
     if bias is not None or segment_ids is not None or q.shape[1] != k.shape[1]:
-        return "a bias, documents or a query/key length mismatch: run by xla"
+        return "a bias, documents or a query/key length mismatch are not given to cuDNN"
+    if q.shape[1] % 2:
+        return f"odd length {q.shape[1]} (cuDNN's backward takes even lengths)"
+    if q.size > CUDNN_MAX_QUERY_ELEMENTS:
+        return f"{q.size} query elements (cuDNN's gradients are wrong past {CUDNN_MAX_QUERY_ELEMENTS})"
     return ""
 
 

@@ -93,6 +93,11 @@ def _record(choice: Choice) -> None:
         log.append(choice)
 
 
+def record(op: str, implementation: str) -> None:
+    """Record that ``op`` runs ``implementation`` (an op choosing among providers itself, e.g. attention)."""
+    _record(Choice(op, implementation))
+
+
 @functools.cache
 def jla_ops():
     """``jla.ops`` with its Mosaic GPU kernels registered, or None where jla is not installed."""
@@ -121,6 +126,30 @@ def _kernel_refusal(call: JlaCall) -> str:
     if not supports(call.q, call.k, call.v, *(call.gates[n] for n in names), **_options(call)):
         return f"jla's {call.kind} kernel does not take this call ({call.describe()})"
     return ""
+
+
+@functools.cache
+def jla_attention():
+    """jla's causal softmax attention kernel for Hopper (``flash_attention``), or None where jla is not installed."""
+    try:
+        from jla.ops.mosaic_gpu.attention import flash_attention
+    except ImportError:
+        return None
+    return flash_attention
+
+
+def attention_refusal(q, k, v, *, causal: bool, bias) -> str:
+    """Why jla's attention kernel would not run this softmax attention ("" when it would): it computes causal
+    attention over one sequence (T = S) with grouped key/value heads, documents and a window, no additive bias."""
+    refusal = _platform_refusal()
+    if refusal:
+        return refusal
+    if bias is not None or not causal or q.shape[1] != k.shape[1]:
+        return "jla's attention kernel takes no bias, only causal attention of T queries over T keys"
+    from jla.ops.mosaic_gpu.attention import supported
+
+    reason = supported(q, k, v)
+    return f"jla's attention kernel does not take this call: {reason}" if reason else ""
 
 
 def _options(call: JlaCall) -> dict:

@@ -265,3 +265,80 @@ def test_chunk_gradients_fold_no_constant_reduction(case):
     loss = lambda a: sum(jnp.sum(x * x) for x in jax.tree.leaves(_call(case, "chunk", a, _segments())))  # noqa: E731
     closed = jax.make_jaxpr(jax.grad(loss))(args)
     assert _const_reductions(closed.jaxpr) == []
+
+
+# ----------------------------------------------------------------------------- softmax attention
+
+
+def _attention_inputs(dtype=jnp.float32, *, d: int = DK):
+    """q with 4 heads over 2 key/value heads, two documents, T = 37."""
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(_normal(rng, B, T, heads, d), dtype) for heads in (4, 2, 2))
+    return (q, k, v), jnp.asarray(_segments())
+
+
+def _attention_with_grads(method: str, args, segment_ids, window):
+    run = lambda *a: ops.softmax_attention(*a, window=window, segment_ids=segment_ids, method=method)  # noqa: E731
+    out, vjp = jax.vjp(run, *args)
+    return out, vjp(random_like(out, seed=5))
+
+
+def test_attention_auto_off_the_gpu_is_xla_and_says_why():
+    args, segments = _attention_inputs()
+    with kernels.recording() as choices:
+        auto = ops.softmax_attention(*args, window=5, segment_ids=segments, method="auto")
+    np.testing.assert_array_equal(np.asarray(auto), np.asarray(
+        ops.softmax_attention(*args, window=5, segment_ids=segments, method="xla")))
+    [choice] = choices
+    if jax.default_backend() != "gpu":
+        assert choice.implementation == "lmzoo:xla" and "not an NVIDIA GPU" in choice.reason
+
+
+class _FakeGpu:
+    platform = "gpu"
+
+
+def test_cudnn_is_not_given_calls_it_gets_wrong(monkeypatch):
+    """Odd lengths (its backward rejects them) and more than 2**31 query elements (wrong gradients, no error)."""
+    from lmzoo.ops import attention
+
+    monkeypatch.setattr(attention.jax, "devices", lambda: [_FakeGpu()])
+    even = jax.ShapeDtypeStruct((2, 64, 4, 64), jnp.bfloat16)
+    assert attention.cudnn_refusal(even, even, None, None) == ""
+    odd = jax.ShapeDtypeStruct((2, 63, 4, 64), jnp.bfloat16)
+    assert "odd length 63" in attention.cudnn_refusal(odd, odd, None, None)
+    huge = jax.ShapeDtypeStruct((1, 2**20 + 2, 16, 128), jnp.bfloat16)  # just past 2**31 elements
+    assert "cuDNN's gradients are wrong" in attention.cudnn_refusal(huge, huge, None, None)
+
+
+@needs_jla
+@pytest.mark.parametrize("window", [None, 5])
+def test_attention_maps_onto_jlas_kernel_semantics(monkeypatch, window):
+    """Where ``auto`` gives softmax attention to jla's Hopper kernel, the call it makes (scale, window, documents,
+    grouped heads) computes lmzoo's attention: checked on a CPU with jla's own XLA statement of the kernel's
+    semantics (``jla.layers.attention.attention``) standing in for the kernel."""
+    jla_layers = pytest.importorskip("jla.layers.attention")
+    import jla.ops.mosaic_gpu.attention as jla_kernel
+
+    monkeypatch.setattr(kernels, "_platform_refusal", lambda: "")
+    monkeypatch.setattr(jla_kernel, "supported", lambda q, k, v: None)
+    stand_in = lambda q, k, v, **options: jla_layers.attention(q, k, v, implementation="xla", **options)  # noqa: E731
+    monkeypatch.setattr(kernels, "jla_attention", lambda: stand_in)
+    args, segments = _attention_inputs()
+    with kernels.recording() as choices:
+        actual = _attention_with_grads("auto", args, segments, window)
+    assert choices[0] == kernels.Choice("softmax_attention", "jla.mosaic_gpu:attention")
+    assert_trees_close(actual, _attention_with_grads("naive", args, segments, window), F32_TOLERANCE)
+
+
+@pytest.mark.gpu
+@needs_jla
+@pytest.mark.skipif(not kernels.hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize("window", [None, 5])
+def test_attention_kernel_with_documents_equals_reference(window):
+    args, segments = _attention_inputs(jnp.bfloat16, d=64)
+    with kernels.recording() as choices:
+        actual = _attention_with_grads("auto", args, segments, window)
+    assert choices[0].implementation == "jla.mosaic_gpu:attention"
+    reference = _attention_with_grads("naive", tuple(a.astype(jnp.float32) for a in args), segments, window)
+    assert_trees_close(jax.tree.map(lambda x: x.astype(jnp.float32), actual), reference, BF16_TOLERANCE)
