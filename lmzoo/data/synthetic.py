@@ -45,9 +45,9 @@ from lmzoo.schema import ConfigError, DataConfig, positive
 
 TRAIN, VALIDATION = 0, 1
 
-# Training batches are drawn this many examples at a time (``TrainingBatches``): drawing many examples together
-# costs little more than drawing a few.
-BLOCK_EXAMPLES = 256
+# Training batches are drawn this many examples at a time (``TrainingBatches``), or as many as hold BLOCK_TOKENS
+# for long sequences: drawing many examples together costs little more than drawing a few.
+BLOCK_EXAMPLES, BLOCK_TOKENS = 256, 2**16
 # How the training batches are read: a batch is one slice of a block, so one reading thread keeps up, and a
 # second one draws the next block while the first hands out slices (measured in docs/benchmarks.md).
 READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=16)
@@ -346,7 +346,7 @@ class TrainingBatches:
     def __init__(self, examples: TaskExamples, batch_size: int, shard_index: int, rows: int, keep: int = 3):
         self.examples, self.batch_size, self.rows, self.keep = examples, batch_size, rows, keep
         self.first_row = shard_index * rows  # this process's contiguous block of each global batch
-        self.per_block = max(1, BLOCK_EXAMPLES // rows)  # batches a block holds
+        self.per_block = max(1, min(BLOCK_EXAMPLES, BLOCK_TOKENS // examples.length) // rows)  # batches a block holds
         self.blocks: OrderedDict[int, dict] = OrderedDict()
         self.lock = threading.Lock()
 

@@ -291,7 +291,7 @@ def test_mqar_state_size_zoology_scale_dry_run(tmp_path):
     on validation, the verdict judged on the scale's settings."""
     overrides = ["scale=zoology", "variants=[softmax,gla]", "widths=[16]", "pairs=[2,4]", "lrs=[3e-3,1e-2]",
                  "seeds=[0,1]", "steps=16", "seq_len=16", "eval_tokens=256"]
-    record = run_experiment("mqar_state_size", tmp_path, overrides=overrides)
+    record = run_experiment("mqar_state_size", tmp_path, overrides=overrides, seed_groups="true")
     grid = record["evidence"]["grid"]
     assert set(grid) == {"softmax", "gla"} and set(grid["gla"]) == {"2", "4"}
     assert set(grid["softmax"]["4"]["16"]["validation_accuracy"]) == {"0.003", "0.01"}
