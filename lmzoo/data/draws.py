@@ -191,6 +191,8 @@ class BatchDraws:
     def shuffle(self, values: np.ndarray) -> None:
         """Shuffles each row of ``values`` in place as numpy's ``_shuffle_int`` does (from the last position down)."""
         last = values.shape[1] - 1
+        if last < 1:
+            return
         swaps = self.bounded(np.arange(last, 0, -1) + 1)
         rows = np.arange(self.rows)
         for t, i in enumerate(range(last, 0, -1)):
