@@ -48,8 +48,8 @@ TRAIN, VALIDATION = 0, 1
 # Training batches are drawn this many examples at a time (``TrainingBatches``), or as many as hold BLOCK_TOKENS
 # for long sequences: drawing many examples together costs little more than drawing a few.
 BLOCK_EXAMPLES, BLOCK_TOKENS = 256, 2**16
-# How the training batches are read: a batch is one slice of a block, so one reading thread keeps up, and a
-# second one draws the next block while the first hands out slices (measured in docs/benchmarks.md).
+# How the training batches are read: most batches are a slice of a block already drawn, so a couple of threads
+# keep up; grain's default (16 threads, 500 batches queued) cost 2-3x the CPU time (docs/benchmarks.md).
 READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=16)
 
 
