@@ -7,6 +7,7 @@
     python scripts/benchmark_loop.py --host --steps 400 --steps-per-call 1 8   # the host's own cost per step
     python scripts/benchmark_loop.py --host --profile --models mqar --steps-per-call 8   # ... and where it goes
     python scripts/benchmark_loop.py --seeds 1 3 8 --steps 20   # several seeds as one jitted step: time per seed
+    python scripts/benchmark_loop.py --data --steps 400          # the training data alone: batches a second
 
 Two models: ``default`` is what ``python -m lmzoo.train +attn=<variant>`` trains (configs/train.yaml's defaults);
 ``mqar`` is a 2-layer, d_model=32 model on multi-query associative recall (``data=mqar``), whose steps are so short
@@ -31,6 +32,10 @@ prints where that time goes (cProfile over one timed stretch, the functions taki
 ``--seeds 1 3 8``: the loop training that many seeds as one jitted step (``train.seeds``, ``lmzoo.run.seeds``;
 one seed: the plain trainer), its time per optimizer step of all the seeds, per seed, and the speed-up per seed
 over training one.
+
+``--data``: the model's training batches alone, read from the iterator the trainer reads (no step, no device):
+milliseconds of wall time and of process CPU time (all threads, the data's reading threads included: robust to
+other jobs on the machine) per batch, and batches a second.
 """
 
 from __future__ import annotations
@@ -222,6 +227,39 @@ def measure(name: str, variant: str, steps: int, repeats: int, steps_per_call: i
                 "bare_ms_each": [1e3 * t for t in bare], "loop_ms_each": [1e3 * t for t in loop]}
 
 
+def measure_data(name: str, variant: str, steps: int, repeats: int) -> dict:
+    """Milliseconds (wall and process CPU) per training batch read from the trainer's own iterator."""
+    cfg = compose_and_validate([f"+attn={variant}", *MODELS[name], "train.progress=false"])
+    iterator = training_batches(cfg, build_data(cfg.data, seed=cfg.seed))
+    try:
+        next(iterator)  # starts the reading threads
+        wall, cpu = [], []
+        for _ in range(repeats):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            for _ in range(steps):
+                next(iterator)
+            wall.append((time.perf_counter() - start) / steps)
+            cpu.append((time.process_time() - start_cpu) / steps)
+    finally:
+        getattr(iterator, "close", lambda: None)()
+    return {"model": name, "batch": cfg.train.batch_size, "seq_len": cfg.data.seq_len, "steps": steps,
+            "ms": 1e3 * statistics.median(wall), "cpu_ms": 1e3 * statistics.median(cpu),
+            "ms_each": [1e3 * t for t in wall], "cpu_ms_each": [1e3 * t for t in cpu]}
+
+
+def main_data(args) -> list[dict]:
+    print("the training batches alone, read from the trainer's iterator: milliseconds per batch (wall, and process "
+          "CPU over all threads)")
+    print(f"{'model':<9}{'batch':>6}{'seq_len':>8}{'ms/batch':>10}{'cpu ms':>10}{'batches/s':>11}")
+    rows = []
+    for name in args.models:
+        row = measure_data(name, args.variant, args.steps, args.repeats)
+        rows.append(row)
+        print(f"{name:<9}{row['batch']:>6}{row['seq_len']:>8}{row['ms']:>10.3f}{row['cpu_ms']:>10.3f}"
+              f"{1e3 / row['ms']:>11.0f}", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -240,6 +278,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+",
                         help="time the loop training this many seeds as one jitted step (train.seeds), each count a "
                              "row (1: the plain trainer), with the time per seed and its speed-up over one seed")
+    parser.add_argument("--data", action="store_true",
+                        help="time the training batches alone (the trainer's iterator, no step): ms and CPU ms a batch")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
     for k in args.steps_per_call:
@@ -255,11 +295,14 @@ def main() -> None:
     device = jax.devices()[0]
     print(f"device: {device.device_kind} ({jax.default_backend()}, {jax.device_count()} device(s)), "
           f"jax {jax.__version__}; {args.steps} steps x {args.repeats} repeats, medians")
-    rows = main_host(args) if args.host else main_seeds(args) if args.seeds else main_bare_and_loop(args)
+    if args.data and (args.host or args.seeds):
+        parser.error("--data times the data alone: not with --host or --seeds")
+    mains = [(args.data, main_data), (args.host, main_host), (args.seeds, main_seeds), (True, main_bare_and_loop)]
+    rows = next(run for chosen, run in mains if chosen)(args)
     if args.json:
         meta = {"device": device.device_kind, "backend": jax.default_backend(), "devices": jax.device_count(),
                 "jax": jax.__version__, "steps": args.steps, "repeats": args.repeats,
-                "steps_per_call": args.steps_per_call, "host": args.host}
+                "steps_per_call": args.steps_per_call, "host": args.host, "data": args.data}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=2)
 

@@ -3,8 +3,10 @@
 Each example is a token sequence of ``seq_len + 1`` ids; ``inputs``/``targets`` are its two
 shifted views and ``weights`` marks the target positions that are scored (the answers), so loss
 and accuracy count only what the task asks. Example ``i`` of a split is a pure function of
-``(seed, split, i)``: batches are reproducible and resumable by index alone. Each task registers
-its spec (``data=<name>`` picks it), which draws one example (``example``):
+``(seed, split, i)``: the draws of ``numpy.random.default_rng([seed, split, i])``, so batches are reproducible
+and resumable by index alone. Each task registers its spec (``data=<name>`` picks it), which draws the examples
+of a batch together (``sequences``: ``lmzoo.data.draws`` makes every row's Generator draws at once, bit for bit)
+or one example at a time (``example``):
 
 - ``mqar`` (multi-query associative recall): ``num_pairs`` key-value pairs, then ``num_queries``
   keys drawn from them, each followed by its value (scored). Keys and values use disjoint halves
@@ -29,16 +31,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import grain
 import numpy as np
 
+from lmzoo.data.draws import BatchDraws, NotVectorised, RowDraws
 from lmzoo.registry import SOURCES
 from lmzoo.schema import ConfigError, DataConfig, positive
 
 TRAIN, VALIDATION = 0, 1
+
+# Training batches are drawn this many examples at a time (``TrainingBatches``), or as many as hold BLOCK_TOKENS
+# for long sequences: drawing many examples together costs little more than drawing a few.
+BLOCK_EXAMPLES, BLOCK_TOKENS = 256, 2**16
+# How the training batches are read: most batches are a slice of a block already drawn, so a couple of threads
+# keep up; grain's default (16 threads, 500 batches queued) cost 2-3x the CPU time (docs/benchmarks.md).
+READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=16)
 
 
 @dataclass(frozen=True)
@@ -83,15 +95,33 @@ class TaskConfig(DataConfig):
         super().check()
         positive("data.task_vocab", self.task_vocab)
 
+    def sequences(self, draws, length: int, tok: TaskTokenizer) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """A sequence of ``length`` token ids for each row of ``draws`` (``BatchDraws``, or ``RowDraws``: one
+        Generator), [rows, length], and the mask of their scored positions [length]; None: the task draws one
+        example at a time (``example``)."""
+        return None
+
     def example(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
         """One sequence of ``length`` token ids and the mask of its scored positions."""
-        raise NotImplementedError(f"{type(self).__name__} does not define example()")
+        drawn = self.sequences(RowDraws(rng), length, tok)
+        if drawn is None:
+            raise NotImplementedError(f"{type(self).__name__} defines neither sequences() nor example()")
+        return drawn[0][0], drawn[1]
 
     def labelled(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, ...]:
         """(inputs, targets, scored) of ``length - 1`` positions: by default a sequence from ``example``
         and its next tokens; a task whose targets are not the next inputs draws its own."""
         seq, scored = self.example(rng, length, tok)
         return seq[:-1], seq[1:], scored[1:]
+
+    def labelled_rows(self, draws, length: int, tok: TaskTokenizer) -> Optional[tuple[np.ndarray, ...]]:
+        """``labelled`` for every row of ``draws`` at once: (inputs, targets) [rows, length - 1] and scored
+        [length - 1]; None for a task that draws one example at a time."""
+        drawn = self.sequences(draws, length, tok)
+        if drawn is None:
+            return None
+        seq, scored = drawn
+        return seq[:, :-1], seq[:, 1:], scored[1:]
 
     def build(self, *, seed: int, shard_index: int, shard_count: int) -> "TaskData":
         return TaskData(self, seed, shard_index, shard_count)
@@ -112,7 +142,7 @@ class MqarConfig(TaskConfig):
         if self.num_pairs > self.task_vocab // 2:  # keys are distinct symbols from the first half
             raise ConfigError(f"data.num_pairs={self.num_pairs} distinct keys need data.task_vocab >= {2 * self.num_pairs}")
 
-    def example(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
+    def sequences(self, draws, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
         half = self.task_vocab // 2
         n_pairs = self.num_pairs
         n_queries = self.num_queries or n_pairs
@@ -122,11 +152,15 @@ class MqarConfig(TaskConfig):
                 f"mqar needs {need} tokens for data.num_pairs={n_pairs} and {n_queries} queries; "
                 f"data.seq_len + 1 = {length}"
             )
-        keys = rng.choice(half, size=n_pairs, replace=False)
-        values = rng.integers(half, 2 * half, size=n_pairs)
-        asked = rng.choice(n_pairs, size=n_queries, replace=n_queries > n_pairs)
-        body = np.concatenate([np.stack([keys, values], 1).ravel(), np.stack([keys[asked], values[asked]], 1).ravel()])
-        seq = np.concatenate([np.full(length - need, tok.pad_id), body])
+        keys = draws.choice(half, n_pairs)
+        values = draws.integers(half, 2 * half, n_pairs)
+        # Generator.choice with replacement draws integers(0, n_pairs)
+        asked = draws.integers(0, n_pairs, n_queries) if n_queries > n_pairs else draws.choice(n_pairs, n_queries)
+        pairs = np.stack([keys, values], 2)
+        queries = np.take_along_axis(pairs, asked[:, :, None], 1)
+        rows = draws.rows
+        seq = np.concatenate([np.full((rows, length - need), tok.pad_id), pairs.reshape(rows, -1),
+                              queries.reshape(rows, -1)], axis=1)
         scored = np.zeros(length, bool)
         scored[length - 2 * n_queries + 1 :: 2] = True  # the values that answer the queries
         return seq, scored
@@ -137,10 +171,10 @@ class MqarConfig(TaskConfig):
 class InductionConfig(TaskConfig):
     source: str = "induction"
 
-    def example(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
+    def sequences(self, draws, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
         half = length // 2
-        prefix = rng.integers(0, self.task_vocab, size=half)
-        seq = np.concatenate([np.full(length - 2 * half, tok.pad_id), prefix, prefix])
+        prefix = draws.integers(0, self.task_vocab, half)
+        seq = np.concatenate([np.full((draws.rows, length - 2 * half), tok.pad_id), prefix, prefix], axis=1)
         scored = np.zeros(length, bool)
         scored[length - half + 1 :] = True  # each repeated token after the first is predictable
         return seq, scored
@@ -156,15 +190,15 @@ class SelectiveCopyConfig(TaskConfig):
         super().check()
         positive("data.num_marked", self.num_marked)
 
-    def example(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
+    def sequences(self, draws, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
         n = self.num_marked
         context = length - n - 1
         if context < n:
             raise ValueError(f"selective_copy needs data.seq_len + 1 >= {2 * n + 1} for data.num_marked={n}")
-        symbols = rng.integers(0, self.task_vocab, size=n)
-        noise = np.full(context, tok.noise_id)
-        noise[np.sort(rng.choice(context, size=n, replace=False))] = symbols
-        seq = np.concatenate([noise, [tok.sep_id], symbols])
+        symbols = draws.integers(0, self.task_vocab, n)
+        noise = np.full((draws.rows, context), tok.noise_id)
+        np.put_along_axis(noise, np.sort(draws.choice(context, n), axis=1), symbols, axis=1)
+        seq = np.concatenate([noise, np.full((draws.rows, 1), tok.sep_id), symbols], axis=1)
         scored = np.zeros(length, bool)
         scored[length - n :] = True
         return seq, scored
@@ -185,13 +219,17 @@ class StateTrackingConfig(TaskConfig):
             raise ConfigError(f"data.task_vocab={self.task_vocab} must be {order}, the order of the {self.source} group")
 
     def labelled(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, ...]:
+        elements, states, scored = self.labelled_rows(RowDraws(rng), length, tok)
+        return elements[0], states[0], scored
+
+    def labelled_rows(self, draws, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, ...]:
         table = self.products()
-        elements = rng.integers(0, len(table), size=length - 1)
-        states = np.empty_like(elements)
-        state = elements[0]
-        for t, element in enumerate(elements):
-            state = element if t == 0 else table[state, element]
-            states[t] = state
+        elements = draws.integers(0, len(table), length - 1)
+        states = elements.copy()
+        shift = 1
+        while shift < length - 1:  # running products by doubling: the product is associative
+            states[:, shift:] = table[states[:, :-shift], states[:, shift:]]  # the earlier part applied first
+            shift *= 2
         return elements, states, np.ones(length - 1, bool)
 
 
@@ -241,6 +279,8 @@ class TaskExamples:
     split: int
     length: int  # tokens per window, i.e. seq_len + 1
     tokenizer: TaskTokenizer = field(repr=False)
+    # 32-bit draws a row took last time (the same for every row numpy draws no more than once each): made at once
+    drawn: list = field(default_factory=lambda: [0], init=False, repr=False, compare=False, hash=False)
 
     def __call__(self, index: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, self.split, int(index)])
@@ -250,6 +290,27 @@ class TaskExamples:
             "targets": targets.astype(np.int32),
             "weights": scored.astype(np.float32),
         }
+
+    def rows(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """Examples ``indices`` stacked, the same as one by one: drawn together where the task can
+        (``labelled_rows``), and one by one for the rows whose draws only a Generator makes as numpy does."""
+        indices = np.asarray(indices, np.int64)
+        draws = BatchDraws([self.seed, self.split], indices, words=self.drawn[0])
+        try:
+            labelled = self.cfg.labelled_rows(draws, self.length, self.tokenizer)
+        except NotVectorised:
+            labelled = None
+        if labelled is None:
+            rows = [self(i) for i in indices]
+            return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+        self.drawn[0] = draws.used
+        inputs, targets, scored = labelled
+        batch = {"inputs": inputs.astype(np.int32), "targets": targets.astype(np.int32),
+                 "weights": np.broadcast_to(scored, inputs.shape).astype(np.float32)}
+        for row in np.flatnonzero(draws.redo):
+            for key, value in self(indices[row]).items():
+                batch[key][row] = value
+        return batch
 
 
 @dataclass(frozen=True)
@@ -268,14 +329,41 @@ class TaskWindows:
         return self.units
 
     def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        rows = [self.examples(i) for i in indices]
-        batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+        batch = self.examples.rows(indices)
         batch["unit"] = np.repeat(np.asarray(indices)[:, None], self.length, axis=1)  # (rows, L)
         return batch
 
     def sampling_keys(self) -> dict:
         """The ``results.json`` keys that say what was scored: independent examples, each its own unit."""
         return {"sampling": "examples", "examples": self.units, "block_unit": "example"}
+
+
+class TrainingBatches:
+    """This process's rows of a global batch of example indices (``batch_size`` consecutive ones), as
+    ``TaskExamples.rows`` gives them; the batches are drawn a block of ``BLOCK_EXAMPLES`` examples at a time, and
+    the last few blocks kept for the batches that follow (grain's reading threads ask for them in any order)."""
+
+    def __init__(self, examples: TaskExamples, batch_size: int, shard_index: int, rows: int, keep: int = 3):
+        self.examples, self.batch_size, self.rows, self.keep = examples, batch_size, rows, keep
+        self.first_row = shard_index * rows  # this process's contiguous block of each global batch
+        self.per_block = max(1, min(BLOCK_EXAMPLES, BLOCK_TOKENS // examples.length) // rows)  # batches a block holds
+        self.blocks: OrderedDict[int, dict] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def block(self, number: int) -> dict[str, np.ndarray]:
+        with self.lock:
+            if number not in self.blocks:
+                batches = number * self.per_block + np.arange(self.per_block)
+                indices = batches[:, None] * self.batch_size + self.first_row + np.arange(self.rows)
+                self.blocks[number] = self.examples.rows(indices.ravel())
+                while len(self.blocks) > self.keep:
+                    self.blocks.popitem(last=False)
+            return self.blocks[number]
+
+    def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        number, place = divmod(int(indices[0]) // self.batch_size, self.per_block)
+        part = slice(place * self.rows, (place + 1) * self.rows)
+        return {key: value[part].copy() for key, value in self.block(number).items()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -305,18 +393,12 @@ class TaskData:
     def _batches(self, split: int, batch_size: int) -> grain.MapDataset:
         if batch_size % self.shard_count:
             raise ValueError(f"batch size {batch_size} is not divisible by the {self.shard_count} data shards")
-        rows = batch_size // self.shard_count
-        examples = self._examples(split, self.cfg.seq_len)
-        mine = slice(self.shard_index * rows, (self.shard_index + 1) * rows)  # this process's rows of each global batch
-
-        def make_batch(indices: np.ndarray) -> dict[str, np.ndarray]:
-            rows_ = [examples(i) for i in indices[mine]]
-            return {k: np.stack([r[k] for r in rows_]) for k in rows_[0]}
-
-        return grain.MapDataset.range(2**62).batch(batch_size).map(make_batch)
+        batches = TrainingBatches(self._examples(split, self.cfg.seq_len), batch_size, self.shard_index,
+                                  batch_size // self.shard_count)
+        return grain.MapDataset.range(2**62).batch(batch_size).map(batches)
 
     def train_iterator(self, batch_size: int) -> grain.DatasetIterator:
-        return iter(self._batches(TRAIN, batch_size).to_iter_dataset())
+        return iter(self._batches(TRAIN, batch_size).to_iter_dataset(READ_OPTIONS))
 
     def validation_windows(self, lengths: Sequence[int], budget: Optional[int]) -> dict[int, "TaskWindows"]:
         """The same first validation examples at each length: as many as ``budget`` tokens hold at the longest."""

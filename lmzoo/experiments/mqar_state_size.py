@@ -23,10 +23,18 @@ pairs. Judged (``judge``; ``lmzoo.experiments.judging``):
   the most above ``min_effect`` = 0.05; with the most pairs, accuracy at its largest width minus
   that at its smallest above 0.05. These compare separately trained models (undecided with one
   seed per arm); the interval of a difference is the conservative [lo1 - hi2, hi1 - lo2].
+
+Two scales (``scale=``): ``cpu``, the defaults below, a grid a 2-core CPU trains in about half an hour, too
+little training for softmax to learn the task; ``zoology``, a grid shaped like zoology's MQAR figure (wider
+models, pairs from 4 to 16, two learning rates, three seeds, 64-example batches and thousands of steps, every
+cell's learning rates and seeds trained as one vmapped step) sized for one 9-minute call on one GPU
+(docs/claims.md says what it costs). A scale sets the settings left at their defaults; ``key=value`` given on
+the command line still wins.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List
@@ -39,6 +47,7 @@ from lmzoo.experiments.judging import Check, Measured, measured
 from lmzoo.experiments.runs import evaluate_run, state_floats, train_grid
 from lmzoo.metrics.intervals import ratio_of_sums
 from lmzoo.plots import error_bars, label_log_axis, plt, save_axes, series_style, spread
+from lmzoo.schema import one_of
 
 CLAIM = ("Softmax attention solves multi-query associative recall at any width, while recurrent variants need "
          "a larger state as the number of key-value pairs grows.")
@@ -62,11 +71,38 @@ class Settings:
     solved: float = 0.9
     min_effect: float = 0.05  # the smallest accuracy difference the fixed-state checks count
     overrides: List[str] = field(default_factory=list)  # more training settings
+    scale: str = "cpu"  # cpu | zoology: the grid SCALES names, in place of the settings left at their defaults
 
 
 QUICK = {"seeds": [0], "variants": ["softmax", "gla"], "widths": [32], "pairs": [2, 4], "lrs": [3e-3], "steps": 8, "seq_len": 32,
          "eval_tokens": 2048, "overrides": ["train.batch_size=8", "train.eval_every=8", "train.eval_tokens=512",
                                                                    "train.probe_batch=0"]}
+
+
+ZOOLOGY_STEPS = 6000  # x 64 examples = 384k examples per run (zoology: 100k examples x 64 epochs)
+SCALES = {
+    "cpu": {},
+    "zoology": {
+        "variants": ["softmax", "gla", "mamba"],  # the control, a gated linear and a selective state (more: a call more)
+        "widths": [64, 128],
+        "pairs": [4, 16],
+        "lrs": [3e-3, 1e-2],
+        "steps": ZOOLOGY_STEPS,
+        "eval_tokens": 32768,  # 512 examples of 64 tokens
+        "overrides": ["train.batch_size=64", "train.steps_per_call=8", f"train.eval_every={ZOOLOGY_STEPS}",
+                      "train.eval_tokens=4096", f"train.log_every={ZOOLOGY_STEPS // 10}", "train.probe_batch=0",
+                      f"train.checkpoint_every={ZOOLOGY_STEPS}"],
+    },
+}
+
+
+def at_scale(settings: Settings) -> Settings:
+    """``settings`` with its scale's values in place of the settings left at their defaults."""
+    one_of("scale", settings.scale, tuple(SCALES))
+    defaults = Settings()
+    chosen = {key: value for key, value in SCALES[settings.scale].items()
+              if getattr(settings, key) == getattr(defaults, key)}
+    return dataclasses.replace(settings, **chosen)
 
 
 def accuracy_runs(results: list[dict], length: int) -> list[tuple]:
@@ -104,6 +140,7 @@ def best_over_lrs(variant: str, width: int, pairs: int, settings: Settings, runs
 
 
 def run(settings: Settings, out_dir: Path) -> Outcome:
+    settings = at_scale(settings)
     grid, runs = {}, []  # grid[variant][pairs][width] = best
     for variant in settings.variants:
         grid[variant] = {p: {w: best_over_lrs(variant, w, p, settings, out_dir / "runs", runs) for w in settings.widths}
@@ -129,6 +166,7 @@ def apart(first: Measured, second: Measured) -> Measured:
 
 
 def judge(evidence: dict, settings: Settings) -> list[Check]:
+    settings = at_scale(settings)
     grid = evidence["grid"]
     fewest, most = str(min(settings.pairs)), str(max(settings.pairs))
     narrow, wide = str(min(settings.widths)), str(max(settings.widths))

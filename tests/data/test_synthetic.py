@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -130,3 +134,45 @@ def test_task_fingerprint_names_the_task_settings_and_seed():
     data = task_data("mqar", seed=3, seq_len=32, num_pairs=4)
     assert data.fingerprint == {"source": "mqar", "seq_len": 32, "task_vocab": 64, "num_pairs": 4, "num_queries": None,
                                 "seed": 3, "vocab_size": 67}
+
+
+# Digests of examples as the tasks drew them when the experiments' verdicts were computed
+# (tests/data/synthetic_pins.json): a change in how any example is drawn fails here.
+PINNED_SETTINGS = [
+    ("mqar", {}),
+    ("mqar", {"seq_len": 64, "num_pairs": 8}),
+    ("mqar", {"seq_len": 32, "task_vocab": 16, "num_pairs": 4}),
+    ("mqar", {"seq_len": 64, "num_pairs": 4, "num_queries": 12}),
+    ("mqar", {"seq_len": 40, "num_pairs": 6, "num_queries": 3}),
+    ("induction", {"seq_len": 31, "task_vocab": 50}),
+    ("induction", {"seq_len": 64}),
+    ("selective_copy", {"seq_len": 40, "task_vocab": 10, "num_marked": 5}),
+    ("selective_copy", {"seq_len": 64}),
+    ("parity", {"seq_len": 64}),
+    ("permutation", {"seq_len": 64}),
+    ("permutation", {"seq_len": 48, "degree": 5, "task_vocab": 120}),
+]
+PINNED_INDICES = [0, 1, 2, 77, 12345, 2**33 + 5]  # the last seeds its generator with a two-word index
+
+
+def batch_digest(batch):
+    h = hashlib.sha256()
+    for key in ("inputs", "targets", "weights"):
+        h.update(np.ascontiguousarray(batch[key]).tobytes())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("source, settings", PINNED_SETTINGS)
+def test_examples_are_drawn_as_when_the_verdicts_were_computed(source, settings):
+    pins = json.loads((Path(__file__).parent / "synthetic_pins.json").read_text())
+    for seed in (0, 7):
+        data = task_data(source, seed=seed, **settings)
+        pinned = pins[f"{source} {json.dumps(settings, sort_keys=True)} seed={seed}"]
+        iterator = data.train_iterator(8)
+        assert [batch_digest(next(iterator)) for _ in range(2)] == pinned["train"]
+        length = data.cfg.seq_len
+        windows = data.validation_windows([length], 20 * length)[length]
+        assert batch_digest(windows(np.arange(20))) == pinned["validation"]
+        examples = data._examples(1, length)
+        rows = [examples(i) for i in PINNED_INDICES]
+        assert batch_digest({k: np.stack([r[k] for r in rows]) for k in rows[0]}) == pinned["examples"]

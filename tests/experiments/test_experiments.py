@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import REPO
 from lmzoo.experiments import MODULES, run_experiment
@@ -267,6 +268,38 @@ def test_scored_vectors_give_each_layers_weights(variant, overrides, weights):
     logits = jnp.where(mask, scale * jnp.einsum("bthd,bshd->bhts", q, k), -jnp.inf if variant == "softmax" else 0.0)
     expected = jnp.where(mask, weights(logits, jnp.arange(1, 13)[:, None]), 0.0)
     np.testing.assert_allclose(expected, mixer.attention_matrix(x)[:, : q.shape[2]], rtol=1e-5, atol=1e-6)
+
+
+def test_mqar_state_size_zoology_scale_sets_the_grid_the_command_line_does_not():
+    from lmzoo.config import ConfigError
+    from lmzoo.experiments import mqar_state_size as mqar
+    from lmzoo.experiments import settings_for
+
+    zoology = mqar.at_scale(settings_for(mqar, ["scale=zoology", "steps=24", "widths=[16,32]"], quick=False))
+    assert zoology.steps == 24 and zoology.widths == [16, 32]  # given on the command line: kept
+    preset = mqar.SCALES["zoology"]
+    assert (zoology.variants, zoology.pairs, zoology.lrs) == (preset["variants"], preset["pairs"], preset["lrs"])
+    assert "train.batch_size=64" in zoology.overrides and zoology.seeds == [0, 1, 2]
+    assert mqar.at_scale(settings_for(mqar, [], quick=False)) == mqar.Settings()  # the CPU grid is the defaults
+    with pytest.raises(ConfigError, match=r"^scale='gpu' is not valid \(choose from: cpu, zoology\)$"):
+        mqar.at_scale(settings_for(mqar, ["scale=gpu"], quick=False))
+
+
+@pytest.mark.slow
+def test_mqar_state_size_zoology_scale_dry_run(tmp_path):
+    """The zoology grid's path at tiny sizes: every cell's rates and seeds trained as one group, the rate chosen
+    on validation, the verdict judged on the scale's settings."""
+    overrides = ["scale=zoology", "variants=[softmax,gla]", "widths=[16]", "pairs=[2,4]", "lrs=[3e-3,1e-2]",
+                 "seeds=[0,1]", "steps=16", "seq_len=16", "eval_tokens=256"]
+    record = run_experiment("mqar_state_size", tmp_path, overrides=overrides, seed_groups="true")
+    grid = record["evidence"]["grid"]
+    assert set(grid) == {"softmax", "gla"} and set(grid["gla"]) == {"2", "4"}
+    assert set(grid["softmax"]["4"]["16"]["validation_accuracy"]) == {"0.003", "0.01"}
+    assert record["settings"]["scale"] == "zoology" and record["verdict"] == "inconclusive"  # 16 steps: no control
+    assert len(record["runs"]) == 2 * 2 * 2 * 2
+    run = tmp_path / "mqar_state_size" / record["runs"][0]
+    trained = OmegaConf.load(run / "config.yaml").train
+    assert (trained.batch_size, trained.steps_per_call) == (64, 8)  # the scale's training settings
 
 
 @pytest.mark.slow
