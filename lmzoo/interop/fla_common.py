@@ -89,14 +89,14 @@ def refuse_checkpoint(found: list[str], why: str) -> None:
         raise ConfigError(f"this checkpoint has no lmzoo equivalent: {', '.join(found)} ({why})")
 
 
-def model_settings(hf: dict, *, mlp: bool = True) -> dict:
-    """lmzoo's ``model`` settings for an fla ``config.json``'s blocks."""
+def model_settings(hf: dict, *, mlp: bool = True, hidden_ratio: int = 4) -> dict:
+    """lmzoo's ``model`` settings for an fla ``config.json``'s blocks (``hidden_ratio``: the class's default)."""
     d = hf["hidden_size"]
     settings = {"d_model": d, "n_layers": hf["num_hidden_layers"], "n_heads": hf["num_heads"],
                 "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
                 "norm_eps": hf.get("norm_eps", FLA_NORM_EPS), "init_std": hf.get("initializer_range", 0.02)}
     if mlp:  # fla's GatedMLP: intermediate_size, else hidden_ratio * 2/3 * d rounded up to 256
-        settings["d_ff"] = hf.get("intermediate_size") or 256 * -(-int(d * (hf.get("hidden_ratio") or 4) * 2 / 3) // 256)
+        settings["d_ff"] = hf.get("intermediate_size") or 256 * -(-int(d * (hf.get("hidden_ratio") or hidden_ratio) * 2 / 3) // 256)
     else:
         settings["mlp"] = False
     return settings

@@ -9,6 +9,7 @@ triton is not installed.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from test_export import TEXTS, lmzoo_log_probs, train_tiny
 from lmzoo import export
 from lmzoo.config import ConfigError
 from lmzoo.data.tokenizers import ByteTokenizer
-from lmzoo.interop import fla, fla_deltanet, fla_gated_deltanet, fla_gla
+from lmzoo.interop import fla, fla_deltanet, fla_gated_deltanet, fla_gla, fla_mamba2, fla_retnet
 from lmzoo.interop.hf import export_hf, parameters
 from lmzoo.model import LM
 from lmzoo.run.load import Trained, open_trained
@@ -310,6 +311,97 @@ def test_a_random_fla_delta_model_opens_in_lmzoo_with_the_same_log_probs(tmp_pat
     write_tokenizer(ByteTokenizer(), folder, max_length=64)
     trained = open_hf(folder)
     assert trained.cfg.attn.mixer == variant and trained.cfg.model.d_ff == 256
+    name, results = fla_log_probs(folder, TEXTS, tmp_path)
+    assert name == architecture
+    worst = max(float(np.abs(log_probs - lmzoo_log_probs(trained, ids)).max()) for ids, log_probs in results)
+    print(f"{architecture}: largest log-prob difference {worst:.2g}")
+    assert worst < 1e-4
+
+
+# ----------------------------------------------------------------------------- RetNet and Mamba-2
+
+NO_MLP = ("model.mlp=false",)  # fla's Mamba-2 blocks have none
+OTHERS = [("retnet", fla_retnet, "RetNetForCausalLM", "RetNetConfig", ()),
+          ("mamba2", fla_mamba2, "Mamba2ForCausalLM", "Mamba2Config", NO_MLP)]
+
+
+@pytest.mark.parametrize("variant, module, overrides, named", [
+    ("retnet", fla_retnet, ("pos=none",), ("pos.kind=none", "model.norm_eps=1e-06")),
+    ("retnet", fla_retnet, (*EXACT, "pos.base=500000"), ("pos.base=500000.0",)),
+    ("mamba2", fla_mamba2, (), ("model.mlp=true", "model.norm_eps=1e-06")),
+    ("mamba", fla_mamba2, (*EXACT, *NO_MLP), ("attn.mixer=mamba",)),
+])
+def test_settings_fla_retnet_and_mamba2_lack_are_refused_in_one_line_naming_each(variant, module, overrides, named):
+    with pytest.raises(ConfigError) as error:
+        module.check_exportable(tiny_config(variant, *overrides))
+    message = str(error.value)
+    assert "\n" not in message and all(name in message for name in named), message
+
+
+@pytest.mark.parametrize("variant, module, architecture, config_class, overrides", OTHERS)
+def test_retnet_and_mamba2_runs_that_fla_expresses_map_exactly(variant, module, architecture, config_class, overrides):
+    assert fla.for_run(tiny_config(variant)) is module
+    assert module.refusals(tiny_config(variant, *EXACT, *overrides)) == []
+
+
+def test_fla_retnet_and_mamba2_configs_lmzoo_lacks_are_refused_in_one_line_naming_each():
+    hf = {"hidden_size": 32, "num_hidden_layers": 2, "num_heads": 4, "norm_eps": 1e-5}
+    with pytest.raises(ConfigError) as error:  # RetNetConfig's default: values twice the keys' width
+        fla_retnet.lmzoo_settings({**hf, "use_short_conv": True})
+    assert all(name in str(error.value) for name in ("expand_v=2.0", "use_short_conv=true")), str(error.value)
+    retnet = fla_retnet.lmzoo_settings({**hf, "expand_v": 1})
+    assert retnet["pos"] == {"kind": "rope", "base": 10000.0} and retnet["model"]["d_ff"] == 256  # hidden_ratio 2
+    with pytest.raises(ConfigError) as error:
+        fla_mamba2.lmzoo_settings({**hf, "norm_before_gate": True, "dt_limit": [0.0, 10.0], "norm_eps": 1e-6})
+    assert all(name in str(error.value) for name in ("norm_before_gate=true", "dt_limit=", "norm_eps=1e-06")), str(error.value)
+    mamba2 = fla_mamba2.lmzoo_settings({**hf, "head_dim": 16, "state_size": 8, "expand": 2, "dt_limit": [0.0, math.inf]})
+    assert mamba2["attn"] == {"name": "mamba2", "mixer": "mamba2", "d_state": 8, "expand": 2, "head_dim": 16,
+                              "n_groups": 1, "d_conv": 4}
+    assert mamba2["model"]["mlp"] is False and mamba2["model"]["n_heads"] == 4
+
+
+@pytest.mark.slow  # importing fla (and transformers) takes 20-50 s on a busy CPU
+@pytest.mark.parametrize("variant, module, architecture, config_class, overrides", OTHERS)
+def test_the_retnet_and_mamba2_weight_tables_fill_every_fla_tensor(variant, module, architecture, config_class, overrides):
+    from flax import nnx
+
+    cfg = tiny_config(variant, *EXACT, *overrides, "model.tie_embeddings=false")
+    params = parameters(LM(cfg, 259, rngs=nnx.Rngs(0)))
+    weights = module.to_hf(params, cfg.model.n_layers, False)
+    back = module.from_hf(weights, cfg.model.n_layers, False)
+    assert back.keys() == params.keys() and all(np.array_equal(back[p], v) for p, v in params.items())
+    torch, fla_models = pytest.importorskip("torch"), pytest.importorskip("fla.models")  # no forward: no kernel runs
+    settings = json.loads(json.dumps(module.hf_config(cfg, 259, bos_id=256, eos_id=257, pad_id=258)))  # as on disk
+    config = getattr(fla_models, config_class)(**{k: v for k, v in settings.items()
+                                                  if k not in ("architectures", "model_type", "torch_dtype")})
+    model = getattr(fla_models, architecture)(config)
+    assert {name: a.shape for name, a in weights.items()} == {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    model.load_state_dict({name: torch.tensor(a) for name, a in weights.items()}, strict=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant, module, architecture, config_class, overrides", OTHERS)
+def test_an_exported_retnet_or_mamba2_run_loads_in_fla_with_the_same_log_probs(tmp_path, variant, module, architecture,
+                                                                              config_class, overrides):
+    worst = export_and_compare(tmp_path, TEXTS, (*overrides, "model.tie_embeddings=false"), 1e-4, variant, architecture)
+    print(f"{architecture}: largest log-prob difference {worst:.2g}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant, module, architecture, config_class, settings", [
+    ("retnet", fla_retnet, "RetNetForCausalLM", "RetNetConfig", {"expand_v": 1}),
+    ("mamba2", fla_mamba2, "Mamba2ForCausalLM", "Mamba2Config", {"head_dim": 16, "state_size": 8, "n_groups": 2}),
+])
+def test_a_random_fla_retnet_or_mamba2_opens_in_lmzoo_with_the_same_log_probs(tmp_path, variant, module, architecture,
+                                                                             config_class, settings):
+    fla_models = pytest.importorskip("fla.models")  # no forward in this process
+    from lmzoo.interop.hf import open_hf, write_tokenizer
+
+    folder = tmp_path / "fla"
+    random_fla_model(fla_models, architecture, config_class, **settings).save_pretrained(folder)
+    write_tokenizer(ByteTokenizer(), folder, max_length=64)
+    trained = open_hf(folder)
+    assert trained.cfg.attn.mixer == variant
     name, results = fla_log_probs(folder, TEXTS, tmp_path)
     assert name == architecture
     worst = max(float(np.abs(log_probs - lmzoo_log_probs(trained, ids)).max()) for ids, log_probs in results)
