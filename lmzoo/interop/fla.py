@@ -9,9 +9,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from lmzoo.config import Config, ConfigError
-from lmzoo.interop import fla_deltanet, fla_gated_deltanet, fla_gla, fla_mamba2, fla_retnet
+from lmzoo.interop import fla_deltanet, fla_gated_deltanet, fla_gla, fla_kda, fla_mamba2, fla_retnet
 
-CLASSES = (fla_gla, fla_gated_deltanet, fla_deltanet, fla_retnet, fla_mamba2)  # one module per fla model class
+CLASSES = (fla_gla, fla_gated_deltanet, fla_deltanet, fla_retnet, fla_mamba2, fla_kda)  # one module per fla model class
 
 
 def for_run(cfg: Config) -> ModuleType:

@@ -134,11 +134,12 @@ def conv_kernel(weight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(weight[:, 0, :].T)
 
 
-def delta_tensors(hf: str, mixer: tuple) -> list[Tensor | Fused]:
-    """The delta-rule family's projections, short convs, beta and gated head norm (``lmzoo.mixers.family.delta``)
-    as fla's DeltaNet and Gated DeltaNet name them: lmzoo's fused ``[q | k | v]`` kernel and conv are fla's three."""
-    return [Fused(tuple(f"{hf}.{x}_proj.weight" for x in "qkv"), (*mixer, "qkv_proj", "kernel")),
-            Fused(tuple(f"{hf}.{x}_conv1d.weight" for x in "qkv"), (*mixer, "conv", "weight"), 1, conv_weight, conv_kernel),
-            linear(f"{hf}.b_proj", (*mixer, "beta_proj")), linear(f"{hf}.g_proj", (*mixer, "out_gate", "gate")),
-            Tensor(f"{hf}.o_norm.weight", (*mixer, "out_gate", "norm", "scale"), same, same),
-            linear(f"{hf}.o_proj", (*mixer, "o_proj"))]
+def delta_tensors(hf: str, mixer: tuple, *, gate: bool = True) -> list[Tensor | Fused]:
+    """The delta-rule family's projections, short convs, beta and head norm (``lmzoo.mixers.family.delta``) as fla's
+    DeltaNet, Gated DeltaNet and KDA name them (lmzoo's fused ``[q | k | v]`` kernel and conv are fla's three), and
+    (``gate``) the one-matrix output gate."""
+    table = [Fused(tuple(f"{hf}.{x}_proj.weight" for x in "qkv"), (*mixer, "qkv_proj", "kernel")),
+             Fused(tuple(f"{hf}.{x}_conv1d.weight" for x in "qkv"), (*mixer, "conv", "weight"), 1, conv_weight, conv_kernel),
+             linear(f"{hf}.b_proj", (*mixer, "beta_proj")), linear(f"{hf}.o_proj", (*mixer, "o_proj")),
+             Tensor(f"{hf}.o_norm.weight", (*mixer, "out_gate", "norm", "scale"), same, same)]
+    return [*table, linear(f"{hf}.g_proj", (*mixer, "out_gate", "gate"))] if gate else table

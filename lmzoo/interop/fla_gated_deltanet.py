@@ -56,6 +56,7 @@ def checkpoint_refusals(hf: dict) -> list[str]:
     """What a Gated DeltaNet ``config.json`` sets that lmzoo lacks (``swish`` and ``silu`` are one activation), a
     head size other than ``hidden_size / num_heads`` included."""
     hf = {**hf, "output_gate_activation": "swish"} if hf.get("output_gate_activation") == "silu" else hf
+    hf = {**hf, "num_v_heads": None} if hf.get("num_v_heads") == hf["num_heads"] else hf  # as many: the same model
     found = fla_common.checkpoint_refusals(hf, FLA_DEFAULTS, {"expand_v": 2.0})
     head_dim = hf.get("head_dim", 256)
     if head_dim * hf["num_heads"] != hf["hidden_size"]:

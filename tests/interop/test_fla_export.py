@@ -23,7 +23,7 @@ from test_export import TEXTS, lmzoo_log_probs, train_tiny
 from lmzoo import export
 from lmzoo.config import ConfigError
 from lmzoo.data.tokenizers import ByteTokenizer
-from lmzoo.interop import fla, fla_deltanet, fla_gated_deltanet, fla_gla, fla_mamba2, fla_retnet
+from lmzoo.interop import fla, fla_deltanet, fla_gated_deltanet, fla_gla, fla_kda, fla_mamba2, fla_retnet
 from lmzoo.interop.hf import export_hf, parameters
 from lmzoo.model import LM
 from lmzoo.run.load import Trained, open_trained
@@ -407,3 +407,40 @@ def test_a_random_fla_retnet_or_mamba2_opens_in_lmzoo_with_the_same_log_probs(tm
     worst = max(float(np.abs(log_probs - lmzoo_log_probs(trained, ids)).max()) for ids, log_probs in results)
     print(f"{architecture}: largest log-prob difference {worst:.2g}")
     assert worst < 1e-4
+
+
+# ----------------------------------------------------------------------------- KDA
+
+KDA = ("kda", fla_kda, "KDAForCausalLM", "KDAConfig")
+
+
+def test_settings_fla_kda_lacks_are_refused_in_one_line_naming_each():
+    assert fla.for_run(tiny_config("kda")) is fla_kda and fla.for_checkpoint({"model_type": "kda"}) is fla_kda
+    assert fla_kda.refusals(tiny_config("kda", *EXACT)) == []
+    assert fla_kda.refusals(tiny_config("kda", *EXACT, "attn.gate_rank=8", "attn.value_heads=4")) == []  # as fla's
+    with pytest.raises(ConfigError) as error:
+        fla_kda.check_exportable(tiny_config("kda", "attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8"))
+    message = str(error.value)
+    assert "\n" not in message and all(name in message for name in (
+        "attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8", "model.norm_eps=1e-06")), message
+    hf = {"hidden_size": 32, "num_hidden_layers": 2, "num_heads": 4, "intermediate_size": 96, "norm_eps": 1e-5}
+    with pytest.raises(ConfigError) as error:  # KDAConfig's default heads are 128 wide
+        fla_kda.lmzoo_settings({**hf, "num_v_heads": 8, "safe_gate": True})
+    assert all(name in str(error.value) for name in ("head_dim=128", "num_v_heads=8", "safe_gate=true")), str(error.value)
+    assert fla_kda.lmzoo_settings({**hf, "head_dim": 8, "num_v_heads": 4})["attn"]["mixer"] == "kda"
+
+
+@pytest.mark.slow  # importing fla (and transformers) takes 20-50 s on a busy CPU
+def test_the_kda_weight_table_round_trips_and_fills_every_fla_tensor():
+    test_the_delta_weight_tables_round_trip_and_fill_every_fla_tensor(*KDA)
+
+
+@pytest.mark.slow
+def test_an_exported_kda_run_loads_in_fla_with_the_same_log_probs(tmp_path):
+    worst = export_and_compare(tmp_path, TEXTS, ("model.tie_embeddings=false",), 1e-4, KDA[0], KDA[2])
+    print(f"{KDA[2]}: largest log-prob difference {worst:.2g}")
+
+
+@pytest.mark.slow
+def test_a_random_fla_kda_opens_in_lmzoo_with_the_same_log_probs(tmp_path):
+    test_a_random_fla_delta_model_opens_in_lmzoo_with_the_same_log_probs(tmp_path, *KDA, {"head_dim": 8})
