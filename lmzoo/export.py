@@ -2,9 +2,10 @@
 
 The folder (``lmzoo.interop.hf``) loads with ``transformers.AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained``: safetensors weights, a ``config.json`` and the tokenizer. ``format=hf``
-writes a Llama (the softmax family, ``lmzoo.interop.llama``); ``format=fla`` writes the flash-linear-attention
-model class of the run's mixer (``lmzoo.interop.fla``: GLA, Gated DeltaNet, DeltaNet; loading it needs ``import fla``). Any setting the
-target has no equivalent for is named in one line. ``--help`` lists the settings.
+writes a Llama (the softmax family, ``lmzoo.interop.llama``); ``format=fla`` writes the
+flash-linear-attention model class of the run's mixer (``lmzoo.interop.fla``: GLA, Gated DeltaNet, DeltaNet,
+KDA, RetNet, Mamba-2; loading it needs ``import fla``). Any setting the target has no equivalent for is
+named in one line. ``--help`` lists the settings.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ SETTINGS = [Option("run_dir", "<dir>", "the trained run to export (its newest in
             Option("out", "<folder>", "where the model folder goes (new or empty)"),
             Option("format", "hf", "hf: a Hugging Face LlamaForCausalLM folder (safetensors, config.json, tokenizer); "
                                    "fla: flash-linear-attention's model class of the run's mixer "
-                                   "(attn=gla, gated_deltanet, deltanet)"),
+                                   "(attn=gla, gated_deltanet, deltanet, kda, retnet, mamba2)"),
             Option("step", "null", "the checkpoint step to export; null: the newest intact one")]
 
 

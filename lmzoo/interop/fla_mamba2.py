@@ -31,6 +31,7 @@ GATED_NORM_EPS = 1e-5  # the epsilon of SSDMixer.gated_norm
 # fla Mamba2Config keys whose other values compute something lmzoo's Mamba-2 does not.
 FLA_DEFAULTS = {"use_bias": False, "use_conv_bias": True, "D_has_hdim": False, "hidden_act": "silu", "rmsnorm": True,
                 "norm_before_gate": False, "dt_limit": [0.0, math.inf]}
+FLOAT_TAG = "__float__"  # transformers writes an infinite float in config.json as {"__float__": "Infinity"}
 
 
 def refusals(cfg: Config) -> list[str]:
@@ -54,13 +55,19 @@ def hf_config(cfg: Config, vocab_size: int, *, bos_id: int, eos_id: int, pad_id:
     config = fla_common.block_config(cfg, ARCHITECTURE, MODEL_TYPE, vocab_size, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     config.pop("fuse_norm")  # Mamba-2's norms are fla's RMSNorm either way
     return {**config, "head_dim": head_dim, "num_heads": a.expand * d // head_dim, "state_size": a.d_state,
-            "expand": a.expand, "n_groups": a.n_groups, "conv_kernel": a.d_conv, **FLA_DEFAULTS, "residual_in_fp32": True}
+            "expand": a.expand, "n_groups": a.n_groups, "conv_kernel": a.d_conv, **FLA_DEFAULTS,
+            "dt_limit": [0.0, {FLOAT_TAG: "Infinity"}], "residual_in_fp32": True}
+
+
+def number(value) -> float:
+    """A float of a ``config.json``, transformers' tagged infinities included."""
+    return float(value[FLOAT_TAG]) if isinstance(value, dict) else float(value)
 
 
 def lmzoo_settings(hf: dict) -> dict:
     """The ``model`` and ``attn`` settings of an lmzoo model computing what the fla Mamba-2 of ``hf`` computes;
     ConfigError naming what lmzoo's Mamba-2 has no equivalent for."""
-    checked = {**hf, "dt_limit": list(hf.get("dt_limit", FLA_DEFAULTS["dt_limit"]))}  # JSON's list, fla's tuple
+    checked = {**hf, "dt_limit": [number(x) for x in hf.get("dt_limit", FLA_DEFAULTS["dt_limit"])]}
     found = fla_common.checkpoint_refusals(checked, FLA_DEFAULTS, {"hidden_act": "silu"}, head_norm=False)
     norm_eps = hf.get("norm_eps", GATED_NORM_EPS)
     if norm_eps != GATED_NORM_EPS:
