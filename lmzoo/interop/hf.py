@@ -168,7 +168,8 @@ def hf_settings(folder: Path, hf: dict, overrides: list[str]):
         raw[group] = group_option(group, option)
     singles = [o for o in overrides if not is_group_choice(o)]
     raw.data.tokenizer = str(tokenizer)
-    raw.data.seq_len = hf.get("max_position_embeddings") or raw.data.seq_len
+    if hf.get("max_position_embeddings"):  # some classes (fla's Mamba-2) have none: the corpus's default
+        raw.data.seq_len = hf["max_position_embeddings"]
     try:
         raw = OmegaConf.merge(raw, OmegaConf.from_dotlist(singles))
     except oc_errors.OmegaConfBaseException as e:
