@@ -5,7 +5,7 @@ maps. The mixer matches term by term (``lmzoo.mixers.family.ssm.SSDMixer``, fla'
 one input projection to ``(z, xBC, dt)`` in that order, a depthwise causal conv with bias over
 ``xBC`` (``conv_kernel``) then SiLU, ``dt = softplus(dt + dt_bias)`` (fla's ``dt_limit`` at its
 default, no clamp), ``A = -exp(A_log)`` per head, ``D`` per head (``D_has_hdim: false``), heads of
-``head_dim`` sharing B and C in ``n_groups`` groups, then ``out_proj(rmsnorm(y * silu(z)))`` normalised
+``head_dim`` sharing one B and C (``n_groups = 1``: see ``ONE_GROUP``), then ``out_proj(rmsnorm(y * silu(z)))`` normalised
 per group (``norm_before_gate: false``). fla takes one ``norm_eps`` for the blocks' norms and that
 gated norm, whose epsilon in lmzoo is fixed (``GATED_NORM_EPS``): a run maps where ``model.norm_eps``
 equals it, as fla's own default does.
@@ -31,19 +31,23 @@ GATED_NORM_EPS = 1e-5  # the epsilon of SSDMixer.gated_norm
 # fla Mamba2Config keys whose other values compute something lmzoo's Mamba-2 does not.
 FLA_DEFAULTS = {"use_bias": False, "use_conv_bias": True, "D_has_hdim": False, "hidden_act": "silu", "rmsnorm": True,
                 "norm_before_gate": False, "dt_limit": [0.0, math.inf]}
+# Heads share B and C in groups: lmzoo, fla's decode step and mamba-ssm's kernels give head h group h // (H / G),
+# but fla 0.6.0's torch prefill (its path without mamba-ssm) tiles them (h % G): only one group means one model.
+ONE_GROUP = {"n_groups": 1}
 FLOAT_TAG = "__float__"  # transformers writes an infinite float in config.json as {"__float__": "Infinity"}
 
 
 def refusals(cfg: Config) -> list[str]:
     """The settings of ``cfg`` that no fla Mamba2Config can express, as ``key=value``."""
-    found = fla_common.refusals(cfg, Mamba2Config, mlp=False, head_norm=False)
+    found = fla_common.refusals(cfg, Mamba2Config, ONE_GROUP, mlp=False, head_norm=False)
     if cfg.model.norm_eps != GATED_NORM_EPS:
         found.append(f"model.norm_eps={shown(cfg.model.norm_eps)}")
     return found
 
 
 def check_exportable(cfg: Config) -> None:
-    fla_common.refuse_run(refusals(cfg), ARCHITECTURE, f"attn=mamba2 with model.mlp=false (its blocks have no MLP) and "
+    fla_common.refuse_run(refusals(cfg), ARCHITECTURE, f"attn=mamba2 with model.mlp=false (its blocks have no MLP), "
+                          f"attn.n_groups=1 (fla's two forward paths group heads differently) and "
                           f"model.norm_eps={GATED_NORM_EPS:g}, the epsilon of lmzoo's gated norm")
 
 
@@ -68,7 +72,7 @@ def lmzoo_settings(hf: dict) -> dict:
     """The ``model`` and ``attn`` settings of an lmzoo model computing what the fla Mamba-2 of ``hf`` computes;
     ConfigError naming what lmzoo's Mamba-2 has no equivalent for."""
     checked = {**hf, "dt_limit": [number(x) for x in hf.get("dt_limit", FLA_DEFAULTS["dt_limit"])]}
-    found = fla_common.checkpoint_refusals(checked, FLA_DEFAULTS, {"hidden_act": "silu"}, head_norm=False)
+    found = fla_common.checkpoint_refusals(checked, {**FLA_DEFAULTS, **ONE_GROUP}, {"hidden_act": "silu"}, head_norm=False)
     norm_eps = hf.get("norm_eps", GATED_NORM_EPS)
     if norm_eps != GATED_NORM_EPS:
         found.append(f"norm_eps={norm_eps:g}")
@@ -79,7 +83,7 @@ def lmzoo_settings(hf: dict) -> dict:
     model = fla_common.model_settings({**hf, "num_heads": math.gcd(heads, d), "norm_eps": norm_eps}, mlp=False)
     return {"model": model,
             "attn": {"name": MODEL_TYPE, "mixer": "mamba2", "d_state": hf.get("state_size", 128), "expand": expand,
-                     "head_dim": head_dim, "n_groups": hf.get("n_groups", 1), "d_conv": hf.get("conv_kernel", 4)},
+                     "head_dim": head_dim, "d_conv": hf.get("conv_kernel", 4)},
             "pos": {"kind": "none"}}
 
 

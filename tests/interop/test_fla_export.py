@@ -327,7 +327,7 @@ OTHERS = [("retnet", fla_retnet, "RetNetForCausalLM", "RetNetConfig", ()),
 @pytest.mark.parametrize("variant, module, overrides, named", [
     ("retnet", fla_retnet, ("pos=none",), ("pos.kind=none", "model.norm_eps=1e-06")),
     ("retnet", fla_retnet, (*EXACT, "pos.base=500000"), ("pos.base=500000.0",)),
-    ("mamba2", fla_mamba2, (), ("model.mlp=true", "model.norm_eps=1e-06")),
+    ("mamba2", fla_mamba2, ("attn.n_groups=2",), ("model.mlp=true", "model.norm_eps=1e-06", "attn.n_groups=2")),
     ("mamba", fla_mamba2, (*EXACT, *NO_MLP), ("attn.mixer=mamba",)),
 ])
 def test_settings_fla_retnet_and_mamba2_lack_are_refused_in_one_line_naming_each(variant, module, overrides, named):
@@ -351,12 +351,12 @@ def test_fla_retnet_and_mamba2_configs_lmzoo_lacks_are_refused_in_one_line_namin
     retnet = fla_retnet.lmzoo_settings({**hf, "expand_v": 1})
     assert retnet["pos"] == {"kind": "rope", "base": 10000.0} and retnet["model"]["d_ff"] == 256  # hidden_ratio 2
     with pytest.raises(ConfigError) as error:
-        fla_mamba2.lmzoo_settings({**hf, "norm_before_gate": True, "dt_limit": [0.0, 10.0], "norm_eps": 1e-6})
-    assert all(name in str(error.value) for name in ("norm_before_gate=true", "dt_limit=", "norm_eps=1e-06")), str(error.value)
+        fla_mamba2.lmzoo_settings({**hf, "norm_before_gate": True, "dt_limit": [0.0, 10.0], "norm_eps": 1e-6, "n_groups": 2})
+    assert all(name in str(error.value) for name in ("norm_before_gate=true", "dt_limit=", "norm_eps=1e-06",
+                                                      "n_groups=2")), str(error.value)
     mamba2 = fla_mamba2.lmzoo_settings({**hf, "head_dim": 16, "state_size": 8, "expand": 2,
                                         "dt_limit": [0.0, {"__float__": "Infinity"}]})  # as transformers writes inf
-    assert mamba2["attn"] == {"name": "mamba2", "mixer": "mamba2", "d_state": 8, "expand": 2, "head_dim": 16,
-                              "n_groups": 1, "d_conv": 4}
+    assert mamba2["attn"] == {"name": "mamba2", "mixer": "mamba2", "d_state": 8, "expand": 2, "head_dim": 16, "d_conv": 4}
     assert mamba2["model"]["mlp"] is False and mamba2["model"]["n_heads"] == 4
 
 
@@ -389,7 +389,7 @@ def test_an_exported_retnet_or_mamba2_run_loads_in_fla_with_the_same_log_probs(t
 @pytest.mark.slow
 @pytest.mark.parametrize("variant, module, architecture, config_class, settings", [
     ("retnet", fla_retnet, "RetNetForCausalLM", "RetNetConfig", {"expand_v": 1}),
-    ("mamba2", fla_mamba2, "Mamba2ForCausalLM", "Mamba2Config", {"head_dim": 16, "state_size": 8, "n_groups": 2}),
+    ("mamba2", fla_mamba2, "Mamba2ForCausalLM", "Mamba2Config", {"head_dim": 8, "state_size": 8, "conv_kernel": 3}),
 ])
 def test_a_random_fla_retnet_or_mamba2_opens_in_lmzoo_with_the_same_log_probs(tmp_path, variant, module, architecture,
                                                                              config_class, settings):
