@@ -134,6 +134,9 @@ def conv_kernel(weight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(weight[:, 0, :].T)
 
 
+FLA_QK_NORM_EPS = 1e-6  # fla's delta-rule kernels scale q and k by 1 / sqrt(|x|^2 + 1e-6): lmzoo's attn.qk_norm_eps
+
+
 def delta_tensors(hf: str, mixer: tuple, *, gate: bool = True) -> list[Tensor | Fused]:
     """The delta-rule family's projections, short convs, beta and head norm (``lmzoo.mixers.family.delta``) as fla's
     DeltaNet, Gated DeltaNet and KDA name them (lmzoo's fused ``[q | k | v]`` kernel and conv are fla's three), and

@@ -1,7 +1,7 @@
 """lmzoo's DeltaNet decoder as flash-linear-attention's ``DeltaNetForCausalLM``: settings and weights, both ways.
 
 lmzoo's DeltaNet is its Gated DeltaNet without the decay (``lmzoo.interop.fla_gated_deltanet`` gives the
-term-by-term match and the one difference, the q/k L2 norm's epsilon), and fla's ``DeltaNet`` layer is
+term-by-term match, ``attn.qk_norm_eps=1e-6`` included), and fla's ``DeltaNet`` layer is
 its Gated DeltaNet likewise, at ``expand_k = expand_v = 1``, SiLU before the L2 norm of q and k
 (``qk_activation: silu``, ``qk_norm: l2``), ``use_beta`` and the output gate on (``use_gate: true``,
 off in fla's own default, which lmzoo has no equivalent for).
@@ -13,7 +13,7 @@ import numpy as np
 
 from lmzoo.config import Config
 from lmzoo.interop import fla_common, llama
-from lmzoo.interop.fla_common import HEAD_NORM_EPS, delta_tensors
+from lmzoo.interop.fla_common import FLA_QK_NORM_EPS, HEAD_NORM_EPS, delta_tensors
 from lmzoo.interop.llama import Fused, Tensor
 from lmzoo.mixers.deltanet import DeltaNetConfig
 
@@ -27,11 +27,11 @@ FLA_DEFAULTS = {"expand_k": 1.0, "expand_v": 1.0, "use_gate": True, "use_short_c
 
 def refusals(cfg: Config) -> list[str]:
     """The settings of ``cfg`` that no fla DeltaNetConfig can express, as ``key=value``."""
-    return fla_common.refusals(cfg, DeltaNetConfig)
+    return fla_common.refusals(cfg, DeltaNetConfig, {"qk_norm_eps": FLA_QK_NORM_EPS})
 
 
 def check_exportable(cfg: Config) -> None:
-    fla_common.refuse_run(refusals(cfg), ARCHITECTURE, f"attn=deltanet with a SwiGLU MLP and "
+    fla_common.refuse_run(refusals(cfg), ARCHITECTURE, f"attn=deltanet with attn.qk_norm_eps=1e-6 (its q/k norm), a SwiGLU MLP and "
                           f"model.norm_eps={HEAD_NORM_EPS:g}, the epsilon lmzoo's head norm uses")
 
 
@@ -50,7 +50,8 @@ def lmzoo_settings(hf: dict) -> dict:
     fla_common.refuse_checkpoint(found, f"lmzoo's DeltaNet has an output gate, SiLU and L2-normalised q and k, and a "
                                         f"head norm with eps {HEAD_NORM_EPS:g}, fla uses norm_eps for it")
     return {"model": fla_common.model_settings(hf),
-            "attn": {"name": "deltanet", "mixer": "deltanet", "conv_size": hf.get("conv_size", 4)},
+            "attn": {"name": "deltanet", "mixer": "deltanet", "conv_size": hf.get("conv_size", 4),
+                     "qk_norm_eps": FLA_QK_NORM_EPS},
             "pos": {"kind": "none"}}
 
 

@@ -6,10 +6,9 @@ and v ``d_model`` wide in ``model.n_heads`` heads (fla's ``head_dim = d_model / 
 fla's three ``*_proj`` and ``*_conv1d``; unit q and k; ``beta = sigmoid(x W_b)``; the decay
 ``log g = -exp(A_log) * softplus(x W_a + dt_bias)`` per head (``attn.gate=head``); ``o_t = S_t^T q_t /
 sqrt(Dk)``; ``W_o (swish(x W_g) * headnorm(o))`` (fla's ``o_norm``, ``FusedRMSNormGated`` with eps
-``norm_eps``: the head-norm condition of ``lmzoo.interop.fla_common``). One term differs: fla scales
-q and k by ``1 / sqrt(|x|^2 + 1e-6)`` where lmzoo takes ``1 / sqrt(max(|x|^2, 1e-12))``, a relative
-change of ``5e-7 / |x|^2`` that is below float32's resolution once ``|x|^2`` passes about 4 and that the
-tests bound in log-probabilities (docs/interop.md gives the measured size).
+``norm_eps``: the head-norm condition of ``lmzoo.interop.fla_common``), and unit q and k as fla's kernels
+make them, ``x / sqrt(|x|^2 + 1e-6)``: lmzoo's ``attn.qk_norm_eps=1e-6`` (by default lmzoo floors
+``|x|^2`` at 1e-12 instead, which a tiny run's small q and k show by up to 1.8e-4 nats; docs/interop.md).
 """
 
 from __future__ import annotations
@@ -18,14 +17,14 @@ import numpy as np
 
 from lmzoo.config import Config
 from lmzoo.interop import fla_common, llama
-from lmzoo.interop.fla_common import HEAD_NORM_EPS, delta_tensors, linear
+from lmzoo.interop.fla_common import FLA_QK_NORM_EPS, HEAD_NORM_EPS, delta_tensors, linear
 from lmzoo.interop.llama import Fused, Tensor, same
 from lmzoo.mixers.gated_deltanet import GatedDeltaNetConfig
 
 MODEL_TYPE = "gated_deltanet"
 ARCHITECTURE = "GatedDeltaNetForCausalLM"
 MIXER = GatedDeltaNetConfig
-FIXED_BY_FLA = {"gate": "head"}  # fla's Gated DeltaNet decays per head (per key channel is its KDA)
+FIXED_BY_FLA = {"gate": "head", "qk_norm_eps": FLA_QK_NORM_EPS}  # one decay per head; fla's q/k norm
 # fla GatedDeltaNetConfig keys whose other values compute something lmzoo's Gated DeltaNet does not (fla's
 # default expand_v is 2).
 FLA_DEFAULTS = {"expand_v": 1.0, "num_v_heads": None, "use_gate": True, "use_short_conv": True,
@@ -38,7 +37,7 @@ def refusals(cfg: Config) -> list[str]:
 
 
 def check_exportable(cfg: Config) -> None:
-    fla_common.refuse_run(refusals(cfg), ARCHITECTURE, f"attn=gated_deltanet with attn.gate=head, a SwiGLU MLP and "
+    fla_common.refuse_run(refusals(cfg), ARCHITECTURE, f"attn=gated_deltanet with attn.gate=head, attn.qk_norm_eps=1e-6 (its q/k norm), a SwiGLU MLP and "
                           f"model.norm_eps={HEAD_NORM_EPS:g}, the epsilon lmzoo's head norm uses")
 
 
@@ -71,7 +70,8 @@ def lmzoo_settings(hf: dict) -> dict:
                                  f"lmzoo's Gated DeltaNet has one value head per key head of hidden_size / num_heads "
                                  f"channels and a head norm with eps {HEAD_NORM_EPS:g}, fla uses norm_eps for it")
     return {"model": fla_common.model_settings(hf),
-            "attn": {"name": MODEL_TYPE, "mixer": "gated_deltanet", "gate": "head", "conv_size": hf.get("conv_size", 4)},
+            "attn": {"name": MODEL_TYPE, "mixer": "gated_deltanet", "gate": "head", "conv_size": hf.get("conv_size", 4),
+                     "qk_norm_eps": FLA_QK_NORM_EPS},
             "pos": {"kind": "none"}}
 
 

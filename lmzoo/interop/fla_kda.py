@@ -1,7 +1,7 @@
 """lmzoo's Kimi Delta Attention decoder as flash-linear-attention's ``KDAForCausalLM``: settings and weights, both ways.
 
 lmzoo's KDA (``lmzoo.mixers.kda``) is its Gated DeltaNet (``lmzoo.interop.fla_gated_deltanet`` gives the
-shared terms and the one difference, the q/k L2 norm's epsilon) with a decay per key channel,
+shared terms, ``attn.qk_norm_eps=1e-6`` included) with a decay per key channel,
 ``-exp(A_log) * softplus(x W_1 W_2 + dt_bias)`` (fla's ``f_proj``, two linears, ``dt_bias`` per
 channel, ``A_log`` per head), and the output ``W_o (sigmoid(x W_up W_down + b) * headnorm(o))``
 (fla's ``g_proj``, bias on the second linear, and ``o_norm`` with a sigmoid). fla builds both low
@@ -16,7 +16,7 @@ import numpy as np
 from lmzoo.cli import shown
 from lmzoo.config import Config
 from lmzoo.interop import fla_common, llama
-from lmzoo.interop.fla_common import HEAD_NORM_EPS, delta_tensors, linear
+from lmzoo.interop.fla_common import FLA_QK_NORM_EPS, HEAD_NORM_EPS, delta_tensors, linear
 from lmzoo.interop.llama import Fused, Tensor, same
 from lmzoo.mixers.kda import KDAConfig
 
@@ -31,7 +31,7 @@ FLA_DEFAULTS = {"expand_v": 1.0, "num_v_heads": None, "use_short_conv": True, "a
 
 def refusals(cfg: Config) -> list[str]:
     """The settings of ``cfg`` that no fla KDAConfig can express, as ``key=value``."""
-    found = fla_common.refusals(cfg, KDAConfig)
+    found = fla_common.refusals(cfg, KDAConfig, {"qk_norm_eps": FLA_QK_NORM_EPS})
     head_dim = cfg.model.d_model // cfg.model.n_heads
     n = cfg.model.n_layers
     for spec in (cfg.attn.for_layer(layer, n) for layer in range(n)):
@@ -43,8 +43,8 @@ def refusals(cfg: Config) -> list[str]:
 
 
 def check_exportable(cfg: Config) -> None:
-    fla_common.refuse_run(refusals(cfg), ARCHITECTURE, f"attn=kda with attn.gate_rank and attn.out_gate_rank at the head "
-                          f"dimension, no grouped value heads, a SwiGLU MLP and model.norm_eps={HEAD_NORM_EPS:g}, the "
+    fla_common.refuse_run(refusals(cfg), ARCHITECTURE, f"attn=kda with attn.qk_norm_eps=1e-6 (its q/k norm), attn.gate_rank "
+                          f"and attn.out_gate_rank at the head dimension, no grouped value heads, a SwiGLU MLP and model.norm_eps={HEAD_NORM_EPS:g}, the "
                           f"epsilon lmzoo's head norm uses")
 
 
@@ -69,7 +69,7 @@ def lmzoo_settings(hf: dict) -> dict:
     fla_common.refuse_checkpoint(found, f"lmzoo's KDA has one value head per key head of hidden_size / num_heads "
                                         f"channels and a head norm with eps {HEAD_NORM_EPS:g}, fla uses norm_eps for it")
     return {"model": fla_common.model_settings(hf),
-            "attn": {"name": MODEL_TYPE, "mixer": "kda", "conv_size": hf.get("conv_size", 4)},
+            "attn": {"name": MODEL_TYPE, "mixer": "kda", "conv_size": hf.get("conv_size", 4), "qk_norm_eps": FLA_QK_NORM_EPS},
             "pos": {"kind": "none"}}
 
 

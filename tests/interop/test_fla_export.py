@@ -199,6 +199,7 @@ def test_a_random_fla_gla_opens_in_lmzoo_with_the_same_log_probs(tmp_path):
 
 # ----------------------------------------------------------------------------- the delta-rule classes
 
+QK = ("attn.qk_norm_eps=1e-6",)  # fla's q/k L2 norm: x / sqrt(|x|^2 + 1e-6)
 DELTA = [("gated_deltanet", fla_gated_deltanet, "GatedDeltaNetForCausalLM", "GatedDeltaNetConfig"),
          ("deltanet", fla_deltanet, "DeltaNetForCausalLM", "DeltaNetConfig")]
 
@@ -219,10 +220,13 @@ def test_a_mixer_no_fla_class_has_is_refused_in_one_line():
 
 @pytest.mark.parametrize("variant, module, overrides, named", [
     ("gated_deltanet", fla_gated_deltanet, ("attn.gate=channel", "model.mlp=false"),
-     ("attn.gate=channel", "model.mlp=false", "model.norm_eps=1e-06")),
-    ("gated_deltanet_softmax", fla_gated_deltanet, (*EXACT, "model.n_layers=4"), ("attn.mixer=softmax",)),
-    ("deltanet", fla_deltanet, ("model.mlp=false",), ("model.mlp=false", "model.norm_eps=1e-06")),
-    ("kda", fla_deltanet, EXACT, ("attn.mixer=kda",)),
+     ("attn.gate=channel", "model.mlp=false", "model.norm_eps=1e-06", "attn.qk_norm_eps=null")),
+    ("gated_deltanet_softmax", fla_gated_deltanet, (*EXACT, "+attn.layers.gated_deltanet.qk_norm_eps=1e-6",
+                                                   "model.n_layers=4"),
+     ("attn.mixer=softmax",)),
+    ("deltanet", fla_deltanet, ("model.mlp=false", "attn.qk_norm_eps=1e-5"),
+     ("model.mlp=false", "model.norm_eps=1e-06", "attn.qk_norm_eps=1e-05")),
+    ("kda", fla_deltanet, (*EXACT, *QK), ("attn.mixer=kda",)),
 ])
 def test_settings_fla_delta_classes_lack_are_refused_in_one_line_naming_each(variant, module, overrides, named):
     with pytest.raises(ConfigError) as error:
@@ -233,8 +237,8 @@ def test_settings_fla_delta_classes_lack_are_refused_in_one_line_naming_each(var
 
 @pytest.mark.parametrize("variant, module, architecture, config_class", DELTA)
 def test_delta_runs_at_the_head_norm_epsilon_map_exactly(variant, module, architecture, config_class):
-    assert module.refusals(tiny_config(variant, *EXACT)) == []
-    assert module.refusals(tiny_config(variant, *EXACT, "attn.conv_size=2", "model.tie_embeddings=false")) == []
+    assert module.refusals(tiny_config(variant, *EXACT, *QK)) == []
+    assert module.refusals(tiny_config(variant, *EXACT, *QK, "attn.conv_size=2", "model.tie_embeddings=false")) == []
 
 
 def test_fla_delta_configs_lmzoo_lacks_are_refused_in_one_line_naming_each():
@@ -246,7 +250,8 @@ def test_fla_delta_configs_lmzoo_lacks_are_refused_in_one_line_naming_each():
                                                                        "allow_neg_eigval=true")), message
     gdn = fla_gated_deltanet.lmzoo_settings({**hf, "expand_v": 1, "head_dim": 8, "conv_size": 3,
                                              "output_gate_activation": "silu"})
-    assert gdn["attn"] == {"name": "gated_deltanet", "mixer": "gated_deltanet", "gate": "head", "conv_size": 3}
+    assert gdn["attn"] == {"name": "gated_deltanet", "mixer": "gated_deltanet", "gate": "head", "conv_size": 3,
+                           "qk_norm_eps": 1e-6}
     with pytest.raises(ConfigError, match="use_gate=false"):  # DeltaNetConfig's default: no output gate
         fla_deltanet.lmzoo_settings(hf)
     assert fla_deltanet.lmzoo_settings({**hf, "use_gate": True})["attn"]["mixer"] == "deltanet"
@@ -257,7 +262,7 @@ def test_fla_delta_configs_lmzoo_lacks_are_refused_in_one_line_naming_each():
 def test_the_delta_weight_tables_round_trip_and_fill_every_fla_tensor(variant, module, architecture, config_class):
     from flax import nnx
 
-    cfg = tiny_config(variant, *EXACT, "model.tie_embeddings=false", "attn.conv_size=3")
+    cfg = tiny_config(variant, *EXACT, *QK, "model.tie_embeddings=false", "attn.conv_size=3")
     params = parameters(LM(cfg, 259, rngs=nnx.Rngs(0)))
     weights = module.to_hf(params, cfg.model.n_layers, False)
     back = module.from_hf(weights, cfg.model.n_layers, False)
@@ -276,7 +281,7 @@ def test_the_delta_weight_tables_round_trip_and_fill_every_fla_tensor(variant, m
 @pytest.mark.slow
 @pytest.mark.parametrize("variant, module, architecture, config_class", DELTA)
 def test_an_exported_delta_run_loads_in_fla_with_the_same_log_probs(tmp_path, variant, module, architecture, config_class):
-    worst = export_and_compare(tmp_path, TEXTS, ("model.tie_embeddings=false",), 1e-4, variant, architecture)
+    worst = export_and_compare(tmp_path, TEXTS, (*QK, "model.tie_embeddings=false"), 1e-4, variant, architecture)
     print(f"{architecture}: largest log-prob difference {worst:.2g}")
 
 
@@ -309,7 +314,7 @@ def test_a_random_fla_delta_model_opens_in_lmzoo_with_the_same_log_probs(tmp_pat
     random_fla_model(fla_models, architecture, config_class, **settings).save_pretrained(folder)
     write_tokenizer(ByteTokenizer(), folder, max_length=64)
     trained = open_hf(folder)
-    assert trained.cfg.attn.mixer == variant and trained.cfg.model.d_ff == 256
+    assert trained.cfg.attn.mixer == variant and trained.cfg.attn.qk_norm_eps == 1e-6 and trained.cfg.model.d_ff == 256
     name, results = fla_log_probs(folder, TEXTS, tmp_path)
     assert name == architecture
     worst = max(float(np.abs(log_probs - lmzoo_log_probs(trained, ids)).max()) for ids, log_probs in results)
@@ -389,7 +394,7 @@ def test_an_exported_retnet_or_mamba2_run_loads_in_fla_with_the_same_log_probs(t
 @pytest.mark.slow
 @pytest.mark.parametrize("variant, module, architecture, config_class, settings", [
     ("retnet", fla_retnet, "RetNetForCausalLM", "RetNetConfig", {"expand_v": 1}),
-    ("mamba2", fla_mamba2, "Mamba2ForCausalLM", "Mamba2Config", {"head_dim": 8, "state_size": 8, "conv_kernel": 3}),
+    ("mamba2", fla_mamba2, "Mamba2ForCausalLM", "Mamba2Config", {"head_dim": 16, "state_size": 8, "conv_kernel": 3}),
 ])
 def test_a_random_fla_retnet_or_mamba2_opens_in_lmzoo_with_the_same_log_probs(tmp_path, variant, module, architecture,
                                                                              config_class, settings):
@@ -415,13 +420,14 @@ KDA = ("kda", fla_kda, "KDAForCausalLM", "KDAConfig")
 
 def test_settings_fla_kda_lacks_are_refused_in_one_line_naming_each():
     assert fla.for_run(tiny_config("kda")) is fla_kda and fla.for_checkpoint({"model_type": "kda"}) is fla_kda
-    assert fla_kda.refusals(tiny_config("kda", *EXACT)) == []
-    assert fla_kda.refusals(tiny_config("kda", *EXACT, "attn.gate_rank=8", "attn.value_heads=4")) == []  # as fla's
+    assert fla_kda.refusals(tiny_config("kda", *EXACT, *QK)) == []
+    assert fla_kda.refusals(tiny_config("kda", *EXACT, *QK, "attn.gate_rank=8", "attn.value_heads=4")) == []  # as fla's
     with pytest.raises(ConfigError) as error:
         fla_kda.check_exportable(tiny_config("kda", "attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8"))
     message = str(error.value)
     assert "\n" not in message and all(name in message for name in (
-        "attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8", "model.norm_eps=1e-06")), message
+        "attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8", "model.norm_eps=1e-06",
+        "attn.qk_norm_eps=null")), message
     hf = {"hidden_size": 32, "num_hidden_layers": 2, "num_heads": 4, "intermediate_size": 96, "norm_eps": 1e-5}
     with pytest.raises(ConfigError) as error:  # KDAConfig's default heads are 128 wide
         fla_kda.lmzoo_settings({**hf, "num_v_heads": 8, "safe_gate": True})
@@ -436,7 +442,7 @@ def test_the_kda_weight_table_round_trips_and_fills_every_fla_tensor():
 
 @pytest.mark.slow
 def test_an_exported_kda_run_loads_in_fla_with_the_same_log_probs(tmp_path):
-    worst = export_and_compare(tmp_path, TEXTS, ("model.tie_embeddings=false",), 1e-4, KDA[0], KDA[2])
+    worst = export_and_compare(tmp_path, TEXTS, (*QK, "model.tie_embeddings=false"), 1e-4, KDA[0], KDA[2])
     print(f"{KDA[2]}: largest log-prob difference {worst:.2g}")
 
 
