@@ -449,3 +449,15 @@ def test_an_exported_kda_run_loads_in_fla_with_the_same_log_probs(tmp_path):
 @pytest.mark.slow
 def test_a_random_fla_kda_opens_in_lmzoo_with_the_same_log_probs(tmp_path):
     test_a_random_fla_delta_model_opens_in_lmzoo_with_the_same_log_probs(tmp_path, *KDA, {"head_dim": 8})
+
+
+def test_attn_qk_norm_eps_is_flas_l2_norm_and_null_keeps_lmzoos_floor():
+    from lmzoo.mixers.family.delta import l2_normalize
+
+    x = np.array([[3e-4, -4e-4], [3.0, 4.0]], np.float32)  # |x|^2 = 2.5e-7 and 25
+    floored = x / np.sqrt(np.maximum((x * x).sum(-1, keepdims=True), 1e-12))
+    np.testing.assert_allclose(np.asarray(l2_normalize(x)), floored, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(l2_normalize(x, added=1e-6)), x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6),
+                               rtol=1e-6)
+    assert abs(float(np.linalg.norm(np.asarray(l2_normalize(x, added=1e-6))[0])) - 0.447) < 1e-3  # far from unit there
+    assert tiny_config("gated_deltanet").attn.qk_norm_eps is None
