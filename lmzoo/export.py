@@ -2,9 +2,10 @@
 
 The folder (``lmzoo.interop.hf``) loads with ``transformers.AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained``: safetensors weights, a ``config.json`` and the tokenizer. ``format=hf``
-writes a Llama (the softmax family, ``lmzoo.interop.llama``); ``format=fla`` writes flash-linear-attention's
-GLAForCausalLM (``attn=gla``, ``lmzoo.interop.fla_gla``; loading it needs ``import fla``). Any setting the
-target has no equivalent for is named in one line. ``--help`` lists the settings.
+writes a Llama (the softmax family, ``lmzoo.interop.llama``); ``format=fla`` writes the
+flash-linear-attention model class of the run's mixer (``lmzoo.interop.fla``: GLA, Gated DeltaNet, DeltaNet,
+KDA, RetNet, Mamba-2; loading it needs ``import fla``). Any setting the target has no equivalent for is
+named in one line. ``--help`` lists the settings.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ from typing import NoReturn
 
 from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, show_help, wants_help
 from lmzoo.config import ConfigError
-from lmzoo.interop import fla_gla, llama
+from lmzoo.interop import fla, llama
 from lmzoo.interop.hf import export_hf
 from lmzoo.run.load import open_trained
 
-FORMATS = {"hf": llama, "fla": fla_gla}  # format= -> the module mapping the run onto that model class
+FORMATS = {"hf": lambda cfg: llama, "fla": fla.for_run}  # format= -> the module mapping a run onto its model class
 SETTINGS = [Option("run_dir", "<dir>", "the trained run to export (its newest intact checkpoint)"),
             Option("out", "<folder>", "where the model folder goes (new or empty)"),
             Option("format", "hf", "hf: a Hugging Face LlamaForCausalLM folder (safetensors, config.json, tokenizer); "
-                                   "fla: flash-linear-attention's GLAForCausalLM (attn=gla)"),
+                                   "fla: flash-linear-attention's model class of the run's mixer "
+                                   "(attn=gla, gated_deltanet, deltanet, kda, retnet, mamba2)"),
             Option("step", "null", "the checkpoint step to export; null: the newest intact one")]
 
 
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None):
     with errors_in_one_line():
         args = parse_args(argv)
         trained = open_trained(args["run_dir"], (), args["step"])
-        out = export_hf(trained, args["out"], source={"run_dir": str(args["run_dir"])}, target=FORMATS[args["format"]])
+        out = export_hf(trained, args["out"], source={"run_dir": str(args["run_dir"])}, target=FORMATS[args["format"]](trained.cfg))
     print(f"wrote {out} (step {trained.step}, {trained.cfg.attn.name})")
     return out
 

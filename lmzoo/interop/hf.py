@@ -1,7 +1,7 @@
 """Hugging Face model folders: a trained run written as one (``export_hf``) and one opened as an lmzoo model (``open_hf``).
 
 A folder holds ``config.json`` (a LlamaForCausalLM's settings, ``lmzoo.interop.llama``, or
-flash-linear-attention's GLAForCausalLM's, ``lmzoo.interop.fla_gla``),
+one of flash-linear-attention's model classes', ``lmzoo.interop.fla``),
 ``model.safetensors`` (float32 weights) and the tokenizer (``tokenizer.json`` with its
 ``tokenizer_config.json``), so that ``transformers.AutoModelForCausalLM.from_pretrained(folder)`` and
 ``AutoTokenizer.from_pretrained(folder)`` load it. Writing needs ``safetensors`` and ``tokenizers``,
@@ -33,7 +33,7 @@ from omegaconf import errors as oc_errors
 from lmzoo.config import ConfigError, explain, validate
 from lmzoo.data import build_data
 from lmzoo.data.tokenizers import ByteTokenizer
-from lmzoo.interop import fla_gla, llama
+from lmzoo.interop import fla, llama
 from lmzoo.model import LM
 from lmzoo.run.directory import FILE_MODE
 from lmzoo.run.load import Trained, first_line_of, group_option, is_group_choice
@@ -58,7 +58,7 @@ def parameters(model: nnx.Module) -> dict[tuple, np.ndarray]:
 
 def export_hf(trained: Trained, out: Path | str, *, source: dict | None = None, target=llama) -> Path:
     """Write ``trained`` as a Hugging Face folder at ``out`` (which must not hold files yet) of ``target``'s
-    model class (a module with ``hf_config`` and ``to_hf``: ``llama``, or ``fla_gla`` for fla's GLA).
+    model class (a module with ``hf_config`` and ``to_hf``: ``llama``, or one of ``lmzoo.interop.fla.CLASSES``).
 
     ConfigError naming every setting of the run that the target has no equivalent for. The folder appears
     whole: it is written beside ``out`` under a temporary name and then renamed."""
@@ -150,8 +150,8 @@ def read_hf_config(folder: Path) -> dict:
 
 
 def source_of(hf: dict):
-    """The module mapping a ``config.json``'s model class onto lmzoo: fla's GLA for ``model_type: gla``, else Llama."""
-    return fla_gla if hf.get("model_type") == fla_gla.MODEL_TYPE else llama
+    """The module mapping a ``config.json``'s model class onto lmzoo: fla's by its ``model_type``, else Llama."""
+    return fla.for_checkpoint(hf) or llama
 
 
 def hf_settings(folder: Path, hf: dict, overrides: list[str]):
@@ -168,7 +168,8 @@ def hf_settings(folder: Path, hf: dict, overrides: list[str]):
         raw[group] = group_option(group, option)
     singles = [o for o in overrides if not is_group_choice(o)]
     raw.data.tokenizer = str(tokenizer)
-    raw.data.seq_len = hf.get("max_position_embeddings") or raw.data.seq_len
+    if hf.get("max_position_embeddings"):  # some classes (fla's Mamba-2) have none: the corpus's default
+        raw.data.seq_len = hf["max_position_embeddings"]
     try:
         raw = OmegaConf.merge(raw, OmegaConf.from_dotlist(singles))
     except oc_errors.OmegaConfBaseException as e:

@@ -140,14 +140,26 @@ def transposed(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a.T)
 
 
-def half(which: int) -> Callable[[np.ndarray], np.ndarray]:
-    """A torch weight from one half of lmzoo's fused SwiGLU kernel [d, 2 d_ff]: 0 the gate, 1 the up projection."""
-    return lambda kernel: np.ascontiguousarray(np.split(kernel, 2, axis=1)[which].T)
+@dataclass(frozen=True)
+class Fused:
+    """Hugging Face tensors that lmzoo holds side by side in one array: ``hf`` names the equal parts in the
+    order they lie along ``axis`` of lmzoo's array, each mapped as a ``Tensor``'s is."""
+
+    hf: tuple[str, ...]
+    path: tuple
+    axis: int = 1  # a kernel's output axis
+    out: Callable[[np.ndarray], np.ndarray] = transposed
+    back: Callable[[np.ndarray], np.ndarray] = transposed
+
+    def parts(self, value: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: self.out(part) for name, part in zip(self.hf, np.split(value, len(self.hf), axis=self.axis))}
+
+    def joined(self, weights: dict[str, np.ndarray]) -> np.ndarray:
+        return np.concatenate([self.back(weights[name]) for name in self.hf], axis=self.axis)
 
 
-def tensors(n_layers: int, tied: bool) -> list[Tensor]:
-    """Every tensor of a Llama with ``n_layers`` blocks (no ``lm_head`` when ``tied``), except the fused MLP
-    input (``mlp_tensors``)."""
+def tensors(n_layers: int, tied: bool) -> list[Tensor | Fused]:
+    """Every tensor of a Llama with ``n_layers`` blocks (no ``lm_head`` when ``tied``)."""
     table = [Tensor("model.embed_tokens.weight", ("embed", "embedding"), same, same),
              Tensor("model.norm.weight", ("norm", "norm", "scale"), same, same)]
     if not tied:
@@ -156,40 +168,37 @@ def tensors(n_layers: int, tied: bool) -> list[Tensor]:
         hf, ours = f"model.layers.{i}", ("blocks", i)
         table += [Tensor(f"{hf}.input_layernorm.weight", (*ours, "mixer_norm", "norm", "scale"), same, same),
                   Tensor(f"{hf}.post_attention_layernorm.weight", (*ours, "mlp_norm", "norm", "scale"), same, same),
-                  Tensor(f"{hf}.mlp.down_proj.weight", (*ours, "mlp", "down", "kernel"), transposed, transposed)]
+                  *mlp_tensors(hf, ours)]
         table += [Tensor(f"{hf}.self_attn.{name}.weight", (*ours, "mixer", name, "kernel"), transposed, transposed)
                   for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
     return table
 
 
-def mlp_input(i: int) -> tuple[str, str, tuple]:
-    """Llama's gate and up projections of block i, and the path of lmzoo's kernel that holds both."""
-    return f"model.layers.{i}.mlp.gate_proj.weight", f"model.layers.{i}.mlp.up_proj.weight", ("blocks", i, "mlp", "up", "kernel")
+def mlp_tensors(hf: str, ours: tuple) -> list[Tensor | Fused]:
+    """A SwiGLU block's MLP, as Llama (and fla) name it under ``hf``: lmzoo keeps its gate and up projections in
+    one kernel, gate first."""
+    return [Fused((f"{hf}.mlp.gate_proj.weight", f"{hf}.mlp.up_proj.weight"), (*ours, "mlp", "up", "kernel")),
+            Tensor(f"{hf}.mlp.down_proj.weight", (*ours, "mlp", "down", "kernel"), transposed, transposed)]
 
 
-def to_hf(params: dict[tuple, np.ndarray], n_layers: int, tied: bool, table: list[Tensor] | None = None
+def to_hf(params: dict[tuple, np.ndarray], n_layers: int, tied: bool, table: list[Tensor | Fused] | None = None
           ) -> dict[str, np.ndarray]:
     """Hugging Face's tensors (float32, by name) from lmzoo's parameters (numpy, by state path); ``table`` is
-    another format's tensors (Llama's by default) for a format that shares Llama's MLP layout."""
+    another format's tensors (Llama's by default)."""
     table = tensors(n_layers, tied) if table is None else table
-    out = {t.hf: t.out(params[t.path]) for t in table}
-    for i in range(n_layers):
-        gate, up, path = mlp_input(i)
-        out[gate], out[up] = half(0)(params[path]), half(1)(params[path])
+    out = {}
+    for t in table:
+        out.update(t.parts(params[t.path]) if isinstance(t, Fused) else {t.hf: t.out(params[t.path])})
     return {name: np.asarray(a, np.float32) for name, a in out.items()}
 
 
-def from_hf(weights: dict[str, np.ndarray], n_layers: int, tied: bool, table: list[Tensor] | None = None
+def from_hf(weights: dict[str, np.ndarray], n_layers: int, tied: bool, table: list[Tensor | Fused] | None = None
             ) -> dict[tuple, np.ndarray]:
     """lmzoo's parameters (by state path) from Hugging Face's tensors (``table`` as for ``to_hf``); ConfigError
     naming a missing one."""
     table = tensors(n_layers, tied) if table is None else table
-    missing = [t.hf for t in table if t.hf not in weights]
-    missing += [name for i in range(n_layers) for name in mlp_input(i)[:2] if name not in weights]
+    missing = [name for t in table for name in (t.hf if isinstance(t, Fused) else (t.hf,)) if name not in weights]
     if missing:
         raise ConfigError(f"the checkpoint lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-    params = {t.path: t.back(np.asarray(weights[t.hf], np.float32)) for t in table}
-    for i in range(n_layers):
-        gate, up, path = mlp_input(i)
-        params[path] = np.concatenate([weights[gate].T, weights[up].T], axis=1).astype(np.float32)
-    return params
+    weights = {name: np.asarray(a, np.float32) for name, a in weights.items()}
+    return {t.path: (t.joined(weights) if isinstance(t, Fused) else t.back(weights[t.hf])).astype(np.float32) for t in table}

@@ -63,6 +63,7 @@ class DeltaProduct(DeltaRuleMixer):
         self.key_dim = self.value_dim = d // ctx.n_heads
         self.value_heads = self.n_heads
         self.method, self.chunk_size, self.dtype = cfg.method, cfg.chunk_size, ctx.dtype
+        self.qk_norm_eps = cfg.qk_norm_eps
         self.beta_range = 2.0 if cfg.negative_eigenvalues else 1.0
         width = (1 + 2 * self.steps) * d
         self.qkv_proj = dense(ctx, d, width, rngs=rngs)
@@ -86,8 +87,8 @@ class DeltaProduct(DeltaRuleMixer):
         mixed, conv_state = self.conv(self.qkv_proj(x), conv_state, segment_ids=segment_ids)
         q, k, v = jnp.split(jax.nn.silu(mixed), [d, (1 + self.steps) * d], axis=-1)
         per_step = (b, t, self.n_heads, self.steps, self.key_dim)
-        q = l2_normalize(q.reshape(b, t, self.n_heads, self.key_dim)).astype(v.dtype)
-        k = l2_normalize(k.reshape(per_step)).astype(v.dtype)
+        q = l2_normalize(q.reshape(b, t, self.n_heads, self.key_dim), added=self.qk_norm_eps).astype(v.dtype)
+        k = l2_normalize(k.reshape(per_step), added=self.qk_norm_eps).astype(v.dtype)
         beta = self.beta_range * jax.nn.sigmoid(self.beta_proj(x).astype(jnp.float32))
         heads = (q, k, v.reshape(per_step), beta.reshape(b, t, self.n_heads, self.steps), self.gates(x))
         return heads, conv_state

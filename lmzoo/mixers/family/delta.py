@@ -49,10 +49,13 @@ class DeltaRuleConfig(LinearFamilyConfig):
 
     method: str = "auto"  # auto | jla | naive | parallel | chunk | pallas (see lmzoo.ops.delta)
     conv_size: int = 4  # taps of the causal depthwise conv on q, k and v (1: a per-channel scale)
+    qk_norm_eps: Optional[float] = None  # None: q/|q| with |q|^2 floored at 1e-12; a value: q/sqrt(|q|^2 + eps) (fla: 1e-6)
 
     def check(self, model: ModelConfig) -> None:
         super().check(model)
         positive("attn.conv_size", self.conv_size)
+        if self.qk_norm_eps is not None:
+            positive("attn.qk_norm_eps", self.qk_norm_eps)
 
 
 @dataclass
@@ -70,11 +73,13 @@ class DecayConfig(DeltaRuleConfig):
         check_dt_range(self.dt_min, self.dt_max)
 
 
-def l2_normalize(x, eps: float = 1e-12) -> jax.Array:
+def l2_normalize(x, eps: float = 1e-12, *, added: Optional[float] = None) -> jax.Array:
     """x / |x| over the last axis, in float32; exactly unit unless |x|^2 < eps (small projections
-    at initialisation included), where the step size of the delta rule relies on |k| = 1."""
+    at initialisation included), where the step size of the delta rule relies on |k| = 1. With
+    ``added``, x / sqrt(|x|^2 + added) instead (flash-linear-attention's form, ``attn.qk_norm_eps``)."""
     x = x.astype(jnp.float32)
-    return x * lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps))
+    squared = jnp.sum(x * x, axis=-1, keepdims=True)
+    return x * lax.rsqrt(jnp.maximum(squared, eps) if added is None else squared + added)
 
 
 class DeltaRuleMixer(LinearFamilyMixer):
@@ -88,6 +93,7 @@ class DeltaRuleMixer(LinearFamilyMixer):
         self.key_dim = self.value_dim = d // ctx.n_heads
         self.value_heads = self.grouped_value_heads(cfg, ctx)
         self.method, self.chunk_size, self.dtype = cfg.method, cfg.chunk_size, ctx.dtype
+        self.qk_norm_eps = cfg.qk_norm_eps
         width = 2 * d + self.value_heads * self.value_dim
         self.qkv_proj = dense(ctx, d, width, rngs=rngs)  # [q | k | v], one head after another in each
         self.conv = CausalConv(width, cfg.conv_size, bias=False, rngs=rngs)
@@ -151,7 +157,8 @@ class DeltaRuleMixer(LinearFamilyMixer):
         b, t, d = x.shape
         mixed, conv_state = self.conv(self.qkv_proj(x), conv_state, segment_ids=segment_ids)
         q, k, v = jnp.split(jax.nn.silu(mixed), [d, 2 * d], axis=-1)
-        q, k = (l2_normalize(a.reshape(b, t, self.n_heads, self.key_dim)).astype(v.dtype) for a in (q, k))
+        q, k = (l2_normalize(a.reshape(b, t, self.n_heads, self.key_dim), added=self.qk_norm_eps).astype(v.dtype)
+                for a in (q, k))
         return (q, k, v.reshape(b, t, -1, self.value_dim)), conv_state
 
     def heads(self, x, positions=None, segment_ids=None):  # the state and the convs carry order: positions are unused
