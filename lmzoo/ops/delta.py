@@ -64,7 +64,7 @@ from jax import lax
 
 from lmzoo.ops import kernels
 from lmzoo.ops.common import (
-    Forms, check_form, from_chunks, gate_layout, gates_float32, reset_gates, same_segment, state_float32, to_chunks,
+    Forms, check_form, from_chunks, gate_layout, gates_float32, recompute_in_backward, reset_gates, same_segment, state_float32, to_chunks,
 )
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.delta import delta_rule_pallas
@@ -117,9 +117,25 @@ def _delta_rule(q, k, v, beta, log_g, *, scale, initial_state, method, chunk_siz
     batch, _, heads, d_key = k.shape
     s0 = state_float32(initial_state, (batch, heads, d_key, v.shape[-1]))
     g32 = gates_float32(log_g, segment_ids, k.shape)
-    q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
-    out, state = _FORMS[method](q32 * scale, k32, v32, beta.astype(jnp.float32), g32, s0, chunk_size)
+    form = _chunk_remat if method == "chunk" else _in_float32(_FORMS[method])
+    out, state = form(q, k, v, beta, g32, s0, scale, chunk_size)
     return out.astype(v.dtype), state
+
+
+def _in_float32(form):
+    """A form run on float32 copies of its inputs, q scaled."""
+    def run(q, k, v, beta, log_g, s0, scale, chunk_size):
+        q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
+        return form(q32 * scale, k32, v32, beta.astype(jnp.float32), log_g, s0, chunk_size)
+    return run
+
+
+def _chunk_remat(q, k, v, beta, log_g, s0, scale, chunk_size):
+    """The chunk form, recomputed in the backward pass (``recompute_in_backward``): kept as autodiff saves them,
+    its intermediates (pair matrices, their triangular inverse, the halving rounds' decayed copies) are ~15x
+    its inputs' size."""
+    form = functools.partial(_in_float32(_chunk), scale=scale, chunk_size=chunk_size)
+    return recompute_in_backward(form)(q, k, v, beta, log_g, s0)
 
 
 @functools.partial(jax.jit, static_argnames=("scale",))
