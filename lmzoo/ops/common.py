@@ -72,7 +72,8 @@ def state_float32(initial_state, shape) -> jax.Array:
 class Forms(tuple):
     """An op's computation forms (its ``method`` values), one vocabulary across ops: ``"naive"`` the
     readable reference every other form is tested against; ``"parallel"`` the weights materialised over
-    the whole sequence; ``"chunk"`` matmuls within chunks, a recurrence across them; ``"blocked"``
+    the whole sequence; ``"chunk"`` matmuls within chunks, a recurrence across them (``"chunk_recompute"``
+    the same, recomputed in the backward pass: ``recompute_in_backward``); ``"blocked"``
     attention by blocks of queries; ``"scan"`` a fast ``lax.scan`` over time (never the reference);
     ``"assoc"`` an associative scan; ``"fft"``, ``"gather"``, ``"pallas"`` and the kernel providers'
     ``"xla"``, ``"cudnn"``, ``"jla"``, ``"auto"`` as their ops describe.

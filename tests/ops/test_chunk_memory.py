@@ -45,7 +45,7 @@ def test_gla_chunk_form_saves_only_its_inputs(gates):
     q, k, v, _, log_g, state = inputs(gates)
 
     def run(q, k, v, log_g, state):
-        return gla(q, k, v, log_g, initial_state=state, method="chunk", chunk_size=32)
+        return gla(q, k, v, log_g, initial_state=state, method="chunk_recompute", chunk_size=32)
 
     args = (q, k, v, log_g, state)
     assert saved_bytes(run, *args) <= input_bytes(*args)
@@ -56,7 +56,7 @@ def test_delta_rule_chunk_form_saves_only_its_inputs(gates):
     q, k, v, beta, log_g, state = inputs(gates)
 
     def run(q, k, v, beta, log_g, state):
-        return delta_rule(q, k, v, beta, log_g, initial_state=state, method="chunk", chunk_size=32)
+        return delta_rule(q, k, v, beta, log_g, initial_state=state, method="chunk_recompute", chunk_size=32)
 
     args = (q, k, v, beta, log_g, state)
     assert saved_bytes(run, *args) <= input_bytes(*args)
