@@ -72,7 +72,8 @@ def state_float32(initial_state, shape) -> jax.Array:
 class Forms(tuple):
     """An op's computation forms (its ``method`` values), one vocabulary across ops: ``"naive"`` the
     readable reference every other form is tested against; ``"parallel"`` the weights materialised over
-    the whole sequence; ``"chunk"`` matmuls within chunks, a recurrence across them; ``"blocked"``
+    the whole sequence; ``"chunk"`` matmuls within chunks, a recurrence across them (``"chunk_recompute"``
+    the same, recomputed in the backward pass: ``recompute_in_backward``); ``"blocked"``
     attention by blocks of queries; ``"scan"`` a fast ``lax.scan`` over time (never the reference);
     ``"assoc"`` an associative scan; ``"fft"``, ``"gather"``, ``"pallas"`` and the kernel providers'
     ``"xla"``, ``"cudnn"``, ``"jla"``, ``"auto"`` as their ops describe.
@@ -178,3 +179,28 @@ def segment_sums(log_g) -> jax.Array:
     _, rows = lax.scan(next_row, first, (jnp.arange(t), steps))  # (T(i), ..., T(j), H, Dg)
     sums = jnp.moveaxis(rows, 0, -4)
     return jnp.where(causal_mask(t)[:, :, None, None], sums, -jnp.inf)
+
+
+def recompute_in_backward(form):
+    """``form(*args)`` differentiated by running it again in the backward pass: only its inputs are kept between
+    the passes, never its intermediates.
+
+    Unlike ``jax.checkpoint``, whose recomputation depends on nothing the backward pass makes, so that XLA may
+    schedule every layer's recomputation at once before the first layer's backward (XLA's CPU scheduler does: the
+    step held as much as without it), the inputs pass through one ``optimization_barrier`` with the outputs'
+    cotangents, so a layer recomputes only once its own backward begins. The gradients are autodiff's own of
+    ``form``; ``args`` is a pytree of arrays (None for an absent one)."""
+    @jax.custom_vjp
+    def run(*args):
+        return form(*args)
+
+    def forward(*args):
+        return form(*args), args
+
+    def backward(args, cotangent):
+        args, cotangent = lax.optimization_barrier((args, cotangent))
+        return jax.vjp(form, *args)[1](cotangent)
+
+    run.defvjp(forward, backward)
+    return run
+

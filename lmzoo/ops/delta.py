@@ -18,6 +18,9 @@ Forms (``method``):
   older runs, still accepted);
 - ``"chunk"``:    the WY / UT representation inside chunks of ``chunk_size`` steps, a short
   recurrence across them (derived below);
+- ``"chunk_recompute"``: the chunk form keeping only its inputs for the backward pass, which
+  recomputes the rest: ~15x less held per layer in training, one more forward pass of the op; its
+  gradients equal the chunk form's to float32 rounding, not bit for bit;
 - ``"parallel"``: the same representation over the whole sequence as one chunk: quadratic in T,
   no recurrence at all; it is also how ``delta_rule_weights`` gets the effective attention matrix.
 - ``"pallas"``:   the chunk form with its sequential pass across chunks and its outputs as Pallas
@@ -64,13 +67,13 @@ from jax import lax
 
 from lmzoo.ops import kernels
 from lmzoo.ops.common import (
-    Forms, check_form, from_chunks, gate_layout, gates_float32, reset_gates, same_segment, state_float32, to_chunks,
+    Forms, check_form, from_chunks, gate_layout, gates_float32, recompute_in_backward, reset_gates, same_segment, state_float32, to_chunks,
 )
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.delta import delta_rule_pallas
 from lmzoo.ops.ut import chunk_terms, decayed_pairs, invert_unit_lower, unit_lower
 
-METHODS = Forms("naive", "parallel", "chunk", "pallas", *PROVIDER_FORMS, aliases={"scan": "naive"})
+METHODS = Forms("naive", "parallel", "chunk", "chunk_recompute", "pallas", *PROVIDER_FORMS, aliases={"scan": "naive"})
 BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not (``lmzoo.ops.kernels``)
 
 
@@ -117,9 +120,25 @@ def _delta_rule(q, k, v, beta, log_g, *, scale, initial_state, method, chunk_siz
     batch, _, heads, d_key = k.shape
     s0 = state_float32(initial_state, (batch, heads, d_key, v.shape[-1]))
     g32 = gates_float32(log_g, segment_ids, k.shape)
-    q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
-    out, state = _FORMS[method](q32 * scale, k32, v32, beta.astype(jnp.float32), g32, s0, chunk_size)
+    form = _chunk_recompute if method == "chunk_recompute" else _in_float32(_FORMS[method])
+    out, state = form(q, k, v, beta, g32, s0, scale, chunk_size)
     return out.astype(v.dtype), state
+
+
+def _in_float32(form):
+    """A form run on float32 copies of its inputs, q scaled."""
+    def run(q, k, v, beta, log_g, s0, scale, chunk_size):
+        q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
+        return form(q32 * scale, k32, v32, beta.astype(jnp.float32), log_g, s0, chunk_size)
+    return run
+
+
+def _chunk_recompute(q, k, v, beta, log_g, s0, scale, chunk_size):
+    """The chunk form, recomputed in the backward pass (``recompute_in_backward``): kept as autodiff saves them,
+    its intermediates (pair matrices, their triangular inverse, the halving rounds' decayed copies) are ~15x
+    its inputs' size."""
+    form = functools.partial(_in_float32(_chunk), scale=scale, chunk_size=chunk_size)
+    return recompute_in_backward(form)(q, k, v, beta, log_g, s0)
 
 
 @functools.partial(jax.jit, static_argnames=("scale",))

@@ -36,7 +36,7 @@ from lmzoo.ops.common import RESET_LOG_DECAY, Forms, check_form, same_segment, s
 from lmzoo.ops.gated import gla_form, gla_weights
 from lmzoo.ops.kernels import PROVIDER_FORMS
 
-METHODS = Forms("naive", "scan", "chunk", "pallas", *PROVIDER_FORMS)
+METHODS = Forms("naive", "scan", "chunk", "chunk_recompute", "pallas", *PROVIDER_FORMS)
 BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not
 
 

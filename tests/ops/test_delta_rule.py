@@ -28,7 +28,7 @@ TOLERANCE = 1e-5
 PALLAS_STRONG_TOLERANCE = 3e-5  # see test_strong_decay_in_one_long_chunk_stays_exact
 BF16_TOLERANCE = 2e-2  # bf16 inputs (8-bit mantissa) against the float32 reference, norm-relative
 GATES = ("none", "head", "channel")
-FORMS = ("chunk", "parallel")
+FORMS = ("chunk", "chunk_recompute", "parallel")
 
 
 def run(method: str, args: dict, chunk_size: int = CHUNK):

@@ -22,7 +22,7 @@ from lmzoo.ops.lti import diagonal_ssm
 from op_checks import delta_args
 
 # The words a form may be called; what each means is in ``lmzoo.ops.common.Forms``.
-VOCABULARY = {"naive", "parallel", "chunk", "blocked", "scan", "assoc", "fft", "gather", "pallas", "xla", "cudnn",
+VOCABULARY = {"naive", "parallel", "chunk", "chunk_recompute", "blocked", "scan", "assoc", "fft", "gather", "pallas", "xla", "cudnn",
               "jla", "auto"}
 
 

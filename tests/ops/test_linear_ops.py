@@ -34,7 +34,7 @@ from lmzoo.ops import gla, gla_weights, linear_attention, linear_attention_weigh
 gla_fast = compiled(gla, static_argnames=("scale", "method", "chunk_size"))
 linear_fast = compiled(linear_attention, static_argnames=("scale", "normalize", "eps", "method", "chunk_size"))
 
-FAST_FORMS = ("parallel", "scan", "assoc", "chunk")
+FAST_FORMS = ("parallel", "scan", "assoc", "chunk", "chunk_recompute")
 
 
 # Without a state, the op fills in zeros before choosing the form, the same line for every gate
