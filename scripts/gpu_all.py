@@ -46,8 +46,8 @@ DEFAULT_VARIANTS = ["softmax", "gla", "gated_deltanet", "mamba2", "kda", "rwkv7"
 THROUGHPUT_VARIANTS = ["softmax", "softmax attn.method=cudnn", "gla attn.method=chunk", "gla attn.method=pallas",
                        "mamba2", "gated_deltanet attn.method=chunk", "mamba2 attn.method=pallas",
                        "gated_deltanet attn.method=pallas"]  # in the order a short loan should measure them
-MEMORY_VARIANTS = ["softmax", "gla attn.method=chunk", "gla attn.method=chunk model.remat=mixer",
-                   "gla attn.method=chunk model.remat=block"]
+MEMORY_VARIANTS = ["softmax", "gla attn.method=chunk", "gla attn.method=chunk_recompute",
+                   "gated_deltanet attn.method=chunk_recompute", "gla attn.method=chunk model.remat=mixer"]
 DOCUMENT_VARIANTS = ["softmax", "softmax attn.method=xla", "gla"]
 KERNEL_TESTS = ["tests/ops/test_pallas_gla.py", "tests/ops/test_pallas_ssm.py", "tests/ops/test_delta_rule.py"]
 
