@@ -331,7 +331,7 @@ def test_an_old_form_name_on_the_command_line_runs_the_new_one_with_one_note(fre
         assert tiny_config("deltanet", "attn.method=scan").attn.method == "naive"
         assert tiny_config("deltanet", "attn.method=scan").attn.method == "naive"
     assert form_notes(caplog) == [("note: attn.method='scan' is the old name of 'naive'; running 'naive' "
-                                   "(the forms: naive, parallel, chunk, pallas, auto, jla)")]
+                                   "(the forms: naive, parallel, chunk, chunk_recompute, pallas, auto, jla)")]
 
 
 @pytest.mark.parametrize("variant, old, new", RENAMED_FORMS)

@@ -124,7 +124,7 @@ def test_gla_gates_follow_the_temperature():
     "overrides, expected",
     [
         (("linear", "attn.method=fused"), ["attn.method='fused'", "parallel, scan, assoc, chunk"]),
-        (("retnet", "attn.method=triton"), ["attn.method='triton'", "chunk, pallas"]),
+        (("retnet", "attn.method=triton"), ["attn.method='triton'", "chunk, chunk_recompute, pallas"]),
         (("gla", "attn.chunk_size=0"), ["attn.chunk_size=0"]),
         (("retnet", "attn.method=pallas", "attn.chunk_size=24"), ["attn.chunk_size=24", "multiple of 16"]),
         (("linear", "attn.feature_map=softplus"), ["attn.feature_map='softplus'", "elu+1, relu, identity, favor+"]),

@@ -184,7 +184,7 @@ def test_full_beta_overwrites_the_stored_association(method):
 
 def test_unknown_method_and_bad_shapes_fail_clearly():
     args = make_args("channel", 5, with_state=False)
-    with pytest.raises(ValueError, match="naive, parallel, chunk, pallas"):
+    with pytest.raises(ValueError, match="naive, parallel, chunk, chunk_recompute, pallas"):
         run("fused", args)
     with pytest.raises(ValueError, match="beta"):
         delta_rule(args["q"], args["k"], args["v"], args["beta"][..., None])

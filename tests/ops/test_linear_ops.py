@@ -147,7 +147,7 @@ def test_unknown_method_names_the_valid_ones():
     args = make_args("gla", 5, with_state=False)
     with pytest.raises(ValueError, match="naive, parallel, scan, assoc, chunk"):
         gla(args["q"], args["k"], args["v"], args["log_g"], method="fused")
-    with pytest.raises(ValueError, match="parallel, scan, assoc, chunk, pallas"):
+    with pytest.raises(ValueError, match="parallel, scan, assoc, chunk, chunk_recompute, pallas"):
         linear_attention(args["q"], args["k"], args["v"], method="fused")
 
 

@@ -525,7 +525,7 @@ def test_unknown_methods_name_the_valid_ones():
     with pytest.raises(ValueError, match="naive, scan, assoc, chunk, pallas"):
         selective_scan(**s, method="parallel")
     d = ssd_inputs(4, extras=False)
-    with pytest.raises(ValueError, match="naive, scan, chunk, pallas"):
+    with pytest.raises(ValueError, match="naive, scan, chunk, chunk_recompute, pallas"):
         ssd(**d, method="assoc")
     with pytest.raises(ValueError, match=r"naive, fft\)"):
         diagonal_ssm(s["u"], -jnp.ones((CHANNELS, 2)), jnp.ones((CHANNELS, 2)), jnp.ones((CHANNELS, 2)), method="chunk")

@@ -123,7 +123,8 @@ def test_an_evaluation_of_a_wandb_run_goes_to_the_same_run(tmp_path, offline):
     table_file = next(offline.glob("wandb/offline-run-*/files/" + json.loads(summary["eval/tiny/results/path"])))
     table = json.loads(table_file.read_text())
     assert table["columns"] == ["length", "bpb", "bpb_lo"] and table["data"] == [[32, 1.25, None], [64, 1.5, 1.25]]
-    ids = {p.name.rsplit("-", 1)[1] for p in offline.glob("wandb/offline-run-*")}
+    # offline-run-<time>-<id>[-<n>]: W&B adds -<n> where a run of the same second already has the folder
+    ids = {p.name.split("-")[3] for p in offline.glob("wandb/offline-run-*")}
     assert ids == {(run.path / tracking.WANDB_ID).read_text().strip()}
 
 
