@@ -17,7 +17,7 @@ import numpy as np
 
 from lmzoo.cli import shown
 from lmzoo.config import Config, ConfigError
-from lmzoo.interop.llama import Fused, Tensor, mlp_tensors, same, transposed
+from lmzoo.interop.llama import Fused, Tensor, mlp_tensors, outer_tensors, same, transposed
 from lmzoo.mixers.family.linear import GatedHeadNorm
 from lmzoo.model import ff_size
 
@@ -108,10 +108,7 @@ def model_settings(hf: dict, *, mlp: bool = True, hidden_ratio: int = 4) -> dict
 def block_tensors(n_layers: int, tied: bool, mixer: Callable[[str, tuple], list[Tensor | Fused]]) -> list[Tensor | Fused]:
     """Every tensor of an fla model of ``n_layers`` SwiGLU blocks (no ``lm_head`` when ``tied``), ``mixer(hf, ours)``
     giving a block's mixer tensors from fla's prefix (``model.layers.<i>.attn``) and lmzoo's path."""
-    table = [Tensor("model.embeddings.weight", ("embed", "embedding"), same, same),
-             Tensor("model.norm.weight", ("norm", "norm", "scale"), same, same)]
-    if not tied:
-        table.append(Tensor("lm_head.weight", ("head", "kernel"), transposed, transposed))
+    table = outer_tensors("model.embeddings.weight", "model.norm.weight", tied)
     for i in range(n_layers):
         hf, ours = f"model.layers.{i}", ("blocks", i)
         table += [Tensor(f"{hf}.attn_norm.weight", (*ours, "mixer_norm", "norm", "scale"), same, same),

@@ -13,10 +13,8 @@ make them, ``x / sqrt(|x|^2 + 1e-6)``: lmzoo's ``attn.qk_norm_eps=1e-6`` (by def
 
 from __future__ import annotations
 
-import numpy as np
-
 from lmzoo.config import Config
-from lmzoo.interop import fla_common, llama
+from lmzoo.interop import fla_common
 from lmzoo.interop.fla_common import FLA_QK_NORM_EPS, HEAD_NORM_EPS, delta_tensors, linear
 from lmzoo.interop.llama import Fused, Tensor, same
 from lmzoo.mixers.gated_deltanet import GatedDeltaNetConfig
@@ -84,11 +82,3 @@ def mixer_tensors(hf: str, mixer: tuple) -> list[Tensor | Fused]:
 
 def tensors(n_layers: int, tied: bool) -> list[Tensor | Fused]:
     return fla_common.block_tensors(n_layers, tied, mixer_tensors)
-
-
-def to_hf(params: dict[tuple, np.ndarray], n_layers: int, tied: bool) -> dict[str, np.ndarray]:
-    return llama.to_hf(params, n_layers, tied, tensors(n_layers, tied))
-
-
-def from_hf(weights: dict[str, np.ndarray], n_layers: int, tied: bool) -> dict[tuple, np.ndarray]:
-    return llama.from_hf(weights, n_layers, tied, tensors(n_layers, tied))

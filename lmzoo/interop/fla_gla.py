@@ -14,10 +14,8 @@ ways: ``lmzoo.interop.hf.open_hf`` opens an fla GLA folder whose settings map (`
 
 from __future__ import annotations
 
-import numpy as np
-
 from lmzoo.config import Config
-from lmzoo.interop import fla_common, llama
+from lmzoo.interop import fla_common
 from lmzoo.interop.fla_common import HEAD_NORM_EPS, linear
 from lmzoo.interop.llama import Fused, Tensor, same
 from lmzoo.mixers.gla import GLAConfig
@@ -80,13 +78,3 @@ def mixer_tensors(hf: str, mixer: tuple) -> list[Tensor | Fused]:
 def tensors(n_layers: int, tied: bool) -> list[Tensor | Fused]:
     """Every tensor of an fla GLA with ``n_layers`` blocks (no ``lm_head`` when ``tied``)."""
     return fla_common.block_tensors(n_layers, tied, mixer_tensors)
-
-
-def to_hf(params: dict[tuple, np.ndarray], n_layers: int, tied: bool) -> dict[str, np.ndarray]:
-    """fla's tensors (float32, by name) from lmzoo's parameters (numpy, by state path)."""
-    return llama.to_hf(params, n_layers, tied, tensors(n_layers, tied))
-
-
-def from_hf(weights: dict[str, np.ndarray], n_layers: int, tied: bool) -> dict[tuple, np.ndarray]:
-    """lmzoo's parameters (by state path) from fla's tensors; ConfigError naming a missing one."""
-    return llama.from_hf(weights, n_layers, tied, tensors(n_layers, tied))

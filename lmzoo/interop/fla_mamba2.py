@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from lmzoo.cli import shown
 from lmzoo.config import Config
-from lmzoo.interop import fla_common, llama
+from lmzoo.interop import fla_common
 from lmzoo.interop.fla_common import conv_kernel, conv_weight, linear
-from lmzoo.interop.llama import Fused, Tensor, same, transposed
+from lmzoo.interop.llama import Fused, Tensor, outer_tensors, same
 from lmzoo.mixers.mamba2 import Mamba2Config
 
 MODEL_TYPE = "mamba2"
@@ -89,10 +87,7 @@ def lmzoo_settings(hf: dict) -> dict:
 
 def tensors(n_layers: int, tied: bool) -> list[Tensor | Fused]:
     """Every tensor of an fla Mamba-2 with ``n_layers`` blocks (no ``lm_head`` when ``tied``)."""
-    table = [Tensor("backbone.embeddings.weight", ("embed", "embedding"), same, same),
-             Tensor("backbone.norm_f.weight", ("norm", "norm", "scale"), same, same)]
-    if not tied:
-        table.append(Tensor("lm_head.weight", ("head", "kernel"), transposed, transposed))
+    table = outer_tensors("backbone.embeddings.weight", "backbone.norm_f.weight", tied)
     for i in range(n_layers):
         hf, ours = f"backbone.layers.{i}", ("blocks", i)
         mixer, ours_mixer = f"{hf}.mixer", (*ours, "mixer")
@@ -103,11 +98,3 @@ def tensors(n_layers: int, tied: bool) -> list[Tensor | Fused]:
                   Tensor(f"{mixer}.norm.weight", (*ours_mixer, "norm_weight"), same, same),
                   *(Tensor(f"{mixer}.{name}", (*ours_mixer, name), same, same) for name in ("A_log", "dt_bias", "D"))]
     return table
-
-
-def to_hf(params: dict[tuple, np.ndarray], n_layers: int, tied: bool) -> dict[str, np.ndarray]:
-    return llama.to_hf(params, n_layers, tied, tensors(n_layers, tied))
-
-
-def from_hf(weights: dict[str, np.ndarray], n_layers: int, tied: bool) -> dict[tuple, np.ndarray]:
-    return llama.from_hf(weights, n_layers, tied, tensors(n_layers, tied))

@@ -11,11 +11,9 @@ scale shared by the heads (fla's ``g_norm_swish_gate``, eps ``norm_eps``: the he
 
 from __future__ import annotations
 
-import numpy as np
-
 from lmzoo.cli import shown
 from lmzoo.config import Config
-from lmzoo.interop import fla_common, llama
+from lmzoo.interop import fla_common
 from lmzoo.interop.fla_common import HEAD_NORM_EPS, linear
 from lmzoo.interop.llama import Fused, Tensor, same
 from lmzoo.mixers.retnet import RetNetConfig
@@ -70,11 +68,3 @@ def mixer_tensors(hf: str, mixer: tuple) -> list[Tensor | Fused]:
 
 def tensors(n_layers: int, tied: bool) -> list[Tensor | Fused]:
     return fla_common.block_tensors(n_layers, tied, mixer_tensors)
-
-
-def to_hf(params: dict[tuple, np.ndarray], n_layers: int, tied: bool) -> dict[str, np.ndarray]:
-    return llama.to_hf(params, n_layers, tied, tensors(n_layers, tied))
-
-
-def from_hf(weights: dict[str, np.ndarray], n_layers: int, tied: bool) -> dict[tuple, np.ndarray]:
-    return llama.from_hf(weights, n_layers, tied, tensors(n_layers, tied))

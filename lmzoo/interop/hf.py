@@ -58,7 +58,7 @@ def parameters(model: nnx.Module) -> dict[tuple, np.ndarray]:
 
 def export_hf(trained: Trained, out: Path | str, *, source: dict | None = None, target=llama) -> Path:
     """Write ``trained`` as a Hugging Face folder at ``out`` (which must not hold files yet) of ``target``'s
-    model class (a module with ``hf_config`` and ``to_hf``: ``llama``, or one of ``lmzoo.interop.fla.CLASSES``).
+    model class (a module with ``hf_config`` and ``tensors``, its weight table: ``llama``, or one of ``lmzoo.interop.fla.CLASSES``).
 
     ConfigError naming every setting of the run that the target has no equivalent for. The folder appears
     whole: it is written beside ``out`` under a temporary name and then renamed."""
@@ -68,7 +68,8 @@ def export_hf(trained: Trained, out: Path | str, *, source: dict | None = None, 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"out={str(out)!r} already holds files: name a new folder")
-    weights = target.to_hf(parameters(trained.model), cfg.model.n_layers, cfg.model.tie_embeddings)
+    n_layers, tied = cfg.model.n_layers, cfg.model.tie_embeddings
+    weights = llama.to_hf(parameters(trained.model), n_layers, tied, target.tensors(n_layers, tied))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
@@ -214,5 +215,6 @@ def open_hf(folder: Path | str, overrides=()) -> Trained:
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
     model = LM(cfg, hf["vocab_size"], rngs=nnx.Rngs(0))
-    load_parameters(model, source_of(hf).from_hf(read_weights(folder), cfg.model.n_layers, cfg.model.tie_embeddings))
+    n_layers, tied = cfg.model.n_layers, cfg.model.tie_embeddings
+    load_parameters(model, llama.from_hf(read_weights(folder), n_layers, tied, source_of(hf).tensors(n_layers, tied)))
     return Trained(cfg, data, model, 0)

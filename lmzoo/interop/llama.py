@@ -158,12 +158,16 @@ class Fused:
         return np.concatenate([self.back(weights[name]) for name in self.hf], axis=self.axis)
 
 
+def outer_tensors(embedding: str, norm: str, tied: bool) -> list[Tensor | Fused]:
+    """The tensors around the blocks, by their names in the format: the embedding, the final norm and (unless
+    ``tied``) the ``lm_head``."""
+    table = [Tensor(embedding, ("embed", "embedding"), same, same), Tensor(norm, ("norm", "norm", "scale"), same, same)]
+    return table if tied else [*table, Tensor("lm_head.weight", ("head", "kernel"), transposed, transposed)]
+
+
 def tensors(n_layers: int, tied: bool) -> list[Tensor | Fused]:
     """Every tensor of a Llama with ``n_layers`` blocks (no ``lm_head`` when ``tied``)."""
-    table = [Tensor("model.embed_tokens.weight", ("embed", "embedding"), same, same),
-             Tensor("model.norm.weight", ("norm", "norm", "scale"), same, same)]
-    if not tied:
-        table.append(Tensor("lm_head.weight", ("head", "kernel"), transposed, transposed))
+    table = outer_tensors("model.embed_tokens.weight", "model.norm.weight", tied)
     for i in range(n_layers):
         hf, ours = f"model.layers.{i}", ("blocks", i)
         table += [Tensor(f"{hf}.input_layernorm.weight", (*ours, "mixer_norm", "norm", "scale"), same, same),

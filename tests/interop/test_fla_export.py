@@ -22,7 +22,7 @@ from test_export import TEXTS, lmzoo_log_probs, train_tiny
 from lmzoo import export
 from lmzoo.config import ConfigError
 from lmzoo.data.tokenizers import ByteTokenizer
-from lmzoo.interop import fla, fla_deltanet, fla_gated_deltanet, fla_gla, fla_kda, fla_mamba2, fla_retnet
+from lmzoo.interop import fla, fla_deltanet, fla_gated_deltanet, fla_gla, fla_kda, fla_mamba2, fla_retnet, llama
 from lmzoo.interop.hf import export_hf, parameters
 from lmzoo.model import LM
 from lmzoo.run.load import Trained, open_trained
@@ -77,6 +77,14 @@ def fla_log_probs(folder, texts, tmp_path):
     return proc.stdout.split()[-1], [(arrays[f"ids{i}"].tolist(), arrays[f"log_probs{i}"]) for i in range(len(texts))]
 
 
+def assert_refused_in_one_line(module, cfg, named) -> None:
+    """``module.check_exportable(cfg)`` raises one line naming each setting in ``named``."""
+    with pytest.raises(ConfigError) as error:
+        module.check_exportable(cfg)
+    message = str(error.value)
+    assert "\n" not in message and all(name in message for name in named), message
+
+
 @pytest.mark.parametrize("variant, overrides, named", [
     ("gla", (), ("model.norm_eps=1e-06",)),
     ("gla", ("attn.gate_rank=8", "attn.gate_temperature=4", "model.mlp=false"),
@@ -85,10 +93,7 @@ def fla_log_probs(folder, texts, tmp_path):
     ("gla_softmax", (*EXACT, "model.n_layers=4"), ("attn.mixer=softmax",)),  # its 4th layer
 ])
 def test_settings_fla_gla_lacks_are_refused_in_one_line_naming_each(variant, overrides, named):
-    with pytest.raises(ConfigError) as error:
-        fla_gla.check_exportable(tiny_config(variant, *overrides))
-    message = str(error.value)
-    assert "\n" not in message and all(name in message for name in named), message
+    assert_refused_in_one_line(fla_gla, tiny_config(variant, *overrides), named)
 
 
 def test_gla_at_the_head_norm_epsilon_maps_exactly():
@@ -103,8 +108,9 @@ def test_the_weight_table_round_trips_and_fills_every_fla_tensor(tied):
 
     cfg = tiny_config("gla", *EXACT, f"model.tie_embeddings={str(tied).lower()}")
     params = parameters(LM(cfg, 259, rngs=nnx.Rngs(0)))
-    weights = fla_gla.to_hf(params, cfg.model.n_layers, tied)
-    back = fla_gla.from_hf(weights, cfg.model.n_layers, tied)
+    table = fla_gla.tensors(cfg.model.n_layers, tied)
+    weights = llama.to_hf(params, cfg.model.n_layers, tied, table)
+    back = llama.from_hf(weights, cfg.model.n_layers, tied, table)
     assert back.keys() == params.keys()
     for path, value in params.items():
         np.testing.assert_array_equal(back[path], value)
@@ -229,10 +235,7 @@ def test_a_mixer_no_fla_class_has_is_refused_in_one_line():
     ("kda", fla_deltanet, (*EXACT, *QK), ("attn.mixer=kda",)),
 ])
 def test_settings_fla_delta_classes_lack_are_refused_in_one_line_naming_each(variant, module, overrides, named):
-    with pytest.raises(ConfigError) as error:
-        module.check_exportable(tiny_config(variant, *overrides))
-    message = str(error.value)
-    assert "\n" not in message and all(name in message for name in named), message
+    assert_refused_in_one_line(module, tiny_config(variant, *overrides), named)
 
 
 @pytest.mark.parametrize("variant, module, architecture, config_class", DELTA)
@@ -264,8 +267,9 @@ def test_the_delta_weight_tables_round_trip_and_fill_every_fla_tensor(variant, m
 
     cfg = tiny_config(variant, *EXACT, *QK, "model.tie_embeddings=false", "attn.conv_size=3")
     params = parameters(LM(cfg, 259, rngs=nnx.Rngs(0)))
-    weights = module.to_hf(params, cfg.model.n_layers, False)
-    back = module.from_hf(weights, cfg.model.n_layers, False)
+    table = module.tensors(cfg.model.n_layers, False)
+    weights = llama.to_hf(params, cfg.model.n_layers, False, table)
+    back = llama.from_hf(weights, cfg.model.n_layers, False, table)
     assert back.keys() == params.keys()
     for path, value in params.items():
         np.testing.assert_array_equal(back[path], value)
@@ -285,9 +289,13 @@ def test_an_exported_delta_run_loads_in_fla_with_the_same_log_probs(tmp_path, va
     print(f"{architecture}: largest log-prob difference {worst:.2g}")
 
 
-def random_fla_model(fla_models, architecture, config_class, **settings):
-    """An fla model with weights drawn far from its initialisation, so that every weight shows in the log-probs."""
+def open_random_fla(tmp_path, architecture, config_class, **settings):
+    """(the folder, lmzoo's ``Trained``) of an fla model with weights drawn far from its initialisation, so that
+    every weight shows in the log-probs, saved with a byte tokenizer and opened by ``open_hf``."""
+    fla_models = pytest.importorskip("fla.models")  # no forward in this process
     import torch
+
+    from lmzoo.interop.hf import open_hf, write_tokenizer
 
     torch.manual_seed(0)
     config = getattr(fla_models, config_class)(hidden_size=32, num_hidden_layers=2, num_heads=4, vocab_size=259,
@@ -297,7 +305,10 @@ def random_fla_model(fla_models, architecture, config_class, **settings):
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
-    return model
+    folder = tmp_path / "fla"
+    model.save_pretrained(folder)
+    write_tokenizer(ByteTokenizer(), folder, max_length=64)
+    return folder, open_hf(folder)
 
 
 @pytest.mark.slow
@@ -307,13 +318,7 @@ def random_fla_model(fla_models, architecture, config_class, **settings):
 ])
 def test_a_random_fla_delta_model_opens_in_lmzoo_with_the_same_log_probs(tmp_path, variant, module, architecture,
                                                                         config_class, settings):
-    fla_models = pytest.importorskip("fla.models")  # no forward in this process
-    from lmzoo.interop.hf import open_hf, write_tokenizer
-
-    folder = tmp_path / "fla"
-    random_fla_model(fla_models, architecture, config_class, **settings).save_pretrained(folder)
-    write_tokenizer(ByteTokenizer(), folder, max_length=64)
-    trained = open_hf(folder)
+    folder, trained = open_random_fla(tmp_path, architecture, config_class, **settings)
     assert trained.cfg.attn.mixer == variant and trained.cfg.attn.qk_norm_eps == 1e-6 and trained.cfg.model.d_ff == 256
     name, results = fla_log_probs(folder, TEXTS, tmp_path)
     assert name == architecture
@@ -336,10 +341,7 @@ OTHERS = [("retnet", fla_retnet, "RetNetForCausalLM", "RetNetConfig", ()),
     ("mamba", fla_mamba2, (*EXACT, *NO_MLP), ("attn.mixer=mamba",)),
 ])
 def test_settings_fla_retnet_and_mamba2_lack_are_refused_in_one_line_naming_each(variant, module, overrides, named):
-    with pytest.raises(ConfigError) as error:
-        module.check_exportable(tiny_config(variant, *overrides))
-    message = str(error.value)
-    assert "\n" not in message and all(name in message for name in named), message
+    assert_refused_in_one_line(module, tiny_config(variant, *overrides), named)
 
 
 @pytest.mark.parametrize("variant, module, architecture, config_class, overrides", OTHERS)
@@ -373,8 +375,9 @@ def test_the_retnet_and_mamba2_weight_tables_fill_every_fla_tensor(tmp_path, var
 
     cfg = tiny_config(variant, *EXACT, *overrides, "model.tie_embeddings=false")
     params = parameters(LM(cfg, 259, rngs=nnx.Rngs(0)))
-    weights = module.to_hf(params, cfg.model.n_layers, False)
-    back = module.from_hf(weights, cfg.model.n_layers, False)
+    table = module.tensors(cfg.model.n_layers, False)
+    weights = llama.to_hf(params, cfg.model.n_layers, False, table)
+    back = llama.from_hf(weights, cfg.model.n_layers, False, table)
     assert back.keys() == params.keys() and all(np.array_equal(back[p], v) for p, v in params.items())
     torch, fla_models = pytest.importorskip("torch"), pytest.importorskip("fla.models")  # no forward: no kernel runs
     (tmp_path / "config.json").write_text(json.dumps(module.hf_config(cfg, 259, bos_id=256, eos_id=257, pad_id=258)))
@@ -398,13 +401,7 @@ def test_an_exported_retnet_or_mamba2_run_loads_in_fla_with_the_same_log_probs(t
 ])
 def test_a_random_fla_retnet_or_mamba2_opens_in_lmzoo_with_the_same_log_probs(tmp_path, variant, module, architecture,
                                                                              config_class, settings):
-    fla_models = pytest.importorskip("fla.models")  # no forward in this process
-    from lmzoo.interop.hf import open_hf, write_tokenizer
-
-    folder = tmp_path / "fla"
-    random_fla_model(fla_models, architecture, config_class, **settings).save_pretrained(folder)
-    write_tokenizer(ByteTokenizer(), folder, max_length=64)
-    trained = open_hf(folder)
+    folder, trained = open_random_fla(tmp_path, architecture, config_class, **settings)
     assert trained.cfg.attn.mixer == variant
     name, results = fla_log_probs(folder, TEXTS, tmp_path)
     assert name == architecture
@@ -422,12 +419,9 @@ def test_settings_fla_kda_lacks_are_refused_in_one_line_naming_each():
     assert fla.for_run(tiny_config("kda")) is fla_kda and fla.for_checkpoint({"model_type": "kda"}) is fla_kda
     assert fla_kda.refusals(tiny_config("kda", *EXACT, *QK)) == []
     assert fla_kda.refusals(tiny_config("kda", *EXACT, *QK, "attn.gate_rank=8", "attn.value_heads=4")) == []  # as fla's
-    with pytest.raises(ConfigError) as error:
-        fla_kda.check_exportable(tiny_config("kda", "attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8"))
-    message = str(error.value)
-    assert "\n" not in message and all(name in message for name in (
-        "attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8", "model.norm_eps=1e-06",
-        "attn.qk_norm_eps=null")), message
+    assert_refused_in_one_line(fla_kda, tiny_config("kda", "attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8"),
+                               ("attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8", "model.norm_eps=1e-06",
+                                "attn.qk_norm_eps=null"))
     hf = {"hidden_size": 32, "num_hidden_layers": 2, "num_heads": 4, "intermediate_size": 96, "norm_eps": 1e-5}
     with pytest.raises(ConfigError) as error:  # KDAConfig's default heads are 128 wide
         fla_kda.lmzoo_settings({**hf, "num_v_heads": 8, "safe_gate": True})
