@@ -181,6 +181,15 @@ def segment_sums(log_g) -> jax.Array:
     return jnp.where(causal_mask(t)[:, :, None, None], sums, -jnp.inf)
 
 
+def in_float32(form):
+    """``form(q, k, v, *rest, chunk_size)`` called with float32 copies of q, k and v, q scaled by ``scale``: keyword
+    arguments ``scale`` and ``chunk_size``, the rest (gates, state) as given."""
+    def run(q, k, v, *rest, scale, chunk_size):
+        q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
+        return form(q32 * scale, k32, v32, *rest, chunk_size)
+    return run
+
+
 def recompute_in_backward(form):
     """``form(*args)`` differentiated by running it again in the backward pass: only its inputs are kept between
     the passes, never its intermediates.

@@ -67,7 +67,8 @@ from jax import lax
 
 from lmzoo.ops import kernels
 from lmzoo.ops.common import (
-    Forms, check_form, from_chunks, gate_layout, gates_float32, recompute_in_backward, reset_gates, same_segment, state_float32, to_chunks,
+    Forms, check_form, from_chunks, gate_layout, gates_float32, in_float32, recompute_in_backward, reset_gates,
+    same_segment, state_float32, to_chunks,
 )
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.delta import delta_rule_pallas
@@ -120,25 +121,11 @@ def _delta_rule(q, k, v, beta, log_g, *, scale, initial_state, method, chunk_siz
     batch, _, heads, d_key = k.shape
     s0 = state_float32(initial_state, (batch, heads, d_key, v.shape[-1]))
     g32 = gates_float32(log_g, segment_ids, k.shape)
-    form = _chunk_recompute if method == "chunk_recompute" else _in_float32(_FORMS[method])
-    out, state = form(q, k, v, beta, g32, s0, scale, chunk_size)
+    form = functools.partial(in_float32(_FORMS[method]), scale=scale, chunk_size=chunk_size)
+    if method == "chunk_recompute":  # kept as autodiff saves them, the chunk form's intermediates (pair matrices,
+        form = recompute_in_backward(form)  # their triangular inverse, decayed copies) are ~15x its inputs' size
+    out, state = form(q, k, v, beta.astype(jnp.float32), g32, s0)
     return out.astype(v.dtype), state
-
-
-def _in_float32(form):
-    """A form run on float32 copies of its inputs, q scaled."""
-    def run(q, k, v, beta, log_g, s0, scale, chunk_size):
-        q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
-        return form(q32 * scale, k32, v32, beta.astype(jnp.float32), log_g, s0, chunk_size)
-    return run
-
-
-def _chunk_recompute(q, k, v, beta, log_g, s0, scale, chunk_size):
-    """The chunk form, recomputed in the backward pass (``recompute_in_backward``): kept as autodiff saves them,
-    its intermediates (pair matrices, their triangular inverse, the halving rounds' decayed copies) are ~15x
-    its inputs' size."""
-    form = functools.partial(_in_float32(_chunk), scale=scale, chunk_size=chunk_size)
-    return recompute_in_backward(form)(q, k, v, beta, log_g, s0)
 
 
 @functools.partial(jax.jit, static_argnames=("scale",))
@@ -231,4 +218,4 @@ def _pallas(q, k, v, beta, log_g, s0, chunk_size):
     return delta_rule_pallas(q, k, v, beta, log_g, s0, chunk_size=chunk_size)
 
 
-_FORMS = {"naive": _naive, "parallel": _parallel, "chunk": _chunk, "pallas": _pallas}
+_FORMS = {"naive": _naive, "parallel": _parallel, "chunk": _chunk, "chunk_recompute": _chunk, "pallas": _pallas}

@@ -24,7 +24,7 @@ Key j reaches query i >= j with weight ``scale * sum_d q_id k_jd exp(L_ijd)``, w
 - ``"chunk"``:    matmuls within chunks of ``chunk_size`` steps (per dimension by halving, see
   ``_within_chunks``), the state carried across chunks (without gates, a cumulative sum);
 - ``"chunk_recompute"``: the chunk form keeping only its inputs for the backward pass, which recomputes
-  the rest (``_chunk_in_float32``): ~15x less held per layer in training, one more forward pass of the
+  the rest (``recompute_in_backward``): ~15x less held per layer in training, one more forward pass of the
   op. Its gradients equal the chunk form's to float32 rounding, not bit for bit;
 - ``"pallas"``:   the chunk form as Pallas kernels with a custom VJP (``lmzoo.ops.pallas.gla``):
   compiled on a GPU or TPU, interpret mode on a CPU. q, k, v enter the kernels in their own
@@ -48,8 +48,8 @@ from jax import lax
 
 from lmzoo.ops import kernels
 from lmzoo.ops.common import (
-    Forms, causal_mask, check_form, decay_since, decay_until_end, from_chunks, gate_layout, gates_float32, recompute_in_backward,
-    same_segment, segment_sums, state_float32, to_chunks,
+    Forms, causal_mask, check_form, decay_since, decay_until_end, from_chunks, gate_layout, gates_float32, in_float32,
+    recompute_in_backward, same_segment, segment_sums, state_float32, to_chunks,
 )
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.gla import gla_pallas
@@ -94,22 +94,14 @@ def gla_form(q, k, v, log_g, *, scale, initial_state, method, chunk_size, segmen
         q_scaled = (q.astype(jnp.float32) * scale).astype(q.dtype)
         gates = jnp.zeros((*k.shape[:3], 1), jnp.float32) if g32 is None else g32
         out, state = gla_pallas(q_scaled, k, v, gates, s0, chunk_size=chunk_size)
-    elif method == "chunk_recompute":
-        chunked = functools.partial(_chunk_in_float32, scale=scale, chunk_size=chunk_size)
-        out, state = recompute_in_backward(chunked)(q, k, v, g32, s0)
     else:
-        q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
-        out, state = _FORMS[method](q32 * scale, k32, v32, g32, s0, chunk_size)
+        form = functools.partial(in_float32(_FORMS[method]), scale=scale, chunk_size=chunk_size)
+        if method == "chunk_recompute":  # kept as autodiff saves them, the chunk form's intermediates
+            # (``_within_chunks``' halving rounds, decayed float32 copies of q, k and v) are ~15x the inputs: 135 MiB
+            # a sequence per layer at T = 2048 with 12 heads of Dk = 32, Dv = 64, against the inputs' 9 MiB
+            form = recompute_in_backward(form)
+        out, state = form(q, k, v, g32, s0)
     return out.astype(v.dtype), state
-
-
-def _chunk_in_float32(q, k, v, log_g, s0, *, scale, chunk_size):
-    """The chunk form from q, k, v in their own dtype, which ``chunk_recompute`` runs again in the backward pass
-    (``recompute_in_backward``): kept as autodiff saves them, its intermediates (``_within_chunks``' halving rounds, decayed float32 copies of
-    q, k and v) are ~15x the inputs, 135 MiB a sequence per layer at T = 2048 with 12 heads of Dk = 32, Dv = 64
-    against the inputs' 9 MiB."""
-    q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))
-    return _chunk(q32 * scale, k32, v32, log_g, s0, chunk_size)
 
 
 def decayed_scores(q, k, log_g) -> jax.Array:
@@ -273,4 +265,5 @@ def _halves(x, half: int) -> jax.Array:
     return x.reshape(batch, chunks, width // (2 * half), 2, half, heads, dim)
 
 
-_FORMS = {"naive": _naive, "parallel": _parallel, "scan": _scan, "assoc": _assoc, "chunk": _chunk}  # chunk_recompute: gla_form
+_FORMS = {"naive": _naive, "parallel": _parallel, "scan": _scan, "assoc": _assoc, "chunk": _chunk,
+          "chunk_recompute": _chunk}  # recomputed in the backward pass by gla_form
