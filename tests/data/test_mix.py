@@ -77,6 +77,19 @@ def test_rows_follow_the_weights_and_each_component_gives_its_own_rows(tmp_path)
     assert data.tokenizer.decode(rows["inputs"][component == 1][0]).count(":") == 2  # needle and question
 
 
+def test_task_rows_drawn_together_equal_their_examples_one_by_one(tmp_path):
+    data = mix(corpus(tmp_path)).build(seed=5, shard_index=0, shard_count=1)
+    for part in data.parts[1:]:  # passkey and mqar
+        indices = np.array([0, 7, 3, 40, 41, 1000, 2])
+        one_by_one = [part.examples(i) for i in indices]
+        together = part.rows(indices)
+        for key in ("inputs", "targets", "weights"):
+            stacked = np.stack([e[key] for e in one_by_one])
+            expected = part.tokens[stacked] if key != "weights" else stacked
+            np.testing.assert_array_equal(together[key], expected, err_msg=key)
+            assert together[key].dtype == expected.dtype, key
+
+
 def test_resume_gives_the_batches_of_an_uninterrupted_iterator(tmp_path):
     data = mix(corpus(tmp_path), document_boundaries="mask").build(seed=0, shard_index=0, shard_count=1)
     uninterrupted = batches(data.train_iterator(8), 9)
