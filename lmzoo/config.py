@@ -32,7 +32,7 @@ class TrainConfig:
     batch_size: int = 16  # sequences per step, over all devices
     grad_accum: int = 1  # micro-batches per step: the same update, batch_size / grad_accum rows in memory at once
     steps_per_call: int = 1  # optimizer steps per jitted call (a scan over as many batches): host costs once a call
-    pack_state: str = "auto"  # the state's arrays packed into a buffer per dtype for each call (lmzoo.run.packing): auto|true|false
+    pack_state: str = "auto"  # auto|true|false: the state packed in a buffer per dtype for each call (run.packing)
     seeds: list[int] = field(default_factory=list)  # several seeds as one jitted step, each a run in run_dir/seed<s>; empty: seed
     lrs: list[float] = field(default_factory=list)  # several optim.lr as one jitted step, each a run in run_dir/lr<lr>[/seed<s>]
     eval_every: int = 100  # steps between validations

@@ -4,6 +4,8 @@ and a packed run's checkpoints hold the same state (a resume with packing on or 
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 
 import jax
@@ -17,7 +19,7 @@ from lmzoo.run.checkpoint import Checkpointer
 from lmzoo.run.loop import Trainer, train
 from lmzoo.run.packing import StatePacking, choose_packing
 
-from conftest import tiny_config
+from conftest import REPO, run_lmzoo, tiny_config
 
 ONE_LAYER = ["model.n_layers=1", "train.probe_batch=0"]
 
@@ -186,3 +188,45 @@ def test_a_run_resumed_with_packing_switched_goes_on_as_the_uninterrupted_one(tm
             np.testing.assert_array_equal(a, b)
     finally:
         trainer.close()
+
+
+MESH_SNIPPET = """
+import json, sys, tempfile
+import jax, numpy as np
+from conftest import tiny_config
+from lmzoo.run.loop import Trainer
+
+def stepped(pack, mesh):
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = Trainer(tiny_config("softmax", "model.n_layers=1", "train.probe_batch=0", "train.steps=3",
+                                      f"train.pack_state={pack}", *mesh, run_dir=run_dir))
+        try:
+            for _ in range(3):
+                trainer.advance()
+            trainer.settle()
+            packing = trainer.packing
+            counts = None if packing is None else [len(trainer.leaves), packing.count, len(packing.loose)]
+            return [np.asarray(x).tolist() for x in jax.device_get(trainer.leaves)], counts
+        finally:
+            trainer.close()
+
+results = {}
+for name, mesh in {"fsdp_tensor": ["train.mesh.fsdp=2", "train.mesh.tensor=2"], "data": []}.items():
+    (packed, counts), (plain, _) = stepped("true", mesh), stepped("false", mesh)
+    results[name] = {"counts": counts, "equal": packed == plain}
+print(json.dumps({"devices": jax.device_count(), **results}))
+"""
+
+
+@pytest.mark.slow
+def test_on_a_mesh_of_four_devices_split_leaves_stay_apart_and_the_steps_are_the_same():
+    """Over fsdp x tensor = 2 x 2 simulated devices the split parameters and moments stay arrays of their own and
+    the rest packs; over 4 data devices everything packs; either way three packed steps equal unpacked ones."""
+    env = {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4",
+           "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}
+    result = json.loads(run_lmzoo("-c", MESH_SNIPPET, env=env, check=True).stdout.strip().splitlines()[-1])
+    assert result["devices"] == 4
+    leaves, arrays, loose = result["fsdp_tensor"]["counts"]
+    assert 0 < loose < leaves and arrays < leaves  # the split ones apart, the rest in buffers
+    assert result["data"]["counts"][2] == 0  # data parallel: every leaf lies whole on each device
+    assert result["fsdp_tensor"]["equal"] and result["data"]["equal"]
