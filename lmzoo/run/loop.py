@@ -58,7 +58,7 @@ from lmzoo.run.directory import RunDir, describe_changes
 from lmzoo.run.feed import BatchFeed
 from lmzoo.run.logger import MetricsLogger
 from lmzoo.run.optim import learning_rate_schedule
-from lmzoo.run.packing import StatePacking, choose_packing
+from lmzoo.run.packing import choose_packing, step_on_packed
 from lmzoo.run.resume import (
     check_checkpoints_fit, check_continuation, check_data, check_resume_step, prepare_run_dir, record_settings,
 )
@@ -198,13 +198,6 @@ def step_on_leaves(state_def, step, leaves: list, batch):
     return jax.tree.leaves(state), metrics
 
 
-def step_on_packed(packing: StatePacking, step, packed: list, batches):
-    """``step`` (leaves, batches) -> (leaves, metrics) on the state packed by ``packing``: unpacked at the call's
-    start, its new leaves packed at its end (``lmzoo.run.packing``)."""
-    leaves, metrics = step(packing.unpack(packed), batches)
-    return packing.pack(leaves), metrics
-
-
 def scan_steps(step, leaves: list, batches):
     """``step`` (leaves, batch) -> (leaves, metrics) over k stacked batches ([k, B, ...] leaves) in one program:
     (the leaves after the last step, each metric stacked [k, ...])."""
@@ -282,8 +275,6 @@ class Trainer:
         self.packing = choose_packing(cfg.train.pack_state, self.leaves, leaf_shardings, self.mesh)
         if self.packing is not None:  # the call takes and returns the state as a few buffers
             call = partial(step_on_packed, self.packing, call)
-            self.pack_fn = jax.jit(self.packing.pack, out_shardings=self.packing.shardings)
-            self.unpack_fn = jax.jit(self.packing.unpack, out_shardings=leaf_shardings)
         packed_shardings = leaf_shardings if self.packing is None else self.packing.shardings
         self.step_fn = jax.jit(call, donate_argnums=0, out_shardings=(packed_shardings, replicated))  # keeps its layout
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
@@ -366,7 +357,8 @@ class Trainer:
     def leaves(self) -> list:
         """The training state's arrays, in the pytree's order."""
         if self._leaves is None:
-            self._leaves = jax.tree.leaves(self._state) if self._state is not None else self.unpack_fn(self._packed)
+            self._leaves = (jax.tree.leaves(self._state) if self._state is not None
+                            else self.packing.unpacked_on_devices(self._packed))
         return self._leaves
 
     @leaves.setter
@@ -380,7 +372,7 @@ class Trainer:
         if self.packing is None:
             return self.leaves
         if self._packed is None:
-            self._packed = self.pack_fn(self.leaves)
+            self._packed = self.packing.packed_on_devices(self.leaves)
         return self._packed
 
     @packed.setter

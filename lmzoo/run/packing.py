@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -56,6 +57,7 @@ class StatePacking:
                 offset += size
         whole = NamedSharding(mesh, P())
         self.shardings = [whole] * len(self.groups) + [shardings[i] for i in self.loose]  # the packed arrays'
+        self._pack_fn = self._unpack_fn = None
 
     @property
     def count(self) -> int:
@@ -84,6 +86,18 @@ class StatePacking:
             leaves[i] = x
         return leaves
 
+    def packed_on_devices(self, leaves: list) -> list:
+        """``pack`` of arrays on the devices, as one jitted call (the packed arrays laid as ``shardings`` says)."""
+        if self._pack_fn is None:
+            self._pack_fn = jax.jit(self.pack, out_shardings=self.shardings)
+        return self._pack_fn(leaves)
+
+    def unpacked_on_devices(self, packed: list) -> list:
+        """``unpack`` of arrays on the devices, as one jitted call (each leaf laid as its own sharding says)."""
+        if self._unpack_fn is None:
+            self._unpack_fn = jax.jit(self.unpack, out_shardings=self.leaf_shardings)
+        return self._unpack_fn(packed)
+
     def check_fits(self, leaves: list) -> None:
         """The leaves are the ones this packing was made for (checked when traced): a step that changed a leaf's
         shape or dtype would otherwise pack it into another leaf's place."""
@@ -91,6 +105,13 @@ class StatePacking:
         if found != list(zip(self.shapes, self.dtypes)):
             raise TypeError(f"the state's arrays changed shape or dtype: {found} != "
                             f"{list(zip(self.shapes, self.dtypes))}")
+
+
+def step_on_packed(packing: StatePacking, step, packed: list, *inputs):
+    """``step`` (leaves, *inputs) -> (leaves, metrics) on the state packed by ``packing``: unpacked at the call's
+    start, its new leaves packed at its end."""
+    leaves, metrics = step(packing.unpack(packed), *inputs)
+    return packing.pack(leaves), metrics
 
 
 def choose_packing(setting: str, leaves: list, shardings: list[Sharding], mesh, lead: int = 0) -> StatePacking | None:

@@ -18,6 +18,7 @@ from lmzoo.train import main as train_main
 from lmzoo.run.checkpoint import Checkpointer
 from lmzoo.run.loop import Trainer, train
 from lmzoo.run.packing import StatePacking, choose_packing
+from lmzoo.run.seeds import SeedGroup
 
 from conftest import REPO, run_lmzoo, tiny_config
 
@@ -157,6 +158,27 @@ def test_the_packed_call_steps_bit_for_bit_as_the_unpacked_one(tmp_path, variant
     assert jax.tree.structure(packed_metrics) == jax.tree.structure(metrics)
     for a, b in zip(jax.tree.leaves(packed_metrics), jax.tree.leaves(metrics)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_group_of_seeds_packs_when_asked_and_steps_as_unpacked(tmp_path):
+    """Two seeds stacked [seeds, ...] and packed into [seeds, n] buffers (train.pack_state=true; auto leaves a
+    group unpacked): the group's vmapped call gives each seed the state and metrics of the unpacked group's, to
+    float rounding (XLA fuses the vmapped step on buffers otherwise)."""
+    runs = {}
+    for pack in ("true", "auto"):
+        group = SeedGroup(tiny_config("softmax", *ONE_LAYER, "train.steps=2", "train.seeds=[0,1]",
+                                      f"train.pack_state={pack}", run_dir=tmp_path / pack))
+        try:
+            metrics = [group.advance() for _ in range(2)]
+            group.settle()
+            runs[pack] = jax.device_get(group.leaves), jax.device_get(metrics), group.packing
+        finally:
+            group.close()
+    (packed_leaves, packed_metrics, packing), (leaves, metrics, none) = runs["true"], runs["auto"]
+    assert none is None and packing is not None and packing.count < len(leaves) // 4
+    for a, b in zip(jax.tree.leaves((packed_leaves, packed_metrics)), jax.tree.leaves((leaves, metrics)), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
 
 
 def checkpointed_params(run_dir, step: int, template) -> list:
