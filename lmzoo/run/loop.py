@@ -9,6 +9,8 @@ never waits for a step before dispatching the next: it reads each step's finiten
 the next batch to the device while a step runs (``Trainer.advance``). With ``train.steps_per_call=k`` one jitted
 call runs k steps (a scan over k batches stacked on the device), so the host's fixed costs of a call (dispatch,
 flag read, batch transfer) are paid once per k steps; the loop logs, validates and saves between calls only.
+Each call takes and returns the state packed into a buffer per dtype (``train.pack_state``, ``lmzoo.run.packing``),
+so that its dispatch handles a few arrays rather than every leaf; the state is unpacked only when read.
 One trainer at a time holds a run directory (``lmzoo.faults.RunLock``).
 
 A resume may change how training goes on; the learning-rate schedule is a function of the step alone
