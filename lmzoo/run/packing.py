@@ -5,7 +5,8 @@ CPU about 5 us each: 0.5 ms of a call for the ~100 arrays of the default model's
 small model's step on an accelerator does not hide. ``StatePacking`` lays the state's leaves end to end in one
 1-D buffer per dtype; the jitted call slices and reshapes them out at its start (``unpack``) and concatenates its
 new leaves at its end (``pack``), so the call takes and returns a handful of arrays. Slicing, reshaping and
-concatenating move values without arithmetic: the step computes the same numbers. Leaves split over a
+concatenating move values without arithmetic: a run's step computes the same numbers, bit for bit (a vmapped
+group of seeds' step may fuse otherwise, and round differently: ``lmzoo.run.seeds``). Leaves split over a
 multi-device mesh (FSDP, tensor rules, rows of the carried state) stay arrays of their own: one buffer could not
 keep each its own layout. With ``lead`` > 0 the leaves share that many leading axes (e.g. seeds stacked
 [seeds, ...]), kept in front of each buffer.
