@@ -32,6 +32,7 @@ class TrainConfig:
     batch_size: int = 16  # sequences per step, over all devices
     grad_accum: int = 1  # micro-batches per step: the same update, batch_size / grad_accum rows in memory at once
     steps_per_call: int = 1  # optimizer steps per jitted call (a scan over as many batches): host costs once a call
+    pack_state: str = "auto"  # auto|true|false: the state packed in a buffer per dtype for each call (run.packing)
     seeds: list[int] = field(default_factory=list)  # several seeds as one jitted step, each a run in run_dir/seed<s>; empty: seed
     lrs: list[float] = field(default_factory=list)  # several optim.lr as one jitted step, each a run in run_dir/lr<lr>[/seed<s>]
     eval_every: int = 100  # steps between validations
@@ -104,6 +105,7 @@ class Config:
 
 DTYPES = ("float32", "bfloat16")
 LOGGERS = ("tensorboard", "wandb")  # lmzoo.run.tracking: wandb needs pip install -e '.[track]'
+PACK_STATE = ("auto", "true", "false")  # lmzoo.run.packing: auto packs a state of at most 256 MiB
 REMAT = ("none", "block", "mixer")  # what lmzoo.model recomputes in the backward pass instead of storing
 
 
@@ -197,6 +199,8 @@ def check(cfg: Config) -> None:
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size={t.batch_size} does not split into train.grad_accum={t.grad_accum} equal micro-batches")
     check_steps_per_call(t)
+    t.pack_state = str(t.pack_state).lower()  # YAML and the command line read true/false as booleans
+    one_of("train.pack_state", t.pack_state, PACK_STATE)
     check_seeds(t)
     check_lrs(t, o.name)
     t.mesh.check()

@@ -229,6 +229,7 @@ CANNOT_CHANGE_TRAINED_MODEL = (
     "train.progress", "train.log_every", "train.eval_every", "train.eval_tokens", "train.probe_batch",
     "train.checkpoint_every", "train.keep_checkpoints",  # what is shown, logged, validated and saved
     "train.grad_accum", "train.steps_per_call",  # the same update, split or fused differently
+    "train.pack_state",  # how the state's arrays travel to each jitted call: the same numbers
     "train.seeds",  # several seeds trained in one step: each seed's own run holds its own seed (and no seeds)
     "train.lrs",  # several learning rates trained in one step: each run holds its own optim.lr (and no lrs)
     "train.distributed", "train.coordinator_address", "train.num_processes", "train.process_id", "train.mesh",

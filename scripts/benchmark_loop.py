@@ -5,6 +5,7 @@
     python scripts/benchmark_loop.py --models mqar --variant gla --json loop.json
     python scripts/benchmark_loop.py --models mqar --steps-per-call 8   # the loop runs 8 steps a jitted call
     python scripts/benchmark_loop.py --host --steps 400 --steps-per-call 1 8   # the host's own cost per step
+    python scripts/benchmark_loop.py --host --ready-data --pack-state true false   # ... with the state packed or not
     python scripts/benchmark_loop.py --host --profile --models mqar --steps-per-call 8   # ... and where it goes
     python scripts/benchmark_loop.py --seeds 1 3 8 --steps 20   # several seeds as one jitted step: time per seed
     python scripts/benchmark_loop.py --data --steps 400          # the training data alone: batches a second
@@ -24,8 +25,8 @@ repeat times both on a fresh stretch of the data, and the medians over repeats a
 is temporary.
 
 ``--host``: the loop alone, on any machine. The trainer's jitted step is replaced by one that does no work (it
-takes the same leaves and batches and returns the same leaves and metrics of the same shapes, dtypes and
-shardings, every step finite), so the loop's time per optimizer step is the host's own: pulling and moving
+takes the same state, packed as the trainer packs it (``--pack-state``, ``train.pack_state``), and batches, and
+returns the same state and metrics of the same shapes, dtypes and shardings, every step finite), so the loop's time per optimizer step is the host's own: pulling and moving
 batches, dispatching, reading flags, keeping metrics. One row per ``--steps-per-call`` value; ``--profile``
 prints where that time goes (cProfile over one timed stretch, the functions taking most of it).
 
@@ -67,13 +68,14 @@ NEVER = 10**9  # train.steps and every interval: no step of the benchmark logs, 
 
 
 def open_trainer(variant: str, overrides: list[str], run_dir: str, steps_per_call: int = 1,
-                 seeds: int = 1) -> Trainer | SeedGroup:
+                 seeds: int = 1, pack: str = "auto") -> Trainer | SeedGroup:
     """A trainer that never logs, validates or saves; with ``seeds`` > 1, a group of seeds 0 .. seeds - 1."""
     never = NEVER // steps_per_call * steps_per_call  # a multiple, as train.steps and every interval must be
     several = [f"train.seeds=[{','.join(map(str, range(seeds)))}]"] if seeds > 1 else []
     cfg = compose_and_validate([f"+attn={variant}", *overrides, f"train.steps={never}", f"train.log_every={never}",
                                 f"train.eval_every={never}", f"train.checkpoint_every={never}", *several,
-                                f"train.steps_per_call={steps_per_call}", "train.progress=false", f"run_dir={run_dir}"])
+                                f"train.steps_per_call={steps_per_call}", "train.progress=false", f"run_dir={run_dir}",
+                                f"train.pack_state={pack}"])
     return SeedGroup(cfg) if seeds > 1 else Trainer(cfg)
 
 
@@ -92,14 +94,14 @@ def next_batches(trainer: Trainer, data, n: int) -> list:
 
 def time_bare(trainer: Trainer, batches: list) -> float:
     """Seconds per step of ``step_fn`` alone, dispatched back to back."""
-    leaves = trainer.leaves
+    packed = trainer.packed
     start = time.perf_counter()
     with jax.set_mesh(trainer.mesh):
         for batch in batches:
-            leaves, metrics = trainer.step_fn(leaves, batch)
-        jax.block_until_ready((leaves, metrics))
+            packed, metrics = trainer.step_fn(packed, batch)
+        jax.block_until_ready((packed, metrics))
     elapsed = time.perf_counter() - start
-    trainer.leaves = leaves  # the old ones were donated
+    trainer.packed = packed  # the old ones were donated
     return elapsed / len(batches)
 
 
@@ -109,25 +111,28 @@ def time_loop(trainer: Trainer, steps: int) -> float:
     for _ in range(steps // trainer.steps_per_call):
         trainer.advance()
     trainer.settle()
-    jax.block_until_ready(trainer.leaves)
+    jax.block_until_ready(trainer.packed)
     return (time.perf_counter() - start) / steps
 
 
 class NoWork:
-    """A jitted call in place of ``trainer.step_fn`` that does no work: the same leaves back (donated, so no copy)
-    and metrics shaped as the real step's (traced once, never run), each step finite."""
+    """A jitted call in place of ``trainer.step_fn`` that does no work: the same state back, packed as the trainer
+    packs it (``train.pack_state``; donated, so no copy), and metrics shaped as the real step's (traced once, never
+    run), each step finite."""
 
     def __init__(self, trainer: Trainer):
         self.trainer, self.real_step, self.call = trainer, trainer.step_fn, None
 
-    def __call__(self, leaves, batches):
+    def __call__(self, packed, batches):
         if self.call is None:
-            _, metrics = jax.eval_shape(self.real_step, leaves, batches)
+            _, metrics = jax.eval_shape(self.real_step, packed, batches)
             filled = lambda m: jnp.ones(m.shape, m.dtype) if m.dtype == jnp.bool_ else jnp.zeros(m.shape, m.dtype)  # noqa: E731
             replicated = NamedSharding(self.trainer.mesh, P())
-            self.call = jax.jit(lambda leaves, batches: (leaves, jax.tree.map(filled, metrics)), donate_argnums=0,
-                                out_shardings=(jax.tree.leaves(self.trainer.shardings), replicated))
-        return self.call(leaves, batches)
+            packing = self.trainer.packing
+            shardings = jax.tree.leaves(self.trainer.shardings) if packing is None else packing.shardings
+            self.call = jax.jit(lambda packed, batches: (packed, jax.tree.map(filled, metrics)), donate_argnums=0,
+                                out_shardings=(shardings, replicated))
+        return self.call(packed, batches)
 
 
 class Replay:
@@ -161,12 +166,12 @@ def profiled(run, top: int = 25) -> str:
 
 
 def measure_host(name: str, variant: str, steps: int, repeats: int, steps_per_call: int, profile: bool,
-                 ready_data: bool) -> dict:
+                 ready_data: bool, pack: str = "auto") -> dict:
     """The loop's milliseconds per optimizer step around a step that does no work (with ``ready_data``, on
     batches already made)."""
     with ExitStack() as held:
         run_dir = held.enter_context(tempfile.TemporaryDirectory(prefix="lmzoo-host-"))
-        trainer = open_trainer(variant, MODELS[name], run_dir, steps_per_call)
+        trainer = open_trainer(variant, MODELS[name], run_dir, steps_per_call, pack=pack)
         held.callback(trainer.close)
         trainer.step_fn = NoWork(trainer)
         if ready_data:
@@ -175,7 +180,8 @@ def measure_host(name: str, variant: str, steps: int, repeats: int, steps_per_ca
         host = [time_loop(trainer, steps) for _ in range(repeats)]
         row = {"model": name, "variant": variant, "batch": trainer.cfg.train.batch_size,
                "seq_len": trainer.cfg.data.seq_len, "steps": steps, "steps_per_call": steps_per_call,
-               "ready_data": ready_data, "host_ms": 1e3 * statistics.median(host),
+               "ready_data": ready_data, "pack_state": pack, "arrays": len(trainer.packed),
+               "host_ms": 1e3 * statistics.median(host),
                "host_ms_each": [1e3 * t for t in host]}
         if profile:
             row["profile"] = profiled(lambda: time_loop(trainer, steps))
@@ -202,15 +208,15 @@ def measure_seeds(name: str, variant: str, steps: int, repeats: int, steps_per_c
                 "ms_each": [1e3 * t for t in times]}
 
 
-def measure(name: str, variant: str, steps: int, repeats: int, steps_per_call: int = 1) -> dict:
+def measure(name: str, variant: str, steps: int, repeats: int, steps_per_call: int = 1, pack: str = "auto") -> dict:
     with ExitStack() as held:
         run_dir = held.enter_context(tempfile.TemporaryDirectory(prefix="lmzoo-loop-"))
-        trainer = open_trainer(variant, MODELS[name], run_dir, steps_per_call)
+        trainer = open_trainer(variant, MODELS[name], run_dir, steps_per_call, pack=pack)
         held.callback(trainer.close)
         stepper = trainer  # whose step_fn the bare column times: one step a call
         if steps_per_call > 1:
             bare_dir = held.enter_context(tempfile.TemporaryDirectory(prefix="lmzoo-loop-bare-"))
-            stepper = open_trainer(variant, MODELS[name], bare_dir)
+            stepper = open_trainer(variant, MODELS[name], bare_dir, pack=pack)
             held.callback(stepper.close)
         cfg = trainer.cfg
         data = build_data(cfg.data, seed=cfg.seed)
@@ -222,6 +228,7 @@ def measure(name: str, variant: str, steps: int, repeats: int, steps_per_call: i
             loop.append(time_loop(trainer, steps))  # the same batches: the bare step left the data where it was
         return {"model": name, "variant": variant, "batch": cfg.train.batch_size, "seq_len": cfg.data.seq_len,
                 "params": trainer.n_params, "dtype": cfg.model.dtype, "steps": steps, "steps_per_call": steps_per_call,
+                "pack_state": pack, "arrays": len(trainer.packed),
                 "bare_ms": 1e3 * statistics.median(bare), "loop_ms": 1e3 * statistics.median(loop),
                 "ratio": statistics.median(loop) / statistics.median(bare),
                 "bare_ms_each": [1e3 * t for t in bare], "loop_ms_each": [1e3 * t for t in loop]}
@@ -272,6 +279,9 @@ def main() -> None:
     parser.add_argument("--host", action="store_true",
                         help="time the loop around a step that does no work: the host's own cost per step")
     parser.add_argument("--profile", action="store_true", help="with --host: print where the host's time goes")
+    parser.add_argument("--pack-state", nargs="+", default=["auto"], choices=["auto", "true", "false"],
+                        help="train.pack_state of the trainers (the state packed into a buffer per dtype for each "
+                             "call); several values give a row each")
     parser.add_argument("--ready-data", action="store_true",
                         help="with --host or --seeds: a row more per setting, on batches made beforehand (the loop "
                              "without the data's own cost of making them)")
@@ -308,15 +318,17 @@ def main() -> None:
 
 
 def main_bare_and_loop(args) -> list[dict]:
-    print(f"{'model':<9}{'variant':<10}{'k':>3}{'batch':>6}{'seq_len':>8}{'params':>11}{'dtype':>10}"
-          f"{'bare ms':>10}{'loop ms':>10}{'loop/bare':>10}")
+    print(f"{'model':<9}{'variant':<10}{'k':>3}{'batch':>6}{'seq_len':>8}{'params':>11}{'dtype':>10}{'pack':>6}"
+          f"{'arrays':>7}{'bare ms':>10}{'loop ms':>10}{'loop/bare':>10}")
     rows = []
     for name in args.models:
         for k in args.steps_per_call:
-            row = measure(name, args.variant, args.steps, args.repeats, k)
-            rows.append(row)
-            print(f"{name:<9}{args.variant:<10}{k:>3}{row['batch']:>6}{row['seq_len']:>8}{row['params']:>11,}"
-                  f"{row['dtype']:>10}{row['bare_ms']:>10.2f}{row['loop_ms']:>10.2f}{row['ratio']:>10.3f}", flush=True)
+            for pack in args.pack_state:
+                row = measure(name, args.variant, args.steps, args.repeats, k, pack)
+                rows.append(row)
+                print(f"{name:<9}{args.variant:<10}{k:>3}{row['batch']:>6}{row['seq_len']:>8}{row['params']:>11,}"
+                      f"{row['dtype']:>10}{pack:>6}{row['arrays']:>7}{row['bare_ms']:>10.2f}{row['loop_ms']:>10.2f}"
+                      f"{row['ratio']:>10.3f}", flush=True)
     return rows
 
 
@@ -343,17 +355,20 @@ def main_seeds(args) -> list[dict]:
 
 def main_host(args) -> list[dict]:
     print("the loop around a jitted step that does no work: the host's own milliseconds per optimizer step")
-    print(f"{'model':<9}{'variant':<10}{'steps/call':>11}{'batch':>6}{'seq_len':>8}{'data':>7}{'host ms/step':>14}")
+    print(f"{'model':<9}{'variant':<10}{'steps/call':>11}{'batch':>6}{'seq_len':>8}{'data':>7}{'pack':>6}{'arrays':>7}"
+          f"{'host ms/step':>14}")
     rows = []
     for name in args.models:
         for k in args.steps_per_call:
             for ready in (False, True) if args.ready_data else (False,):
-                row = measure_host(name, args.variant, args.steps, args.repeats, k, args.profile, ready)
-                rows.append(row)
-                print(f"{name:<9}{args.variant:<10}{k:>11}{row['batch']:>6}{row['seq_len']:>8}"
-                      f"{'ready' if ready else 'made':>7}{row['host_ms']:>14.3f}", flush=True)
-                if args.profile:
-                    print(row.pop("profile"), flush=True)
+                for pack in args.pack_state:
+                    row = measure_host(name, args.variant, args.steps, args.repeats, k, args.profile, ready, pack)
+                    rows.append(row)
+                    print(f"{name:<9}{args.variant:<10}{k:>11}{row['batch']:>6}{row['seq_len']:>8}"
+                          f"{'ready' if ready else 'made':>7}{pack:>6}{row['arrays']:>7}{row['host_ms']:>14.3f}",
+                          flush=True)
+                    if args.profile:
+                        print(row.pop("profile"), flush=True)
     return rows
 
 

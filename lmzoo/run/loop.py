@@ -9,6 +9,8 @@ never waits for a step before dispatching the next: it reads each step's finiten
 the next batch to the device while a step runs (``Trainer.advance``). With ``train.steps_per_call=k`` one jitted
 call runs k steps (a scan over k batches stacked on the device), so the host's fixed costs of a call (dispatch,
 flag read, batch transfer) are paid once per k steps; the loop logs, validates and saves between calls only.
+Each call takes and returns the state packed into a buffer per dtype (``train.pack_state``, ``lmzoo.run.packing``),
+so that its dispatch handles a few arrays rather than every leaf; the state is unpacked only when read.
 One trainer at a time holds a run directory (``lmzoo.faults.RunLock``).
 
 A resume may change how training goes on; the learning-rate schedule is a function of the step alone
@@ -58,6 +60,7 @@ from lmzoo.run.directory import RunDir, describe_changes
 from lmzoo.run.feed import BatchFeed
 from lmzoo.run.logger import MetricsLogger
 from lmzoo.run.optim import learning_rate_schedule
+from lmzoo.run.packing import choose_packing, step_on_packed
 from lmzoo.run.resume import (
     check_checkpoints_fit, check_continuation, check_data, check_resume_step, prepare_run_dir, record_settings,
 )
@@ -270,8 +273,12 @@ class Trainer:
         self.source_metrics = source_metrics(data, cfg.data.seq_len, cfg.train.eval_tokens)  # a mix's loss/<name>
         self.state_def = jax.tree.structure(self.state)
         self.call = call = self.make_call(tx)
-        self.step_fn = jax.jit(call, donate_argnums=0,
-                               out_shardings=(jax.tree.leaves(self.shardings), replicated))  # state keeps its layout
+        leaf_shardings = jax.tree.leaves(self.shardings)
+        self.packing = choose_packing(cfg.train.pack_state, self.leaves, leaf_shardings, self.mesh)
+        if self.packing is not None:  # the call takes and returns the state as a few buffers
+            call = partial(step_on_packed, self.packing, call)
+        packed_shardings = leaf_shardings if self.packing is None else self.packing.shardings
+        self.step_fn = jax.jit(call, donate_argnums=0, out_shardings=(packed_shardings, replicated))  # keeps its layout
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
         rows = cfg.train.batch_size // jax.process_count()
         self.process_rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
@@ -333,27 +340,49 @@ class Trainer:
         log.info("resumed %s from step %d", self.run_dir, step)
         return step
 
+    # The training state is held in one of three forms, the others made from it when read (and kept until it
+    # changes): the pytree (``state``), its leaves (``leaves``) and what ``step_fn`` takes (``packed``). The loop
+    # steps the packed form only; it is unpacked when something reads the state (validation, checkpoints).
+
     @property
     def state(self) -> dict:
         """The training state (params, extra, opt, step[, carried]) as checkpoints hold it."""
         if self._state is None:
-            self._state = jax.tree.unflatten(self.state_def, self._leaves)
+            self._state = jax.tree.unflatten(self.state_def, self.leaves)
         return self._state
 
     @state.setter
     def state(self, state: dict) -> None:
-        self._state, self._leaves = state, None
+        self._state, self._leaves, self._packed = state, None, None
 
     @property
     def leaves(self) -> list:
-        """The training state's arrays, as ``step_fn`` takes and returns them."""
+        """The training state's arrays, in the pytree's order."""
         if self._leaves is None:
-            self._leaves = jax.tree.leaves(self._state)
+            self._leaves = (jax.tree.leaves(self._state) if self._state is not None
+                            else self.packing.unpacked_on_devices(self._packed))
         return self._leaves
 
     @leaves.setter
     def leaves(self, leaves: list) -> None:
-        self._leaves, self._state = leaves, None
+        self._leaves, self._state, self._packed = leaves, None, None
+
+    @property
+    def packed(self) -> list:
+        """The training state as ``step_fn`` takes and returns it: packed into buffers (``train.pack_state``), or
+        its leaves."""
+        if self.packing is None:
+            return self.leaves
+        if self._packed is None:
+            self._packed = self.packing.packed_on_devices(self.leaves)
+        return self._packed
+
+    @packed.setter
+    def packed(self, packed: list) -> None:
+        if self.packing is None:
+            self.leaves = packed
+        else:
+            self._packed, self._leaves, self._state = packed, None, None
 
     def due(self, every: int) -> bool:
         """Whether the step just taken is a multiple of ``every``, or the last one."""
@@ -366,7 +395,7 @@ class Trainer:
         device (each stacked [k, ...] when a call takes k > 1 steps) until a log row reads them."""
         batches = self.take_batches()
         with jax.set_mesh(self.mesh):  # the model keeps activations split by rows (sharding.constrain_rows)
-            self.leaves, metrics = self.step_fn(self.leaves, batches)
+            self.packed, metrics = self.step_fn(self.packed, batches)
         self.step += self.steps_per_call
         self.settle()  # the call before's flags: one read a call, one call late
         metrics["finite"].copy_to_host_async()  # on its way to the host as soon as the call ends
