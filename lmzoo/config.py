@@ -104,7 +104,7 @@ class Config:
 
 DTYPES = ("float32", "bfloat16")
 LOGGERS = ("tensorboard", "wandb")  # lmzoo.run.tracking: wandb needs pip install -e '.[track]'
-REMAT = ("none", "block", "mixer")  # what lmzoo.model recomputes in the backward pass instead of storing
+REMAT = ("none", "block", "mixer", "light")  # what lmzoo.model recomputes in the backward pass instead of storing
 
 
 def validate(raw: DictConfig | dict) -> Config:
