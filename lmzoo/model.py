@@ -5,7 +5,8 @@ configured by ``cfg.attn.for_layer(layer, n_layers)`` (per-layer patterns such a
 ``model.mlp=false`` drops the SwiGLU half of every block (mixers with their own gating, e.g. GAU).
 ``model.remat=block|mixer`` recomputes each block's (or only each mixer's) activations in the
 backward pass instead of keeping them: the same gradients for less memory and more compute;
-``light`` only the mixers' short convs and float32 gated norms (no matmul runs again).
+``light`` only the mixers' short convs and float32 gated norms (no matmul runs again; gradients
+equal to float32 rounding, as XLA fuses the recomputed pieces differently).
 With ``segment_ids [B, T]`` (documents packed into one window) every mixer keeps the documents
 apart, and positions restart at each document unless given.
 
