@@ -4,7 +4,9 @@ The model never names a variant: each block's mixer comes from the registry via 
 configured by ``cfg.attn.for_layer(layer, n_layers)`` (per-layer patterns such as hybrids).
 ``model.mlp=false`` drops the SwiGLU half of every block (mixers with their own gating, e.g. GAU).
 ``model.remat=block|mixer`` recomputes each block's (or only each mixer's) activations in the
-backward pass instead of keeping them: the same gradients for less memory and more compute.
+backward pass instead of keeping them: the same gradients for less memory and more compute;
+``light`` only the mixers' short convs and float32 gated norms (no matmul runs again; gradients
+equal to float32 rounding, as XLA fuses the recomputed pieces differently).
 With ``segment_ids [B, T]`` (documents packed into one window) every mixer keeps the documents
 apart, and positions restart at each document unless given.
 
@@ -105,7 +107,8 @@ class LM(nnx.Module):
         )
         train_len = cfg.data.seq_len  # evaluation at other lengths keeps the training config's seq_len
         pos = Positions.from_config(cfg.pos, train_len=train_len)
-        context = lambda i: MixerContext(m.d_model, m.n_heads, i, m.n_layers, self.dtype, pos, m.init_std, train_len)
+        context = lambda i: MixerContext(m.d_model, m.n_heads, i, m.n_layers, self.dtype, pos, m.init_std, train_len,
+                                         remat_light=m.remat == "light")
         self.blocks = nnx.List([Block(cfg, context(i), rngs=rngs) for i in range(m.n_layers)])
         self.remat_blocks = m.remat == "block"
         self.norm = RMSNorm(m.d_model, eps=m.norm_eps, rngs=rngs)

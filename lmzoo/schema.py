@@ -90,7 +90,7 @@ class ModelConfig:
     norm_eps: float = 1e-6  # RMSNorm's epsilon
     init_std: float = 0.02  # standard deviation of the initial weights
     mlp: bool = True  # false: blocks are the mixer alone (e.g. GAU models, whose mixer has its own gating)
-    remat: str = "none"  # recompute activations in the backward pass: none | block | mixer (memory for compute)
+    remat: str = "none"  # recompute activations in the backward pass: none | block | mixer | light (memory for compute)
 
 
 SCHEDULES = ("cosine", "wsd", "linear", "constant")  # optim.schedule (lmzoo.run.optim)

@@ -67,7 +67,7 @@ class DeltaProduct(DeltaRuleMixer):
         self.beta_range = 2.0 if cfg.negative_eigenvalues else 1.0
         width = (1 + 2 * self.steps) * d
         self.qkv_proj = dense(ctx, d, width, rngs=rngs)
-        self.conv = CausalConv(width, cfg.conv_size, bias=False, rngs=rngs)
+        self.conv = CausalConv(width, cfg.conv_size, bias=False, rngs=rngs, recompute=ctx.remat_light)
         self.beta_proj = dense(ctx, d, self.steps * self.n_heads, rngs=rngs)
         self.init_gates(cfg, ctx, rngs=rngs)
         self.init_output(cfg, ctx, rngs=rngs)
@@ -84,8 +84,8 @@ class DeltaProduct(DeltaRuleMixer):
     def project(self, x, conv_state=None, segment_ids=None):
         """q [B,T,H,Dk] unit, k [B,T,H,n_h,Dk] unit, v [B,T,H,n_h,Dv], beta [B,T,H,n_h], log_g; the conv window."""
         b, t, d = x.shape
-        mixed, conv_state = self.conv(self.qkv_proj(x), conv_state, segment_ids=segment_ids)
-        q, k, v = jnp.split(jax.nn.silu(mixed), [d, (1 + self.steps) * d], axis=-1)
+        mixed, conv_state = self.conv(self.qkv_proj(x), conv_state, segment_ids=segment_ids, activation=jax.nn.silu)
+        q, k, v = jnp.split(mixed, [d, (1 + self.steps) * d], axis=-1)
         per_step = (b, t, self.n_heads, self.steps, self.key_dim)
         q = l2_normalize(q.reshape(b, t, self.n_heads, self.key_dim), added=self.qk_norm_eps).astype(v.dtype)
         k = l2_normalize(k.reshape(per_step), added=self.qk_norm_eps).astype(v.dtype)

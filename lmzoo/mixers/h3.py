@@ -88,7 +88,7 @@ class H3(Mixer):
         self.q_proj = dense(ctx, d, d, rngs=rngs)
         self.k_proj = dense(ctx, d, d, rngs=rngs)
         self.v_proj = dense(ctx, d, d, rngs=rngs)
-        self.shift = CausalConv(d, cfg.shift_size, bias=False, rngs=rngs)
+        self.shift = CausalConv(d, cfg.shift_size, bias=False, rngs=rngs, recompute=ctx.remat_light)
         # S4D-Lin. A and Δ are vectors so that the optimiser leaves them out of weight decay, as S4 does.
         log_dt = jax.random.uniform(rngs.params(), (h,), jnp.float32, math.log(cfg.dt_min), math.log(cfg.dt_max))
         self.log_dt = param(log_dt, None)  # (H,)

@@ -25,6 +25,7 @@ from flax import nnx
 
 from lmzoo.mixers.base import MixerContext, dense
 from lmzoo.mixers.family.delta import DecayConfig, DeltaRuleMixer
+from lmzoo.mixers.family.linear import gated_head_norm
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, ModelConfig, positive
 from lmzoo.sharding import EMBED, INNER, partitioned
@@ -57,11 +58,11 @@ class SigmoidGatedHeadNorm(nnx.Module):
                                    dense(ctx, rank, heads * head_dim, rngs=rngs, bias=True, axes=(None, INNER)))
         self.norm = nnx.RMSNorm(head_dim, epsilon=eps, dtype=jnp.float32, scale_init=partitioned(nnx.initializers.ones, None),
                                 rngs=rngs)
+        self.recompute = ctx.remat_light
 
     def __call__(self, x, o):
         """x [..., d_model], o [..., H, Dv] -> [..., H * Dv] in x's dtype."""
-        normed = self.norm(o.astype(jnp.float32)).reshape(*o.shape[:-2], -1)
-        return (normed * jax.nn.sigmoid(self.gate(x).astype(jnp.float32))).astype(x.dtype)
+        return gated_head_norm(self.norm, o, self.gate(x), jax.nn.sigmoid, x.dtype, recompute=self.recompute)
 
 
 class KDA(DeltaRuleMixer):

@@ -69,7 +69,7 @@ class Mamba(Mixer):
         self.dtype = ctx.dtype
         e, n, r = self.d_inner, self.d_state, self.dt_rank
         self.in_proj = dense(ctx, ctx.d_model, 2 * e, rngs=rngs)
-        self.conv = CausalConv(e, cfg.d_conv, bias=True, rngs=rngs)
+        self.conv = CausalConv(e, cfg.d_conv, bias=True, rngs=rngs, recompute=ctx.remat_light)
         self.x_proj = dense(ctx, e, r + 2 * n, rngs=rngs, axes=(INNER, None))
         self.dt_proj = nnx.Linear(r, e, use_bias=False, dtype=ctx.dtype, kernel_init=partitioned(symmetric_uniform(r**-0.5), None, INNER), rngs=rngs)
         self.dt_bias = param(dt_bias_init(rngs.params(), e, cfg.dt_min, cfg.dt_max), INNER)
@@ -85,8 +85,7 @@ class Mamba(Mixer):
     def ssm_inputs(self, x, conv_state=None, segment_ids=None):
         """The scan's inputs for x [B,T,d_model]: u, raw Δ [B,T,E], B, C [B,T,N], gate z [B,T,E], conv window."""
         u, z = jnp.split(self.in_proj(x), 2, axis=-1)  # (B, T, E) each
-        u, conv_state = self.conv(u, conv_state, segment_ids=segment_ids)
-        u = jax.nn.silu(u)
+        u, conv_state = self.conv(u, conv_state, segment_ids=segment_ids, activation=jax.nn.silu)
         dt_low, b, c = jnp.split(self.x_proj(u), [self.dt_rank, self.dt_rank + self.d_state], axis=-1)
         return u, self.dt_proj(dt_low), b, c, z, conv_state
 

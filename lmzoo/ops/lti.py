@@ -31,20 +31,33 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import Forms, causal_mask, check_form, same_segment, segment_starts
+from lmzoo.ops.common import Forms, causal_mask, check_form, recompute_in_backward, same_segment, segment_starts
 
 METHODS = Forms("naive", "fft", aliases={"scan": "naive"})
 
 
-def causal_conv1d(x, weight, bias=None, *, initial_state=None, segment_ids=None):
+def causal_conv1d(x, weight, bias=None, *, initial_state=None, segment_ids=None, activation=None, recompute=False):
     """Depthwise causal convolution: x ``[B,T,C]``, weight ``[K,C]``, bias ``[C]``.
 
-    ``y_t = Σ_k weight[k] x_{t-K+1+k} (+ bias)``; ``initial_state`` holds the K-1 inputs before
-    ``x`` (zeros if None). Returns ``(y [B,T,C], final_state [B,K-1,C])``: the last K-1 inputs,
-    so that feeding a sequence in pieces equals feeding it whole. Computed in ``x``'s dtype.
-    With ``segment_ids [B,T]`` an input counts only for outputs of its own document (the initial
-    state belongs to the first), and the final state holds the last document's inputs only.
+    ``y_t = Σ_k weight[k] x_{t-K+1+k} (+ bias)``, then ``activation(y)`` if given (e.g. ``jax.nn.silu``);
+    ``initial_state`` holds the K-1 inputs before ``x`` (zeros if None). Returns ``(y [B,T,C], final_state
+    [B,K-1,C])``: the last K-1 inputs, so that feeding a sequence in pieces equals feeding it whole.
+    Computed in ``x``'s dtype. With ``segment_ids [B,T]`` an input counts only for outputs of its own
+    document (the initial state belongs to the first), and the final state holds the last document's
+    inputs only.
+
+    Autodiff keeps each of the K shifted views of x for its multiply, and the activation's own
+    intermediates (two more copies for silu). ``recompute=True`` keeps only the inputs between the
+    passes and makes the rest again from x in the backward pass (``recompute_in_backward``): the same
+    gradients to float32 rounding (XLA fuses the two differently), so it is asked for (``model.remat=light``).
     """
+    form = functools.partial(_conv, activation=activation)
+    if recompute:
+        form = recompute_in_backward(form)
+    return form(x, weight, bias, initial_state, segment_ids)
+
+
+def _conv(x, weight, bias, initial_state, segment_ids, *, activation):
     width, length = weight.shape[0], x.shape[1]
     if initial_state is None:
         initial_state = jnp.zeros((x.shape[0], width - 1, x.shape[2]), x.dtype)
@@ -58,7 +71,7 @@ def causal_conv1d(x, weight, bias=None, *, initial_state=None, segment_ids=None)
     y = sum(weight[k] * taps[k] for k in range(width))
     if bias is not None:
         y = y + bias.astype(x.dtype)
-    return y, final
+    return (y if activation is None else activation(y)), final
 
 
 def _taps_within_documents(window, segment_ids, width: int):

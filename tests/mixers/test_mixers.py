@@ -183,7 +183,7 @@ def test_rematerialised_blocks_and_mixers_give_the_same_loss_and_gradients(varia
     tokens = random_tokens(2, 17)
     batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
     results = []
-    for remat in ("none", "block", "mixer"):
+    for remat in ("none", "block", "mixer", "light"):
         cfg = tiny_config(variant, f"model.remat={remat}")
         graphdef, state, _ = init_train_state(cfg, LM(cfg, 259, rngs=nnx.Rngs(0)))
         grad_fn = jax.jit(jax.value_and_grad(loss_and_extra, has_aux=True), static_argnums=2)
@@ -199,4 +199,4 @@ def test_rematerialised_blocks_and_mixers_give_the_same_loss_and_gradients(varia
 def test_remat_setting_is_checked(capsys):
     with pytest.raises(SystemExit):
         tiny_config("softmax", "model.remat=layer")
-    assert "model.remat='layer' is not valid (choose from: none, block, mixer)" in capsys.readouterr().err
+    assert "model.remat='layer' is not valid (choose from: none, block, mixer, light)" in capsys.readouterr().err

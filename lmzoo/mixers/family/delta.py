@@ -96,7 +96,7 @@ class DeltaRuleMixer(LinearFamilyMixer):
         self.qk_norm_eps = cfg.qk_norm_eps
         width = 2 * d + self.value_heads * self.value_dim
         self.qkv_proj = dense(ctx, d, width, rngs=rngs)  # [q | k | v], one head after another in each
-        self.conv = CausalConv(width, cfg.conv_size, bias=False, rngs=rngs)
+        self.conv = CausalConv(width, cfg.conv_size, bias=False, rngs=rngs, recompute=ctx.remat_light)
         self.init_step_sizes(ctx, rngs=rngs)
         self.init_gates(cfg, ctx, rngs=rngs)
         self.init_output(cfg, ctx, rngs=rngs)
@@ -155,8 +155,8 @@ class DeltaRuleMixer(LinearFamilyMixer):
     def queries_keys_values(self, x, conv_state=None, segment_ids=None):
         """(q, k [B,T,H,Dk] unit, v [B,T,HV,Dv]) through the short convs, and the conv window."""
         b, t, d = x.shape
-        mixed, conv_state = self.conv(self.qkv_proj(x), conv_state, segment_ids=segment_ids)
-        q, k, v = jnp.split(jax.nn.silu(mixed), [d, 2 * d], axis=-1)
+        mixed, conv_state = self.conv(self.qkv_proj(x), conv_state, segment_ids=segment_ids, activation=jax.nn.silu)
+        q, k, v = jnp.split(mixed, [d, 2 * d], axis=-1)
         q, k = (l2_normalize(a.reshape(b, t, self.n_heads, self.key_dim), added=self.qk_norm_eps).astype(v.dtype)
                 for a in (q, k))
         return (q, k, v.reshape(b, t, -1, self.value_dim)), conv_state

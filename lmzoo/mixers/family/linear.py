@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
+from lmzoo.ops.common import recompute_in_backward
 from lmzoo.ops.gated import METHODS, gla, gla_weights
 from lmzoo.positions import default_positions
 from lmzoo.schema import MixerConfig, ModelConfig
@@ -156,11 +157,24 @@ class GatedHeadNorm(nnx.Module):
         self.gate = dense(ctx, ctx.d_model, heads * head_dim, rngs=rngs)
         self.norm = nnx.RMSNorm(head_dim, epsilon=eps, dtype=jnp.float32, scale_init=partitioned(nnx.initializers.ones, None),
                                 rngs=rngs)
+        self.recompute = ctx.remat_light
 
     def __call__(self, x, o):
         """x [..., d_model], o [..., H, Dv] -> [..., H * Dv] in x's dtype."""
-        normed = self.norm(o.astype(jnp.float32)).reshape(*o.shape[:-2], -1)  # (..., H * Dv)
-        return (normed * jax.nn.silu(self.gate(x).astype(jnp.float32))).astype(x.dtype)
+        return gated_head_norm(self.norm, o, self.gate(x), jax.nn.silu, x.dtype, recompute=self.recompute)
+
+
+def gated_head_norm(norm: nnx.RMSNorm, o, gate, activation, dtype, *, recompute: bool = False):
+    """``activation(gate) * norm(o)``: o [..., H, Dv] normalised per head, gate [..., H * Dv], in float32,
+    returned in ``dtype``. Autodiff keeps eight [..., H * Dv] float32 copies; ``recompute`` (``model.remat=light``)
+    keeps only o, the gate and the norm's scale and makes them again in the backward pass (``recompute_in_backward``)."""
+    graphdef, weights = nnx.split(norm)
+
+    def form(weights, o, gate):
+        normed = nnx.merge(graphdef, weights)(o.astype(jnp.float32)).reshape(*o.shape[:-2], -1)  # (..., H * Dv)
+        return (normed * activation(gate.astype(jnp.float32))).astype(dtype)
+
+    return (recompute_in_backward(form) if recompute else form)(weights, o, gate)
 
 
 class GatedMixer(LinearFamilyMixer):

@@ -12,6 +12,7 @@ Fenwick levels):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
+from lmzoo.ops.common import recompute_in_backward
 from lmzoo.ops.lti import causal_conv1d
 from lmzoo.ops.ssd import METHODS as SSD_FORMS
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, positive
@@ -47,19 +49,28 @@ def symmetric_uniform(bound: float):
 class CausalConv(nnx.Module):
     """Depthwise causal conv over [B, T, C] (PyTorch Conv1d's default init); carries its window when decoding."""
 
-    def __init__(self, channels: int, width: int, *, bias: bool, rngs: nnx.Rngs):
+    def __init__(self, channels: int, width: int, *, bias: bool, rngs: nnx.Rngs, recompute: bool = False):
         init = symmetric_uniform(1 / math.sqrt(width))
-        self.width = width
+        self.width, self.recompute = width, recompute  # recompute: keep only x for the backward (model.remat=light)
         self.weight = param(init(rngs.params(), (width, channels)), None, INNER)
         self.bias = param(init(rngs.params(), (channels,)), INNER) if bias else None
 
-    def __call__(self, x, state=None, *, segment_ids=None):
-        """(y [B,T,C], the last width-1 inputs [B,width-1,C]); ``segment_ids [B,T]``: no tap reaches into another document."""
+    def __call__(self, x, state=None, *, segment_ids=None, activation=None):
+        """(activation(y) [B,T,C], the last width-1 inputs [B,width-1,C]); ``segment_ids [B,T]``: no tap reaches
+        into another document. The activation runs inside the op, so that its backward keeps only x."""
         bias = None if self.bias is None else self.bias[...]
-        return causal_conv1d(x, self.weight[...], bias, initial_state=state, segment_ids=segment_ids)
+        return causal_conv1d(x, self.weight[...], bias, initial_state=state, segment_ids=segment_ids,
+                             activation=activation, recompute=self.recompute)
 
     def init_state(self, batch_size: int, dtype) -> jax.Array:
         return jnp.zeros((batch_size, self.width - 1, self.weight.shape[1]), dtype)
+
+
+def gated_rms_norm(y, z, weight, *, groups: int):
+    """RMSNorm(y * silu(z)) [..., E] over each of ``groups`` groups of channels, in float32, returned in y's dtype."""
+    gated = (y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))).reshape(*y.shape[:-1], groups, -1)
+    normed = gated * jax.lax.rsqrt(jnp.mean(gated**2, axis=-1, keepdims=True) + 1e-5)
+    return (normed.reshape(y.shape) * weight).astype(y.dtype)
 
 
 def check_ssm_heads(expand: int, head_dim, n_groups: int, model: ModelConfig) -> None:
@@ -118,7 +129,8 @@ class SSDMixer(Mixer):
         self.dtype = ctx.dtype
         e, h, bc = self.d_inner, self.ssm_heads, cfg.n_groups * cfg.d_state
         self.in_proj = dense(ctx, ctx.d_model, 2 * e + 2 * bc + h, rngs=rngs)  # z, x, B, C, dt
-        self.conv = CausalConv(e + 2 * bc, cfg.d_conv, bias=True, rngs=rngs)
+        self.conv = CausalConv(e + 2 * bc, cfg.d_conv, bias=True, rngs=rngs, recompute=ctx.remat_light)
+        self.recompute_norm = ctx.remat_light
         self.dt_bias = param(dt_bias_init(rngs.params(), h, cfg.dt_min, cfg.dt_max), None)
         self.A_log = param(jnp.log(jax.random.uniform(rngs.params(), (h,), jnp.float32, 1.0, 16.0)), None)
         self.D = param(jnp.ones((h,), jnp.float32), None)
@@ -130,8 +142,8 @@ class SSDMixer(Mixer):
         batch, length, _ = x.shape
         e, bc = self.d_inner, self.n_groups * self.d_state
         z, xbc, dt = jnp.split(self.in_proj(x), [e, 2 * e + 2 * bc], axis=-1)
-        xbc, conv_state = self.conv(xbc, conv_state, segment_ids=segment_ids)
-        xs, b, c = jnp.split(jax.nn.silu(xbc), [e, e + bc], axis=-1)
+        xbc, conv_state = self.conv(xbc, conv_state, segment_ids=segment_ids, activation=jax.nn.silu)
+        xs, b, c = jnp.split(xbc, [e, e + bc], axis=-1)
         groups = (batch, length, self.n_groups, self.d_state)
         dt = jax.nn.softplus(dt.astype(jnp.float32) + self.dt_bias[...])  # (B, T, H)
         xs = xs.reshape(batch, length, self.ssm_heads, self.head_dim)  # (B, T, H, P)
@@ -141,10 +153,14 @@ class SSDMixer(Mixer):
         return -jnp.exp(self.A_log[...])  # (H,)
 
     def gated_norm(self, y, z):
-        """RMSNorm(y * silu(z)) over each group of d_inner / n_groups channels, in float32."""
-        gated = (y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))).reshape(*y.shape[:-1], self.n_groups, -1)
-        normed = gated * jax.lax.rsqrt(jnp.mean(gated**2, axis=-1, keepdims=True) + 1e-5)
-        return (normed.reshape(y.shape) * self.norm_weight[...]).astype(y.dtype)
+        """RMSNorm(y * silu(z)) over each group of d_inner / n_groups channels, in float32.
+
+        Autodiff keeps nine [B, T, d_inner] float32 copies of y; with ``model.remat=light`` it keeps only
+        y, z and the weight and makes them again in the backward pass (``recompute_in_backward``)."""
+        norm = functools.partial(gated_rms_norm, groups=self.n_groups)
+        if self.recompute_norm:
+            norm = recompute_in_backward(norm)
+        return norm(y, z, self.norm_weight[...])
 
     def conv_state_size(self) -> int:
         """Entries of the conv window decoding carries over x, B and C."""
