@@ -94,14 +94,14 @@ def next_batches(trainer: Trainer, data, n: int) -> list:
 
 def time_bare(trainer: Trainer, batches: list) -> float:
     """Seconds per step of ``step_fn`` alone, dispatched back to back."""
-    packed = trainer.packed
+    packed = trainer.arrays.packed
     start = time.perf_counter()
     with jax.set_mesh(trainer.mesh):
         for batch in batches:
             packed, metrics = trainer.step_fn(packed, batch)
         jax.block_until_ready((packed, metrics))
     elapsed = time.perf_counter() - start
-    trainer.packed = packed  # the old ones were donated
+    trainer.arrays.packed = packed  # the old ones were donated
     return elapsed / len(batches)
 
 
@@ -111,7 +111,7 @@ def time_loop(trainer: Trainer, steps: int) -> float:
     for _ in range(steps // trainer.steps_per_call):
         trainer.advance()
     trainer.settle()
-    jax.block_until_ready(trainer.packed)
+    jax.block_until_ready(trainer.arrays.packed)
     return (time.perf_counter() - start) / steps
 
 
@@ -128,7 +128,7 @@ class NoWork:
             _, metrics = jax.eval_shape(self.real_step, packed, batches)
             filled = lambda m: jnp.ones(m.shape, m.dtype) if m.dtype == jnp.bool_ else jnp.zeros(m.shape, m.dtype)  # noqa: E731
             replicated = NamedSharding(self.trainer.mesh, P())
-            packing = self.trainer.packing
+            packing = self.trainer.arrays.packing
             shardings = jax.tree.leaves(self.trainer.shardings) if packing is None else packing.shardings
             self.call = jax.jit(lambda packed, batches: (packed, jax.tree.map(filled, metrics)), donate_argnums=0,
                                 out_shardings=(shardings, replicated))
@@ -180,7 +180,7 @@ def measure_host(name: str, variant: str, steps: int, repeats: int, steps_per_ca
         host = [time_loop(trainer, steps) for _ in range(repeats)]
         row = {"model": name, "variant": variant, "batch": trainer.cfg.train.batch_size,
                "seq_len": trainer.cfg.data.seq_len, "steps": steps, "steps_per_call": steps_per_call,
-               "ready_data": ready_data, "pack_state": pack, "arrays": len(trainer.packed),
+               "ready_data": ready_data, "pack_state": pack, "arrays": len(trainer.arrays.packed),
                "host_ms": 1e3 * statistics.median(host),
                "host_ms_each": [1e3 * t for t in host]}
         if profile:
@@ -228,7 +228,7 @@ def measure(name: str, variant: str, steps: int, repeats: int, steps_per_call: i
             loop.append(time_loop(trainer, steps))  # the same batches: the bare step left the data where it was
         return {"model": name, "variant": variant, "batch": cfg.train.batch_size, "seq_len": cfg.data.seq_len,
                 "params": trainer.n_params, "dtype": cfg.model.dtype, "steps": steps, "steps_per_call": steps_per_call,
-                "pack_state": pack, "arrays": len(trainer.packed),
+                "pack_state": pack, "arrays": len(trainer.arrays.packed),
                 "bare_ms": 1e3 * statistics.median(bare), "loop_ms": 1e3 * statistics.median(loop),
                 "ratio": statistics.median(loop) / statistics.median(bare),
                 "bare_ms_each": [1e3 * t for t in bare], "loop_ms_each": [1e3 * t for t in loop]}

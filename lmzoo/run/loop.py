@@ -60,7 +60,7 @@ from lmzoo.run.directory import RunDir, describe_changes
 from lmzoo.run.feed import BatchFeed
 from lmzoo.run.logger import MetricsLogger
 from lmzoo.run.optim import learning_rate_schedule
-from lmzoo.run.packing import choose_packing, step_on_packed
+from lmzoo.run.packing import StateArrays, choose_packing, step_on_packed
 from lmzoo.run.resume import (
     check_checkpoints_fit, check_continuation, check_data, check_resume_step, prepare_run_dir, record_settings,
 )
@@ -257,6 +257,7 @@ class Trainer:
         self.shardings = state_shardings(state, self.mesh, cfg.train.mesh.rules)
         if "carried" in state:  # each batch row's carried state lives where the row does
             self.shardings["carried"] = jax.tree.map(lambda _: batch_sharding(self.mesh), state["carried"])
+        self.arrays = StateArrays()  # packed once the packing is chosen, below
         self.state = jax.device_put(state, self.shardings)
         start = self.resume()
         check_resume_step(self.run, start, self.steps_per_call)
@@ -274,10 +275,10 @@ class Trainer:
         self.state_def = jax.tree.structure(self.state)
         self.call = call = self.make_call(tx)
         leaf_shardings = jax.tree.leaves(self.shardings)
-        self.packing = choose_packing(cfg.train.pack_state, self.leaves, leaf_shardings, self.mesh)
-        if self.packing is not None:  # the call takes and returns the state as a few buffers
-            call = partial(step_on_packed, self.packing, call)
-        packed_shardings = leaf_shardings if self.packing is None else self.packing.shardings
+        self.arrays.packing = packing = choose_packing(cfg.train.pack_state, self.leaves, leaf_shardings, self.mesh)
+        if packing is not None:  # the call takes and returns the state as a few buffers
+            call = partial(step_on_packed, packing, call)
+        packed_shardings = leaf_shardings if packing is None else packing.shardings
         self.step_fn = jax.jit(call, donate_argnums=0, out_shardings=(packed_shardings, replicated))  # keeps its layout
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
         rows = cfg.train.batch_size // jax.process_count()
@@ -340,49 +341,40 @@ class Trainer:
         log.info("resumed %s from step %d", self.run_dir, step)
         return step
 
-    # The training state is held in one of three forms, the others made from it when read (and kept until it
-    # changes): the pytree (``state``), its leaves (``leaves``) and what ``step_fn`` takes (``packed``). The loop
-    # steps the packed form only; it is unpacked when something reads the state (validation, checkpoints).
+    # The training state is held as its pytree (``state``) or as its arrays (``arrays``: leaves, or packed as
+    # ``step_fn`` takes them), each made from the other when read and kept until it changes. The loop steps the
+    # packed form only; it is unpacked when something reads the state (validation, checkpoints).
 
     @property
     def state(self) -> dict:
         """The training state (params, extra, opt, step[, carried]) as checkpoints hold it."""
         if self._state is None:
-            self._state = jax.tree.unflatten(self.state_def, self.leaves)
+            self._state = jax.tree.unflatten(self.state_def, self.arrays.leaves)
         return self._state
 
     @state.setter
     def state(self, state: dict) -> None:
-        self._state, self._leaves, self._packed = state, None, None
+        self._state = state
+        self.arrays.leaves = jax.tree.leaves(state)
 
     @property
     def leaves(self) -> list:
         """The training state's arrays, in the pytree's order."""
-        if self._leaves is None:
-            self._leaves = (jax.tree.leaves(self._state) if self._state is not None
-                            else self.packing.unpacked_on_devices(self._packed))
-        return self._leaves
+        return self.arrays.leaves
 
     @leaves.setter
     def leaves(self, leaves: list) -> None:
-        self._leaves, self._state, self._packed = leaves, None, None
+        self.arrays.leaves, self._state = leaves, None
 
     @property
     def packed(self) -> list:
         """The training state as ``step_fn`` takes and returns it: packed into buffers (``train.pack_state``), or
         its leaves."""
-        if self.packing is None:
-            return self.leaves
-        if self._packed is None:
-            self._packed = self.packing.packed_on_devices(self.leaves)
-        return self._packed
+        return self.arrays.packed
 
     @packed.setter
     def packed(self, packed: list) -> None:
-        if self.packing is None:
-            self.leaves = packed
-        else:
-            self._packed, self._leaves, self._state = packed, None, None
+        self.arrays.packed, self._state = packed, None
 
     def due(self, every: int) -> bool:
         """Whether the step just taken is a multiple of ``every``, or the last one."""

@@ -108,6 +108,42 @@ class StatePacking:
                             f"{list(zip(self.shapes, self.dtypes))}")
 
 
+class StateArrays:
+    """A state's arrays held as its leaves or packed by ``packing`` (None: as leaves only), each form made from the
+    other when read and kept until the state changes: a loop steps the packed form, validations and saves read the
+    leaves."""
+
+    def __init__(self, leaves: list | None = None, packing: StatePacking | None = None):
+        self.packing, self._leaves, self._packed = packing, leaves, None
+
+    @property
+    def leaves(self) -> list | None:
+        """The state's arrays, in its pytree's order (each stacked [seeds, ...] for a group's)."""
+        if self._leaves is None and self._packed is not None:
+            self._leaves = self.packing.unpacked_on_devices(self._packed)
+        return self._leaves
+
+    @leaves.setter
+    def leaves(self, leaves: list | None) -> None:
+        self._leaves, self._packed = leaves, None
+
+    @property
+    def packed(self) -> list:
+        """The state as a jitted step on it takes and returns it: packed into buffers, or its leaves."""
+        if self.packing is None:
+            return self.leaves
+        if self._packed is None:
+            self._packed = self.packing.packed_on_devices(self.leaves)
+        return self._packed
+
+    @packed.setter
+    def packed(self, packed: list) -> None:
+        if self.packing is None:
+            self.leaves = packed
+        else:
+            self._packed, self._leaves = packed, None
+
+
 def step_on_packed(packing: StatePacking, step, packed: list, *inputs):
     """``step`` (leaves, *inputs) -> (leaves, metrics) on the state packed by ``packing``: unpacked at the call's
     start, its new leaves packed at its end."""

@@ -49,7 +49,7 @@ from lmzoo.run.directory import RunDir
 from lmzoo.run.feed import BatchFeed
 from lmzoo.run.loop import Trainer, released_on_failure
 from lmzoo.run.optim import make_optimizer
-from lmzoo.run.packing import choose_packing, step_on_packed
+from lmzoo.run.packing import StateArrays, choose_packing, step_on_packed
 
 log = logging.getLogger("lmzoo.train")
 
@@ -180,8 +180,7 @@ class SeedGroup:
         # otherwise than on its own arrays, so a seed's numbers move by float rounding, and its dispatch is
         # already shared by every seed of the group.
         packs = "false" if cfg.train.pack_state == "auto" else cfg.train.pack_state
-        self.packing = choose_packing(packs, leaves, state_shardings, self.mesh, lead=1)
-        self.leaves = leaves
+        self.arrays = StateArrays(leaves, choose_packing(packs, leaves, state_shardings, self.mesh, lead=1))
         for member in self.members:
             member.leaves = None
             member.feed = SeedPosition(self, self.members.index(member))
@@ -201,9 +200,10 @@ class SeedGroup:
     def stacked_call(self, first: Trainer, configs: list[Config], state_shardings) -> tuple:
         """(the jitted call of every run's step, the arguments besides state and batches it takes): with one
         learning rate every run's own call, else the call at a learning rate given per run."""
-        packed_shardings = state_shardings if self.packing is None else self.packing.shardings
+        packing = self.arrays.packing
+        packed_shardings = state_shardings if packing is None else packing.shardings
         out_shardings = (packed_shardings, NamedSharding(self.mesh, P()))
-        on_packed = lambda call: call if self.packing is None else partial(step_on_packed, self.packing, call)  # noqa: E731
+        on_packed = lambda call: call if packing is None else partial(step_on_packed, packing, call)  # noqa: E731
         if not self.lrs_vary:
             return jax.jit(on_packed(jax.vmap(first.call)), donate_argnums=0, out_shardings=out_shardings), ()
         unit = make_optimizer(dataclasses.replace(first.cfg.optim, lr=1.0), first.cfg.train.steps)
@@ -212,35 +212,14 @@ class SeedGroup:
         return (jax.jit(on_packed(jax.vmap(at_lr)), donate_argnums=0, out_shardings=out_shardings),
                 (jax.device_put(lrs, NamedSharding(self.mesh, P())),))
 
-    # The stacked state is held as its leaves or packed (``train.pack_state``), each made from the other when read
-    # and kept until the state changes: the loop steps the packed form, seeds' validations and saves read leaves.
-
     @property
     def leaves(self) -> list:
         """Every seed's state, each leaf stacked [seeds, ...]."""
-        if self._leaves is None:
-            self._leaves = self.packing.unpacked_on_devices(self._packed)
-        return self._leaves
+        return self.arrays.leaves
 
     @leaves.setter
     def leaves(self, leaves: list) -> None:
-        self._leaves, self._packed = leaves, None
-
-    @property
-    def packed(self) -> list:
-        """The stacked state as ``step_fn`` takes and returns it: packed into buffers [seeds, n], or its leaves."""
-        if self.packing is None:
-            return self.leaves
-        if self._packed is None:
-            self._packed = self.packing.packed_on_devices(self.leaves)
-        return self._packed
-
-    @packed.setter
-    def packed(self, packed: list) -> None:
-        if self.packing is None:
-            self.leaves = packed
-        else:
-            self._packed, self._leaves = packed, None
+        self.arrays.leaves = leaves
 
     def label(self, member: Trainer) -> str:
         """How logs name a run of the group: its seed, and its learning rate where they vary."""
@@ -270,7 +249,7 @@ class SeedGroup:
             self.held.callback(self.feed.close)
         batches = self.feed.take()
         with jax.set_mesh(self.mesh):
-            self.packed, metrics = self.step_fn(self.packed, batches, *self.call_args)
+            self.arrays.packed, metrics = self.step_fn(self.arrays.packed, batches, *self.call_args)
         self.step += self.steps_per_call
         for member in self.members:
             member.step = self.step

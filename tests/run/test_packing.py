@@ -133,7 +133,7 @@ def stepped(cfg, calls: int):
     try:
         metrics = [trainer.advance() for _ in range(calls)]
         trainer.settle()
-        return jax.device_get(trainer.leaves), jax.device_get(metrics), trainer.packing
+        return jax.device_get(trainer.leaves), jax.device_get(metrics), trainer.arrays.packing
     finally:
         trainer.close()
 
@@ -171,7 +171,7 @@ def test_a_group_of_seeds_packs_when_asked_and_steps_as_unpacked(tmp_path):
         try:
             metrics = [group.advance() for _ in range(2)]
             group.settle()
-            runs[pack] = jax.device_get(group.leaves), jax.device_get(metrics), group.packing
+            runs[pack] = jax.device_get(group.leaves), jax.device_get(metrics), group.arrays.packing
         finally:
             group.close()
     (packed_leaves, packed_metrics, packing), (leaves, metrics, none) = runs["true"], runs["auto"]
@@ -226,7 +226,7 @@ def stepped(pack, mesh):
             for _ in range(3):
                 trainer.advance()
             trainer.settle()
-            packing = trainer.packing
+            packing = trainer.arrays.packing
             counts = None if packing is None else [len(trainer.leaves), packing.count, len(packing.loose)]
             return [np.asarray(x).tolist() for x in jax.device_get(trainer.leaves)], counts
         finally:
