@@ -103,6 +103,21 @@ def silence_closed_loop_callbacks() -> None:
     sys.unraisablehook = hook
 
 
+class UnretrievedWriteErrors(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" records: once one write of a checkpoint fails, Orbax
+    awaits none of the others, and their failures (the same full disk, already reported in one line) would be
+    logged as tracebacks whenever their tasks are collected. Installed only after a write has failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Task exception was never retrieved")
+
+
+def silence_unretrieved_write_errors() -> None:
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, UnretrievedWriteErrors) for f in asyncio_log.filters):
+        asyncio_log.addFilter(UnretrievedWriteErrors())
+
+
 @contextmanager
 def orbax_errors_unlogged():
     """Orbax logs a failed write's whole traceback before raising it; the raised error becomes one line, so the
@@ -164,6 +179,7 @@ class Checkpointer:
         except Exception as e:  # a full disk or a lost permission, reported from deep inside Orbax and TensorStore
             if debugging():
                 raise
+            silence_unretrieved_write_errors()
             raise WriteFault(f"checkpoint {step} could not be written in {self.directory} ({write_error(e)}); "
                              "the earlier checkpoints are intact") from None
 

@@ -4,6 +4,7 @@ and what was on disk before intact. On a real small tmpfs where this process may
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import subprocess
 
@@ -12,7 +13,7 @@ import pytest
 
 from lmzoo import train as lmzoo_train
 from lmzoo.faults import EXIT_WRITE_FAILED
-from lmzoo.run.checkpoint import Checkpointer
+from lmzoo.run.checkpoint import Checkpointer, UnretrievedWriteErrors, silence_unretrieved_write_errors
 
 from conftest import TINY, run_lmzoo
 
@@ -85,3 +86,19 @@ def test_a_disk_that_fills_mid_run_stops_it_in_one_line_with_its_checkpoints_int
                         f"run_dir={run_dir}")
     assert resumed.returncode == 0 and "resumed" in resumed.stdout, resumed.stderr[-2000:]
 
+
+
+def test_after_a_failed_write_unretrieved_write_tasks_are_not_logged(caplog):
+    """The other writes of a failed checkpoint, never awaited, would be logged by asyncio as tracebacks."""
+    asyncio_log = logging.getLogger("asyncio")
+    try:
+        silence_unretrieved_write_errors()
+        silence_unretrieved_write_errors()  # once only
+        assert sum(isinstance(f, UnretrievedWriteErrors) for f in asyncio_log.filters) == 1
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            asyncio_log.error("Task exception was never retrieved\nfuture: <Task finished ...>")
+            asyncio_log.error("Exception in callback something else")
+        assert [r.getMessage() for r in caplog.records] == ["Exception in callback something else"]
+    finally:
+        for f in [f for f in asyncio_log.filters if isinstance(f, UnretrievedWriteErrors)]:
+            asyncio_log.removeFilter(f)
