@@ -128,10 +128,8 @@ class NoWork:
             _, metrics = jax.eval_shape(self.real_step, packed, batches)
             filled = lambda m: jnp.ones(m.shape, m.dtype) if m.dtype == jnp.bool_ else jnp.zeros(m.shape, m.dtype)  # noqa: E731
             replicated = NamedSharding(self.trainer.mesh, P())
-            packing = self.trainer.arrays.packing
-            shardings = jax.tree.leaves(self.trainer.shardings) if packing is None else packing.shardings
             self.call = jax.jit(lambda packed, batches: (packed, jax.tree.map(filled, metrics)), donate_argnums=0,
-                                out_shardings=(shardings, replicated))
+                                out_shardings=(self.trainer.packed_shardings, replicated))
         return self.call(packed, batches)
 
 

@@ -278,8 +278,8 @@ class Trainer:
         self.arrays.packing = packing = choose_packing(cfg.train.pack_state, self.leaves, leaf_shardings, self.mesh)
         if packing is not None:  # the call takes and returns the state as a few buffers
             call = partial(step_on_packed, packing, call)
-        packed_shardings = leaf_shardings if packing is None else packing.shardings
-        self.step_fn = jax.jit(call, donate_argnums=0, out_shardings=(packed_shardings, replicated))  # keeps its layout
+        self.packed_shardings = leaf_shardings if packing is None else packing.shardings  # what step_fn takes
+        self.step_fn = jax.jit(call, donate_argnums=0, out_shardings=(self.packed_shardings, replicated))  # its layout
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
         rows = cfg.train.batch_size // jax.process_count()
         self.process_rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
