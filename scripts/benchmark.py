@@ -24,7 +24,6 @@ older tree for a before/after comparison) raises ``Unavailable`` and is skipped.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -34,6 +33,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from jsonrows import JsonRows
 from lmzoo import ops
 from lmzoo.ops.attention import METHODS as SOFTMAX_FORMS
 from lmzoo.ops.linear import METHODS as LINEAR_FAMILY_FORMS  # the forms of lmzoo.ops.gated too
@@ -535,9 +535,18 @@ GPU_SHAPES = "4x2048x16x128,1x8192x32x128,8x1024x16x64"
 GPU_OPS = "softmax/xla,softmax/cudnn,gla/chunk64,gla/pallas,simple_gla/chunk64,simple_gla/pallas,linear_attention/pallas,selective_scan/scan,selective_scan/pallas"
 
 
+def chosen_cases(prefixes: list[str]) -> list[str]:
+    """The cases named by ``--ops`` prefixes, in the order the prefixes are given (each prefix's cases in the order
+    they are registered): a run stopped early has measured what was listed first."""
+    if not prefixes:
+        return list(CASES)
+    return list(dict.fromkeys(n for p in prefixes for n in CASES if n.startswith(p)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", default="", help="comma-separated prefixes of case names (default: all)")
+    parser.add_argument("--ops", default="", help="comma-separated prefixes of case names, measured in this order "
+                        "(default: all)")
     parser.add_argument("--lengths", default="512,1024,2048,4096")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=4)
@@ -547,13 +556,12 @@ def main() -> None:
     parser.add_argument("--shapes", default="", help="BxTxHxD list, e.g. 4x2048x16x128 (overrides the four above)")
     parser.add_argument("--gpu", action="store_true", help=f"--shapes {GPU_SHAPES} --dtype bfloat16 and the GPU op list")
     parser.add_argument("--copy-mb", type=int, help="array size for the copy-bandwidth pass (default: 2048, 256 on CPU)")
-    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--json", help="also write the rows to this JSON file (rewritten after every row)")
     args = parser.parse_args()
     if args.gpu:
         args.shapes, args.dtype, args.ops = GPU_SHAPES, "bfloat16", args.ops or GPU_OPS
 
-    prefixes = [p for p in args.ops.split(",") if p]
-    names = [n for n in CASES if not prefixes or any(n.startswith(p) for p in prefixes)]
+    names = chosen_cases([p for p in args.ops.split(",") if p])
     if BASELINE not in names:
         names.insert(0, BASELINE)
     dtype = jnp.dtype(args.dtype)
@@ -563,11 +571,12 @@ def main() -> None:
     print(f"device: {device.device_kind} ({jax.default_backend()}, {jax.device_count()} device(s)), "
           f"jax {jax.__version__}, {platform.processor() or platform.machine()}; copy bandwidth {bandwidth:.0f} GB/s")
     print(f"dtype={args.dtype}; ratios are to {BASELINE} at the same shape\n")
+    rows = JsonRows(args.json, {"device": device.device_kind, "backend": jax.default_backend(),
+                                "jax": jax.__version__, "dtype": args.dtype, "copy_gbps": bandwidth})
     header = (f"{'op':<28}{'B x T x H x D':>18}{'fwd ms':>10}{'x base':>8}{'fwd':>11}"
               f"{'fwd+bwd ms':>12}{'x base':>8}{'fwd+bwd':>11}{'fwd+bwd MB':>12}{'compile s':>11}")
     print(header)
     print("-" * len(header))
-    rows = []
     for shape in shapes:
         base = measure(BASELINE, shape, dtype, args.repeats)
         for name in names:
@@ -581,18 +590,14 @@ def main() -> None:
                 continue
             row["fwd_ratio"] = row["fwd_ms"] / base["fwd_ms"]
             row["fwd_bwd_ratio"] = row["fwd_bwd_ms"] / base["fwd_bwd_ms"]
-            rows.append(row)
+            rows.add(row)
             dims = f"{shape.batch}x{shape.length}x{shape.heads}x{shape.dim}"
             print(f"{name:<28}{dims:>18}{row['fwd_ms']:>10.2f}{row['fwd_ratio']:>8.2f}{rate(row, 'fwd'):>11}"
                   f"{row['fwd_bwd_ms']:>12.2f}{row['fwd_bwd_ratio']:>8.2f}{rate(row, 'fwd_bwd'):>11}"
                   f"{row['fwd_bwd_mb']:>12.1f}{row['fwd_compile_s'] + row['fwd_bwd_compile_s']:>11.1f}", flush=True)
     if jax.default_backend() == "gpu" and (stats := device.memory_stats()):
         print(f"\npeak device memory in this run: {stats.get('peak_bytes_in_use', 0) / 2**30:.2f} GiB")
-    if args.json:
-        meta = {"device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
-                "dtype": args.dtype, "copy_gbps": bandwidth}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+    rows.close()
 
 
 if __name__ == "__main__":

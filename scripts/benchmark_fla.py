@@ -18,8 +18,9 @@ gradient also w.r.t. beta). Timing: CUDA events around
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+
+from jsonrows import JsonRows
 
 GPU_SHAPES = "4x2048x16x128,1x8192x32x128,8x1024x16x64"
 CHUNK = 64
@@ -36,7 +37,7 @@ def main() -> None:
     parser.add_argument("--ops", default="chunk_gla,chunk_gated_delta_rule,chunk_delta_rule,chunk_simple_gla",
                         help="which of fla's ops to time")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--json", help="also write the rows to this JSON file (rewritten after every row)")
     args = parser.parse_args()
 
     import fla
@@ -64,7 +65,7 @@ def main() -> None:
     device = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, fla {getattr(fla, '__version__', '?')}")
     print(f"{'op':<28}{'B x T x H x D':>18}{'fwd ms':>10}{'fwd':>11}{'fwd+bwd ms':>12}{'fwd+bwd':>11}{'peak GiB':>10}")
-    rows = []
+    rows = JsonRows(args.json, {"device": torch.cuda.get_device_name(), "torch": torch.__version__})
     for text in args.shapes.split(","):
         b, t, h, d = map(int, text.split("x"))
         torch.manual_seed(0)
@@ -106,12 +107,10 @@ def main() -> None:
             row = {"op": name, "B": b, "T": t, "H": h, "D": d, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
                    "fwd_tflops": chunked_tflops(b, t, h, d, fwd_ms, 1), "fwd_bwd_tflops": chunked_tflops(b, t, h, d, fwd_bwd_ms, 3),
                    "peak_gib": peak}
-            rows.append(row)
+            rows.add(row)
             print(f"{name:<28}{text:>18}{fwd_ms:>10.2f}{row['fwd_tflops']:>7.1f} TF/s{fwd_bwd_ms:>12.2f}"
                   f"{row['fwd_bwd_tflops']:>7.1f} TF/s{peak:>10.2f}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__}, "rows": rows}, f, indent=2)
+    rows.close()
 
 
 if __name__ == "__main__":

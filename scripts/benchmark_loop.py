@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import statistics
 import tempfile
@@ -55,6 +54,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jsonrows import JsonRows
 from lmzoo.cli import compose_and_validate
 from lmzoo.data import build_data
 from lmzoo.run.loop import Trainer, training_batches
@@ -252,17 +252,15 @@ def measure_data(name: str, variant: str, steps: int, repeats: int) -> dict:
             "ms_each": [1e3 * t for t in wall], "cpu_ms_each": [1e3 * t for t in cpu]}
 
 
-def main_data(args) -> list[dict]:
+def main_data(args, rows: JsonRows) -> None:
     print("the training batches alone, read from the trainer's iterator: milliseconds per batch (wall, and process "
           "CPU over all threads)")
     print(f"{'model':<9}{'batch':>6}{'seq_len':>8}{'ms/batch':>10}{'cpu ms':>10}{'batches/s':>11}")
-    rows = []
     for name in args.models:
         row = measure_data(name, args.variant, args.steps, args.repeats)
-        rows.append(row)
+        rows.add(row)
         print(f"{name:<9}{row['batch']:>6}{row['seq_len']:>8}{row['ms']:>10.3f}{row['cpu_ms']:>10.3f}"
               f"{1e3 / row['ms']:>11.0f}", flush=True)
-    return rows
 
 
 def main() -> None:
@@ -305,37 +303,33 @@ def main() -> None:
           f"jax {jax.__version__}; {args.steps} steps x {args.repeats} repeats, medians")
     if args.data and (args.host or args.seeds):
         parser.error("--data times the data alone: not with --host or --seeds")
+    meta = {"device": device.device_kind, "backend": jax.default_backend(), "devices": jax.device_count(),
+            "jax": jax.__version__, "steps": args.steps, "repeats": args.repeats,
+            "steps_per_call": args.steps_per_call, "host": args.host, "data": args.data, "seeds": args.seeds}
+    rows = JsonRows(args.json, meta)  # rewritten after every row
     mains = [(args.data, main_data), (args.host, main_host), (args.seeds, main_seeds), (True, main_bare_and_loop)]
-    rows = next(run for chosen, run in mains if chosen)(args)
-    if args.json:
-        meta = {"device": device.device_kind, "backend": jax.default_backend(), "devices": jax.device_count(),
-                "jax": jax.__version__, "steps": args.steps, "repeats": args.repeats,
-                "steps_per_call": args.steps_per_call, "host": args.host, "data": args.data}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+    next(run for chosen, run in mains if chosen)(args, rows)
+    rows.close()
 
 
-def main_bare_and_loop(args) -> list[dict]:
+def main_bare_and_loop(args, rows: JsonRows) -> None:
     print(f"{'model':<9}{'variant':<10}{'k':>3}{'batch':>6}{'seq_len':>8}{'params':>11}{'dtype':>10}{'pack':>6}"
           f"{'arrays':>7}{'bare ms':>10}{'loop ms':>10}{'loop/bare':>10}")
-    rows = []
     for name in args.models:
         for k in args.steps_per_call:
             for pack in args.pack_state:
                 row = measure(name, args.variant, args.steps, args.repeats, k, pack)
-                rows.append(row)
+                rows.add(row)
                 print(f"{name:<9}{args.variant:<10}{k:>3}{row['batch']:>6}{row['seq_len']:>8}{row['params']:>11,}"
                       f"{row['dtype']:>10}{pack:>6}{row['arrays']:>7}{row['bare_ms']:>10.2f}{row['loop_ms']:>10.2f}"
                       f"{row['ratio']:>10.3f}", flush=True)
-    return rows
 
 
-def main_seeds(args) -> list[dict]:
+def main_seeds(args, rows: JsonRows) -> None:
     print("the training loop with several seeds as one jitted step: milliseconds per optimizer step of all of them, "
           "and per seed")
     print(f"{'model':<9}{'variant':<10}{'steps/call':>11}{'data':>7}{'seeds':>6}{'ms/step':>10}{'ms/seed':>10}"
           f"{'speed-up':>10}")
-    rows = []
     for name in args.models:
         for k in args.steps_per_call:
             for ready in (False, True) if args.ready_data else (False,):
@@ -344,30 +338,27 @@ def main_seeds(args) -> list[dict]:
                     row = measure_seeds(name, args.variant, args.steps, args.repeats, k, n, ready)
                     one = row["ms"] if n == 1 else one
                     row["speedup_per_seed"] = one / row["ms_per_seed"] if one else None
-                    rows.append(row)
+                    rows.add(row)
                     speedup = f"{row['speedup_per_seed']:.2f}x" if one else "-"
                     print(f"{name:<9}{args.variant:<10}{k:>11}{'ready' if ready else 'made':>7}{n:>6}{row['ms']:>10.2f}"
                           f"{row['ms_per_seed']:>10.2f}{speedup:>10}", flush=True)
-    return rows
 
 
-def main_host(args) -> list[dict]:
+def main_host(args, rows: JsonRows) -> None:
     print("the loop around a jitted step that does no work: the host's own milliseconds per optimizer step")
     print(f"{'model':<9}{'variant':<10}{'steps/call':>11}{'batch':>6}{'seq_len':>8}{'data':>7}{'pack':>6}{'arrays':>7}"
           f"{'host ms/step':>14}")
-    rows = []
     for name in args.models:
         for k in args.steps_per_call:
             for ready in (False, True) if args.ready_data else (False,):
                 for pack in args.pack_state:
                     row = measure_host(name, args.variant, args.steps, args.repeats, k, args.profile, ready, pack)
-                    rows.append(row)
+                    rows.add(row)
                     print(f"{name:<9}{args.variant:<10}{k:>11}{row['batch']:>6}{row['seq_len']:>8}"
                           f"{'ready' if ready else 'made':>7}{pack:>6}{row['arrays']:>7}{row['host_ms']:>14.3f}",
                           flush=True)
                     if args.profile:
                         print(row.pop("profile"), flush=True)
-    return rows
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ class Softmax(nn.Module):
         self.register_buffer("freqs", 10000.0 ** (-torch.arange(half, dtype=torch.float32) / half), persistent=False)
 
     def rotate(self, x):  # (B, T, H, D), halves rotated as in lmzoo.positions
-        angles = torch.arange(x.shape[1], dtype=torch.float32)[:, None] * self.freqs  # (T, D/2)
+        angles = torch.arange(x.shape[1], dtype=torch.float32, device=x.device)[:, None] * self.freqs  # (T, D/2)
         cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -158,11 +158,11 @@ class LM(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def optimizer(model, steps: int, warmup: int = 50, lr: float = 3e-3):
+def optimizer(model, steps: int, warmup: int = 50, lr: float = 3e-3, fused: bool = False):
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
 
     def factor(step):  # linear warm-up, cosine decay to 0.1
         if step < warmup:

@@ -29,7 +29,6 @@ the sweep goes on.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from functools import partial
@@ -40,6 +39,7 @@ from flax import nnx
 
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jsonrows import JsonRows
 from lmzoo.cli import compose_and_validate
 from lmzoo.data.tokenizers import ByteTokenizer
 from lmzoo.model import LM, count_params
@@ -122,16 +122,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--documents", type=int, default=1, help="documents packed into every row (segment ids)")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak dense bf16 TFLOP/s (for MFU)")
-    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--json", help="also write the rows to this JSON file (rewritten after every row)")
     args = parser.parse_args()
 
     device = jax.devices()[0]
     peak = peak_tflops(device.device_kind, args.peak_tflops)
+    meta = {"device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
+            "model": args.model, "batch_tokens": args.batch_tokens, "documents": args.documents, "peak_tflops": peak}
+    rows = JsonRows(args.json, meta)
     print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}; model={args.model}, "
           f"{args.batch_tokens} tokens per step, {args.documents} document(s) a row; peak {peak or '?'} TFLOP/s")
     print(f"{'variant':<32}{'mesh d x f x t':>15}{'T':>7}{'batch':>7}{'params':>12}{'step ms':>10}{'tokens/s':>12}"
           f"{'TFLOP/s':>9}{'MFU':>7}{'GiB':>7}{'compile s':>10}  kernels")
-    rows = []
     for entry in args.variants:
         variant, *overrides = entry.split()
         for length in map(int, args.lengths.split(",")):
@@ -140,17 +142,12 @@ def main() -> None:
             except Exception as error:  # out of memory, a method the device lacks: report it and go on
                 print(f"{entry:<32}{length:>7}  failed: {str(error).strip().splitlines()[0][:120]}", flush=True)
                 continue
-            rows.append(row)
+            rows.add(row)
             mfu = f"{100 * row['model_tflops'] / peak:.1f}%" if peak else "?"
             print(f"{row['variant']:<32}{row['mesh']:>15}{length:>7}{row['batch']:>7}{row['params']:>12,}{row['step_ms']:>10.1f}"
                   f"{row['tokens_per_s']:>12,.0f}{row['model_tflops']:>9.2f}{mfu:>7}{row['memory_gib']:>7.2f}"
                   f"{row['compile_s']:>10.1f}  {row['kernels']}", flush=True)
-
-    if args.json:
-        meta = {"device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
-                "model": args.model, "batch_tokens": args.batch_tokens, "documents": args.documents, "peak_tflops": peak}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+    rows.close()
 
 
 if __name__ == "__main__":
