@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lmzoo.metrics import calibration
-from lmzoo.metrics.intervals import ratio_of_sums, ratio_to_reference
-from lmzoo.metrics.seeds import (
+from lmzoo.stats import calibration
+from lmzoo.stats.bootstrap import ratio_of_sums, ratio_to_reference
+from lmzoo.stats.trained_models import (
     SEEDS, SEEDS_AND_TEXT, TEXT, arm_difference, arm_estimate, seed_mean, switch_difference, text_only_difference,
 )
 
@@ -35,7 +35,7 @@ def test_the_text_only_interval_calls_most_copies_different():
 
 
 def test_the_text_terms_degrees_of_freedom_follow_how_evenly_the_blocks_carry_it():
-    from lmzoo.metrics.seeds import text_degrees_of_freedom
+    from lmzoo.stats.trained_models import text_degrees_of_freedom
 
     even = [(np.full(50, 100.0) + np.random.default_rng(i).normal(0, 1, 50), np.full(50, 100.0)) for i in range(3)]
     one_heavy = [(loss.copy(), count.copy()) for loss, count in even]

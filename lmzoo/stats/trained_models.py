@@ -1,7 +1,7 @@
 """Intervals between trained models that count both sources of uncertainty: seeds and text.
 
 An *arm* is the runs of one configuration, one per training seed. Every run of every arm scored
-the same blocks of validation text (``lmzoo.metrics.intervals``), so each run gives block sums
+the same blocks of validation text (``lmzoo.stats.bootstrap``), so each run gives block sums
 ``[B]`` on the same blocks, and a metric of them (mean loss, bits per byte, a ratio of lengths).
 Two things would change a measured difference between arms if the experiment were repeated:
 
@@ -43,8 +43,8 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy import stats
 
-from lmzoo.metrics.estimate import SEEDS, SEEDS_AND_TEXT, TEXT, Estimate
-from lmzoo.metrics.intervals import LEVEL, RESAMPLES, SEED, bootstrap, draws, ratio_of_sums, resampled_sums
+from lmzoo.stats.bootstrap import LEVEL, RESAMPLES, SEED, bootstrap, draws, ratio_of_sums, resampled_sums
+from lmzoo.stats.uncertainty import SEEDS, SEEDS_AND_TEXT, TEXT, Estimate
 
 Run = Sequence[np.ndarray]  # block-sum arrays [B] of one run, the arguments of a metric (e.g. (loss, count))
 Comparison = Estimate  # an arm's estimate or a difference between arms: its ``seeds`` and ``uncertainty`` say which

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmzoo.metrics.intervals import (
+from lmzoo.stats.bootstrap import (
     block_starts,
     block_sums,
     bootstrap,
@@ -104,16 +104,16 @@ def test_curves_get_a_band_per_position_and_unscored_positions_are_nan():
 
 def test_curves_in_memory_slices_equal_one_gather():
     """Summing resamples a slice at a time (bounded memory) gives the same numbers as all at once."""
-    import lmzoo.metrics.intervals as intervals
+    import lmzoo.stats.bootstrap as block_bootstrap
 
     loss, count = fake_blocks(16)
     curve_loss, curve_count = np.stack([loss, 2 * loss], 1), np.stack([count, count], 1)
     whole = metric_interval(curve_loss, curve_count, resamples=50)
-    original, intervals._GATHER_FLOATS = intervals._GATHER_FLOATS, 40
+    original, block_bootstrap._GATHER_FLOATS = block_bootstrap._GATHER_FLOATS, 40
     try:
         sliced = metric_interval(curve_loss, curve_count, resamples=50)
     finally:
-        intervals._GATHER_FLOATS = original
+        block_bootstrap._GATHER_FLOATS = original
     np.testing.assert_array_equal(whole, sliced)
 
 

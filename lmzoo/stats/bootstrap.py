@@ -85,7 +85,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from lmzoo.metrics.estimate import LEVEL, Estimate
+from lmzoo.stats.uncertainty import LEVEL, Estimate
 
 Interval = Estimate  # the bootstrap's point estimate and percentile interval (text only), scalars or curves
 RESAMPLES = 1000
