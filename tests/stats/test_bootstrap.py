@@ -11,7 +11,6 @@ from lmzoo.stats.bootstrap import (
     bootstrap,
     length_intervals,
     metric_interval,
-    over_seeds,
     paired_difference_interval,
     paired_ratio_interval,
     ratio_to_reference,
@@ -161,10 +160,3 @@ def test_length_intervals_are_the_results_json_keys():
     assert lo < 2.0 * loss.sum() / count.sum() < hi
     longer = length_intervals({"loss": loss * 1.1, "count": count, "correct": count / 2}, train, bits_per_nat=2.0)
     assert longer["ratio"] == pytest.approx(1.1) and longer["accuracy_ci"] == pytest.approx([0.5, 0.5])
-
-
-def test_over_seeds_is_mean_and_sample_sd():
-    summary = over_seeds([1.0, 2.0, 3.0, None])
-    assert summary == (2.0, 1.0, 3)
-    single = over_seeds([2.5])
-    assert single.mean == 2.5 and np.isnan(single.sd) and single.n == 1

@@ -11,7 +11,8 @@ from scipy import stats
 from lmzoo.stats import calibration
 from lmzoo.stats.bootstrap import ratio_of_sums, ratio_to_reference
 from lmzoo.stats.trained_models import (
-    SEEDS, SEEDS_AND_TEXT, TEXT, arm_difference, arm_estimate, seed_mean, switch_difference, text_only_difference,
+    SEEDS, SEEDS_AND_TEXT, TEXT, arm_difference, arm_estimate, over_seeds, seed_mean, switch_difference,
+    text_only_difference,
 )
 
 
@@ -124,3 +125,10 @@ def test_a_per_run_statistic_gets_students_interval_over_the_seeds():
     assert (mean.estimate, mean.lo, mean.hi) == pytest.approx((0.31333333, 0.31333333 - half, 0.31333333 + half))
     assert mean.seeds == (3,) and mean.uncertainty == SEEDS
     assert seed_mean([0.3, None]) is None  # one run: its training noise is unknown
+
+
+def test_over_seeds_is_mean_and_sample_sd():
+    summary = over_seeds([1.0, 2.0, 3.0, None])
+    assert summary == (2.0, 1.0, 3)
+    single = over_seeds([2.5])
+    assert single.mean == 2.5 and np.isnan(single.sd) and single.n == 1
