@@ -18,12 +18,12 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lmzoo import registry
 from lmzoo.data import drop_flat_leftovers
-from lmzoo.metrics.intervals import BLOCKS, RESAMPLES, SEED
 from lmzoo.positions import PosConfig
 from lmzoo.schema import (  # noqa: F401 (re-exported)
     ConfigError, DataConfig, MixerConfig, ModelConfig, OptimConfig, explain, one_of, positive, to_dataclass,
 )
 from lmzoo.sharding import MeshConfig
+from lmzoo.stats import BLOCKS, RESAMPLES, SEED
 
 
 @dataclass

@@ -5,7 +5,7 @@ Loads a run's checkpoint and saved config, applies evaluation-time overrides (po
 attention switches; ``pos=ntk`` picks a config group as in training) without retraining, and
 measures validation loss and bits per byte at each length, with per-position loss, each with a 95%
 bootstrap interval (``lmzoo.measure.evaluation``). Results go to ``<run_dir>/eval/<tag>/``:
-``results.json`` (its layout: ``lmzoo.metrics.intervals``), ``results.csv``, PNG plots, and
+``results.json`` (its layout: ``lmzoo.stats.bootstrap``), ``results.csv``, PNG plots, and
 TensorBoard scalars in the run's ``tb/eval/<tag>/`` (``lmzoo.measure.outputs``).
 
 ``--help`` lists the settings. The tag is named after the overrides (``default`` without any). results.json records the settings

@@ -2,12 +2,12 @@
 
     python scripts/aa_simulation.py [--replicates 2000]
 
-Prints, for each regime of ``lmzoo.metrics.calibration.REGIMES`` (3 and 5 seeds per arm, arms of 2 and
+Prints, for each regime of ``lmzoo.stats.calibration.REGIMES`` (3 and 5 seeds per arm, arms of 2 and
 5 seeds, each run's own reaction to the text dominating, an arm-wide reaction to each document) and
 for one seed per arm, the share of simulated replicates whose 95% interval of B - A is significant:
 with B the same config as A (the false-positive rate, nominal 0.05), and with B worse by ``--shift``
 nats per token (the power). Both the interval lmzoo uses (seeds+text) and the text-only interval are
-counted. The simulation is ``lmzoo.metrics.calibration``; the test suite runs each regime's A/A rate
+counted. The simulation is ``lmzoo.stats.calibration``; the test suite runs each regime's A/A rate
 on fewer replicates.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from lmzoo.metrics import calibration
+from lmzoo.stats import calibration
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ PACKAGE = pathlib.Path(lmzoo.__file__).parent
 # The rooms, lowest first: a module may import its own room and the rooms before it, never one after.
 # A room is a module or a package (its longest matching name wins).
 LAYERS = [
-    ["lmzoo.schema", "lmzoo.faults"],  # import nothing of lmzoo
+    ["lmzoo.schema", "lmzoo.faults", "lmzoo.stats"],  # import nothing of lmzoo (stats: only itself)
     ["lmzoo.registry", "lmzoo.sharding", "lmzoo.plots", "lmzoo.ops"],
     ["lmzoo.positions", "lmzoo.mixers", "lmzoo.metrics"],
     ["lmzoo.data"],
@@ -110,6 +110,28 @@ def test_schema_and_faults_import_nothing_of_lmzoo():
     assert not GRAPH["lmzoo.schema"] and not GRAPH["lmzoo.faults"]
 
 
+def test_stats_imports_nothing_of_lmzoo_but_itself():
+    outside = {f"{m} imports {i}" for m in GRAPH if room(m) == "lmzoo.stats" for i in GRAPH[m]
+               if room(i) != "lmzoo.stats"}
+    assert not outside, "\n".join(sorted(outside))
+
+
+def test_stats_is_numpy_and_scipy_only():
+    """No module of lmzoo.stats imports JAX, Flax or Optax (anywhere in its source): statistics run without them."""
+    model_side = {"jax", "jaxlib", "flax", "optax"}
+    found = []
+    for m in (m for m in MODULES if room(m) == "lmzoo.stats"):
+        for node in ast.walk(ast.parse(MODULES[m].read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{m} imports {n}" for n in names if n.split(".")[0] in model_side]
+    assert not found, "\n".join(found)
+
+
 def test_the_top_level_holds_only_commands_and_shared_modules():
     top = {m for m in MODULES if m.count(".") == 1 and MODULES[m].name != "__init__.py"}
     assert top == {f"lmzoo.{name}" for name in (
@@ -130,11 +152,11 @@ SHOWN = [
     "train.py", "eval.py", "compare.py", "generate.py", "export.py", "lm_eval.py", "experiments/", "interop/",
     "run/", "run/loop.py", "run/steps.py", "run/optim.py", "run/resume.py", "run/directory.py", "run/checkpoint.py",
     "run/logger.py", "run/load.py",
-    "measure/", "metrics/", "data/", "model.py", "mixers/", "ops/",
+    "measure/", "metrics/", "stats/", "data/", "model.py", "mixers/", "ops/",
     "positions.py", "sharding.py", "config.py", "schema.py", "registry.py", "cli.py", "faults.py", "plots.py",
     ("scripts/", ("Thin tools around the package: kernel and training benchmarks (figures in docs/benchmarks.md), "
                  "plots of metrics, the CPU recipe, SLURM")),
-    ("tests/", ("Tests (pytest), one folder per room (ops/ mixers/ run/ measure/ metrics/ data/ experiments/), "
+    ("tests/", ("Tests (pytest), one folder per room (ops/ mixers/ run/ measure/ metrics/ stats/ data/ experiments/), "
                "CPU only by default; shared helpers in conftest.py")),
 ]
 WIDTH, COLUMN = 120, 28

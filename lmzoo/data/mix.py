@@ -467,7 +467,7 @@ def component_windows(data: MixData, length: int, budget: int) -> dict:
 def component_validation(score, windows: dict, *, rows: int, scored: Optional[tuple] = None) -> dict[str, float]:
     """``val_loss/<name>`` on each component's own validation windows (and ``val_accuracy/<name>`` where only
     answers are scored); ``scored`` = (windows, their ``LengthScores``) already scored, not scored again."""
-    from lmzoo.metrics.intervals import BLOCKS
+    from lmzoo.stats.bootstrap import BLOCKS
     from lmzoo.metrics.scoring import score_length  # JAX only once a model is scored: importing lmzoo.data stays light
 
     metrics = {}

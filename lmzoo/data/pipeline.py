@@ -275,7 +275,7 @@ class ScoredSpans:
     long_documents: Optional[dict] = None  # with a minimum document length: ``long_document_spans``'s record
 
     def results_keys(self) -> dict:
-        """What ``results.json`` records about the scored text (``lmzoo.metrics.intervals``)."""
+        """What ``results.json`` records about the scored text (``lmzoo.stats.bootstrap``)."""
         sampling = {"sampling": "spread"}
         if self.long_documents:
             sampling = {"sampling": "long_documents", **self.long_documents}

@@ -46,8 +46,8 @@ from typing import Callable, ClassVar, Optional, Sequence
 import numpy as np
 
 from lmzoo.data.synthetic import VALIDATION, TaskConfig, TaskTokenizer
-from lmzoo.metrics.intervals import LEVEL, Interval, metric_interval
 from lmzoo.schema import ConfigError, one_of, positive
+from lmzoo.stats.bootstrap import LEVEL, Interval, metric_interval
 
 GRID_FACTORS = (1, 2, 4, 8, 16)  # default evaluated lengths, in training lengths
 FILLERS = ("sentence", "noise")
@@ -310,7 +310,7 @@ def retrieval_grid(
     """Retrieval accuracy per (depth, length) cell with 95% intervals, JSON-ready; rows are depths.
 
     ``accuracy`` is per answer token, its interval a percentile bootstrap over the cell's examples
-    (each example one block of ``lmzoo.metrics.intervals``: its answer tokens stand or fall together).
+    (each example one block of ``lmzoo.stats.bootstrap``: its answer tokens stand or fall together).
     ``answer_accuracy`` counts an example as retrieved when all its answer tokens are predicted; its
     interval is Wilson's, because examples are independent trials and cells at 0 or 1, common here,
     would get a zero-width bootstrap interval. ``plot_path``: where the heat map goes.

@@ -1,7 +1,7 @@
-"""Arms of seeds for the experiments: one run per training seed, compared with ``lmzoo.metrics.seeds``
+"""Arms of seeds for the experiments: one run per training seed, compared with ``lmzoo.stats.trained_models``
 (training noise and text in one interval; text only, and never significant, with one seed).
 
-``lmzoo.metrics.seeds`` takes each run as block-sum arrays ``[B]`` on blocks shared by every run.
+``lmzoo.stats.trained_models`` takes each run as block-sum arrays ``[B]`` on blocks shared by every run.
 An evaluation gives them (``block_sums``); a per-window measurement of attention rows is one too,
 with each window a block: a run's values ``[windows, K]`` become ``K`` sums and ``K`` counts of
 one, and a curve statistic of the ``K`` columns is the metric.
@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from lmzoo.experiments.runs import blocks
-from lmzoo.metrics.intervals import bits_per_nat, ratio_of_sums, ratio_to_reference
+from lmzoo.stats.bootstrap import bits_per_nat, ratio_of_sums, ratio_to_reference
 
 
 def window_run(values: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -37,21 +37,21 @@ def column(k: int) -> Callable:
 
 
 def estimate(runs: list, metric: Callable, scale: float = 1.0) -> dict:
-    from lmzoo.metrics.seeds import arm_estimate
+    from lmzoo.stats.trained_models import arm_estimate
 
     return arm_estimate(runs, metric=metric, scale=scale).record()
 
 
 def difference(runs: list, baselines: list, metric: Callable, scale: float = 1.0) -> dict:
     """Mean over ``runs`` minus mean over ``baselines``: separately trained models, seeds+text."""
-    from lmzoo.metrics.seeds import arm_difference
+    from lmzoo.stats.trained_models import arm_difference
 
     return arm_difference(runs, baselines, metric=metric, scale=scale).record()
 
 
 def switch(with_switch: list, without: list, metric: Callable, scale: float = 1.0) -> dict:
     """An evaluation-time switch on the same checkpoints: paired, text only (no training noise enters)."""
-    from lmzoo.metrics.seeds import switch_difference
+    from lmzoo.stats.trained_models import switch_difference
 
     return switch_difference(with_switch, without, metric=metric, scale=scale).record()
 

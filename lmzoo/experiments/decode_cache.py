@@ -7,7 +7,7 @@ and reports
 
 - its decoding state per token: ``state_size(T) / T`` floats, what a KV cache grows by per token;
 - its bits per byte over seeds, and the bpb difference to every other variant, each with a 95%
-  interval counting training noise and text (``lmzoo.metrics.seeds``; text only with one seed).
+  interval counting training noise and text (``lmzoo.stats.trained_models``; text only with one seed).
 
 Judged (``judge``; ``lmzoo.experiments.judging``), each difference by at least ``min_effect`` =
 0.01 bpb:

@@ -11,7 +11,7 @@ the reference degrades past its training length). Each check comes out
 - undecided (``None``): the interval straddles the bound, the bound is measured from the data and the
   evidence predates that measurement (``bound`` None), or the check compares separately
   trained models with one seed in an arm, whose training noise cannot be estimated (a text-only
-  interval, never significant, ``lmzoo.metrics.seeds``).
+  interval, never significant, ``lmzoo.stats.trained_models``).
 
 Several claim checks are several chances to pass by luck, so before the vote each claim check's
 interval is widened to a family-wise 95% over the m claim checks (``familywise``: Bonferroni, each
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lmzoo.metrics.estimate import LEVEL, Estimate
+from lmzoo.stats.uncertainty import LEVEL, Estimate
 
 RULES_VERSION = 4
 OUTCOMES = ("reproduced", "partly", "not reproduced", "inconclusive")
@@ -45,11 +45,11 @@ TRAINING_NOISE_UNKNOWN = "1 seed: text only"
 UNMEASURED_BOUND = "its bound was not measured when the evidence was recorded"
 
 
-Measured = Estimate  # a check's value: ``lmzoo.metrics.estimate``, the record compare and the seeds statistics use
+Measured = Estimate  # a check's value: ``lmzoo.stats.uncertainty``, the record compare and the seeds statistics use
 
 
 def measured(record: dict, *, uncertainty: str = "text", seeds=(1,)) -> Measured:
-    """A record as the experiments write it: ``lmzoo.metrics.seeds``' (estimate, lo, hi, seeds, uncertainty, df),
+    """A record as the experiments write it: ``lmzoo.stats.trained_models``' (estimate, lo, hi, seeds, uncertainty, df),
     or the older ``{"value", "ci"}`` of one seed with an interval over the text only."""
     return Estimate.from_record(record, uncertainty=uncertainty, seeds=seeds)
 

@@ -37,9 +37,9 @@ from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import ratio_difference, ratio_estimate, ratio_runs, switch
 from lmzoo.experiments.judging import Check, measured
 from lmzoo.experiments.runs import as_record, bucket_means, evaluate_run, over_windows, paired_over_windows, row_statistic, train_runs
-from lmzoo.metrics.intervals import ratio_to_reference
 from lmzoo.metrics.sparsity import attention_entropy
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
+from lmzoo.stats.bootstrap import ratio_to_reference
 
 CLAIM = ("Scaling attention logits by log n / log T keeps attention entropy nearly constant as the context "
          "grows past the training length T, and so helps length extrapolation.")

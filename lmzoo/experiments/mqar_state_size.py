@@ -8,7 +8,7 @@ The learning rate is chosen on *validation* examples (the best mean accuracy ove
 chosen runs are reported on a held-out *test* split: examples drawn from another data seed
 (``seed`` + ``test_seed_offset`` at evaluation), never seen in training or in the choice.
 Accuracy is over the answer tokens, with a 95% interval counting seeds and examples
-(``lmzoo.metrics.seeds``).
+(``lmzoo.stats.trained_models``).
 
 Expected from the literature (zoology's MQAR figure; seed 002's rank argument, seed 001's
 sparsity): attention recalls at any width, while a recurrent state must grow with the number of
@@ -45,9 +45,9 @@ from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import estimate
 from lmzoo.experiments.judging import Check, Measured, measured
 from lmzoo.experiments.runs import evaluate_run, state_floats, train_grid
-from lmzoo.metrics.intervals import ratio_of_sums
 from lmzoo.plots import error_bars, label_log_axis, plt, save_axes, series_style, spread
 from lmzoo.schema import one_of
+from lmzoo.stats.bootstrap import ratio_of_sums
 
 CLAIM = ("Softmax attention solves multi-query associative recall at any width, while recurrent variants need "
          "a larger state as the number of key-value pairs grows.")

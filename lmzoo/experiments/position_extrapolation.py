@@ -34,8 +34,8 @@ from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import bpb_estimate, bpb_runs, ratio_difference, ratio_estimate, switch
 from lmzoo.experiments.judging import Check, measured
 from lmzoo.experiments.runs import evaluate_run, plot_against_length, train_runs
-from lmzoo.metrics.intervals import bits_per_nat, ratio_of_sums
 from lmzoo.schema import one_of
+from lmzoo.stats.bootstrap import bits_per_nat, ratio_of_sums
 
 CLAIM = ("RoPE alone degrades past its training length; training-free extensions (PI, NTK, YaRN, ReRoPE) "
          "extrapolate at the price of exactness inside it, and schemes trained in (ALiBi, NoPE, KeyNorm, HWFA) "

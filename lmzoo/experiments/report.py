@@ -82,7 +82,8 @@ def next_step(name: str, record: dict | None) -> str:
 
 def text_only_switch(check: dict) -> bool:
     """An evaluation-time switch over several checkpoints judged on the text alone: recorded before
-    ``lmzoo.metrics.seeds.switch_difference`` counted how much the switch's effect differs between checkpoints."""
+    ``lmzoo.stats.trained_models.switch_difference`` counted how much the switch's effect differs between
+    checkpoints."""
     return check["uncertainty"] == "text" and max(check["seeds"]) > 1
 
 

@@ -34,7 +34,6 @@ from lmzoo.experiments.judging import measured
 from lmzoo.faults import Interrupted
 from lmzoo.measure.evaluation import eval_settings, evaluate, result_settings
 from lmzoo.measure.outputs import write_outputs
-from lmzoo.metrics.intervals import Interval, bootstrap, paired_difference_interval
 from lmzoo.model import LM
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
@@ -42,6 +41,7 @@ from lmzoo.run import seeds
 from lmzoo.run.directory import RunDir, flat_settings
 from lmzoo.run.load import open_trained
 from lmzoo.run.loop import train
+from lmzoo.stats.bootstrap import Interval, bootstrap, paired_difference_interval
 
 
 def grouping(cfg: Config) -> bool:

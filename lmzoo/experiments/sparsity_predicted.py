@@ -41,13 +41,13 @@ from lmzoo.experiments import Outcome
 from lmzoo.experiments.judging import LEVEL, Check, Measured, measured
 from lmzoo.experiments.runs import train_runs
 from lmzoo.experiments.sparsity_closed_forms import closed_exp, closed_identity, closed_relu2
-from lmzoo.metrics.intervals import bootstrap
-from lmzoo.metrics.seeds import t_interval
 from lmzoo.metrics.sparsity import l1_l2_sparsity
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import new_axes, save_axes, series_style
 from lmzoo.run.load import open_trained
 from lmzoo.schema import one_of
+from lmzoo.stats.bootstrap import bootstrap
+from lmzoo.stats.trained_models import t_interval
 
 CLAIM = ("The closed forms of attention sparsity, fed with the mean and spread of a trained layer's keys and the "
          "norms of its queries (isotropic Gaussian keys), predict the sparsity of its attention rows.")

@@ -35,8 +35,8 @@ from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import estimate
 from lmzoo.experiments.judging import Check, Measured, measured
 from lmzoo.experiments.runs import evaluate_run, train_runs
-from lmzoo.metrics.intervals import ratio_of_sums
 from lmzoo.plots import error_bars, plt, save_axes, series_style, spread
+from lmzoo.stats.bootstrap import ratio_of_sums
 
 CLAIM = ("Gated DeltaProduct with n_h = 2 Householder steps per token and beta in (0, 2) solves parity beyond its "
          "training length, which the single-step delta rule with beta in (0, 1) cannot.")

@@ -32,9 +32,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from lmzoo.measure.decoding import Sampling, generate, until_eos
-from lmzoo.metrics.intervals import bootstrap, ratio_of_sums
 from lmzoo.run.checkpoint import split_model
 from lmzoo.run.load import Trained
+from lmzoo.stats.bootstrap import bootstrap, ratio_of_sums
 
 NAME = "lmzoo"
 MIN_PADDED = 16  # the shortest padded length: sequences are padded to powers of two from here to max_length

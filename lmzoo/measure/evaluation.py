@@ -15,7 +15,7 @@ long enough at each length; a length no document reaches is refused in one line.
 
 Before scoring, each length's forward is compiled and its memory (XLA's own account) compared with
 the device's memory (``eval.memory_budget_gb`` to set it): a length that cannot fit is refused in one
-line naming about the largest that can. The results layout: ``lmzoo.metrics.intervals``.
+line naming about the largest that can. The results layout: ``lmzoo.stats.bootstrap``.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from tqdm.auto import tqdm
 
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, to_dataclass
 from lmzoo.measure.memory import compiled_bytes, largest_fitting_length, memory_budget
-from lmzoo.metrics.intervals import LEVEL, length_intervals
 from lmzoo.metrics.probes import PROBES, attention_stats
 from lmzoo.metrics.scoring import Forward, LengthScores, score_length, token_scores, windows_per_batch
 from lmzoo.model import LM
 from lmzoo.run.checkpoint import split_model
 from lmzoo.run.directory import RunDir
 from lmzoo.run.load import Trained, trained_config
+from lmzoo.stats.bootstrap import LEVEL, length_intervals
 
 log = logging.getLogger("lmzoo.eval")
 
@@ -192,7 +192,7 @@ def warn_inert_overrides(run: RunDir, overrides: list[str], model: LM, vocab_siz
 
 
 def evaluate(trained: Trained, eval_cfg: EvalConfig, *, tag: str = "default", extra_dir: Path | None = None) -> dict:
-    """The results of ``trained`` at every evaluated length (layout: ``lmzoo.metrics.intervals``); writes
+    """The results of ``trained`` at every evaluated length (layout: ``lmzoo.stats.bootstrap``); writes
     nothing but what a data source's own evaluation plots into ``extra_dir`` (skipped when None)."""
     cfg, data, model, step = trained
     train_len = cfg.data.seq_len

@@ -1,4 +1,7 @@
-"""Measurements shared by training and measuring: the scorer, attention probes, intervals, statistics over seeds."""
+"""Model measures, in JAX, shared by training and measuring: the scorer and the attention probes.
+
+The statistics of what they measure (intervals, comparisons over seeds) are ``lmzoo.stats``.
+"""
 
 from lmzoo.metrics.sparsity import attention_entropy, first_key_share, l1_l2_sparsity
 

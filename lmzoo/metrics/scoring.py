@@ -11,7 +11,7 @@ span, when the scored text is all one document), or its example. Units are numbe
 and blocks are runs of whole units, so the bootstrap resamples documents, never pieces of one document
 as if they were independent. The scorer sums, per block, the loss, the scored count and the correct
 predictions, and per block and span of positions the loss and count. Those sums are all the bootstrap
-of ``lmzoo.metrics.intervals`` needs, and they stay small however large the budget is. The windows'
+of ``lmzoo.stats.bootstrap`` needs, and they stay small however large the budget is. The windows'
 ``sampling_keys()`` say in ``results.json`` which sampling made them (``sampling_note`` reads them back,
 older results included).
 """
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lmzoo.metrics import intervals
+from lmzoo.stats import bootstrap
 
 # Host arrays inputs and targets [rows, L] (and segment_ids [rows, L] when the windows carry them)
 # -> per target "loss" (nats) and "correct" (0/1), [rows, L].
@@ -107,18 +107,18 @@ class LengthScores:
             sums["correct"] = self.correct
         return sums
 
-    def bpb_interval(self, bits_per_nat: float, **bootstrap_args) -> intervals.Interval:
-        return intervals.metric_interval(self.loss, self.count, scale=bits_per_nat, **bootstrap_args)
+    def bpb_interval(self, bits_per_nat: float, **bootstrap_args) -> bootstrap.Interval:
+        return bootstrap.metric_interval(self.loss, self.count, scale=bits_per_nat, **bootstrap_args)
 
-    def position_interval(self, **bootstrap_args) -> intervals.Interval:
+    def position_interval(self, **bootstrap_args) -> bootstrap.Interval:
         """Loss per bucket of positions with its band: ``[buckets]`` arrays."""
-        return intervals.metric_interval(self.position_loss, self.position_count, **bootstrap_args)
+        return bootstrap.metric_interval(self.position_loss, self.position_count, **bootstrap_args)
 
 
 def block_of_units(units: int, n_blocks: int) -> Callable[[np.ndarray], np.ndarray]:
-    """Maps unit indices to their block: ``n_blocks`` contiguous blocks of ``units`` (``intervals.block_starts``),
+    """Maps unit indices to their block: ``n_blocks`` contiguous blocks of ``units`` (``bootstrap.block_starts``),
     each a whole unit (a document, an example) or a run of whole units when there are more units than blocks."""
-    starts = intervals.block_starts(units, n_blocks)
+    starts = bootstrap.block_starts(units, n_blocks)
     return lambda unit: np.searchsorted(starts, unit, side="right") - 1
 
 

@@ -51,7 +51,6 @@ from lmzoo.data.corpus import with_saved_tokenizer
 from lmzoo.data.pipeline import source_metrics
 from lmzoo.data.tokenizers import BPE
 from lmzoo.faults import Diverged, RunLock
-from lmzoo.metrics.intervals import BLOCKS
 from lmzoo.metrics.probes import attention_stats, summary as probe_summary
 from lmzoo.metrics.scoring import score_length
 from lmzoo.model import LM, count_params
@@ -67,6 +66,7 @@ from lmzoo.run.resume import (
 from lmzoo.run.steps import eval_step, init_train_state, train_step
 from lmzoo.schema import flatten
 from lmzoo.sharding import batch_sharding, make_mesh, state_shardings
+from lmzoo.stats.bootstrap import BLOCKS
 
 log = logging.getLogger("lmzoo.train")
 logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax reports every file it writes at INFO

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from lmzoo import compare
 
 from lmzoo.measure import comparison
-from lmzoo.metrics.intervals import length_intervals
+from lmzoo.stats.bootstrap import length_intervals
 
 from conftest import tiny_config
 
@@ -394,7 +394,7 @@ def test_the_frontier_records_with_a_copy_of_themselves_give_the_same_tables(tmp
 
 
 def test_holm_adjusts_p_values_step_down():
-    from lmzoo.metrics.estimate import adjusted_p_values
+    from lmzoo.stats.uncertainty import adjusted_p_values
 
     assert adjusted_p_values([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert adjusted_p_values([0.01, 0.04], "none") == [0.01, 0.04]

@@ -9,8 +9,8 @@ import pytest
 from lmzoo.data import build_data, pipeline
 from lmzoo.data.synthetic import MqarConfig
 from lmzoo.data.text_files import TextFilesConfig
-from lmzoo.metrics.intervals import block_starts
 from lmzoo.metrics.scoring import block_of_units, sampling_note, score_length
+from lmzoo.stats.bootstrap import block_starts
 
 EOS = 0
 

@@ -5,7 +5,7 @@ A run is read from its run directory (config, run info, data fingerprint, metric
 ``comparison.harness``). Runs form one *arm* when they set the same ``label``, or, without
 labels, when their configs differ only in ``seed`` (and ``run_dir``): the seeds of one experiment.
 
-Every interval between arms counts both sources of uncertainty (``lmzoo.metrics.seeds``):
+Every interval between arms counts both sources of uncertainty (``lmzoo.stats.trained_models``):
 training noise, from the spread of the seeds inside each arm, and text, from resampling the
 scored blocks jointly across all runs. An arm of one seed gives a text-only interval, said so in
 its row and never marked significant. Runs are only compared on the same data and the same
@@ -37,9 +37,9 @@ from lmzoo.measure.comparison.reading import (
     stale_evaluations,
 )
 from lmzoo.measure.comparison.tables import differences, find_baseline, table
-from lmzoo.metrics.estimate import adjusted_p_values
 from lmzoo.metrics.scoring import sampling_note
 from lmzoo.run.directory import atomic_write_text
+from lmzoo.stats.uncertainty import adjusted_p_values
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """Each arm's estimates and the differences between arms, with intervals that count seeds and text
-(``lmzoo.metrics.seeds``)."""
+(``lmzoo.stats.trained_models``)."""
 
 from __future__ import annotations
 
 from lmzoo.measure.comparison.reading import Group, Run
-from lmzoo.metrics.intervals import RESAMPLES, SEED, ratio_of_sums, ratio_to_reference
-from lmzoo.metrics.seeds import Comparison, arm_difference, arm_estimate
+from lmzoo.stats.bootstrap import RESAMPLES, SEED, ratio_of_sums, ratio_to_reference
+from lmzoo.stats.trained_models import Comparison, arm_difference, arm_estimate
 
 
 def bootstrap_settings(runs: list[Run]) -> dict:

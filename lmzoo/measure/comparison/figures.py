@@ -9,8 +9,7 @@ import numpy as np
 
 from lmzoo.measure.comparison.estimates import arm_bpb, arm_ratio, bootstrap_settings
 from lmzoo.measure.comparison.reading import Group, Run, evaluated_lengths, probe_mean
-from lmzoo.metrics.intervals import over_seeds
-from lmzoo.metrics.seeds import seed_mean
+from lmzoo.stats.trained_models import over_seeds, seed_mean
 
 
 def series(group: Group, lengths: list[int], value, interval) -> tuple[list, list, list, list]:

@@ -1,7 +1,7 @@
 """lm-evaluation-harness results in a comparison: each task's metrics per arm, with seeds+text intervals over examples.
 
 ``python -m lmzoo.lm_eval`` writes every example's score beside a task's metric (``per_example``). The examples
-play the part the scored text's blocks play for bits per byte (``lmzoo.metrics.seeds``): every run scored the
+play the part the scored text's blocks play for bits per byte (``lmzoo.stats.trained_models``): every run scored the
 same examples, so they are resampled jointly across runs, and the spread of the seeds inside an arm gives the
 training noise. A metric lm-eval takes as a mean over examples (accuracy, exact match) is a ratio of sums of
 (score, 1); one it aggregates as a ratio (bits per byte, word and byte perplexity) is made of each example's
@@ -22,8 +22,8 @@ from lmzoo.measure.comparison.tables import (
     interval_note,
     stars_caption,
 )
-from lmzoo.metrics.intervals import ratio_of_sums
-from lmzoo.metrics.seeds import Comparison, arm_difference, arm_estimate
+from lmzoo.stats.bootstrap import ratio_of_sums
+from lmzoo.stats.trained_models import Comparison, arm_difference, arm_estimate
 
 # lm-eval's metrics aggregated as a ratio of sums: the metric of minus the summed log-likelihood over the summed count
 RATIO_METRICS: dict[str, Callable] = {

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from lmzoo.metrics.intervals import bits_per_nat
 from lmzoo.metrics.scoring import sampling_note
 from lmzoo.run.directory import CONFIG, RunDir
 from lmzoo.schema import ConfigError, changes_trained_model, flatten
+from lmzoo.stats.bootstrap import bits_per_nat
 
 SAME_SEED = ("refuse", "distinct")  # two runs of one arm with one seed: an error, or counted apart as the user says
 

@@ -7,10 +7,9 @@ import numpy as np
 
 from lmzoo.measure.comparison.estimates import arm_bpb, arm_ratio, bpb_difference, ratio_difference
 from lmzoo.measure.comparison.reading import Group, Run, evaluated_lengths, probe_mean
-from lmzoo.metrics.estimate import adjusted_p_values
-from lmzoo.metrics.intervals import over_seeds
-from lmzoo.metrics.seeds import Comparison, seed_difference
 from lmzoo.run.directory import describe_changes
+from lmzoo.stats.trained_models import Comparison, over_seeds, seed_difference
+from lmzoo.stats.uncertainty import adjusted_p_values
 
 
 def _fmt(value, spec: str = ".3f") -> str:

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lmzoo.metrics import calibration
-from lmzoo.metrics.intervals import ratio_of_sums, ratio_to_reference
-from lmzoo.metrics.seeds import (
-    SEEDS, SEEDS_AND_TEXT, TEXT, arm_difference, arm_estimate, seed_mean, switch_difference, text_only_difference,
+from lmzoo.stats import calibration
+from lmzoo.stats.bootstrap import ratio_of_sums, ratio_to_reference
+from lmzoo.stats.trained_models import (
+    SEEDS, SEEDS_AND_TEXT, TEXT, arm_difference, arm_estimate, over_seeds, seed_mean, switch_difference,
+    text_only_difference,
 )
 
 
@@ -35,7 +36,7 @@ def test_the_text_only_interval_calls_most_copies_different():
 
 
 def test_the_text_terms_degrees_of_freedom_follow_how_evenly_the_blocks_carry_it():
-    from lmzoo.metrics.seeds import text_degrees_of_freedom
+    from lmzoo.stats.trained_models import text_degrees_of_freedom
 
     even = [(np.full(50, 100.0) + np.random.default_rng(i).normal(0, 1, 50), np.full(50, 100.0)) for i in range(3)]
     one_heavy = [(loss.copy(), count.copy()) for loss, count in even]
@@ -124,3 +125,10 @@ def test_a_per_run_statistic_gets_students_interval_over_the_seeds():
     assert (mean.estimate, mean.lo, mean.hi) == pytest.approx((0.31333333, 0.31333333 - half, 0.31333333 + half))
     assert mean.seeds == (3,) and mean.uncertainty == SEEDS
     assert seed_mean([0.3, None]) is None  # one run: its training noise is unknown
+
+
+def test_over_seeds_is_mean_and_sample_sd():
+    summary = over_seeds([1.0, 2.0, 3.0, None])
+    assert summary == (2.0, 1.0, 3)
+    single = over_seeds([2.5])
+    assert single.mean == 2.5 and np.isnan(single.sd) and single.n == 1

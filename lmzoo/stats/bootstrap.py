@@ -81,11 +81,11 @@ computed from the same block draws. ``L0`` is ``train_seq_len``; it must be amon
 from __future__ import annotations
 
 import warnings
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from lmzoo.metrics.estimate import LEVEL, Estimate
+from lmzoo.stats.uncertainty import LEVEL, Estimate
 
 Interval = Estimate  # the bootstrap's point estimate and percentile interval (text only), scalars or curves
 RESAMPLES = 1000
@@ -96,14 +96,6 @@ BLOCKS = 100
 # Gathered draws are summed a slice of resamples at a time so that curves (blocks x positions)
 # never materialise resamples x blocks x positions floats at once.
 _GATHER_FLOATS = 1 << 23
-
-
-class SeedSummary(NamedTuple):
-    """Mean and sample standard deviation of one number over the runs of a group (seeds)."""
-
-    mean: float
-    sd: float  # NaN for a single run: one seed says nothing about the spread between seeds
-    n: int
 
 
 def block_starts(n_tokens: int, n_blocks: int) -> np.ndarray:
@@ -255,12 +247,3 @@ def length_intervals(sums: dict, train_sums: dict, *, bits_per_nat: float, **boo
     if "correct" in sums:
         entry["accuracy_ci"] = metric_interval(sums["correct"], count, **bootstrap_args).bounds()
     return entry
-
-
-def over_seeds(values: Sequence[float | None]) -> SeedSummary:
-    """Mean ± sample sd over the runs of a group; runs without the value are left out of ``n``."""
-    present = np.array([v for v in values if v is not None], dtype=np.float64)
-    if not len(present):
-        return SeedSummary(float("nan"), float("nan"), 0)
-    sd = float(present.std(ddof=1)) if len(present) > 1 else float("nan")
-    return SeedSummary(float(present.mean()), sd, len(present))

@@ -1,7 +1,7 @@
 """Intervals between trained models that count both sources of uncertainty: seeds and text.
 
 An *arm* is the runs of one configuration, one per training seed. Every run of every arm scored
-the same blocks of validation text (``lmzoo.metrics.intervals``), so each run gives block sums
+the same blocks of validation text (``lmzoo.stats.bootstrap``), so each run gives block sums
 ``[B]`` on the same blocks, and a metric of them (mean loss, bits per byte, a ratio of lengths).
 Two things would change a measured difference between arms if the experiment were repeated:
 
@@ -33,21 +33,31 @@ With ``m_i`` the metric of run ``i`` on all the scored text and arms A (``n_A`` 
 With one seed in an arm its training noise cannot be estimated: the interval is the text-only
 percentile bootstrap, ``uncertainty`` says ``"text"``, and the difference is never called
 significant, however narrow its interval.
+
+``over_seeds`` is the plain mean ± sample sd of one number over an arm's runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 from scipy import stats
 
-from lmzoo.metrics.estimate import SEEDS, SEEDS_AND_TEXT, TEXT, Estimate
-from lmzoo.metrics.intervals import LEVEL, RESAMPLES, SEED, bootstrap, draws, ratio_of_sums, resampled_sums
+from lmzoo.stats.bootstrap import LEVEL, RESAMPLES, SEED, bootstrap, draws, ratio_of_sums, resampled_sums
+from lmzoo.stats.uncertainty import SEEDS, SEEDS_AND_TEXT, TEXT, Estimate
 
 Run = Sequence[np.ndarray]  # block-sum arrays [B] of one run, the arguments of a metric (e.g. (loss, count))
 Comparison = Estimate  # an arm's estimate or a difference between arms: its ``seeds`` and ``uncertainty`` say which
+
+
+class SeedSummary(NamedTuple):
+    """Mean and sample standard deviation of one number over the runs of a group (seeds)."""
+
+    mean: float
+    sd: float  # NaN for a single run: one seed says nothing about the spread between seeds
+    n: int
 
 
 def run_values(runs: Sequence[Run], metric: Callable, drawn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -224,3 +234,12 @@ def switch_difference(with_switch: Sequence[Run], without: Sequence[Run], metric
     paired = [(*a, *b) for a, b in zip(with_switch, without)]
     effect = lambda *arrays: metric(*arrays[:width]) - metric(*arrays[width:])  # noqa: E731
     return arm_estimate(paired, effect, scale=scale, **bootstrap_args)
+
+
+def over_seeds(values: Sequence[float | None]) -> SeedSummary:
+    """Mean ± sample sd over the runs of a group; runs without the value are left out of ``n``."""
+    present = np.array([v for v in values if v is not None], dtype=np.float64)
+    if not len(present):
+        return SeedSummary(float("nan"), float("nan"), 0)
+    sd = float(present.std(ddof=1)) if len(present) > 1 else float("nan")
+    return SeedSummary(float(present.mean()), sd, len(present))

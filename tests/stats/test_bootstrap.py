@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmzoo.metrics.intervals import (
+from lmzoo.stats.bootstrap import (
     block_starts,
     block_sums,
     bootstrap,
     length_intervals,
     metric_interval,
-    over_seeds,
     paired_difference_interval,
     paired_ratio_interval,
     ratio_to_reference,
@@ -104,16 +103,16 @@ def test_curves_get_a_band_per_position_and_unscored_positions_are_nan():
 
 def test_curves_in_memory_slices_equal_one_gather():
     """Summing resamples a slice at a time (bounded memory) gives the same numbers as all at once."""
-    import lmzoo.metrics.intervals as intervals
+    import lmzoo.stats.bootstrap as block_bootstrap
 
     loss, count = fake_blocks(16)
     curve_loss, curve_count = np.stack([loss, 2 * loss], 1), np.stack([count, count], 1)
     whole = metric_interval(curve_loss, curve_count, resamples=50)
-    original, intervals._GATHER_FLOATS = intervals._GATHER_FLOATS, 40
+    original, block_bootstrap._GATHER_FLOATS = block_bootstrap._GATHER_FLOATS, 40
     try:
         sliced = metric_interval(curve_loss, curve_count, resamples=50)
     finally:
-        intervals._GATHER_FLOATS = original
+        block_bootstrap._GATHER_FLOATS = original
     np.testing.assert_array_equal(whole, sliced)
 
 
@@ -161,10 +160,3 @@ def test_length_intervals_are_the_results_json_keys():
     assert lo < 2.0 * loss.sum() / count.sum() < hi
     longer = length_intervals({"loss": loss * 1.1, "count": count, "correct": count / 2}, train, bits_per_nat=2.0)
     assert longer["ratio"] == pytest.approx(1.1) and longer["accuracy_ci"] == pytest.approx([0.5, 0.5])
-
-
-def test_over_seeds_is_mean_and_sample_sd():
-    summary = over_seeds([1.0, 2.0, 3.0, None])
-    assert summary == (2.0, 1.0, 3)
-    single = over_seeds([2.5])
-    assert single.mean == 2.5 and np.isnan(single.sd) and single.n == 1

@@ -1,7 +1,7 @@
 """How often an interval between arms calls two copies of one experiment different: the A/A simulation.
 
 Synthetic evaluations with a known truth stand in for trained runs, so the false-positive rate of
-``lmzoo.metrics.seeds.arm_difference`` can be counted over many replicates (a real A/A pair of runs
+``lmzoo.stats.trained_models.arm_difference`` can be counted over many replicates (a real A/A pair of runs
 is one replicate). Each replicate draws one validation text and two arms of ``seeds`` runs each::
 
     loss sum of run i on document b = tokens_b * (mean + text_b + seed_i + own_ib)
@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from lmzoo.metrics.seeds import Comparison, text_only_difference, arm_difference
+from lmzoo.stats.trained_models import Comparison, text_only_difference, arm_difference
 
 
 @dataclass(frozen=True)

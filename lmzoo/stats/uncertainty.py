@@ -2,8 +2,8 @@
 
 An ``Estimate`` is a number (or a curve) with its interval, what the interval covers (``uncertainty``),
 the runs behind it per arm (``seeds``), its coverage (``level``) and, for a Student-t interval, its degrees of
-freedom (``df``). The bootstrap over text gives one (``lmzoo.metrics.intervals``), so do the intervals between
-trained arms (``lmzoo.metrics.seeds``) and the experiments' checks (``lmzoo.experiments.judging``).
+freedom (``df``). The bootstrap over text gives one (``lmzoo.stats.bootstrap``), so do the intervals between
+trained arms (``lmzoo.stats.trained_models``) and the experiments' checks (``lmzoo.experiments.judging``).
 
 What an interval covers decides what it may claim: only an interval that counts training noise
 (``seeds`` or ``seeds+...``) can make a difference between separately trained models *significant*; a
