@@ -88,7 +88,8 @@ def jla_own_case(kind: str, gate: str):
         if jla() is None:
             raise Unavailable("jax-linear-attention is not installed")
         q, k, v = qkv(shape, dtype, key)
-        g = jax.nn.log_sigmoid(jax.random.normal(jax.random.fold_in(key, 7), q.shape if gate == "channel" else q.shape[:3])) / 16
+        gate_shape = q.shape if gate == "channel" else q.shape[:3]
+        g = jax.nn.log_sigmoid(jax.random.normal(jax.random.fold_in(key, 7), gate_shape)) / 16
         gates = {"g": g}
         if kind in ("deltanet", "gated_deltanet", "kda"):
             k = (k / jnp.linalg.norm(k.astype(jnp.float32), axis=-1, keepdims=True)).astype(dtype)
@@ -156,7 +157,10 @@ def _softmax_cudnn(shape, dtype, key):
     """``jax.nn.dot_product_attention`` on cuDNN's fused kernel (GPU, half precision only)."""
     if jax.default_backend() != "gpu" or dtype == jnp.float32:
         raise Unavailable("cuDNN attention needs a GPU and bf16/fp16")
-    return (lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")), qkv(shape, dtype, key)
+    def fn(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+
+    return fn, qkv(shape, dtype, key)
 
 
 # (further families register their cases below this line)
@@ -213,7 +217,8 @@ def selective_scan_case(method: str, chunk_size: int = 64):
 
         def fn(u, delta, A, B, C, z, D, delta_bias):
             return ops.selective_scan(
-                u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=True, method=method, chunk_size=chunk_size
+                u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=True, method=method,
+                chunk_size=chunk_size
             )
 
         return fn, selective_scan_args(shape, dtype, key)
@@ -401,7 +406,10 @@ def delta_rule_case(method: str, *, gate: str, chunk_size: int = 64):
         offered(delta_forms(), method)
         q, k, v, beta, log_g = delta_args(shape, dtype, key, gate=gate)
         if gate == "none":
-            return (lambda q, k, v, beta: ops.delta_rule(q, k, v, beta, method=method, chunk_size=chunk_size)), (q, k, v, beta)
+            def fn(q, k, v, beta):
+                return ops.delta_rule(q, k, v, beta, method=method, chunk_size=chunk_size)
+
+            return fn, (q, k, v, beta)
         fn = lambda q, k, v, beta, log_g: ops.delta_rule(q, k, v, beta, log_g, method=method, chunk_size=chunk_size)  # noqa: E731
         return fn, (q, k, v, beta, log_g)
 
@@ -435,7 +443,8 @@ for _kind, _gate in (("gla", "channel"), ("simple_gla", "head"), ("deltanet", "n
 def fox_case(shape, dtype, key):
     """Softmax attention with FoX's forget-gate bias c_i - c_j (a [B, H, T, T] bias through the fused path)."""
     q, k, v = qkv(shape, dtype, key)
-    log_f = jax.nn.log_sigmoid(jax.random.normal(jax.random.fold_in(key, 9), (shape.batch, shape.length, shape.heads)) + 3)
+    logits = jax.random.normal(jax.random.fold_in(key, 9), (shape.batch, shape.length, shape.heads))
+    log_f = jax.nn.log_sigmoid(logits + 3)
 
     def fn(q, k, v, log_f):
         c = jnp.cumsum(log_f, axis=1).swapaxes(1, 2)  # (B, H, T)
@@ -532,7 +541,8 @@ def parse_shapes(text: str) -> list[Shape]:
 
 
 GPU_SHAPES = "4x2048x16x128,1x8192x32x128,8x1024x16x64"
-GPU_OPS = "softmax/xla,softmax/cudnn,gla/chunk64,gla/pallas,simple_gla/chunk64,simple_gla/pallas,linear_attention/pallas,selective_scan/scan,selective_scan/pallas"
+GPU_OPS = ("softmax/xla,softmax/cudnn,gla/chunk64,gla/pallas,simple_gla/chunk64,simple_gla/pallas,"
+           "linear_attention/pallas,selective_scan/scan,selective_scan/pallas")
 
 
 def chosen_cases(prefixes: list[str]) -> list[str]:
@@ -554,8 +564,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--shapes", default="", help="BxTxHxD list, e.g. 4x2048x16x128 (overrides the four above)")
-    parser.add_argument("--gpu", action="store_true", help=f"--shapes {GPU_SHAPES} --dtype bfloat16 and the GPU op list")
-    parser.add_argument("--copy-mb", type=int, help="array size for the copy-bandwidth pass (default: 2048, 256 on CPU)")
+    parser.add_argument("--gpu", action="store_true",
+                        help=f"--shapes {GPU_SHAPES} --dtype bfloat16 and the GPU op list")
+    parser.add_argument("--copy-mb", type=int,
+                        help="array size for the copy-bandwidth pass (default: 2048, 256 on CPU)")
     parser.add_argument("--json", help="also write the rows to this JSON file (rewritten after every row)")
     args = parser.parse_args()
     if args.gpu:
@@ -566,7 +578,8 @@ def main() -> None:
         names.insert(0, BASELINE)
     dtype = jnp.dtype(args.dtype)
     device = jax.devices()[0]
-    shapes = parse_shapes(args.shapes) or [Shape(args.batch, int(t), args.heads, args.dim) for t in args.lengths.split(",")]
+    shapes = parse_shapes(args.shapes) or [Shape(args.batch, int(t), args.heads, args.dim)
+                                           for t in args.lengths.split(",")]
     bandwidth = copy_bandwidth(args.copy_mb or (256 if jax.default_backend() == "cpu" else 2048))
     print(f"device: {device.device_kind} ({jax.default_backend()}, {jax.device_count()} device(s)), "
           f"jax {jax.__version__}, {platform.processor() or platform.machine()}; copy bandwidth {bandwidth:.0f} GB/s")

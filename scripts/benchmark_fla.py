@@ -84,7 +84,8 @@ def main() -> None:
             "chunk_delta_rule": lambda g: (lambda: chunk_delta_rule(q=q, k=unit_k, v=v, beta=beta, scale=d**-0.5,
                                                                     output_final_state=False)[0], (q, unit_k, v, beta)),
             "chunk_gated_delta_rule": lambda g: (lambda: chunk_gated_delta_rule(
-                q=q, k=unit_k, v=v, g=g, beta=beta, scale=d**-0.5, output_final_state=False)[0], (q, unit_k, v, g, beta)),
+                q=q, k=unit_k, v=v, g=g, beta=beta, scale=d**-0.5, output_final_state=False)[0],
+                (q, unit_k, v, g, beta)),
         }
         gate_shapes = {"chunk_gla": (b, t, h, d)}
         for label in args.ops.split(","):
@@ -105,7 +106,8 @@ def main() -> None:
                 continue
             peak = torch.cuda.max_memory_allocated() / 2**30
             row = {"op": name, "B": b, "T": t, "H": h, "D": d, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
-                   "fwd_tflops": chunked_tflops(b, t, h, d, fwd_ms, 1), "fwd_bwd_tflops": chunked_tflops(b, t, h, d, fwd_bwd_ms, 3),
+                   "fwd_tflops": chunked_tflops(b, t, h, d, fwd_ms, 1),
+                   "fwd_bwd_tflops": chunked_tflops(b, t, h, d, fwd_bwd_ms, 3),
                    "peak_gib": peak}
             rows.add(row)
             print(f"{name:<28}{text:>18}{fwd_ms:>10.2f}{row['fwd_tflops']:>7.1f} TF/s{fwd_bwd_ms:>12.2f}"

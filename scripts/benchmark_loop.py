@@ -26,9 +26,10 @@ is temporary.
 
 ``--host``: the loop alone, on any machine. The trainer's jitted step is replaced by one that does no work (it
 takes the same state, packed as the trainer packs it (``--pack-state``, ``train.pack_state``), and batches, and
-returns the same state and metrics of the same shapes, dtypes and shardings, every step finite), so the loop's time per optimizer step is the host's own: pulling and moving
-batches, dispatching, reading flags, keeping metrics. One row per ``--steps-per-call`` value; ``--profile``
-prints where that time goes (cProfile over one timed stretch, the functions taking most of it).
+returns the same state and metrics of the same shapes, dtypes and shardings, every step finite), so the loop's
+time per optimizer step is the host's own: pulling and moving batches, dispatching, reading flags, keeping
+metrics. One row per ``--steps-per-call`` value; ``--profile`` prints where that time goes (cProfile over one timed
+stretch, the functions taking most of it).
 
 ``--seeds 1 3 8``: the loop training that many seeds as one jitted step (``train.seeds``, ``lmzoo.run.seeds``;
 one seed: the plain trainer), its time per optimizer step of all the seeds, per seed, and the speed-up per seed

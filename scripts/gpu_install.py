@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,14 +25,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = ["pytest", "pytest-timeout", "pytest-xdist"]  # the GPU steps run the kernel tests
 # What the GPU steps import: the trainer and its configs, the data pipeline, the kernel provider, the test runner.
-CHECK = ("import lmzoo.train, lmzoo.cli, lmzoo.ops.kernels, hydra, omegaconf, grain, tensorboardX, jla.ops, pytest, "
-         "xdist, pytest_timeout, jax, flax\n"
-         "print('installed: lmzoo', lmzoo.__file__, '| jax', jax.__version__, '| flax', flax.__version__, "
-         "'| jla', __import__('importlib.metadata').metadata.version('jax-linear-attention'), '| devices', jax.devices())")
-
-
-def normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+CHECK = ("import importlib.metadata, lmzoo.train, lmzoo.cli, lmzoo.ops.kernels, hydra, omegaconf, grain, tensorboardX, "
+         "jla.ops, pytest, xdist, pytest_timeout, jax, flax\n"
+         "print('installed: lmzoo', lmzoo.__file__, '| jax', jax.__version__, '| flax', flax.__version__, '| jla', "
+         "importlib.metadata.version('jax-linear-attention'), '| devices', jax.devices())")
 
 
 def run(argv: list[str], env: dict | None = None) -> int:

@@ -10,8 +10,8 @@ Each entry of ``--variants`` is a variant name followed by config overrides for 
 from the same configs as ``lmzoo.train`` (``+attn=<variant> model=<model> data.seq_len=<T>`` plus
 its overrides) and runs the trainer's own jitted ``train_step`` (AdamW update included) on random
 tokens; the batch holds ``--batch-tokens`` tokens at every length; ``--documents n`` packs n documents of equal
-length into every row (segment ids, as ``data.document_boundaries=mask`` gives the model). The state and batch are placed on
-the training mesh exactly as ``lmzoo.train`` places them (``train.mesh.*`` overrides choose the
+length into every row (segment ids, as ``data.document_boundaries=mask`` gives the model). The state and batch are
+placed on the training mesh exactly as ``lmzoo.train`` places them (``train.mesh.*`` overrides choose the
 layout; by default data-parallel over every device), and the row says which layout it measured.
 
 MFU = model FLOPs per second / the device's peak dense bf16 FLOP/s (``--peak-tflops``, or a table
@@ -65,7 +65,8 @@ def model_flops_per_token(cfg, params: int, length: int) -> float:
 def measure(variant: str, overrides: list[str], model: str, length: int, batch_tokens: int, steps: int,
             documents: int = 1) -> dict:
     batch_size = max(1, batch_tokens // length)
-    cfg = compose_and_validate([f"+attn={variant}", f"model={model}", f"data.seq_len={length}", f"train.batch_size={batch_size}",
+    cfg = compose_and_validate([f"+attn={variant}", f"model={model}", f"data.seq_len={length}",
+                                f"train.batch_size={batch_size}",
                                 "train.progress=false", *overrides])
     mesh = training_mesh(cfg)
     lm = LM(cfg, VOCAB, rngs=nnx.Rngs(0))
@@ -76,7 +77,8 @@ def measure(variant: str, overrides: list[str], model: str, length: int, batch_t
     tokens = jax.random.randint(jax.random.key(0), (batch_size, length + 1), 0, VOCAB)
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
     if documents > 1:
-        batch["segment_ids"] = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32) * documents // length, (batch_size, length))
+        ids = jnp.arange(length, dtype=jnp.int32) * documents // length
+        batch["segment_ids"] = jnp.broadcast_to(ids, (batch_size, length))
     batch = jax.device_put(batch, batch_sharding(mesh))
     kernels = {op["implementation"] for layer in lm.mixer_kernels(batch_size, length, documents > 1) for op in layer}
     with jax.set_mesh(mesh):
@@ -100,7 +102,8 @@ def measure(variant: str, overrides: list[str], model: str, length: int, batch_t
     return {"variant": " ".join([variant, *overrides]), "mesh": layout, "T": length, "batch": batch_size,
             "documents": documents, "params": params,
             "step_ms": 1e3 * seconds,
-            "tokens_per_s": tokens_per_s, "model_tflops": tokens_per_s * model_flops_per_token(cfg, params, length) / 1e12,
+            "tokens_per_s": tokens_per_s,
+            "model_tflops": tokens_per_s * model_flops_per_token(cfg, params, length) / 1e12,
             "memory_gib": compiled_gib(step), "compile_s": compile_s, "kernels": ",".join(sorted(kernels))}
 
 
@@ -109,13 +112,15 @@ def compiled_gib(compiled) -> float:
     stats = compiled.memory_analysis()
     if stats is None:
         return float("nan")
-    held = stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes - stats.alias_size_in_bytes
+    held = (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+            - stats.alias_size_in_bytes)
     return held / 2**30
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", nargs="+", default=["softmax", "gla", "mamba"], help='e.g. softmax "gla attn.method=pallas"')
+    parser.add_argument("--variants", nargs="+", default=["softmax", "gla", "mamba"],
+                        help='e.g. softmax "gla attn.method=pallas"')
     parser.add_argument("--model", default="small")
     parser.add_argument("--lengths", default="2048,8192")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="tokens per step at every length")
