@@ -55,7 +55,7 @@ class Arguments(NamedTuple):
 
 
 def show_usage() -> NoReturn:
-    show_help("python -m lmzoo.compare <run or sweep dir> ... [key=value ...]", 
+    show_help("python -m lmzoo.compare <run or sweep dir> ... [key=value ...]",
               "Tabulate and plot evaluated runs side by side: a row per arm (its seeds pooled), with 95% intervals.",
               [("arguments", [Option("<run or sweep dir>", None, "run directories, or folders holding runs")]),
                ("settings (--key value is accepted too)", OPTIONS), ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_WRITE_FAILED, EXIT_UNPARSABLE, EXIT_ABORTED))])

@@ -26,9 +26,12 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import tokenizers as hf_tokenizers
 
 Text = Union[str, bytes]
 

@@ -16,10 +16,11 @@ import pytest
 from flax import nnx
 
 import mixer_checks
+from op_checks import assert_trees_close, compiled, random_like
+
 # the modules, not the functions of the same names that lmzoo.ops exports
 dsa_ops = importlib.import_module("lmzoo.ops.dsa")
 nsa_ops = importlib.import_module("lmzoo.ops.nsa")
-from op_checks import assert_trees_close, compiled, random_like
 
 B, T, HQ, H, D, DV = 2, 19, 4, 2, 8, 6  # odd length: blocks of 4 leave a partial last block
 BS, S, WINDOW, TOPK, HI, DI = 4, 4, 5, 6, 3, 4
