@@ -35,7 +35,8 @@ from lmzoo.faults import (
 MAX_CHECKED_COMBINATIONS = 256
 NOT_IN_DEFAULTS = ("attn",)  # config groups train.yaml's defaults list leaves out: chosen with +group=option
 _HYDRA_FLAGS_WITH_VALUES = ("-cp", "-cn", "-cd", "--config-path", "--config-name", "--config-dir")
-_INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--resolve", "--version", "--shell-completion", "-sc")
+_INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--resolve", "--version",
+               "--shell-completion", "-sc")
 
 
 def fail(message: str, code: int = EXIT_CONFIG) -> NoReturn:
@@ -148,9 +149,25 @@ def field_notes(schema: type) -> dict[str, str]:
         except (OSError, TypeError):
             continue
         module = sys.modules.get(cls.__module__)
-        found = re.findall(r"^\s+(\w+)\s*:[^#\n]*#\s*(.+)$", source, flags=re.MULTILINE)
-        notes.update((name, spelled_out(note, module)) for name, note in found)
+        notes.update((name, spelled_out(note, module)) for name, note in trailing_comments(source))
     return notes
+
+
+def trailing_comments(source: str) -> list[tuple[str, str]]:
+    """Each ``name: ... # comment`` line of ``source`` as (name, comment); a comment too long for one line goes on
+    in comment-only lines below it whose ``#`` stands in its column, and is joined back into one line."""
+    lines, found = source.splitlines(), []
+    for i, line in enumerate(lines):
+        match = re.match(r"(\s+(\w+)\s*:[^#\n]*)#\s*(.+)$", line)
+        if not match:
+            continue
+        note, column = match[3], len(match[1])
+        for more in lines[i + 1:]:
+            if not (continued := re.fullmatch(rf" {{{column}}}#\s*(.+)", more)):
+                break
+            note += " " + continued[1]
+        found.append((match[2], note))
+    return found
 
 
 def spelled_out(note: str, module) -> str:
@@ -178,7 +195,8 @@ def schema_options(schema: type, prefix: str = "") -> list[Option]:
 
 def group_choices(groups: list[str] | None = None) -> list[Option]:
     """``group=option`` for each config group (or those named), with its options."""
-    return [Option(group, "<option>", f"one of: {', '.join(group_options(group))}") for group in groups or config_groups()]
+    return [Option(group, "<option>", f"one of: {', '.join(group_options(group))}")
+            for group in groups or config_groups()]
 
 
 RUN_OVERRIDES = [  # what eval and generate may change in a trained run's config (never model: it shapes the parameters)

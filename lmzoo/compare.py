@@ -55,10 +55,12 @@ class Arguments(NamedTuple):
 
 
 def show_usage() -> NoReturn:
-    show_help("python -m lmzoo.compare <run or sweep dir> ... [key=value ...]", 
+    show_help("python -m lmzoo.compare <run or sweep dir> ... [key=value ...]",
               "Tabulate and plot evaluated runs side by side: a row per arm (its seeds pooled), with 95% intervals.",
               [("arguments", [Option("<run or sweep dir>", None, "run directories, or folders holding runs")]),
-               ("settings (--key value is accepted too)", OPTIONS), ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_WRITE_FAILED, EXIT_UNPARSABLE, EXIT_ABORTED))])
+               ("settings (--key value is accepted too)", OPTIONS),
+               ("exit codes",
+                exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_WRITE_FAILED, EXIT_UNPARSABLE, EXIT_ABORTED))])
 
 
 def as_key_values(argv: list[str]) -> list[str]:
@@ -92,7 +94,8 @@ def parse_args(argv: list[str]) -> Arguments:
             raise ConfigError(f"unknown key {key!r} (valid keys: {', '.join(KEYS)})")
         given[key] = value
     if not paths:
-        raise ConfigError("no run given: python -m lmzoo.compare <run or sweep dir> ... (run python -m lmzoo.eval on each first)")
+        raise ConfigError("no run given: python -m lmzoo.compare <run or sweep dir> ... "
+                          "(run python -m lmzoo.eval on each first)")
     out = given.get("out")
     return Arguments(paths, given.get("baseline"), given.get("tag", "default"), Path(out) if out else None,
                      given.get("same_seed", "refuse"), given.get("adjust", "holm"))

@@ -33,8 +33,10 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per step: the same update, batch_size / grad_accum rows in memory at once
     steps_per_call: int = 1  # optimizer steps per jitted call (a scan over as many batches): host costs once a call
     pack_state: str = "auto"  # auto|true|false: the state packed in a buffer per dtype for each call (run.packing)
-    seeds: list[int] = field(default_factory=list)  # several seeds as one jitted step, each a run in run_dir/seed<s>; empty: seed
-    lrs: list[float] = field(default_factory=list)  # several optim.lr as one jitted step, each a run in run_dir/lr<lr>[/seed<s>]
+    seeds: list[int] = field(default_factory=list)  # several seeds as one jitted step, each a run in
+                                                    # run_dir/seed<s>; empty: seed
+    lrs: list[float] = field(default_factory=list)  # several optim.lr as one jitted step, each a run in
+                                                    # run_dir/lr<lr>[/seed<s>]
     eval_every: int = 100  # steps between validations
     eval_tokens: int = 32768  # validation targets scored at each validation (spans spread over every document)
     checkpoint_every: int = 200  # steps between checkpoints (and at the last step)
@@ -49,13 +51,15 @@ class TrainConfig:
     coordinator_address: Optional[str] = None  # distributed: host:port of process 0; None: from the cluster
     num_processes: Optional[int] = None  # distributed: None: from the cluster
     process_id: Optional[int] = None  # distributed: this process's index; None: from the cluster
-    mesh: MeshConfig = field(default_factory=MeshConfig)  # devices per mesh axis and where parameters go (lmzoo.sharding)
+    mesh: MeshConfig = field(default_factory=MeshConfig)  # devices per mesh axis and where parameters go
+                                                          # (lmzoo.sharding)
 
 
 @dataclass
 class EvalConfig:
     lengths: list[int] = field(default_factory=list)  # empty: 1x, 2x, 4x, 8x the training length (always added)
-    tokens: Optional[int] = 2**18  # validation targets scored at every length (spread over every document); None: the whole split
+    tokens: Optional[int] = 2**18  # validation targets scored at every length (spread over every document);
+                                   # None: the whole split
     batch_tokens: int = 16384  # tokens per forward batch: batch_tokens // L windows of length L
     blocks: int = BLOCKS  # fixed contiguous blocks of the scored targets, resampled by the bootstrap
     resamples: int = RESAMPLES  # bootstrap resamples behind every interval
@@ -84,8 +88,8 @@ class EvalConfig:
         if self.min_doc_tokens is not None:
             positive("eval.min_doc_tokens", self.min_doc_tokens)
         if self.tag is not None and (set(self.tag) & {"/", "\\", "\0"} or self.tag in ("", ".", "..")):
-            raise ConfigError(f"eval.tag={self.tag!r} must be a plain folder name (no path separators, not '.' or '..'):"
-                              " results go to <run_dir>/eval/<tag>")
+            raise ConfigError(f"eval.tag={self.tag!r} must be a plain folder name (no path separators, not '.' or "
+                              "'..'): results go to <run_dir>/eval/<tag>")
 
 
 @dataclass
@@ -94,7 +98,8 @@ class Config:
     seed: int = 0  # parameters and data order
     # Recorded in config.yaml; it changes nothing in training.
     label: Optional[str] = None  # the arm this run belongs to: lmzoo.compare groups runs by it (by config otherwise)
-    logger: str = "tensorboard"  # where metrics go besides metrics.jsonl: tensorboard, or wandb (TensorBoard and Weights & Biases)
+    logger: str = "tensorboard"  # where metrics go besides metrics.jsonl: tensorboard, or wandb (TensorBoard and
+                                 # Weights & Biases)
     model: ModelConfig = field(default_factory=ModelConfig)
     pos: PosConfig = field(default_factory=PosConfig)
     data: Any = None  # a registered data source's spec (a DataConfig subclass)
@@ -197,7 +202,8 @@ def check(cfg: Config) -> None:
     positive("train.probe_batch", t.probe_batch, allow_zero=True)
     positive("train.grad_accum", t.grad_accum)
     if t.batch_size % t.grad_accum:
-        raise ConfigError(f"train.batch_size={t.batch_size} does not split into train.grad_accum={t.grad_accum} equal micro-batches")
+        raise ConfigError(f"train.batch_size={t.batch_size} does not split into train.grad_accum={t.grad_accum} "
+                          "equal micro-batches")
     check_steps_per_call(t)
     t.pack_state = str(t.pack_state).lower()  # YAML and the command line read true/false as booleans
     one_of("train.pack_state", t.pack_state, PACK_STATE)
@@ -238,7 +244,8 @@ def load_run_config(path: str | os.PathLike) -> DictConfig:
     saved = OmegaConf.load(path)
     data = OmegaConf.to_container(saved.data)
     spec = data_spec(data.get("source"))
-    added = {f.name: f.default for f in dataclasses.fields(spec) if f.name not in data and f.default is not dataclasses.MISSING}
+    added = {f.name: f.default for f in dataclasses.fields(spec)
+             if f.name not in data and f.default is not dataclasses.MISSING}
     saved.data = {**drop_flat_leftovers(data, spec), **added}
     return saved
 

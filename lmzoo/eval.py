@@ -8,8 +8,8 @@ bootstrap interval (``lmzoo.measure.evaluation``). Results go to ``<run_dir>/eva
 ``results.json`` (its layout: ``lmzoo.stats.bootstrap``), ``results.csv``, PNG plots, and
 TensorBoard scalars in the run's ``tb/eval/<tag>/`` (``lmzoo.measure.outputs``).
 
-``--help`` lists the settings. The tag is named after the overrides (``default`` without any). results.json records the settings
-that made it; evaluating a tag again with other measuring settings (``eval.step``, ``eval.lengths``
+``--help`` lists the settings. The tag is named after the overrides (``default`` without any). results.json
+records the settings that made it; evaluating a tag again with other measuring settings (``eval.step``, ``eval.lengths``
 ...) is refused in one line rather than replacing those results, unless ``eval.tag`` names the tag.
 The folders are checked for writing before anything is computed. A damaged newest checkpoint is
 named and passed over for the next older intact one (unless ``eval.step`` names it). A position
@@ -28,8 +28,8 @@ from typing import NoReturn
 from omegaconf import OmegaConf
 
 from lmzoo.cli import (
-    RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, run_command, schema_options, show_help, wants_help,
-    with_defaults,
+    RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, run_command, schema_options, show_help,
+    wants_help, with_defaults,
 )
 from lmzoo.config import CONFIG_DIR, ConfigError, EvalConfig
 from lmzoo.faults import (
@@ -49,14 +49,15 @@ EVAL_LOCK = ".lock"  # in eval/<tag>/: held while an evaluation computes and wri
 
 def show_usage() -> NoReturn:
     defaults = {"eval": OmegaConf.load(Path(CONFIG_DIR) / "eval" / "default.yaml")}
-    show_help("python -m lmzoo.eval run_dir=<dir> [eval.<key>=value ...] [pos=<option> pos.<key>=value attn.<key>=value ...]",
+    show_help("python -m lmzoo.eval run_dir=<dir> [eval.<key>=value ...] "
+              "[pos=<option> pos.<key>=value attn.<key>=value ...]",
               "Measure a trained run's loss and bits per byte at each length, with 95% intervals.",
               [("required", [Option("run_dir", "<dir>", "the trained run to evaluate"),
                              Option("hf", "<folder>", "or a local Hugging Face Llama folder (lmzoo.interop.hf)")]),
                ("evaluation settings", with_defaults(schema_options(EvalConfig, "eval."), OmegaConf.create(defaults))),
                ("overrides of the run's config (as in training)", RUN_OVERRIDES),
-               ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_WRITE_FAILED, EXIT_NETWORK, EXIT_UNPARSABLE,
-                                         EXIT_INTERRUPTED, EXIT_ABORTED))])
+               ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_WRITE_FAILED, EXIT_NETWORK,
+                                         EXIT_UNPARSABLE, EXIT_INTERRUPTED, EXIT_ABORTED))])
 
 
 def parse_args(argv: list[str]) -> tuple[RunDir, EvalConfig, list[str]]:
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
             if not hf:  # these rebuild the run's model and data from its config.yaml, which a Hugging Face folder lacks
                 warn_inert_overrides(run, overrides, trained.model, trained.data.tokenizer.vocab_size, first_window)
             results = {**evaluate(trained, eval_cfg, tag=tag, extra_dir=run.eval_dir(tag)), "settings": settings}
-            if not hf and (changed := data_changes(run, trained.data.fingerprint)):  # data.allow_changed=true let them through
+            # data.allow_changed=true let them through
+            if not hf and (changed := data_changes(run, trained.data.fingerprint)):
                 results["data_changed"] = changed
             path = write_outputs(run, results)
     for length, r in results["lengths"].items():

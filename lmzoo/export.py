@@ -1,4 +1,5 @@
-"""``python -m lmzoo.export run_dir=<run> out=<folder> [format=hf|fla step=<n>]``: write a trained run as a Hugging Face model.
+"""``python -m lmzoo.export run_dir=<run> out=<folder> [format=hf|fla step=<n>]``: write a trained run as a
+Hugging Face model.
 
 The folder (``lmzoo.interop.hf``) loads with ``transformers.AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained``: safetensors weights, a ``config.json`` and the tokenizer. ``format=hf``
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None):
     with errors_in_one_line():
         args = parse_args(argv)
         trained = open_trained(args["run_dir"], (), args["step"])
-        out = export_hf(trained, args["out"], source={"run_dir": str(args["run_dir"])}, target=FORMATS[args["format"]](trained.cfg))
+        out = export_hf(trained, args["out"], source={"run_dir": str(args["run_dir"])},
+                        target=FORMATS[args["format"]](trained.cfg))
     print(f"wrote {out} (step {trained.step}, {trained.cfg.attn.name})")
     return out
 

@@ -26,7 +26,8 @@ from omegaconf import OmegaConf
 from omegaconf import errors as oc_errors
 
 from lmzoo.cli import (
-    RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, run_command, schema_options, show_help, wants_help,
+    RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, run_command, schema_options, show_help,
+    wants_help,
 )
 from lmzoo.config import ConfigError, to_dataclass
 from lmzoo.faults import (
@@ -54,7 +55,8 @@ def show_usage() -> NoReturn:
                ("sampling settings", [o._replace(note=o.note or NOTES.get(o.key, ""))
                                       for o in schema_options(Sampling) if o.key != "prompt"]),
                ("overrides of the run's config (as in training)", RUN_OVERRIDES),
-               ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_UNPARSABLE, EXIT_INTERRUPTED, EXIT_ABORTED))])
+               ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_UNPARSABLE, EXIT_INTERRUPTED,
+                                         EXIT_ABORTED))])
 
 
 def parse_args(argv: list[str]) -> tuple[RunDir, Sampling, list[str]]:

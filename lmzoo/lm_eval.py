@@ -1,4 +1,5 @@
-"""``python -m lmzoo.lm_eval run_dir=<run> tasks=<task,...> [include_path=<dir> limit=... tag=...]``: lm-evaluation-harness tasks on a run.
+"""``python -m lmzoo.lm_eval run_dir=<run> tasks=<task,...> [include_path=<dir> limit=... tag=...]``:
+lm-evaluation-harness tasks on a run.
 
 Runs lm-eval's tasks on a trained run's newest intact checkpoint (or ``step=``), or on a local Hugging
 Face Llama folder (``hf=<folder>`` in place of ``run_dir``), through the ``lmzoo`` model adapter

@@ -39,8 +39,8 @@ class RMSNorm(nnx.Module):
     """RMSNorm computed in float32 whatever the activations' dtype, returned in that dtype."""
 
     def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs):
-        self.norm = nnx.RMSNorm(dim, epsilon=eps, dtype=jnp.float32, scale_init=partitioned(nnx.initializers.ones, EMBED),
-                                rngs=rngs)
+        self.norm = nnx.RMSNorm(dim, epsilon=eps, dtype=jnp.float32,
+                                scale_init=partitioned(nnx.initializers.ones, EMBED), rngs=rngs)
 
     def __call__(self, x):
         return self.norm(x.astype(jnp.float32)).astype(x.dtype)
@@ -102,8 +102,8 @@ class LM(nnx.Module):
         m = cfg.model
         self.dtype = jnp.dtype(m.dtype)
         self.embed = nnx.Embed(
-            vocab_size, m.d_model, dtype=self.dtype, embedding_init=partitioned(nnx.initializers.normal(m.init_std), VOCAB, EMBED),
-            rngs=rngs,
+            vocab_size, m.d_model, dtype=self.dtype,
+            embedding_init=partitioned(nnx.initializers.normal(m.init_std), VOCAB, EMBED), rngs=rngs,
         )
         train_len = cfg.data.seq_len  # evaluation at other lengths keeps the training config's seq_len
         pos = Positions.from_config(cfg.pos, train_len=train_len)

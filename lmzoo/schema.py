@@ -72,7 +72,8 @@ def explain(error: oc_errors.OmegaConfBaseException, *, prefix: str = "") -> str
     key = f"{prefix}{error.full_key}"
     if isinstance(error, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)):
         schema = error.object_type
-        valid = f" (valid keys here: {', '.join(f.name for f in dataclasses.fields(schema))})" if dataclasses.is_dataclass(schema) else ""
+        valid = (f" (valid keys here: {', '.join(f.name for f in dataclasses.fields(schema))})"
+                 if dataclasses.is_dataclass(schema) else "")
         return f"unknown key '{key}'{valid}"
     if isinstance(error, oc_errors.MissingMandatoryValue):
         return f"'{key}' must be set"
@@ -119,7 +120,8 @@ class OptimConfig:
     muon_momentum: float = 0.95  # muon: Nesterov momentum
     muon_ns_steps: int = 5  # muon: Newton-Schulz iterations
     muon_weight_decay: float = 0.0  # muon: decoupled weight decay of the hidden matrices (times muon's lr)
-    muon_consistent_rms: Optional[float] = None  # muon: null: steps scaled sqrt(max(1, out/in)); r: to RMS r (0.2 ~ AdamW's)
+    muon_consistent_rms: Optional[float] = None  # muon: null: steps scaled sqrt(max(1, out/in)); r: to RMS r
+                                                 # (0.2 ~ AdamW's)
 
     def check(self, total_steps: int) -> None:
         one_of("optim.name", self.name, OPTIMIZERS)

@@ -84,7 +84,8 @@ class MeshConfig:
     def check(self) -> None:
         for name, axis in self.rules.items():
             if name not in LOGICAL_AXES:
-                raise ConfigError(f"train.mesh.rules.{name}: not a logical axis (choose from: {', '.join(LOGICAL_AXES)})")
+                raise ConfigError(f"train.mesh.rules.{name}: not a logical axis "
+                                  f"(choose from: {', '.join(LOGICAL_AXES)})")
             if axis is not None and axis not in MESH_AXES:
                 raise ConfigError(f"train.mesh.rules.{name}={axis!r} is not a mesh axis (choose from: "
                                   f"{', '.join(MESH_AXES)}, or null)")

@@ -109,7 +109,8 @@ def show_usage() -> NoReturn:
     settings = [o for o in schema_options(Config) if o.key not in ("attn", "data")]
     source = defaults.data.source
     show_help(
-        "python -m lmzoo.train +attn=<variant> [key=value ...]   (-m: a sweep over key=a,b; --hydra-help: Hydra's flags)",
+        "python -m lmzoo.train +attn=<variant> [key=value ...]   "
+        "(-m: a sweep over key=a,b; --hydra-help: Hydra's flags)",
         __doc__.splitlines()[0].split(": ", 1)[1],
         [("required", [Option("+attn", "<variant>", f"the sequence mixer, one of: {', '.join(variant_names())}"),
                        Option("attn.<key>", "<value>", "the variant's own settings (configs/attn/<variant>.yaml)")]),

@@ -143,7 +143,8 @@ class LmzooStep:
             return optax.apply_updates(s["params"], updates), opt
 
         optimizer = jax.jit(update)
-        return {"fwd": milliseconds(forward, (self.state,), repeats), "fwd+bwd": milliseconds(backward, (self.state,), repeats),
+        return {"fwd": milliseconds(forward, (self.state,), repeats),
+                "fwd+bwd": milliseconds(backward, (self.state,), repeats),
                 "opt": milliseconds(optimizer, (self.state, grads), repeats)}
 
     def components(self, repeats: int) -> dict:
@@ -174,8 +175,9 @@ def trainer_step_seconds(overrides: list[str], steps: int) -> list[float]:
     (which holds the compilation): data, host transfers, the per-step finiteness read and logging included."""
     window = max(1, steps // 5)
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = compose_and_validate([*overrides, f"run_dir={run_dir}", f"train.steps={steps}", f"train.log_every={window}",
-                                    f"train.eval_every={steps}", f"train.checkpoint_every={steps}", "train.eval_tokens=4096",
+        cfg = compose_and_validate([*overrides, f"run_dir={run_dir}", f"train.steps={steps}",
+                                    f"train.log_every={window}", f"train.eval_every={steps}",
+                                    f"train.checkpoint_every={steps}", "train.eval_tokens=4096",
                                     "train.probe_batch=0", "train.progress=false"])
         train(cfg)
         return [row["step_time_s"] for row in RunDir(run_dir).read_metrics()[1:] if "step_time_s" in row]
@@ -189,11 +191,13 @@ def compare(variant: str, args, torch_python: str | None) -> dict:
     cfg = compose_and_validate(overrides)
     lmzoo = LmzooStep(cfg)
     print(f"\n{variant}: d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, {cfg.model.n_heads} heads, "
-          f"T {cfg.data.seq_len}, batch {cfg.train.batch_size}, {cfg.model.dtype}; lmzoo {lmzoo.params:,} parameters", flush=True)
+          f"T {cfg.data.seq_len}, batch {cfg.train.batch_size}, {cfg.model.dtype}; lmzoo {lmzoo.params:,} parameters",
+         flush=True)
     worker = None
     if torch_python:
         worker = TorchWorker(torch_python, cfg, variant, args.threads)
-        print(f"PyTorch {worker.info['torch']} ({worker.info['threads']} threads): {worker.info['params']:,} parameters")
+        print(f"PyTorch {worker.info['torch']} ({worker.info['threads']} threads): "
+              f"{worker.info['params']:,} parameters")
         assert worker.info["params"] == lmzoo.params, "the two models differ in size"
     else:
         print("PyTorch half skipped: torch is not importable here (give --torch-python)")
@@ -227,7 +231,8 @@ def compare(variant: str, args, torch_python: str | None) -> dict:
         if worker:
             median_ms = lambda seconds: 1e3 * statistics.median(seconds)  # noqa: E731
             fwd_bwd = [f + b for f, b in zip(times["torch_fwd"], times["torch_bwd"])]
-            theirs = {"fwd": median_ms(times["torch_fwd"]), "fwd+bwd": median_ms(fwd_bwd), "opt": median_ms(times["torch_opt"]),
+            theirs = {"fwd": median_ms(times["torch_fwd"]), "fwd+bwd": median_ms(fwd_bwd),
+                      "opt": median_ms(times["torch_opt"]),
                       **{k: 1e3 * v for k, v in worker.ask({"components": args.breakdown}).items()}}
         print(f"{'breakdown (median ms)':<26}{'lmzoo':>9}{'PyTorch':>9}   (parts: one layer's, forward+backward)")
         for name, ms in {**phases, **parts}.items():

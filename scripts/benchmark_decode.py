@@ -83,7 +83,8 @@ def plot(rows: list[dict], out: Path) -> None:
             mine = [row for row in rows if row["variant"] == variant and row["model"] == model]
             if not mine:
                 continue
-            style = {"marker": "o", "linestyle": ["-", "--", ":"][models.index(model) % 3], "label": f"{variant} ({model})",
+            style = {"marker": "o", "linestyle": ["-", "--", ":"][models.index(model) % 3],
+                     "label": f"{variant} ({model})",
                      "color": plt.cm.tab10(variants.index(variant) % 10)}
             speed.plot([r["T"] for r in mine], [r["ms_per_token"] for r in mine], **style)
             memory.plot([r["T"] for r in mine], [r["state_mib"] for r in mine], **style)
@@ -127,7 +128,8 @@ def main() -> None:
                 try:
                     row = measure(variant, overrides, model, length, args.new_tokens)
                 except Exception as error:  # out of memory, a method the device lacks: report it and go on
-                    print(f"{entry:<28}{model:>7}{length:>8}  failed: {str(error).strip().splitlines()[0][:120]}", flush=True)
+                    print(f"{entry:<28}{model:>7}{length:>8}  failed: {str(error).strip().splitlines()[0][:120]}",
+                          flush=True)
                     continue
                 rows.append(row)
                 print(f"{row['variant']:<28}{model:>7}{length:>8}{row['prefill_ms']:>12.1f}{row['ms_per_token']:>10.2f}"

@@ -108,7 +108,8 @@ class Mamba(nn.Module):
         decay = (delta[..., None] * A).exp()  # (B, T, E, N)
         drive = (delta * u)[..., None] * B[:, :, None, :]
         h, ys = x.new_zeros(b, A.shape[0], self.n), []
-        for decay_t, drive_t, c_t in zip(decay.unbind(1), drive.unbind(1), C.unbind(1)):  # unbind: one backward stack, not T scatters
+        # unbind: one backward stack, not T scatters
+        for decay_t, drive_t, c_t in zip(decay.unbind(1), drive.unbind(1), C.unbind(1)):
             h = decay_t * h + drive_t
             ys.append((h * c_t[:, None, :]).sum(-1))
         y = torch.stack(ys, dim=1) + self.D * u
@@ -144,7 +145,8 @@ class LM(nn.Module):
         super().__init__()
         d, mixer = spec["d_model"], MIXERS[spec["variant"]]
         self.embed = nn.Embedding(spec["vocab"], d)
-        self.blocks = nn.ModuleList(Block(d, mixer(d, spec["heads"], **spec.get("mixer", {}))) for _ in range(spec["layers"]))
+        self.blocks = nn.ModuleList(Block(d, mixer(d, spec["heads"], **spec.get("mixer", {})))
+                                    for _ in range(spec["layers"]))
         self.norm = nn.RMSNorm(d, eps=1e-6)
         for p in self.parameters():  # lmzoo's scale; the timing does not depend on it
             if p.dim() >= 2:

@@ -40,7 +40,8 @@ def main() -> None:
         train = [r for r in rows if "bpb" in r]
         val = [r for r in rows if "val_bpb" in r]
         line, = ax.plot([r["step"] for r in train], [r["bpb"] for r in train], alpha=0.5, label=f"{label} train")
-        ax.plot([r["step"] for r in val], [r["val_bpb"] for r in val], marker="o", color=line.get_color(), label=f"{label} val")
+        ax.plot([r["step"] for r in val], [r["val_bpb"] for r in val], marker="o", color=line.get_color(),
+                label=f"{label} val")
     ax.set(title="Training curves", xlabel="step", ylabel="bits per byte", ylim=(None, 5.0))
     ax.grid(alpha=0.3)
     ax.legend()

@@ -48,8 +48,9 @@ GLA_KERNELS = {  # kernel name -> the launch, as gla_pallas makes it, on inputs 
     # the delta rule's pass across chunks (its outputs run on gla_outputs and the gradient kernels above)
     "delta_states": lambda c, x: delta._launch(delta._states_kernel, "delta_states", c, delta_key_side(c, x), (x["v"],),
                                                x["s0"], values_out=1),
-    "delta_state_grads": lambda c, x: delta._launch(delta._state_grads_kernel, "delta_state_grads", c, delta_key_side(c, x),
-                                                    (x["do"],), x["s0"], values_out=1, chunk_values=x["states"]),
+    "delta_state_grads": lambda c, x: delta._launch(delta._state_grads_kernel, "delta_state_grads", c,
+                                                    delta_key_side(c, x), (x["do"],), x["s0"], values_out=1,
+                                                    chunk_values=x["states"]),
 }
 
 
@@ -97,7 +98,8 @@ def sweep_gla(sweep, shape, dtype, per_dimension, chunks, blocks, warps, stages)
                 settings = {} if w is None else {"num_warps": w, "num_stages": s}
                 ms = timed_setting(name, lambda c=config: kernel(c, inputs), settings, sweep.repeats)
                 row = {"op": label, "kernel": name, "chunk": chunk, "block": config.block_k, **settings, "ms": ms,
-                       "setting": f"chunk={chunk} block={config.block_k} " + (f"warps={w} stages={s}" if w else "defaults")}
+                       "setting": f"chunk={chunk} block={config.block_k} "
+                                 + (f"warps={w} stages={s}" if w else "defaults")}
                 if w is None and block == 64:
                     default = ms
                 sweep.record(row, default)
@@ -107,7 +109,8 @@ def sweep_selective_scan(sweep, shape, chunks, blocks, warps, stages):
     b, t, h, d = shape
     channels, n = h * d, 16
     ks = jax.random.split(jax.random.key(0), 5)
-    u, delta = jax.random.normal(ks[0], (b, t, channels)), jax.nn.softplus(jax.random.normal(ks[1], (b, t, channels)) - 4)
+    u = jax.random.normal(ks[0], (b, t, channels))
+    delta = jax.nn.softplus(jax.random.normal(ks[1], (b, t, channels)) - 4)
     A = -jnp.tile(jnp.arange(1, n + 1, dtype=jnp.float32), (channels, 1))
     B, C = (jax.random.normal(k, (b, t, 1, n)) for k in ks[2:4])
     h0 = jnp.zeros((b, channels, n))
@@ -132,7 +135,8 @@ def sweep_selective_scan(sweep, shape, chunks, blocks, warps, stages):
                 ms = None
             finally:
                 common.GPU_TUNING.clear()
-            row = {"op": "selective_scan", "kernel": "forward+backward", "chunk": chunk, "block": block, **settings, "ms": ms,
+            row = {"op": "selective_scan", "kernel": "forward+backward", "chunk": chunk, "block": block, **settings,
+                   "ms": ms,
                    "setting": f"chunk={chunk} block={block} " + (f"warps={w} stages={s}" if w else "defaults")}
             if w is None:
                 default = ms
@@ -166,13 +170,16 @@ def main() -> None:
         scan_grid = dict(chunks=[16], blocks=[32], warps=[4], stages=[1])
     shape = tuple(map(int, args.shape.split("x")))
     device = jax.devices()[0]
-    print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}; shape {args.shape}, {args.dtype}")
+    print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}; "
+          f"shape {args.shape}, {args.dtype}")
     sweep = Sweep(args.budget_s, args.repeats)
     ops = args.ops.split(",")
     if "gla" in ops:
-        sweep_gla(sweep, shape, jnp.dtype(args.dtype), True, grid["chunks"][:1], **{k: grid[k] for k in ("blocks", "warps", "stages")})
+        sweep_gla(sweep, shape, jnp.dtype(args.dtype), True, grid["chunks"][:1],
+                  **{k: grid[k] for k in ("blocks", "warps", "stages")})
     if "simple_gla" in ops:
-        sweep_gla(sweep, shape, jnp.dtype(args.dtype), False, grid["chunks"], **{k: grid[k] for k in ("blocks", "warps", "stages")})
+        sweep_gla(sweep, shape, jnp.dtype(args.dtype), False, grid["chunks"],
+                  **{k: grid[k] for k in ("blocks", "warps", "stages")})
     if "selective_scan" in ops:
         sweep_selective_scan(sweep, shape, **scan_grid)
     print("\nbest per kernel:")

@@ -116,7 +116,8 @@ def tiny_config(variant: str = "softmax", *overrides: str, run_dir: str | os.Pat
     return compose_and_validate([f"+attn={variant}", *TINY, f"run_dir={run_dir}", *overrides])
 
 
-def run_lmzoo(*args: str, env: dict | None = None, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+def run_lmzoo(*args: str, env: dict | None = None, timeout: float = 300,
+              check: bool = False) -> subprocess.CompletedProcess:
     """``python -m lmzoo.train <args>`` in a fresh interpreter (its exit code and output are the test)."""
     full_env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
     proc = subprocess.run(

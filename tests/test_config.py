@@ -221,9 +221,11 @@ def config_sections(rel: str, raw: dict) -> list[tuple[str, dict, type]]:
         top = {k: v for k, v in raw.items() if k not in ("defaults", "hydra", "train")}
         return [("", top, Config), ("train.", train, TrainConfig), ("train.mesh.", train.get("mesh", {}), MeshConfig)]
     if group == "attn" and "attn" in raw:  # a variant that also sets model.* (# @package _global_)
-        return [("attn.", raw["attn"], registry.lookup(raw["attn"]["mixer"])), ("model.", raw.get("model", {}), ModelConfig)]
+        return [("attn.", raw["attn"], registry.lookup(raw["attn"]["mixer"])),
+                ("model.", raw.get("model", {}), ModelConfig)]
     specs = {"attn": lambda: registry.lookup(raw["mixer"]), "data": lambda: registry.SOURCES.lookup(raw["source"]),
-             "model": lambda: ModelConfig, "optim": lambda: OptimConfig, "pos": lambda: PosConfig, "eval": lambda: EvalConfig}
+             "model": lambda: ModelConfig, "optim": lambda: OptimConfig, "pos": lambda: PosConfig,
+             "eval": lambda: EvalConfig}
     return [("", raw, specs[group]())]
 
 
@@ -256,7 +258,8 @@ def test_no_config_file_restates_a_default(rel):
             base.update(load_config_file("optim/adamw.yaml"))
         restated = [f"{prefix}{k}={v!r}" for k, v in section.items()
                     if k not in IDENTITY and k in base and v == base[k]]
-        assert not restated, f"configs/{rel} restates {spec.__name__}'s defaults ({', '.join(restated)}): leave them out"
+        assert not restated, (f"configs/{rel} restates {spec.__name__}'s defaults ({', '.join(restated)}): "
+                              "leave them out")
 
 
 def sub_configs(rel: str, raw: dict) -> list[tuple[str, dict, type]]:
@@ -264,7 +267,8 @@ def sub_configs(rel: str, raw: dict) -> list[tuple[str, dict, type]]:
     if raw.get("mixer") == "hybrid":
         return [(f"layers.{n}.", sub, registry.lookup(sub["mixer"])) for n, sub in raw["layers"].items()]
     if raw.get("source") == "mix":
-        return [(f"components.{n}.", sub, registry.SOURCES.lookup(sub["source"])) for n, sub in raw["components"].items()]
+        return [(f"components.{n}.", sub, registry.SOURCES.lookup(sub["source"]))
+                for n, sub in raw["components"].items()]
     return []
 
 

@@ -135,7 +135,8 @@ def test_stats_is_numpy_and_scipy_only():
 def test_the_top_level_holds_only_commands_and_shared_modules():
     top = {m for m in MODULES if m.count(".") == 1 and MODULES[m].name != "__init__.py"}
     assert top == {f"lmzoo.{name}" for name in (
-        "train", "eval", "compare", "generate", "export", "lm_eval",  # the commands (lmzoo.experiments has its own __main__)
+        # the commands (lmzoo.experiments has its own __main__)
+        "train", "eval", "compare", "generate", "export", "lm_eval",
         "cli", "config", "schema", "registry", "faults", "plots", "sharding", "positions", "model",
     )}, top
 

@@ -90,7 +90,8 @@ def test_yarn_interpolates_slow_dimensions_keeps_fast_ones_and_sets_the_temperat
     np.testing.assert_allclose(yarn[slow], plain[slow] / factor, rtol=1e-6)
     middle = ~fast & ~slow
     assert np.all((yarn[middle] < plain[middle]) & (yarn[middle] > plain[middle] / factor))
-    assert Positions("yarn", factor=factor, original_len=original).logit_scale == pytest.approx((0.1 * math.log(4) + 1) ** 2)
+    assert (Positions("yarn", factor=factor, original_len=original).logit_scale
+            == pytest.approx((0.1 * math.log(4) + 1) ** 2))
 
 
 @pytest.mark.parametrize("kind, leak", [("rerope", None), ("leaky_rerope", 4.0)])
@@ -135,7 +136,8 @@ def test_unknown_kind_on_the_command_line_is_one_line():
     proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", "pos.kind=spiral", "train.steps=1", timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "lmzoo: error: pos.kind='spiral' is not valid (choose from: rope, pi, ntk, yarn, rerope, leaky_rerope, alibi, none)"
+        "lmzoo: error: pos.kind='spiral' is not valid "
+        "(choose from: rope, pi, ntk, yarn, rerope, leaky_rerope, alibi, none)"
     ]
 
 
@@ -153,8 +155,10 @@ def test_position_methods_swap_into_a_trained_model_without_changing_parameters(
     neutral = swapped(model, "softmax", "pos.kind=ntk", "pos.factor=1")
     assert jax.tree.structure(nnx.state(neutral)) == jax.tree.structure(nnx.state(model))
     np.testing.assert_array_equal(neutral(tokens), plain)
-    np.testing.assert_allclose(swapped(model, "softmax", "pos.kind=rerope", "pos.window=13")(tokens), plain, rtol=1e-6, atol=1e-6)
-    extensions = (["pos.kind=ntk", "pos.factor=4"], ["pos.kind=yarn", "pos.factor=2"], ["pos.kind=leaky_rerope", "pos.window=4"])
+    np.testing.assert_allclose(swapped(model, "softmax", "pos.kind=rerope", "pos.window=13")(tokens), plain,
+                               rtol=1e-6, atol=1e-6)
+    extensions = (["pos.kind=ntk", "pos.factor=4"], ["pos.kind=yarn", "pos.factor=2"],
+                  ["pos.kind=leaky_rerope", "pos.window=4"])
     for overrides in extensions:
         changed = swapped(model, "softmax", *overrides)(tokens)
         assert np.all(np.isfinite(changed)) and not np.allclose(changed, plain), overrides

@@ -17,7 +17,8 @@ from lmzoo.cli import compose_and_validate
 
 
 def run_script(name: str, *args: str) -> str:
-    result = subprocess.run([sys.executable, f"scripts/{name}", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, f"scripts/{name}", *args], cwd=REPO, capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
@@ -25,7 +26,8 @@ def run_script(name: str, *args: str) -> str:
 @pytest.mark.slow
 def test_benchmark_reports_rates_and_skips_what_cannot_run(tmp_path):
     ops = "gla/pallas,simple_gla/chunk64,selective_scan/scan,softmax/cudnn"
-    out = run_script("benchmark.py", "--ops", ops, "--shapes", "1x40x2x16", "--repeats", "1", "--copy-mb", "16", "--json", str(tmp_path / "rows.json"))
+    out = run_script("benchmark.py", "--ops", ops, "--shapes", "1x40x2x16", "--repeats", "1", "--copy-mb", "16",
+                     "--json", str(tmp_path / "rows.json"))
     assert "copy bandwidth" in out and "softmax/cudnn" in out and "skipped" in out
     rows = {row["op"]: row for row in json.loads((tmp_path / "rows.json").read_text())["rows"]}
     assert set(rows) == {"softmax/xla", "gla/pallas", "simple_gla/chunk64", "selective_scan/scan"}
@@ -42,7 +44,8 @@ def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
                      "--json", str(tmp_path / "rows.json"))
     rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
     assert [row["variant"] for row in rows] == [f"softmax {two_layers}", gla_variant]
-    assert all(row["tokens_per_s"] > 0 and row["batch"] == 2 and row["memory_gib"] > 0 and row["mesh"] == "1x1x1" for row in rows)
+    assert all(row["tokens_per_s"] > 0 and row["batch"] == 2 and row["memory_gib"] > 0 and row["mesh"] == "1x1x1"
+               for row in rows)
     assert "gla attn.method=pallas" in out
     assert "softmax attn.method=cudnn" in out and "failed" in out  # no cuDNN on a CPU: one line, the rest still runs
     softmax, gla = rows
@@ -101,7 +104,8 @@ def test_benchmark_cpu_step_times_the_step_its_pieces_and_the_trainer(tmp_path):
                      "--trainer-steps", "4", "--json", str(tmp_path / "rows.json"))
     (row,) = json.loads((tmp_path / "rows.json").read_text())["rows"]
     assert row["variant"] == "softmax" and row["params"] == 41_216 and row["lmzoo_ms"] > 0
-    assert set(row["phases"]) == {"fwd", "fwd+bwd", "opt"} and set(row["components"]) == {"mixer", "mlp", "norm", "head+loss"}
+    assert set(row["phases"]) == {"fwd", "fwd+bwd", "opt"}
+    assert set(row["components"]) == {"mixer", "mlp", "norm", "head+loss"}
     assert row["trainer_ms"] > 0
     assert ("ratio" in row) != ("PyTorch half skipped" in out)  # CI has no torch: the lmzoo half runs alone
 
@@ -122,7 +126,8 @@ def test_fla_check_says_what_to_install_where_torch_or_fla_is_missing():
 
     if importlib.util.find_spec("torch") and importlib.util.find_spec("fla"):
         pytest.skip("torch and fla-core are installed here: scripts/fla_check.py runs the comparisons")
-    proc = subprocess.run([sys.executable, "scripts/fla_check.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "scripts/fla_check.py"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0 and "skipped" in proc.stdout and "pip install" in proc.stdout
 
 
@@ -153,8 +158,9 @@ def test_cpu_recipe_keeps_each_runs_record_and_skips_the_kept_runs(tmp_path):
            "EXTRA": "model.n_layers=1 model.d_model=32 train.batch_size=2 train.eval_tokens=128 train.probe_batch=0"}
 
     def recipe():
-        result = subprocess.run(["bash", "scripts/cpu_recipe.sh"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                                env={**os.environ, **env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+        path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+        result = subprocess.run(["bash", "scripts/cpu_recipe.sh"], cwd=REPO, capture_output=True, text=True,
+                                timeout=300, env={**os.environ, **env, "PATH": path})
         assert result.returncode == 0, result.stderr[-2000:]
 
     recipe()

@@ -191,8 +191,8 @@ def run_processes(run_dir, processes: int, devices_each: int, killed_at="never",
            "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={devices_each}"}
     port = free_port()
     procs = [subprocess.Popen([sys.executable, "-c", PROCESS_SNIPPET, str(run_dir), str(port), str(processes), str(i),
-                               str(killed_at), layout], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for i in range(processes)]
+                               str(killed_at), layout], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(processes)]
     codes = []
     # A process still finishing the checkpoint when its peer has died is aborted by JAX's coordination service
     # (SIGABRT, -6) rather than dying as told: both are the kill the test means.

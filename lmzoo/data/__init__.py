@@ -65,7 +65,8 @@ FLAT_DEFAULTS = {
 
 def _check_shard(shard_index: int, shard_count: int) -> None:
     if shard_count < 1 or not 0 <= shard_index < shard_count:
-        raise ValueError(f"need 0 <= shard_index < shard_count, got shard_index={shard_index}, shard_count={shard_count}")
+        raise ValueError(f"need 0 <= shard_index < shard_count, got shard_index={shard_index}, "
+                         f"shard_count={shard_count}")
 
 
 def build_data(cfg: DataConfig, *, seed: int, shard_index: int = 0, shard_count: int = 1) -> Data | TaskData:

@@ -153,14 +153,16 @@ def hf_documents(
                 return _streamed_texts(dataset, text_field, what, max_rows)
         except ConnectionError as e:  # datasets' own ConnectionError is a subclass, as are requests' and socket's
             raise NetworkFault(f"data.hf_name={name!r} could not be downloaded ({offline or first_line(e)}) and is not "
-                               "in the local Hugging Face cache; connect to the network, or use data=text_files") from None
+                               "in the local Hugging Face cache; connect to the network, or use data=text_files"
+                               ) from None
         except datasets.exceptions.DatasetGenerationError as e:  # a local file that does not parse, deep inside
-            raise ValueError(f"data.hf_data_files={jsonable_files(data_files)} could not be read by the {name!r} builder "
-                             f"({first_line(innermost(e))}); fix that file") from None
+            raise ValueError(f"data.hf_data_files={jsonable_files(data_files)} could not be read by the {name!r} "
+                             f"builder ({first_line(innermost(e))}); fix that file") from None
         return _hf_texts(dataset, text_field, what, max_rows)
 
     train_rows = load(train_split)
-    identity = dict(source="hf", name=name, config=config, data_files=data_files, train_split=train_split, val_split=val_split)
+    identity = dict(source="hf", name=name, config=config, data_files=data_files, train_split=train_split,
+                    val_split=val_split)
     if max_rows is not None:  # only when set, so the fingerprints of runs from before the setting stay as they were
         identity.update(max_rows=max_rows)
     if val_split is None:

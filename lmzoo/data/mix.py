@@ -427,7 +427,7 @@ def component_losses(terms: Sequence[dict], names: Sequence[str]) -> dict[str, f
         return {}
     loss = np.sum([np.asarray(t["component_loss"], np.float64) for t in terms], axis=0)
     share = np.sum([np.asarray(t["component_share"], np.float64) for t in terms], axis=0)
-    return {f"loss/{name}": float(l / s) for name, l, s in zip(names, loss, share) if s > 0}
+    return {f"loss/{name}": float(total / s) for name, total, s in zip(names, loss, share) if s > 0}
 
 
 class ComponentMetrics(SourceMetrics):

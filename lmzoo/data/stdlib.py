@@ -41,7 +41,8 @@ def stdlib_documents(val_fraction: float = 0.05, root: Optional[str] = None) -> 
     for relpath in _stdlib_relpaths(root):
         with open(os.path.join(root, relpath), "rb") as file:
             units.append(Unit(relpath, [file.read()]))
-    documents = split_documents(units, val_fraction, f"the standard library at {root}", source="stdlib", python=platform.python_version())
+    documents = split_documents(units, val_fraction, f"the standard library at {root}", source="stdlib",
+                                python=platform.python_version())
     documents.fingerprint.update(
         train_files=documents.fingerprint["train_documents"],
         val_files=documents.fingerprint["val_documents"],

@@ -140,7 +140,8 @@ class MqarConfig(TaskConfig):
         if self.num_queries is not None:
             positive("data.num_queries", self.num_queries)
         if self.num_pairs > self.task_vocab // 2:  # keys are distinct symbols from the first half
-            raise ConfigError(f"data.num_pairs={self.num_pairs} distinct keys need data.task_vocab >= {2 * self.num_pairs}")
+            raise ConfigError(f"data.num_pairs={self.num_pairs} distinct keys need "
+                              f"data.task_vocab >= {2 * self.num_pairs}")
 
     def sequences(self, draws, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
         half = self.task_vocab // 2
@@ -216,7 +217,8 @@ class StateTrackingConfig(TaskConfig):
         super().check()
         order = len(self.products())
         if self.task_vocab != order:
-            raise ConfigError(f"data.task_vocab={self.task_vocab} must be {order}, the order of the {self.source} group")
+            raise ConfigError(f"data.task_vocab={self.task_vocab} must be {order}, the order of the {self.source} "
+                              "group")
 
     def labelled(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, ...]:
         elements, states, scored = self.labelled_rows(RowDraws(rng), length, tok)
@@ -382,7 +384,8 @@ class TaskData:
 
     @property
     def fingerprint(self) -> dict:
-        settings = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "allow_changed"}  # how to resume, not what
+        # allow_changed is how to resume, not what
+        settings = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "allow_changed"}
         return {**settings, "seed": self.seed, "vocab_size": self.tokenizer.vocab_size}
 
     def _examples(self, split: int, seq_len: int) -> TaskExamples:

@@ -37,7 +37,8 @@ def _jsonl_documents(path: str, text_field: str) -> list[bytes]:
             try:
                 record = json.loads(line)
             except ValueError as e:  # JSON, or UTF-8, that does not decode: name the place, not just the column
-                raise ValueError(f"{path}:{line_number}: not a JSON line ({first_line(e)}); fix or remove that line") from None
+                raise ValueError(f"{path}:{line_number}: not a JSON line ({first_line(e)}); "
+                                 "fix or remove that line") from None
             text = record.get(text_field) if isinstance(record, dict) else None
             if not isinstance(text, str):
                 raise ValueError(f"{path}:{line_number}: no string field {text_field!r} (set data.text_field)")

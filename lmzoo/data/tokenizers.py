@@ -26,9 +26,12 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import tokenizers as hf_tokenizers
 
 Text = Union[str, bytes]
 
@@ -99,12 +102,13 @@ class HFTokenizer:
         try:
             import tokenizers as hf_tokenizers  # an optional extra: only users with their own vocabulary need it
         except ImportError:
-            raise ValueError(f"data.tokenizer={path!r} needs the Hugging Face tokenizers package: pip install -e '.[hf]'") from None
+            raise ValueError(f"data.tokenizer={path!r} needs the Hugging Face tokenizers package: "
+                             "pip install -e '.[hf]'") from None
         try:
             self._tokenizer = hf_tokenizers.Tokenizer.from_file(path)
         except Exception as e:  # the Rust library raises a bare Exception for a file that does not parse
-            raise ValueError(f"tokenizer file {path} cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                             f"{repair_advice(path)}") from None
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(f"tokenizer file {path} cannot be read ({reason}); {repair_advice(path)}") from None
         eos_id = _first_known_token(self._tokenizer, EOS_CANDIDATES)
         if eos_id is None:
             raise ValueError(f"tokenizer {path} has no end-of-sequence token; looked for {list(EOS_CANDIDATES)}")
@@ -146,7 +150,8 @@ def build_tokenizer(spec: str) -> Tokenizer:
     if spec == BPE:
         raise ValueError("data.tokenizer=bpe is trained on a corpus: build it with bpe_tokenizer(documents, ...)")
     if not os.path.isfile(spec):
-        raise FileNotFoundError(f"tokenizer file not found: {spec!r} (data.tokenizer is 'byte' or a path to a tokenizer.json)")
+        raise FileNotFoundError(f"tokenizer file not found: {spec!r} "
+                                "(data.tokenizer is 'byte' or a path to a tokenizer.json)")
     return HFTokenizer(spec)
 
 

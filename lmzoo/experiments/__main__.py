@@ -24,8 +24,10 @@ from lmzoo.schema import ConfigError, one_of
 
 DEFAULT_OUT = "experiments"
 OPTIONS = [
-    Option("quick", "false", "true: small settings that test the pipeline in about a minute, not the claim (no verdict)"),
-    Option("out_dir", DEFAULT_OUT, "the experiment writes <out_dir>/<name>/ (verdict.json, figures, runs); a rerun resumes"),
+    Option("quick", "false",
+           "true: small settings that test the pipeline in about a minute, not the claim (no verdict)"),
+    Option("out_dir", DEFAULT_OUT,
+           "the experiment writes <out_dir>/<name>/ (verdict.json, figures, runs); a rerun resumes"),
     Option("seed_groups", "auto", "an arm's seeds trained as one vmapped group: auto (on an accelerator), true, false "
                                   "(one run per seed)"),
 ]
@@ -35,7 +37,8 @@ def show_usage(name: str) -> NoReturn:
     module = load(name)
     quick = ", ".join(f"{k}={v}" for k, v in module.QUICK.items())
     show_help(f"python -m lmzoo.experiments {name} [key=value ...]", module.CLAIM,
-              [("run settings", OPTIONS), (f"settings of {name} (quick=true sets {quick})", schema_options(module.Settings)),
+              [("run settings", OPTIONS),
+               (f"settings of {name} (quick=true sets {quick})", schema_options(module.Settings)),
                ("exit codes", exit_codes())])
 
 
@@ -113,8 +116,8 @@ def main(argv: list[str]) -> None:
             fail("interrupted; no verdict was written: run the same command again to resume", EXIT_INTERRUPTED)
     folder = options["out_dir"] / name
     if record["quick"]:
-        print(f"{name}: smoke run (quick=true: tests the pipeline, not the claim; no verdict) ({record['seconds']:.0f} s); "
-              f"{folder / 'verdict.json'}")
+        print(f"{name}: smoke run (quick=true: tests the pipeline, not the claim; no verdict) "
+              f"({record['seconds']:.0f} s); {folder / 'verdict.json'}")
     else:
         print(f"{name}: {record['verdict']}: {record['reason']} ({record['seconds']:.0f} s); {folder / 'verdict.json'}")
     for figure in record["figures"]:

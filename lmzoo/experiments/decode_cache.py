@@ -113,8 +113,8 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
     for first, second, side, tests in claims:
         if {first, second} <= set(variants):
             bound = -settings.min_effect if side == "below" else settings.min_effect
-            checks.append(Check(f"bpb {NAMES[first]} - {NAMES[second]}", tests, difference_of(differences, first, second),
-                                side, bound, trained_comparison=True))
+            checks.append(Check(f"bpb {NAMES[first]} - {NAMES[second]}", tests,
+                                difference_of(differences, first, second), side, bound, trained_comparison=True))
     return checks
 
 
@@ -122,8 +122,8 @@ def plot(variants: dict, path: Path) -> str:
     fig, ax = new_axes((5.5, 3.8))
     for index, (variant, entry) in enumerate(variants.items()):
         bpb = bpb_of(entry)
-        error_bars(ax, [entry["cache_floats_per_token"]], [bpb.estimate], [bpb.lo], [bpb.hi], label=NAMES.get(variant, variant),
-                   **{**series_style(index), "linestyle": "none"})
+        error_bars(ax, [entry["cache_floats_per_token"]], [bpb.estimate], [bpb.lo], [bpb.hi],
+                   label=NAMES.get(variant, variant), **{**series_style(index), "linestyle": "none"})
     ax.set_xscale("log")
     save_axes(fig, ax, path, xticks=sorted({e["cache_floats_per_token"] for e in variants.values()}),
               title="decoding cache against bits per byte", xlabel="decoding-state floats per token",

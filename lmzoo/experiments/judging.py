@@ -69,7 +69,8 @@ class Check:
         if self.bound is None or (self.trained_comparison and min(self.value.seeds) < 2):
             return None
         lo, hi = self.value.lo, self.value.hi
-        beyond, short = (lo > self.bound, hi < self.bound) if self.side == "above" else (hi < self.bound, lo > self.bound)
+        beyond, short = ((lo > self.bound, hi < self.bound) if self.side == "above"
+                         else (hi < self.bound, lo > self.bound))
         return True if beyond else False if short else None
 
     @property

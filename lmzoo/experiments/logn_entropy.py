@@ -36,7 +36,9 @@ import numpy as np
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import ratio_difference, ratio_estimate, ratio_runs, switch
 from lmzoo.experiments.judging import Check, measured
-from lmzoo.experiments.runs import as_record, bucket_means, evaluate_run, over_windows, paired_over_windows, row_statistic, train_runs
+from lmzoo.experiments.runs import (
+    as_record, bucket_means, evaluate_run, over_windows, paired_over_windows, row_statistic, train_runs,
+)
 from lmzoo.metrics.sparsity import attention_entropy
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 from lmzoo.stats.bootstrap import ratio_to_reference
@@ -76,7 +78,8 @@ class Condition:
 
 def run(settings: Settings, out_dir: Path) -> Outcome:
     lengths = [f * settings.seq_len for f in FACTORS]
-    runs = {variant: [out_dir / "runs" / f"{variant}-s{seed}" for seed in settings.seeds] for variant in ("softmax", "logn")}
+    runs = {variant: [out_dir / "runs" / f"{variant}-s{seed}" for seed in settings.seeds]
+            for variant in ("softmax", "logn")}
     for variant, run_dirs in runs.items():
         train_runs(variant, dict(zip(settings.seeds, run_dirs)), steps=settings.steps,
                    overrides=[f"data.seq_len={settings.seq_len}", *settings.overrides])
@@ -96,9 +99,10 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
     evidence = {
         "checks": {
             f"softmax: bpb ratio at {longest}": ratio_estimate(plain.results, longest),
-            f"bpb ratio at {longest}, log-n trained - softmax": ratio_difference(trained.results, plain.results, longest),
-            f"bpb ratio at {longest}, log-n at evaluation - without": switch(ratio_at_8t(switched.results),
-                                                                             ratio_at_8t(plain.results), ratio_to_reference),
+            f"bpb ratio at {longest}, log-n trained - softmax":
+                ratio_difference(trained.results, plain.results, longest),
+            f"bpb ratio at {longest}, log-n at evaluation - without":
+                switch(ratio_at_8t(switched.results), ratio_at_8t(plain.results), ratio_to_reference),
         },
         "entropy_differences": {  # measured, not judged (see the docstring); the same windows in both conditions
             "entropy growth, log-n trained - softmax": growth_difference(trained.entropy, plain.entropy, edges),
@@ -114,7 +118,8 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
 def judge(evidence: dict, settings: Settings) -> list[Check]:
     longest = FACTORS[-1] * settings.seq_len
     records = evidence["checks"]
-    trained, switched = (f"bpb ratio at {longest}, log-n {which}" for which in ("trained - softmax", "at evaluation - without"))
+    trained, switched = (f"bpb ratio at {longest}, log-n {which}"
+                         for which in ("trained - softmax", "at evaluation - without"))
     return [
         Check(f"softmax: bpb ratio at {longest}", "control: plain RoPE softmax degrades past its training length",
               measured(records[f"softmax: bpb ratio at {longest}"]), "above", settings.degrades, control=True),
@@ -168,8 +173,8 @@ def plot_ratios(conditions: list[Condition], lengths: list[int], path: Path) -> 
     fig, ax = new_axes((5.5, 3.8))
     for index, c in enumerate(conditions):
         entries = [ratio_estimate(c.results, n) for n in lengths]
-        error_bars(ax, spread(lengths, index, len(conditions)), [e["estimate"] for e in entries], [e["lo"] for e in entries],
-                   [e["hi"] for e in entries], label=c.name, **series_style(index))
+        error_bars(ax, spread(lengths, index, len(conditions)), [e["estimate"] for e in entries],
+                   [e["lo"] for e in entries], [e["hi"] for e in entries], label=c.name, **series_style(index))
     ax.set_xscale("log", base=2)
     seeds = len(conditions[0].results)
     save_axes(fig, ax, path, train_len=lengths[0], xticks=lengths, xlabel="evaluation length (tokens)",

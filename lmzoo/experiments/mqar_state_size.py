@@ -74,16 +74,17 @@ class Settings:
     scale: str = "cpu"  # cpu | zoology: the grid SCALES names, in place of the settings left at their defaults
 
 
-QUICK = {"seeds": [0], "variants": ["softmax", "gla"], "widths": [32], "pairs": [2, 4], "lrs": [3e-3], "steps": 8, "seq_len": 32,
-         "eval_tokens": 2048, "overrides": ["train.batch_size=8", "train.eval_every=8", "train.eval_tokens=512",
-                                                                   "train.probe_batch=0"]}
+QUICK = {"seeds": [0], "variants": ["softmax", "gla"], "widths": [32], "pairs": [2, 4], "lrs": [3e-3], "steps": 8,
+         "seq_len": 32, "eval_tokens": 2048,
+         "overrides": ["train.batch_size=8", "train.eval_every=8", "train.eval_tokens=512", "train.probe_batch=0"]}
 
 
 ZOOLOGY_STEPS = 6000  # x 64 examples = 384k examples per run (zoology: 100k examples x 64 epochs)
 SCALES = {
     "cpu": {},
     "zoology": {
-        "variants": ["softmax", "gla", "mamba"],  # the control, a gated linear and a selective state (more: a call more)
+        # the control, a gated linear and a selective state (more: a call more)
+        "variants": ["softmax", "gla", "mamba"],
         "widths": [64, 128],
         "pairs": [4, 16],
         "lrs": [3e-3, 1e-2],
@@ -107,8 +108,8 @@ def at_scale(settings: Settings) -> Settings:
 
 def accuracy_runs(results: list[dict], length: int) -> list[tuple]:
     """(correct, count) block sums of each seed's evaluation: blocks of examples."""
-    return [(np.asarray(r["block_sums"][str(length)]["correct"], float), np.asarray(r["block_sums"][str(length)]["count"], float))
-            for r in results]
+    return [(np.asarray(r["block_sums"][str(length)]["correct"], float),
+             np.asarray(r["block_sums"][str(length)]["count"], float)) for r in results]
 
 
 def best_over_lrs(variant: str, width: int, pairs: int, settings: Settings, runs_dir: Path, runs: list) -> dict:
@@ -136,7 +137,8 @@ def best_over_lrs(variant: str, width: int, pairs: int, settings: Settings, runs
     test = [evaluate(d, "mqar_state_size_test", [f"seed={seed + settings.test_seed_offset}"])
             for seed, d in zip(settings.seeds, run_dirs[best])]
     return {"accuracy": estimate(accuracy_runs(test, settings.seq_len), ratio_of_sums), "lr": best,
-            "validation_accuracy": validation, "state_floats": state_floats(cfg), "chance": 1 / (cfg.data.task_vocab // 2)}
+            "validation_accuracy": validation, "state_floats": state_floats(cfg),
+            "chance": 1 / (cfg.data.task_vocab // 2)}
 
 
 def run(settings: Settings, out_dir: Path) -> Outcome:
@@ -146,7 +148,8 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
         grid[variant] = {p: {w: best_over_lrs(variant, w, p, settings, out_dir / "runs", runs) for w in settings.widths}
                          for p in settings.pairs}
     evidence = {"split": "learning rate chosen on validation examples; accuracy on the test split",
-                "grid": {v: {str(p): {str(w): b for w, b in by_w.items()} for p, by_w in by_p.items()} for v, by_p in grid.items()}}
+                "grid": {v: {str(p): {str(w): b for w, b in by_w.items()} for p, by_w in by_p.items()}
+                        for v, by_p in grid.items()}}
     figure = plot(evidence["grid"], settings.pairs, len(settings.seeds), out_dir / "accuracy_vs_state.png")
     return Outcome(evidence, [figure], runs)
 
@@ -176,7 +179,8 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
             cells = [accuracy_of(c) for by_width in by_pairs.values() for c in by_width.values()]
             worst = min(cells, key=lambda m: m.lo)
             checks.append(Check(f"{variant}: accuracy at its worst setting",
-                                f"{'control: ' if variant == 'softmax' else ''}{variant} solves MQAR at every width and number of pairs",
+                                f"{'control: ' if variant == 'softmax' else ''}{variant} solves MQAR at every width "
+                               "and number of pairs",
                                 worst, "above", settings.solved, control=variant == "softmax"))
             continue
         if fewest != most:
@@ -212,5 +216,6 @@ def plot(grid: dict, pairs: list[int], seeds: int, path: Path) -> str:
         ax.set(title=f"MQAR, {p} key-value pairs", xlabel="decoding-state floats per sequence")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"test accuracy (95% interval, {seeds} seed{'s' * (seeds > 1)})")
-    save_axes(fig, axes[-1], path, title=f"MQAR, {pairs[-1]} key-value pairs", xlabel="decoding-state floats per sequence")
+    save_axes(fig, axes[-1], path, title=f"MQAR, {pairs[-1]} key-value pairs",
+              xlabel="decoding-state floats per sequence")
     return str(path)

@@ -57,7 +57,8 @@ def context_free_bpb(data, lengths: list[int], budget: int, min_doc_tokens: int 
     with what they were scored on; ``data`` a text ``lmzoo.data.Data``, the rest as the evaluation's settings."""
     vocab = data.tokenizer.vocab_size
     if vocab > 512:  # a trigram table of V^3 floats: byte-level vocabularies only
-        raise ValueError(f"n-gram baselines count dense tables: a vocabulary of {vocab} tokens is too large (up to 512)")
+        raise ValueError(f"n-gram baselines count dense tables: a vocabulary of {vocab} tokens is too large "
+                         "(up to 512)")
     positions, digest = scored_targets(data, lengths, budget, min_doc_tokens)
     tokens = data.val_tokens.astype(np.int64)
     target, previous, before = tokens[positions], tokens[positions - 1], tokens[np.maximum(positions - 2, 0)]

@@ -91,8 +91,8 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
         return evaluated(name, "position_extrapolation")
 
     def evaluated(name: str, tag: str, extra=()) -> list[dict]:
-        return [evaluate_run(run_dir(name, seed), tag=tag, lengths=lengths, tokens=settings.eval_tokens, overrides=list(extra))
-                for seed in settings.seeds]
+        return [evaluate_run(run_dir(name, seed), tag=tag, lengths=lengths, tokens=settings.eval_tokens,
+                             overrides=list(extra)) for seed in settings.seeds]
 
     results = {"rope": trained("rope", "softmax", [])}
     for kind in settings.extensions:
@@ -108,10 +108,13 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
         differences[f"{kind}: bpb at {longest} - rope's"] = bpb_switch(kind, longest)
         differences[f"{kind}: bpb at {train_len} - rope's"] = bpb_switch(kind, train_len)  # reported, not judged
     for name in settings.trained_in:
-        differences[f"{name}: bpb ratio at {longest} - rope's"] = ratio_difference(results[name], results["rope"], longest)
-    evidence = {"paired_differences": differences, "conditions": {name: curves(r, lengths) for name, r in results.items()}}
-    figures = [plot_against_length(evidence["conditions"], lengths, key, len(settings.seeds), out_dir / f"{key}_vs_length.png",
-                                   what="train short, test long") for key in ("ratio", "bpb")]
+        differences[f"{name}: bpb ratio at {longest} - rope's"] = ratio_difference(results[name], results["rope"],
+                                                                                   longest)
+    evidence = {"paired_differences": differences,
+                "conditions": {name: curves(r, lengths) for name, r in results.items()}}
+    figures = [plot_against_length(evidence["conditions"], lengths, key, len(settings.seeds),
+                                   out_dir / f"{key}_vs_length.png", what="train short, test long")
+               for key in ("ratio", "bpb")]
     runs = [run_dir(name, seed) for name in ("rope", *settings.trained_in) for seed in settings.seeds]
     return Outcome(evidence, figures, runs)
 
@@ -124,7 +127,8 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
                     measured(rope), "above", settings.degrades, control=True)]
     for kind in (k for k in settings.extensions if k not in EXPECTED_NEGATIVE):  # reported, not judged
         key = f"{kind}: bpb at {longest} - rope's"
-        checks.append(Check(key, f"{kind}, switched on after training, extrapolates: lower bpb at 8T than RoPE as trained",
+        checks.append(Check(key,
+                            f"{kind}, switched on after training, extrapolates: lower bpb at 8T than RoPE as trained",
                             measured(records[key]), "below", -settings.min_effect))
     for name in settings.trained_in:
         key = f"{name}: bpb ratio at {longest} - rope's"

@@ -58,7 +58,8 @@ def provenance(record: dict) -> str:
     if record.get("rules_version") != RULES_VERSION:
         return f"judged under older rules (version {record.get('rules_version', 1)})"
     if "rejudged" in record:
-        return f"re-judged from a run judged {record['rejudged']['verdict']} under rules version {record['rejudged']['rules_version']}"
+        before = record["rejudged"]
+        return f"re-judged from a run judged {before['verdict']} under rules version {before['rules_version']}"
     return "run under the current rules"
 
 
@@ -96,7 +97,8 @@ def summary_table(records: dict) -> str:
             lines.append(f"| {link} | {load(name).SEED} | — | — | — | — | — | {next_step(name, record)} |")
             continue
         lines.append(f"| {link} | {record['seed_article']} | **{record['verdict']}** | {counts(record)} | "
-                     f"{seeds_per_arm(record)} | {provenance(record)} | {record['seconds']:.0f} s | {next_step(name, record)} |")
+                     f"{seeds_per_arm(record)} | {provenance(record)} | {record['seconds']:.0f} s | "
+                     f"{next_step(name, record)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -113,7 +115,8 @@ def checks_table(record: dict | None, name: str) -> str:
              "|---|---|---:|---:|---|---|---|"]
     for c in record["checks"]:
         label = f"{c['name']} (control)" if c["control"] else c["name"]
-        lines.append(f"| {label} | {c['tests']} | {number(c['estimate'])} | [{number(c['lo'])}, {number(c['hi'])}] ({level(c)}) | "
+        lines.append(f"| {label} | {c['tests']} | {number(c['estimate'])} | "
+                     f"[{number(c['lo'])}, {number(c['hi'])}] ({level(c)}) | "
                      f"{c['uncertainty']}, seeds {'/'.join(map(str, c['seeds']))} | {c['must']} | {result(c)} |")
     return "\n".join(lines) + "\n"
 

@@ -203,14 +203,16 @@ def as_record(interval, scale: float = 1.0) -> dict:
 # ----------------------------------------------------------------------------- attention rows by context
 
 
-def row_statistic(run_dir: Path, overrides: list[str], statistic, *, length: int, windows: int, tokens: int) -> np.ndarray:
+def row_statistic(run_dir: Path, overrides: list[str], statistic, *, length: int, windows: int,
+                  tokens: int) -> np.ndarray:
     """(windows, length): ``statistic`` of each query's attention row (a function of weights and the causal
     mask, one value per row, e.g. ``attention_entropy``), averaged over layers and heads, on the first
     ``windows`` validation windows of ``length`` tokens cut from ``tokens`` validation targets spread over the split."""
     _, data, model, _ = open_trained(run_dir, overrides)
     cut = data.validation_windows([length], tokens)[length]
     inputs = cut(np.arange(min(windows, len(cut))))["inputs"]
-    return np.stack([np.asarray(_rows(model, jnp.asarray(inputs[i : i + 1]), statistic))[0] for i in range(len(inputs))])
+    return np.stack([np.asarray(_rows(model, jnp.asarray(inputs[i : i + 1]), statistic))[0]
+                     for i in range(len(inputs))])
 
 
 @nnx.jit(static_argnums=2)
@@ -238,7 +240,8 @@ def over_windows(values: np.ndarray, statistic=mean_of_windows) -> Interval:
 
 def paired_over_windows(first: np.ndarray, second: np.ndarray, statistic) -> dict:
     """statistic(first) - statistic(second) on the same windows, with its paired 95% interval."""
-    return as_record(paired_difference_interval([(first, np.ones_like(first))], [(second, np.ones_like(second))], statistic))
+    return as_record(paired_difference_interval([(first, np.ones_like(first))], [(second, np.ones_like(second))],
+                                                statistic))
 
 
 def plot_against_length(conditions: dict, lengths: list[int], key: str, seeds: int, path: Path, *, what: str) -> str:

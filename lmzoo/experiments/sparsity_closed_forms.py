@@ -115,7 +115,8 @@ def closed_relu2_as_published(gamma: float, beta: float) -> float:
 
 
 def closed_identity(gamma: float, beta: float) -> float:
-    mean_abs = gamma * math.sqrt(2 / math.pi) * math.exp(-(beta**2) / (2 * gamma**2)) + beta * math.erf(beta / (math.sqrt(2) * gamma))
+    mean_abs = (gamma * math.sqrt(2 / math.pi) * math.exp(-(beta**2) / (2 * gamma**2))
+                + beta * math.erf(beta / (math.sqrt(2) * gamma)))
     return mean_abs / math.sqrt(beta**2 + gamma**2)
 
 
@@ -263,7 +264,8 @@ def measure_point(form, rng, x, s, n, settings) -> dict:
 
 def measure_form(form: Form, settings: Settings, rng) -> list[dict]:
     lengths = settings.lengths if form.random else [None]
-    return [measure_point(form, rng, x, s, n, settings) for n in lengths for s in form.series for x in grid(form, settings.points)]
+    return [measure_point(form, rng, x, s, n, settings)
+            for n in lengths for s in form.series for x in grid(form, settings.points)]
 
 
 # ----------------------------------------------------------------------------- the experiment
@@ -282,7 +284,8 @@ def plot_form(form: Form, points: list[dict], path) -> str:
             half = 1.96 * np.array([p["se"] for p in mine])
             label = "measured" + (f", n={n}" if n else "")
             error_bars(ax, x, y, y - half, y + half, color=line.get_color(), linestyle="none",
-                       marker=markers[j % len(markers)], alpha=0.5 + 0.5 * (j + 1) / len(lengths), label=label if i == 0 else None)
+                       marker=markers[j % len(markers)], alpha=0.5 + 0.5 * (j + 1) / len(lengths),
+                       label=label if i == 0 else None)
     if form.log_x:
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -295,7 +298,8 @@ def run(settings: Settings, out_dir) -> Outcome:
     evidence, figures = {}, []
     for form in FORMS:
         points = measure_form(form, settings, rng)
-        gaps = {str(n): float(np.mean([abs(p["measured"] - p["closed"]) for p in points if p["n"] == n and p["measured"] is not None]))
+        gaps = {str(n): float(np.mean([abs(p["measured"] - p["closed"]) for p in points
+                                       if p["n"] == n and p["measured"] is not None]))
                 for n in sorted({p["n"] for p in points})} if form.random else {}
         evidence[form.name] = {"undetermined": sum(p["agrees"] is None for p in points), "mean_abs_gap_by_n": gaps,
                                "measurements": points}

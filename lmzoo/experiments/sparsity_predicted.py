@@ -180,9 +180,11 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
         checks.append(Check("softmax: mean measured S of its heads", "control: the trained softmax rows attend",
                             softmax_mean_s(evidence), "below", settings.attends, control=True))
     for name, record in evidence["checks"].items():
-        checks.append(Check(f"{name}: correlation of predicted and measured S", f"{name}: the closed form orders heads by sparsity",
+        checks.append(Check(f"{name}: correlation of predicted and measured S",
+                            f"{name}: the closed form orders heads by sparsity",
                             measured(record["correlation"], uncertainty="heads"), "above", settings.min_correlation))
-        checks.append(Check(f"{name}: mean |predicted - measured| S", f"{name}: the closed form gets the heads' level of sparsity",
+        checks.append(Check(f"{name}: mean |predicted - measured| S",
+                            f"{name}: the closed form gets the heads' level of sparsity",
                             measured(record["mean_abs_gap"], uncertainty="heads"), "below", settings.tolerance))
     return checks
 
@@ -200,7 +202,8 @@ def plot(points: dict, seeds: int, path: Path) -> str:
     for index, (name, per_seed) in enumerate(points.items()):
         style = series_style(index)
         predicted, measured = (np.concatenate(parts) for parts in zip(*per_seed))
-        ax.scatter(predicted, measured, s=22, marker=style["marker"], facecolors="none", edgecolors=[style["color"]], label=name)
+        ax.scatter(predicted, measured, s=22, marker=style["marker"], facecolors="none", edgecolors=[style["color"]],
+                   label=name)
     ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle="--", label="predicted = measured")
     ax.set_xlim(0, 1.02)
     ax.set_ylim(0, 1.02)

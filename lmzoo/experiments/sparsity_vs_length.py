@@ -78,7 +78,8 @@ class Settings:
     overrides: List[str] = field(default_factory=list)  # more training settings
 
 
-QUICK = {"steps": 8, "seeds": [0], "seq_len": 32, "eval_tokens": 1024, "windows": 3, "variants": ["softmax", "linear elu+1", "gla"],
+QUICK = {"steps": 8, "seeds": [0], "seq_len": 32, "eval_tokens": 1024, "windows": 3,
+         "variants": ["softmax", "linear elu+1", "gla"],
          "overrides": ["train.batch_size=4", "model.n_layers=1", "model.d_model=64", "train.eval_every=8",
                        "train.eval_tokens=512", "train.probe_batch=0"]}
 
@@ -126,7 +127,8 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
             checks[f"{name}: S at {octave_names(edges)[near_t]} keys"] = estimate(arms[name], column(near_t))
     pooled = {name: np.concatenate(seeds) for name, seeds in per_seed.items()}  # every seed's windows, for the figure
     evidence = {"checks": checks,
-                "curves": {name: {"octaves": octave_names(edges), **as_curve(over_windows(c))} for name, c in pooled.items()},
+                "curves": {name: {"octaves": octave_names(edges), **as_curve(over_windows(c))}
+                          for name, c in pooled.items()},
                 "exponents": {name: estimate(arm, alpha) for name, arm in arms.items()}}
     figure = plot(pooled, edges, settings.seq_len, len(settings.seeds), out_dir / "sparsity_vs_keys.png")
     return Outcome(evidence, [figure], runs)
@@ -142,7 +144,8 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
     checks = [attends_check(records, evidence["curves"]["softmax"], settings)] if "softmax" in kinds else []
     if "softmax: alpha" in records:
         checks.append(Check("softmax: alpha", "softmax rows keep getting sparser as they see more keys",
-                            measured(records["softmax: alpha"], uncertainty="windows"), "below", -settings.min_exponent))
+                            measured(records["softmax: alpha"], uncertainty="windows"), "below",
+                            -settings.min_exponent))
     for name, kind in kinds.items():
         key = f"{name}: alpha - softmax's alpha"
         if kind == "linear" and key in records:
@@ -172,7 +175,8 @@ def plot(curves: dict, edges: list[int], train_len: int, seeds: int, path: Path)
     fig, ax = new_axes((7, 4))
     for index, (name, values) in enumerate(curves.items()):
         band = over_windows(values)
-        error_bars(ax, spread(centres, index, len(curves)), band.estimate, band.lo, band.hi, label=name, **series_style(index))
+        error_bars(ax, spread(centres, index, len(curves)), band.estimate, band.lo, band.hi, label=name,
+                   **series_style(index))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     save_axes(fig, ax, path, train_len=train_len, xticks=edges,

@@ -6,11 +6,10 @@ budget: on windows of T tokens that each start from a zero state (``windows``), 
 documents, each starting from the state the window before it ended in, gradients stopped there (truncated
 backpropagation through time). Both arms keep documents apart (``data.document_boundaries=mask``), so what
 differs is whether a document's state runs on across windows, and with it the order the windows come in
-(shuffled windows; lanes that each read a stretch of the stream in order, which state passing needs). Every run is evaluated by
-``lmzoo.eval``'s evaluation on the same validation targets at 1x-8x T (``factors``), inside long documents
-only (``eval.min_doc_tokens`` = the longest length, 8T: every target at every length sees as much of its own
-document as the window holds), as the parallel forward over whole windows.
-
+(shuffled windows; lanes that each read a stretch of the stream in order, which state passing needs). Every
+run is evaluated by ``lmzoo.eval``'s evaluation on the same validation targets at 1x-8x T (``factors``), inside
+long documents only (``eval.min_doc_tokens`` = the longest length, 8T: every target at every length sees as
+much of its own document as the window holds), as the parallel forward over whole windows.
 Judged (``judge``; ``lmzoo.experiments.judging``), fixed before any run:
 - positive controls: every ``windows`` model learned context, its bpb at T below a bigram's (the next byte from
   the previous one) counted on the training text and scored on the same targets (``lmzoo.experiments.ngram``:

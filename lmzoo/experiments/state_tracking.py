@@ -76,7 +76,8 @@ def lengths(settings: Settings) -> list[int]:
 
 def accuracy_runs(results: list[dict], length: int) -> list[tuple]:
     """(correct, count) block sums of each seed's evaluation at ``length``: blocks of examples."""
-    return [tuple(np.asarray(r["block_sums"][str(length)][key], float) for key in ("correct", "count")) for r in results]
+    return [tuple(np.asarray(r["block_sums"][str(length)][key], float) for key in ("correct", "count"))
+            for r in results]
 
 
 def train_and_score(arm: str, overrides: list[str], settings: Settings, runs_dir: Path, runs: list) -> dict:
@@ -84,17 +85,20 @@ def train_and_score(arm: str, overrides: list[str], settings: Settings, runs_dir
     results = []
     run_dirs = {seed: runs_dir / f"{arm}-s{seed}" for seed in settings.seeds}
     train_runs("deltaproduct", run_dirs, steps=settings.steps,
-               overrides=[f"data={settings.task}", f"data.seq_len={settings.seq_len}", f"model.d_model={settings.d_model}",
-                          f"model.n_layers={settings.n_layers}", f"optim.lr={settings.lr}", *overrides, *settings.overrides])
+              overrides=[f"data={settings.task}", f"data.seq_len={settings.seq_len}",
+                         f"model.d_model={settings.d_model}", f"model.n_layers={settings.n_layers}",
+                         f"optim.lr={settings.lr}", *overrides, *settings.overrides])
     for run_dir in run_dirs.values():
-        results.append(evaluate_run(run_dir, tag="state_tracking", lengths=lengths(settings), tokens=settings.eval_tokens))
+        results.append(evaluate_run(run_dir, tag="state_tracking", lengths=lengths(settings),
+                                    tokens=settings.eval_tokens))
         runs.append(run_dir)
     return {str(length): estimate(accuracy_runs(results, length), ratio_of_sums) for length in lengths(settings)}
 
 
 def run(settings: Settings, out_dir: Path) -> Outcome:
     runs = []
-    accuracy = {arm: train_and_score(arm, overrides, settings, out_dir / "runs", runs) for arm, overrides in settings.arms.items()}
+    accuracy = {arm: train_and_score(arm, overrides, settings, out_dir / "runs", runs)
+                for arm, overrides in settings.arms.items()}
     evidence = {"task": settings.task, "chance": 0.5 if settings.task == "parity" else None,
                 "lengths": lengths(settings), "accuracy": accuracy}
     figure = plot(accuracy, settings, out_dir / "accuracy_vs_length.png")
@@ -113,7 +117,8 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
     accuracy = evidence["accuracy"]
     at = lambda arm, length: measured(accuracy[arm][str(length)], uncertainty="examples")  # noqa: E731
     short, long = settings.short_len, settings.long_len
-    checks = [Check(f"control: {arm}, accuracy at {short} tokens", f"{arm} learned to read its inputs (no state needed)",
+    checks = [Check(f"control: {arm}, accuracy at {short} tokens",
+                    f"{arm} learned to read its inputs (no state needed)",
                     at(arm, short), "above", settings.solved, control=True) for arm in accuracy]
     checks += [
         Check(f"{CLAIM_ARM}: accuracy at {long} tokens", "two Householder steps with beta in (0, 2) track parity past "
@@ -137,6 +142,7 @@ def plot(accuracy: dict, settings: Settings, path: Path) -> str:
     ax.axhline(0.5, color="grey", linestyle="--", linewidth=0.8, label="chance")
     ax.set_xscale("log")
     seeds = len(settings.seeds)
-    save_axes(fig, ax, path, train_len=settings.seq_len, xticks=list(x), title=f"{settings.task}: accuracy at every position",
-              xlabel="evaluation length (tokens)", ylabel=f"accuracy (95% interval, {seeds} seed{'s' * (seeds > 1)})")
+    save_axes(fig, ax, path, train_len=settings.seq_len, xticks=list(x),
+              title=f"{settings.task}: accuracy at every position", xlabel="evaluation length (tokens)",
+              ylabel=f"accuracy (95% interval, {seeds} seed{'s' * (seeds > 1)})")
     return str(path)

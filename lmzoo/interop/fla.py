@@ -1,7 +1,8 @@
 """``format=fla``: the flash-linear-attention model class for a run's mixer, and for a checkpoint's ``model_type``.
 
 Each module named here maps one fla model class onto lmzoo (``hf_config`` out, ``lmzoo_settings`` in, and
-``tensors``, the weight table ``lmzoo.interop.llama.to_hf``/``from_hf`` read both ways) and refuses, every setting named in one line, a run or checkpoint it cannot express exactly.
+``tensors``, the weight table ``lmzoo.interop.llama.to_hf``/``from_hf`` read both ways) and refuses, every
+setting named in one line, a run or checkpoint it cannot express exactly.
 """
 
 from __future__ import annotations

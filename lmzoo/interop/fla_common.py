@@ -61,7 +61,8 @@ def block_config(cfg: Config, architecture: str, model_type: str, vocab_size: in
                  pad_id: int) -> dict:
     """The ``config.json`` keys every fla model class takes alike, for ``cfg``'s decoder."""
     m = cfg.model
-    mlp = {"intermediate_size": m.d_ff or ff_size(m.d_model), "hidden_act": "swish", "fuse_swiglu": True} if m.mlp else {}
+    mlp = ({"intermediate_size": m.d_ff or ff_size(m.d_model), "hidden_act": "swish", "fuse_swiglu": True}
+           if m.mlp else {})
     return {
         "architectures": [architecture], "model_type": model_type,
         "vocab_size": vocab_size, "hidden_size": m.d_model, "num_hidden_layers": m.n_layers, **mlp,
@@ -96,7 +97,8 @@ def model_settings(hf: dict, *, mlp: bool = True, hidden_ratio: int = 4) -> dict
                 "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
                 "norm_eps": hf.get("norm_eps", FLA_NORM_EPS), "init_std": hf.get("initializer_range", 0.02)}
     if mlp:  # fla's GatedMLP: intermediate_size, else hidden_ratio * 2/3 * d rounded up to 256
-        settings["d_ff"] = hf.get("intermediate_size") or 256 * -(-int(d * (hf.get("hidden_ratio") or hidden_ratio) * 2 / 3) // 256)
+        settings["d_ff"] = (hf.get("intermediate_size")
+                            or 256 * -(-int(d * (hf.get("hidden_ratio") or hidden_ratio) * 2 / 3) // 256))
     else:
         settings["mlp"] = False
     return settings
@@ -105,7 +107,8 @@ def model_settings(hf: dict, *, mlp: bool = True, hidden_ratio: int = 4) -> dict
 # ----------------------------------------------------------------------------- weights
 
 
-def block_tensors(n_layers: int, tied: bool, mixer: Callable[[str, tuple], list[Tensor | Fused]]) -> list[Tensor | Fused]:
+def block_tensors(n_layers: int, tied: bool,
+                  mixer: Callable[[str, tuple], list[Tensor | Fused]]) -> list[Tensor | Fused]:
     """Every tensor of an fla model of ``n_layers`` SwiGLU blocks (no ``lm_head`` when ``tied``), ``mixer(hf, ours)``
     giving a block's mixer tensors from fla's prefix (``model.layers.<i>.attn``) and lmzoo's path."""
     table = outer_tensors("model.embeddings.weight", "model.norm.weight", tied)
@@ -139,7 +142,8 @@ def delta_tensors(hf: str, mixer: tuple, *, gate: bool = True) -> list[Tensor | 
     DeltaNet, Gated DeltaNet and KDA name them (lmzoo's fused ``[q | k | v]`` kernel and conv are fla's three), and
     (``gate``) the one-matrix output gate."""
     table = [Fused(tuple(f"{hf}.{x}_proj.weight" for x in "qkv"), (*mixer, "qkv_proj", "kernel")),
-             Fused(tuple(f"{hf}.{x}_conv1d.weight" for x in "qkv"), (*mixer, "conv", "weight"), 1, conv_weight, conv_kernel),
+             Fused(tuple(f"{hf}.{x}_conv1d.weight" for x in "qkv"), (*mixer, "conv", "weight"), 1, conv_weight,
+                  conv_kernel),
              linear(f"{hf}.b_proj", (*mixer, "beta_proj")), linear(f"{hf}.o_proj", (*mixer, "o_proj")),
              Tensor(f"{hf}.o_norm.weight", (*mixer, "out_gate", "norm", "scale"), same, same)]
     return [*table, linear(f"{hf}.g_proj", (*mixer, "out_gate", "gate"))] if gate else table

@@ -29,7 +29,8 @@ def refusals(cfg: Config) -> list[str]:
 
 
 def check_exportable(cfg: Config) -> None:
-    fla_common.refuse_run(refusals(cfg), ARCHITECTURE, f"attn=deltanet with attn.qk_norm_eps=1e-6 (its q/k norm), a SwiGLU MLP and "
+    fla_common.refuse_run(refusals(cfg), ARCHITECTURE,
+                          f"attn=deltanet with attn.qk_norm_eps=1e-6 (its q/k norm), a SwiGLU MLP and "
                           f"model.norm_eps={HEAD_NORM_EPS:g}, the epsilon lmzoo's head norm uses")
 
 

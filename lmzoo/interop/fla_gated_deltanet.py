@@ -1,4 +1,5 @@
-"""lmzoo's Gated DeltaNet decoder as flash-linear-attention's ``GatedDeltaNetForCausalLM``: settings and weights, both ways.
+"""lmzoo's Gated DeltaNet decoder as flash-linear-attention's ``GatedDeltaNetForCausalLM``: settings and weights,
+both ways.
 
 The mixer matches term by term (``lmzoo.mixers.family.delta``, fla's ``GatedDeltaNet`` layer): q, k
 and v ``d_model`` wide in ``model.n_heads`` heads (fla's ``head_dim = d_model / n_heads``,
@@ -35,8 +36,9 @@ def refusals(cfg: Config) -> list[str]:
 
 
 def check_exportable(cfg: Config) -> None:
-    fla_common.refuse_run(refusals(cfg), ARCHITECTURE, f"attn=gated_deltanet with attn.gate=head, attn.qk_norm_eps=1e-6 (its q/k norm), a SwiGLU MLP and "
-                          f"model.norm_eps={HEAD_NORM_EPS:g}, the epsilon lmzoo's head norm uses")
+    fla_common.refuse_run(refusals(cfg), ARCHITECTURE,
+                          f"attn=gated_deltanet with attn.gate=head, attn.qk_norm_eps=1e-6 (its q/k norm), a SwiGLU "
+                          f"MLP and model.norm_eps={HEAD_NORM_EPS:g}, the epsilon lmzoo's head norm uses")
 
 
 def hf_config(cfg: Config, vocab_size: int, *, bos_id: int, eos_id: int, pad_id: int) -> dict:
@@ -77,7 +79,8 @@ def mixer_tensors(hf: str, mixer: tuple) -> list[Tensor | Fused]:
     """fla's GatedDeltaNet layer under ``hf`` and lmzoo's at ``mixer``: the delta rule's, the gate's projection,
     ``A_log`` and ``dt_bias``."""
     return [*delta_tensors(hf, mixer), linear(f"{hf}.a_proj", (*mixer, "gate_proj")),
-            Tensor(f"{hf}.A_log", (*mixer, "A_log"), same, same), Tensor(f"{hf}.dt_bias", (*mixer, "dt_bias"), same, same)]
+            Tensor(f"{hf}.A_log", (*mixer, "A_log"), same, same),
+           Tensor(f"{hf}.dt_bias", (*mixer, "dt_bias"), same, same)]
 
 
 def tensors(n_layers: int, tied: bool) -> list[Tensor | Fused]:

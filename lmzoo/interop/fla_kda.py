@@ -41,9 +41,10 @@ def refusals(cfg: Config) -> list[str]:
 
 
 def check_exportable(cfg: Config) -> None:
-    fla_common.refuse_run(refusals(cfg), ARCHITECTURE, f"attn=kda with attn.qk_norm_eps=1e-6 (its q/k norm), attn.gate_rank "
-                          f"and attn.out_gate_rank at the head dimension, no grouped value heads, a SwiGLU MLP and model.norm_eps={HEAD_NORM_EPS:g}, the "
-                          f"epsilon lmzoo's head norm uses")
+    fla_common.refuse_run(refusals(cfg), ARCHITECTURE,
+                          f"attn=kda with attn.qk_norm_eps=1e-6 (its q/k norm), attn.gate_rank and attn.out_gate_rank "
+                          f"at the head dimension, no grouped value heads, a SwiGLU MLP and "
+                          f"model.norm_eps={HEAD_NORM_EPS:g}, the epsilon lmzoo's head norm uses")
 
 
 def hf_config(cfg: Config, vocab_size: int, *, bos_id: int, eos_id: int, pad_id: int) -> dict:
@@ -65,9 +66,11 @@ def lmzoo_settings(hf: dict) -> dict:
     if head_dim * hf["num_heads"] != hf["hidden_size"]:
         found.append(f"head_dim={head_dim}")
     fla_common.refuse_checkpoint(found, f"lmzoo's KDA has one value head per key head of hidden_size / num_heads "
-                                        f"channels and a head norm with eps {HEAD_NORM_EPS:g}, fla uses norm_eps for it")
+                                        f"channels and a head norm with eps {HEAD_NORM_EPS:g}, fla uses norm_eps for "
+                                       "it")
     return {"model": fla_common.model_settings(hf),
-            "attn": {"name": MODEL_TYPE, "mixer": "kda", "conv_size": hf.get("conv_size", 4), "qk_norm_eps": FLA_QK_NORM_EPS},
+            "attn": {"name": MODEL_TYPE, "mixer": "kda", "conv_size": hf.get("conv_size", 4),
+                    "qk_norm_eps": FLA_QK_NORM_EPS},
             "pos": {"kind": "none"}}
 
 
@@ -80,7 +83,8 @@ def mixer_tensors(hf: str, mixer: tuple) -> list[Tensor | Fused]:
             linear(f"{hf}.f_proj.1", (*mixer, "gate_proj", "layers", 1)),
             linear(f"{hf}.g_proj.0", (*gate, 0)), linear(f"{hf}.g_proj.1", (*gate, 1)),
             Tensor(f"{hf}.g_proj.1.bias", (*gate, 1, "bias"), same, same),
-            Tensor(f"{hf}.A_log", (*mixer, "A_log"), same, same), Tensor(f"{hf}.dt_bias", (*mixer, "dt_bias"), same, same)]
+            Tensor(f"{hf}.A_log", (*mixer, "A_log"), same, same),
+           Tensor(f"{hf}.dt_bias", (*mixer, "dt_bias"), same, same)]
 
 
 def tensors(n_layers: int, tied: bool) -> list[Tensor | Fused]:

@@ -1,12 +1,13 @@
-"""lmzoo's Mamba-2 decoder without MLPs as flash-linear-attention's ``Mamba2ForCausalLM``: settings and weights, both ways.
+"""lmzoo's Mamba-2 decoder without MLPs as flash-linear-attention's ``Mamba2ForCausalLM``: settings and weights,
+both ways.
 
 fla's Mamba-2 blocks are RMSNorm, the mixer, residual, with no MLP: only a run with ``model.mlp=false``
 maps. The mixer matches term by term (``lmzoo.mixers.family.ssm.SSDMixer``, fla's ``Mamba2`` layer):
 one input projection to ``(z, xBC, dt)`` in that order, a depthwise causal conv with bias over
 ``xBC`` (``conv_kernel``) then SiLU, ``dt = softplus(dt + dt_bias)`` (fla's ``dt_limit`` at its
 default, no clamp), ``A = -exp(A_log)`` per head, ``D`` per head (``D_has_hdim: false``), heads of
-``head_dim`` sharing one B and C (``n_groups = 1``: see ``ONE_GROUP``), then ``out_proj(rmsnorm(y * silu(z)))`` normalised
-per group (``norm_before_gate: false``). fla takes one ``norm_eps`` for the blocks' norms and that
+``head_dim`` sharing one B and C (``n_groups = 1``: see ``ONE_GROUP``), then ``out_proj(rmsnorm(y * silu(z)))``
+normalised per group (``norm_before_gate: false``). fla takes one ``norm_eps`` for the blocks' norms and that
 gated norm, whose epsilon in lmzoo is fixed (``GATED_NORM_EPS``): a run maps where ``model.norm_eps``
 equals it, as fla's own default does.
 """
@@ -54,7 +55,8 @@ def hf_config(cfg: Config, vocab_size: int, *, bos_id: int, eos_id: int, pad_id:
     check_exportable(cfg)
     a, d = cfg.attn, cfg.model.d_model
     head_dim = a.head_dim or a.expand * d // cfg.model.n_heads
-    config = fla_common.block_config(cfg, ARCHITECTURE, MODEL_TYPE, vocab_size, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    config = fla_common.block_config(cfg, ARCHITECTURE, MODEL_TYPE, vocab_size, bos_id=bos_id, eos_id=eos_id,
+                                     pad_id=pad_id)
     config.pop("fuse_norm")  # Mamba-2's norms are fla's RMSNorm either way
     return {**config, "head_dim": head_dim, "num_heads": a.expand * d // head_dim, "state_size": a.d_state,
             "expand": a.expand, "n_groups": a.n_groups, "conv_kernel": a.d_conv, **FLA_DEFAULTS,
@@ -70,12 +72,13 @@ def lmzoo_settings(hf: dict) -> dict:
     """The ``model`` and ``attn`` settings of an lmzoo model computing what the fla Mamba-2 of ``hf`` computes;
     ConfigError naming what lmzoo's Mamba-2 has no equivalent for."""
     checked = {**hf, "dt_limit": [number(x) for x in hf.get("dt_limit", FLA_DEFAULTS["dt_limit"])]}
-    found = fla_common.checkpoint_refusals(checked, {**FLA_DEFAULTS, **ONE_GROUP}, {"hidden_act": "silu"}, head_norm=False)
+    found = fla_common.checkpoint_refusals(checked, {**FLA_DEFAULTS, **ONE_GROUP}, {"hidden_act": "silu"},
+                                           head_norm=False)
     norm_eps = hf.get("norm_eps", GATED_NORM_EPS)
     if norm_eps != GATED_NORM_EPS:
         found.append(f"norm_eps={norm_eps:g}")
-    fla_common.refuse_checkpoint(found, f"lmzoo's Mamba-2 has a gated norm with eps {GATED_NORM_EPS:g}, fla uses norm_eps "
-                                        f"for it")
+    fla_common.refuse_checkpoint(found, f"lmzoo's Mamba-2 has a gated norm with eps {GATED_NORM_EPS:g}, fla uses "
+                                        f"norm_eps for it")
     d, expand, head_dim = hf["hidden_size"], hf.get("expand", 2), hf.get("head_dim", 64)
     heads = expand * d // head_dim
     model = fla_common.model_settings({**hf, "num_heads": math.gcd(heads, d), "norm_eps": norm_eps}, mlp=False)
@@ -92,7 +95,8 @@ def tensors(n_layers: int, tied: bool) -> list[Tensor | Fused]:
         hf, ours = f"backbone.layers.{i}", ("blocks", i)
         mixer, ours_mixer = f"{hf}.mixer", (*ours, "mixer")
         table += [Tensor(f"{hf}.norm.weight", (*ours, "mixer_norm", "norm", "scale"), same, same),
-                  linear(f"{mixer}.in_proj", (*ours_mixer, "in_proj")), linear(f"{mixer}.out_proj", (*ours_mixer, "out_proj")),
+                  linear(f"{mixer}.in_proj", (*ours_mixer, "in_proj")),
+                 linear(f"{mixer}.out_proj", (*ours_mixer, "out_proj")),
                   Tensor(f"{mixer}.conv1d.weight", (*ours_mixer, "conv", "weight"), conv_weight, conv_kernel),
                   Tensor(f"{mixer}.conv1d.bias", (*ours_mixer, "conv", "bias"), same, same),
                   Tensor(f"{mixer}.norm.weight", (*ours_mixer, "norm_weight"), same, same),

@@ -1,4 +1,5 @@
-"""Hugging Face model folders: a trained run written as one (``export_hf``) and one opened as an lmzoo model (``open_hf``).
+"""Hugging Face model folders: a trained run written as one (``export_hf``) and one opened as an lmzoo model
+(``open_hf``).
 
 A folder holds ``config.json`` (a LlamaForCausalLM's settings, ``lmzoo.interop.llama``, or
 one of flash-linear-attention's model classes', ``lmzoo.interop.fla``),
@@ -58,7 +59,8 @@ def parameters(model: nnx.Module) -> dict[tuple, np.ndarray]:
 
 def export_hf(trained: Trained, out: Path | str, *, source: dict | None = None, target=llama) -> Path:
     """Write ``trained`` as a Hugging Face folder at ``out`` (which must not hold files yet) of ``target``'s
-    model class (a module with ``hf_config`` and ``tensors``, its weight table: ``llama``, or one of ``lmzoo.interop.fla.CLASSES``).
+    model class (a module with ``hf_config`` and ``tensors``, its weight table: ``llama``, or one of
+    ``lmzoo.interop.fla.CLASSES``).
 
     ConfigError naming every setting of the run that the target has no equivalent for. The folder appears
     whole: it is written beside ``out`` under a temporary name and then renamed."""

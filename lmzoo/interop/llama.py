@@ -109,7 +109,8 @@ def lmzoo_settings(hf: dict) -> dict:
     if found:
         raise ConfigError(f"this checkpoint has no lmzoo equivalent: {', '.join(found)}")
     kv = hf.get("num_key_value_heads") or heads
-    pos = {"kind": "pi", "base": theta, "factor": rope["factor"]} if rope_type == "linear" else {"kind": "rope", "base": theta}
+    pos = ({"kind": "pi", "base": theta, "factor": rope["factor"]} if rope_type == "linear"
+           else {"kind": "rope", "base": theta})
     return {
         "model": {"d_model": d, "n_layers": hf["num_hidden_layers"], "n_heads": heads,
                   "d_ff": hf["intermediate_size"], "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
@@ -203,6 +204,8 @@ def from_hf(weights: dict[str, np.ndarray], n_layers: int, tied: bool, table: li
     table = tensors(n_layers, tied) if table is None else table
     missing = [name for t in table for name in (t.hf if isinstance(t, Fused) else (t.hf,)) if name not in weights]
     if missing:
-        raise ConfigError(f"the checkpoint lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+        raise ConfigError(f"the checkpoint lacks {missing[0]}"
+                          + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
     weights = {name: np.asarray(a, np.float32) for name, a in weights.items()}
-    return {t.path: (t.joined(weights) if isinstance(t, Fused) else t.back(weights[t.hf])).astype(np.float32) for t in table}
+    return {t.path: (t.joined(weights) if isinstance(t, Fused) else t.back(weights[t.hf])).astype(np.float32)
+            for t in table}

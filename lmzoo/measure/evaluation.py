@@ -131,7 +131,8 @@ def length_forwards(model: LM, n_heads: int, lengths: list[int], rows: dict[int,
             raise ConfigError(f"eval.lengths: length {n} needs about {needs[n] / 2**30:.1f} GiB for "
                               f"{rows[n]} window(s), over the {budget / 2**30:.1f} GiB budget (eval.memory_budget_gb); "
                               f"the largest length that fits is about {fits}")
-        forwards[n] = lambda *batch, c=compiled, s=state: jax.device_get(c(s, *(jnp.asarray(x, jnp.int32) for x in batch)))
+        forwards[n] = lambda *batch, c=compiled, s=state: jax.device_get(
+            c(s, *(jnp.asarray(x, jnp.int32) for x in batch)))
     return forwards
 
 
@@ -153,7 +154,8 @@ def probe_entries(model: LM, windows, eval_cfg: EvalConfig) -> tuple[dict, dict]
     """Attention sparsity, entropy and first-key share on the first windows: per layer and head, and per span of
     positions."""
     batch = windows(np.arange(min(eval_cfg.probe_batch, len(windows))))
-    stats = attention_stats(model, batch["inputs"], batch.get("segment_ids"), position_buckets=eval_cfg.position_buckets)
+    stats = attention_stats(model, batch["inputs"], batch.get("segment_ids"),
+                            position_buckets=eval_cfg.position_buckets)
     return {n: stats[n] for n in PROBES}, {n: stats[f"{n}_by_position"] for n in PROBES}
 
 

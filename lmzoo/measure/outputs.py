@@ -95,7 +95,8 @@ def plot_results(results: dict, out_dir: Path) -> None:
     lo, hi = zip(*(r["bpb_ci"] for r in results["lengths"].values()))
     line_with_band(ax, lengths, bpb, lo, hi, marker="o", label="bpb, 95% interval")
     save_axes(fig, ax, out_dir / "loss_vs_length.png", xticks=lengths, xlabel="evaluation length (tokens)",
-              ylabel="validation bits per byte", title=f"Bits per byte against length (95% text interval)\n{run}", **axis)
+              ylabel="validation bits per byte",
+              title=f"Bits per byte against length (95% text interval)\n{run}", **axis)
 
     fig, ax = new_axes()  # paired on the same blocks: the band shows the change with length, not the text's noise
     ratio = [r["ratio"] for r in results["lengths"].values()]
@@ -112,8 +113,8 @@ def plot_results(results: dict, out_dir: Path) -> None:
             layer_means = [float(np.nanmean(s[layer])) for s in probed.values()]
             ax.plot(list(probed), layer_means, marker="o", label=f"layer {layer}")
         save_axes(fig, ax, out_dir / "sparsity_vs_length.png", xticks=list(probed), xlabel="evaluation length (tokens)",
-                  ylabel="mean row sparsity S (1 = uniform)", title=f"Attention sparsity per layer (no interval)\n{run}",
-                  **axis)
+                  ylabel="mean row sparsity S (1 = uniform)",
+                  title=f"Attention sparsity per layer (no interval)\n{run}", **axis)
 
     fig, ax = new_axes()
     for length, curve in results["per_position"].items():

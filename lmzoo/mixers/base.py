@@ -60,7 +60,8 @@ class MixerContext:
     pos: Positions
     init_std: float = 0.02
     train_len: int = 256  # data.seq_len the model trains at (log-n scaling's default base); kept when evaluating longer
-    remat_light: bool = False  # model.remat=light: short convs and float32 gated norms keep only their inputs for the backward
+    remat_light: bool = False  # model.remat=light: short convs and float32 gated norms keep only their inputs for
+                               # the backward
 
 
 def provided_form(method: str, methods: tuple | list) -> None:

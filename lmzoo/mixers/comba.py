@@ -48,7 +48,8 @@ class Comba(DeltaRuleMixer):
         heads = self.n_heads
         self.init_decay(cfg, ctx, per_channel=False, rngs=rngs)  # the family's Mamba-2-style decay per head
         self.inner_decay = param(jnp.ones((heads,), jnp.float32), None)
-        self.correction = param(jnp.full((heads,), cfg.correction_init, jnp.float32), None) if cfg.output_correction else None
+        self.correction = (param(jnp.full((heads,), cfg.correction_init, jnp.float32), None)
+                           if cfg.output_correction else None)
 
     def gates(self, x):
         """log g = -exp(A_log) * softplus(x W_a + dt_bias): [B, T, H] float32 (< 0)."""

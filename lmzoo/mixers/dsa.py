@@ -48,7 +48,8 @@ class DSAConfig(AttentionConfig):
     head_options = HEAD_OPTIONS
     forms = METHODS
     unsupported = ("window", "logn")  # the indexer decides what a query sees
-    method: str = "naive"  # naive | gather (lmzoo.ops.dsa.METHODS): the dense reference is the faster on CPUs at a few hundred tokens
+    method: str = "naive"  # naive | gather (lmzoo.ops.dsa.METHODS): the dense reference is the faster on CPUs at a
+                           # few hundred tokens
     n_kv_heads: Optional[int] = None  # None: one key/value head per query head
     topk: int = 64  # keys each query attends to (all of them for its first topk positions)
     index_heads: int = 4  # HI, the indexer's heads

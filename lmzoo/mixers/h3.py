@@ -94,7 +94,8 @@ class H3(Mixer):
         self.log_dt = param(log_dt, None)  # (H,)
         self.log_neg_a_real = param(jnp.full((h * m,), math.log(0.5), jnp.float32), None)  # Re A = -1/2
         self.a_imag = param(jnp.tile(math.pi * jnp.arange(m, dtype=jnp.float32), h), None)  # Im A = πn
-        self.C = param(jax.random.normal(rngs.params(), (h, m, 2), jnp.float32) * math.sqrt(0.5), None, None, None)  # (re, im)
+        # the last axis: (re, im)
+        self.C = param(jax.random.normal(rngs.params(), (h, m, 2), jnp.float32) * math.sqrt(0.5), None, None, None)
         self.D = param(jnp.ones((h,), jnp.float32), None)
         self.out_proj = dense(ctx, d, d, rngs=rngs, residual=True)
 

@@ -48,7 +48,8 @@ class HybridConfig(MixerConfig):
         if mixer is None:
             raise ConfigError(f"{prefix}mixer is missing: each sub-config names its registered mixer")
         if mixer not in registry.names():
-            raise ConfigError(f"{prefix}mixer={mixer!r} is not a registered mixer (registered: {', '.join(registry.names())})")
+            raise ConfigError(f"{prefix}mixer={mixer!r} is not a registered mixer "
+                              f"(registered: {', '.join(registry.names())})")
         spec = registry.lookup(mixer)
         if issubclass(spec, HybridConfig):
             raise ConfigError(f"{prefix}mixer={mixer!r}: hybrids do not nest")
@@ -67,7 +68,8 @@ class HybridConfig(MixerConfig):
         if not self.layers:
             raise ConfigError("attn.layers is empty: name at least one sub-config ({name: {mixer: ..., ...}})")
         if not self.pattern:
-            raise ConfigError(f"attn.pattern is empty: list the sub-configs to cycle through (defined: {', '.join(self.layers)})")
+            raise ConfigError("attn.pattern is empty: list the sub-configs to cycle through "
+                              f"(defined: {', '.join(self.layers)})")
         for key, names in (("pattern", self.pattern), ("top", self.top)):
             for name in names:
                 if name not in self.layers:

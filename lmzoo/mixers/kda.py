@@ -44,7 +44,8 @@ class KDAConfig(DecayConfig):
         if self.value_heads is not None:
             positive("attn.value_heads", self.value_heads)
             if self.value_heads % model.n_heads:
-                raise ConfigError(f"attn.value_heads={self.value_heads} must be a multiple of model.n_heads={model.n_heads}")
+                raise ConfigError(f"attn.value_heads={self.value_heads} must be a multiple of "
+                                  f"model.n_heads={model.n_heads}")
 
     def build(self, ctx, *, rngs):
         return KDA(self, ctx, rngs=rngs)
@@ -56,8 +57,8 @@ class SigmoidGatedHeadNorm(nnx.Module):
     def __init__(self, ctx: MixerContext, heads: int, head_dim: int, rank: int, *, rngs: nnx.Rngs, eps: float = 1e-5):
         self.gate = nnx.Sequential(dense(ctx, ctx.d_model, rank, rngs=rngs, axes=(EMBED, None)),
                                    dense(ctx, rank, heads * head_dim, rngs=rngs, bias=True, axes=(None, INNER)))
-        self.norm = nnx.RMSNorm(head_dim, epsilon=eps, dtype=jnp.float32, scale_init=partitioned(nnx.initializers.ones, None),
-                                rngs=rngs)
+        self.norm = nnx.RMSNorm(head_dim, epsilon=eps, dtype=jnp.float32,
+                                scale_init=partitioned(nnx.initializers.ones, None), rngs=rngs)
         self.recompute = ctx.remat_light
 
     def __call__(self, x, o):

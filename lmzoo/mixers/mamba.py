@@ -43,8 +43,10 @@ class MambaConfig(MixerConfig):
     dt_rank: Optional[int] = None  # rank of the Δ projection; None: ceil(d_model / 16)
     dt_min: float = 0.001  # Δ is initialised log-uniformly in [dt_min, dt_max]
     dt_max: float = 0.1
-    method: str = "auto"  # auto (jla's Hopper kernel, else scan) | jla | naive | scan | assoc | chunk | pallas (lmzoo.ops.selective_scan)
-    chunk_size: int = 16  # tokens per chunk (chunk: work grows with chunk_size^2 d_inner N; pallas: steps per loop turn)
+    method: str = "auto"  # auto (jla's Hopper kernel, else scan) | jla | naive | scan | assoc | chunk | pallas
+                          # (lmzoo.ops.selective_scan)
+    chunk_size: int = 16  # tokens per chunk (chunk: work grows with chunk_size^2 d_inner N; pallas: steps per
+                          # loop turn)
 
     def check(self, model: ModelConfig) -> None:
         provided_form(self.method, self.forms)
@@ -55,7 +57,8 @@ class MambaConfig(MixerConfig):
         check_dt_range(self.dt_min, self.dt_max)
         d_inner = self.expand * model.d_model
         if d_inner % model.n_heads:
-            raise ConfigError(f"d_inner = attn.expand * model.d_model = {d_inner} does not split into model.n_heads={model.n_heads} groups")
+            raise ConfigError(f"d_inner = attn.expand * model.d_model = {d_inner} does not split into "
+                              f"model.n_heads={model.n_heads} groups")
 
     def build(self, ctx, *, rngs):
         return Mamba(self, ctx, rngs=rngs)
@@ -71,7 +74,8 @@ class Mamba(Mixer):
         self.in_proj = dense(ctx, ctx.d_model, 2 * e, rngs=rngs)
         self.conv = CausalConv(e, cfg.d_conv, bias=True, rngs=rngs, recompute=ctx.remat_light)
         self.x_proj = dense(ctx, e, r + 2 * n, rngs=rngs, axes=(INNER, None))
-        self.dt_proj = nnx.Linear(r, e, use_bias=False, dtype=ctx.dtype, kernel_init=partitioned(symmetric_uniform(r**-0.5), None, INNER), rngs=rngs)
+        self.dt_proj = nnx.Linear(r, e, use_bias=False, dtype=ctx.dtype,
+                                  kernel_init=partitioned(symmetric_uniform(r**-0.5), None, INNER), rngs=rngs)
         self.dt_bias = param(dt_bias_init(rngs.params(), e, cfg.dt_min, cfg.dt_max), INNER)
         # A = -exp(A_log) = -(1, 2, ..., N) for every channel (S4D-real). Stored flat: the optimiser
         # decays matrices only, and Mamba keeps A (like D and dt_bias) out of weight decay.

@@ -8,8 +8,9 @@ Heads of size P share one decay ``A_h = -exp(A_log_h)`` (A_log initialised to lo
 in groups, the projections B and C (like grouped-query attention's keys). The gated RMSNorm
 normalises each group of d_inner / n_groups channels. Decoding carries the conv window over
 x, B and C and the state ``[H, P, N]``; the linear family's base (``family.linear``) does not fit,
-since the gate z comes from the same projection as the op's inputs and SSD takes (x, dt, A, B, C, D). ``attention_matrix`` is SSD's own per-head matrix
-(``ops.ssd_attention``); when there are more SSM heads than ``model.n_heads`` they are averaged
+since the gate z comes from the same projection as the op's inputs and SSD takes (x, dt, A, B, C, D).
+``attention_matrix`` is SSD's own per-head matrix (``ops.ssd_attention``); when there are more SSM heads than
+``model.n_heads`` they are averaged
 in contiguous groups. With ``segment_ids [B,T]`` (packed documents) the conv and SSD restart at
 every document start. The projections, conv, Δ, A, D and gated norm are the state-space family's
 (``family.ssm.SSDMixer``, settings ``family.ssm.SSDConfig``); this module runs ``ssd`` on them.

@@ -69,12 +69,14 @@ class MultiHeadLatentAttention(CacheMixer):
         self.scoring = Scoring(cfg, ctx, head_dim=hd + dr, rotary_dim=dr)
         if cfg.q_rank:
             self.q_down = dense(ctx, d, cfg.q_rank, rngs=rngs, axes=(EMBED, None))
-            self.q_norm = nnx.RMSNorm(cfg.q_rank, dtype=ctx.dtype, scale_init=partitioned(nnx.initializers.ones, None), rngs=rngs)
+            self.q_norm = nnx.RMSNorm(cfg.q_rank, dtype=ctx.dtype, scale_init=partitioned(nnx.initializers.ones, None),
+                                      rngs=rngs)
         else:
             self.q_down = self.q_norm = None
         self.q_up = dense(ctx, cfg.q_rank or d, h * (hd + dr), rngs=rngs, axes=(None if cfg.q_rank else EMBED, INNER))
         self.kv_down = dense(ctx, d, self.kv_rank, rngs=rngs, axes=(EMBED, None))
-        self.kv_norm = nnx.RMSNorm(self.kv_rank, dtype=ctx.dtype, scale_init=partitioned(nnx.initializers.ones, None), rngs=rngs)
+        self.kv_norm = nnx.RMSNorm(self.kv_rank, dtype=ctx.dtype, scale_init=partitioned(nnx.initializers.ones, None),
+                                   rngs=rngs)
         self.k_up = dense(ctx, self.kv_rank, h * hd, rngs=rngs, axes=(None, INNER))
         self.v_up = dense(ctx, self.kv_rank, h * hd, rngs=rngs, axes=(None, INNER))
         self.k_rope = dense(ctx, d, dr, rngs=rngs, axes=(EMBED, None))
@@ -97,7 +99,8 @@ class MultiHeadLatentAttention(CacheMixer):
         h, hd = self.n_heads, self.head_dim
         k_content = self.k_up(latent).reshape(b, t, h, hd)
         k_rope = jnp.broadcast_to(rope_key[:, :, None, :], (b, t, h, self.rope_dim))  # one rope key for all heads
-        return jnp.concatenate([k_content, k_rope.astype(k_content.dtype)], axis=-1), self.v_up(latent).reshape(b, t, h, hd)
+        keys = jnp.concatenate([k_content, k_rope.astype(k_content.dtype)], axis=-1)
+        return keys, self.v_up(latent).reshape(b, t, h, hd)
 
     def forward(self, x, positions=None, segment_ids=None):
         b, t, _ = x.shape

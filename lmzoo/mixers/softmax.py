@@ -18,7 +18,7 @@ from lmzoo.mixers.family.attention import AttentionConfig, CacheMixer, check_kv_
 from lmzoo.ops.attention import repeat_kv
 from lmzoo.positions import default_positions
 from lmzoo.registry import register
-from lmzoo.schema import ConfigError, ModelConfig, positive
+from lmzoo.schema import ConfigError, ModelConfig
 
 
 @register("softmax")

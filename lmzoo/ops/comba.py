@@ -112,7 +112,8 @@ def comba_weights(q, k, p, beta, log_g=None, *, scale=None, segment_ids=None) ->
     """The effective causal weights [B, H, T, S] float32 that ``comba`` applies to v (zero initial
     state): ``scale * P_<=(q, k) (I + diag(beta) L)^{-1} diag(beta)``; exactly 0 across segments."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    q, k, _, p, log_g = (None if a is None else heads_first(a) for a in inputs_float32(q, k, None, p, log_g, segment_ids))
+    q, k, _, p, log_g = (None if a is None else heads_first(a)
+                         for a in inputs_float32(q, k, None, p, log_g, segment_ids))
     beta = beta.astype(jnp.float32).swapaxes(1, 2)  # (B, H, T)
     weights = decayed_pairs(q * scale, k, log_g, diagonal=True) @ (invert_unit_lower(unit_lower(k, p, beta, log_g))
                                                                    * beta[..., None, :])
@@ -166,7 +167,8 @@ def chunk_terms(k, v, p, beta, log_g) -> ChunkTerms:
 
 def _naive(q, k, v, p, beta, log_g, s0, chunk_size):
     def step(s, inputs):
-        q_t, k_t, v_t, p_t, beta_t, *g_t = inputs  # (B, H, Dk) x2, (B, H, Dv), (B, H, Dk), (B, H); g_t [(B, H, Dg)] or []
+        # (B, H, Dk) x2, (B, H, Dv), (B, H, Dk), (B, H); g_t [(B, H, Dg)] or []
+        q_t, k_t, v_t, p_t, beta_t, *g_t = inputs
         error = v_t - jnp.einsum("bhd,bhde->bhe", p_t, s)  # against the state before the decay
         if g_t:
             s = jnp.exp(g_t[0])[..., None] * s

@@ -206,7 +206,8 @@ def ut_chunks(q, k, v, beta, log_g, s0):
         u = w_v - w_k @ s  # (B, H, C, Dv)
         return decay[..., None] * s + jnp.swapaxes(keys_to_end, -1, -2) @ u, (s, u)
 
-    chunks = tuple(a.swapaxes(0, 1) for a in (terms.w_v, terms.w_k, terms.keys_to_end, terms.across))  # chunk axis first
+    # chunk axis first
+    chunks = tuple(a.swapaxes(0, 1) for a in (terms.w_v, terms.w_k, terms.keys_to_end, terms.across))
     final, (starts, u) = lax.scan(carry, s0, chunks)
     starts, u = starts.swapaxes(0, 1), u.swapaxes(0, 1)  # (B, N, H, Dk, Dv), (B, N, H, C, Dv)
     out = (q * terms.from_start) @ starts + decayed_pairs(q, k, log_g, diagonal=True) @ u

@@ -119,7 +119,8 @@ def dplr_weights(q, k, alpha, beta, log_g=None, *, scale=None, segment_ids=None)
     ``scale * (P_<=(q, k) + P_<=(q, beta) (I - R_<(alpha, beta))^{-1} R_<(alpha, k))``; 0 across segments."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     alpha, beta, g32 = _checked(k, alpha, beta, log_g, segment_ids)
-    q, k, alpha, beta, g32 = (jnp.swapaxes(a.astype(jnp.float32), 1, 2) for a in (q, k, alpha, beta, g32))  # (B, H, T, *)
+    # (B, H, T, *)
+    q, k, alpha, beta, g32 = (jnp.swapaxes(a.astype(jnp.float32), 1, 2) for a in (q, k, alpha, beta, g32))
     q = q * scale
     terms = _read_terms(k, alpha, beta, g32)
     weights = decayed_pairs(q, k, g32, diagonal=True) + decayed_pairs(q, beta, g32, diagonal=True) @ terms.reads_values
@@ -243,7 +244,8 @@ class _ReadTerms(NamedTuple):
 def _read_terms(k, alpha, beta, log_g) -> _ReadTerms:
     """k, alpha, beta [..., C, Dk], log_g [..., C, Dg]: ``(I - R_<(alpha, beta))^{-1}`` applied to
     ``alpha exp(c)`` (the reads of S_0) and to ``R_<(alpha, k)`` (the reads of the chunk's values)."""
-    solve = invert_unit_lower(jnp.eye(k.shape[-2]) - decayed_pairs(alpha, beta, log_g, diagonal=False, before_decay=True))
+    solve = invert_unit_lower(jnp.eye(k.shape[-2])
+                              - decayed_pairs(alpha, beta, log_g, diagonal=False, before_decay=True))
     before = jnp.exp(decay_before(log_g, axis=log_g.ndim - 2))
     reads_keys = decayed_pairs(alpha, k, log_g, diagonal=False, before_decay=True)
     return _ReadTerms(solve @ (alpha * before), solve @ reads_keys)
@@ -263,7 +265,8 @@ def dplr_chunks(q, k, v, alpha, beta, log_g, s0):
     def carry(s, chunk):  # S before a chunk -> S after it, and the chunk's reads
         w_s, w_v, beta_to_end, keys_to_end, values, decay = chunk
         reads = w_v + w_s @ s  # (B, H, C, Dv)
-        after = decay[..., None] * s + jnp.swapaxes(beta_to_end, -1, -2) @ reads + jnp.swapaxes(keys_to_end, -1, -2) @ values
+        after = (decay[..., None] * s + jnp.swapaxes(beta_to_end, -1, -2) @ reads
+                 + jnp.swapaxes(keys_to_end, -1, -2) @ values)
         return after, (s, reads)
 
     chunks = (terms.reads_state, reads_values, beta * to_end, k * to_end, v, across)

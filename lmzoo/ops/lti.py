@@ -103,7 +103,8 @@ def diagonal_ssm_kernel(log_a, b, c, length: int, *, powers=None) -> jax.Array:
 
 
 def causal_toeplitz(kernel) -> jax.Array:
-    """The convolution as a matrix: kernel ``[T, ...]`` -> ``[..., T, T]``, ``M[i, j] = kernel[i - j]`` for j ≤ i, else 0."""
+    """The convolution as a matrix: kernel ``[T, ...]`` -> ``[..., T, T]``, ``M[i, j] = kernel[i - j]`` for j ≤ i,
+    else 0."""
     length = kernel.shape[0]
     lag = jnp.arange(length)[:, None] - jnp.arange(length)[None, :]
     causal = causal_mask(length).reshape(length, length, *([1] * (kernel.ndim - 1)))

@@ -212,7 +212,8 @@ def window_mask(lay: Layout, n_keys: int, window: int) -> jax.Array:
 
 def window_naive(q, k, v, lay, *, window, scale):
     mask = window_mask(lay, k.shape[1], window)[:, :, None, :]
-    return attend(grouped(q, k.shape[2]), k, v, jnp.broadcast_to(mask, (*mask.shape[:2], k.shape[2], k.shape[1])), scale)
+    return attend(grouped(q, k.shape[2]), k, v, jnp.broadcast_to(mask, (*mask.shape[:2], k.shape[2], k.shape[1])),
+                  scale)
 
 
 SELECTION = {"naive": selection_naive, "gather": selection_gather}  # nsa_selection's forms

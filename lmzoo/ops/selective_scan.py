@@ -101,7 +101,8 @@ def selective_scan_form(u, delta, A, B, C, *, D, z, delta_bias, delta_softplus, 
     u32, A = u.astype(jnp.float32), A.astype(jnp.float32)
     delta = effective_delta(delta, delta_bias, delta_softplus)
     B, C = grouped(B, channels), grouped(C, channels)
-    h0 = jnp.zeros((batch, channels, A.shape[-1]), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
+    h0 = (jnp.zeros((batch, channels, A.shape[-1]), jnp.float32) if initial_state is None
+          else initial_state.astype(jnp.float32))
     starts = None if segment_ids is None else segment_starts(segment_ids)  # (B, T) bool
     keep = None if starts is None else 1.0 - starts.astype(jnp.float32)  # multiplies the decay: 0 forgets
     if method == "naive":

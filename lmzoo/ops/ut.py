@@ -59,7 +59,8 @@ def decayed_pairs(x, y, log_g, *, diagonal: bool, before_decay: bool = False) ->
     chunk in log2(C) rounds, each placing that quarter beside the two halves' own blocks.
     """
     if before_decay and diagonal:
-        raise ValueError("decayed_pairs: a read before the decay has no diagonal (diagonal=True with before_decay=True)")
+        raise ValueError("decayed_pairs: a read before the decay has no diagonal "
+                         "(diagonal=True with before_decay=True)")
     size = x.shape[-2]
     if log_g is None:
         tril = jnp.tril(jnp.ones((size, size), bool), 0 if diagonal else -1)

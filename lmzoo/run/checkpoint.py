@@ -3,8 +3,9 @@
 Every checkpoint also holds a digest (SHA-256) of each part of the state and of the data position,
 because a damaged data file can restore without any error as wrong numbers. Restoring checks the
 digest, and the newest checkpoint that restores and matches it is used: a damaged newest one (its
-digest missing included: nothing could verify it) is named in one line and passed over. Evaluation restores the model's part alone (``restore_model``): the optimizer state
-stays on disk. A state holding NaN or inf is never saved.
+digest missing included: nothing could verify it) is named in one line and passed over. Evaluation restores
+the model's part alone (``restore_model``): the optimizer state stays on disk. A state holding NaN or inf is
+never saved.
 """
 
 from __future__ import annotations
@@ -212,17 +213,19 @@ class Checkpointer:
             if debugging():
                 raise
             if shapes := OTHER_SHAPES.search(str(e)):  # intact, but made by other model settings
-                raise RunFault(f"checkpoint {step} in {self.directory} holds arrays of other shapes than these settings "
-                               f"build (stored {shapes[2]}, built {shapes[1]}): the model settings (or the run's "
-                               "config.yaml) changed since it was saved; the checkpoints are intact, resume with the "
-                               "settings they were trained with") from None
+                raise RunFault(f"checkpoint {step} in {self.directory} holds arrays of other shapes than these "
+                               f"settings build (stored {shapes[2]}, built {shapes[1]}): the model settings (or the "
+                               "run's config.yaml) changed since it was saved; the checkpoints are intact, resume with "
+                               "the settings they were trained with") from None
             raise CorruptCheckpoint(f"checkpoint {step} cannot be restored ({first_line(e)})") from e
         sums = restored["digest"]
         for part in parts:
             if digest(to_host(restored["train"][part])) != sums.get(part):
-                raise CorruptCheckpoint(f"checkpoint {step} is damaged: its '{part}' differ from the digest saved with them")
+                raise CorruptCheckpoint(f"checkpoint {step} is damaged: its '{part}' differ from the digest saved "
+                                        "with them")
         if "data" in restored and "data" in sums and data_digest(restored["data"]) != sums["data"]:
-            raise CorruptCheckpoint(f"checkpoint {step} is damaged: its data position differs from the digest saved with it")
+            raise CorruptCheckpoint(f"checkpoint {step} is damaged: its data position differs from the digest "
+                                    "saved with it")
         return restored
 
     def restore_newest_intact(self, restore: Callable[[int], Any], *, on_damaged: Callable[[int, str], None],

@@ -144,7 +144,8 @@ def join_processes(cfg: Config) -> None:
     JAX reads where and who from its environment (SLURM's); ``train.coordinator_address``,
     ``num_processes`` and ``process_id`` say it explicitly (e.g. several processes on one machine)."""
     t = cfg.train
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of different processes talk through gloo
+    # CPU devices of different processes talk through gloo
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(t.coordinator_address, t.num_processes, t.process_id)
 
 
@@ -547,7 +548,8 @@ class Trainer:
     def save_and_stop(self) -> dict:
         """The run was asked to stop: checkpoint where it stands, so the same command resumes it."""
         self.save()
-        log.info("interrupted: saved a checkpoint at step %d in %s", self.step, self.run_dir)  # lmzoo.train: how to resume
+        # lmzoo.train says how to resume
+        log.info("interrupted: saved a checkpoint at step %d in %s", self.step, self.run_dir)
         return self.summary(interrupted=True)
 
     def report_end(self) -> None:

@@ -166,8 +166,8 @@ class SeedGroup:
         first = self.members[0]
         steps = {m.run_dir.name: m.step for m in self.members}
         if len(set(steps.values())) > 1:  # a seed whose newest common checkpoint was damaged fell back further
-            raise ConfigError(f"the seeds resume at different steps {steps}; resume each alone (run_dir=<its directory> "
-                              f"seed=<s>) to a common step, or start afresh")
+            raise ConfigError(f"the seeds resume at different steps {steps}; resume each alone "
+                              f"(run_dir=<its directory> seed=<s>) to a common step, or start afresh")
         self.step, self.steps_per_call, self.mesh = first.step, first.steps_per_call, first.mesh
         for member in self.members[1:]:
             member.eval_fn = first.eval_fn  # one program scores every seed (the same model, other numbers)

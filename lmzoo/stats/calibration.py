@@ -13,8 +13,8 @@ is one replicate). Each replicate draws one validation text and two arms of ``se
   document b (per token; smaller on longer documents).
 
 An arm B may be shifted by ``shift`` nats (a real difference, to count how often it is found).
-``DEFAULT`` mirrors the default model trained for 150 steps on the stdlib corpus: a per-run shift of 0.024 nats between seeds,
-a single run's text interval of about ±0.08 bits per byte and a paired one of about ±0.01.
+``DEFAULT`` mirrors the default model trained for 150 steps on the stdlib corpus: a per-run shift of 0.024 nats
+between seeds, a single run's text interval of about ±0.08 bits per byte and a paired one of about ±0.01.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ class Scenario:
         interaction = rng.normal(0, self.interaction_sd, self.documents) * np.sqrt(tokens.mean() / tokens)
 
         def run(shift):
-            per_token = self.mean + shift + text + rng.normal(0, self.seed_sd) + rng.normal(0, 1, self.documents) * own_scale
+            seed_shift = rng.normal(0, self.seed_sd)  # drawn before the documents' own noise, as always
+            per_token = self.mean + shift + text + seed_shift + rng.normal(0, 1, self.documents) * own_scale
             return tokens * per_token, tokens
 
         return ([run(0.0) for _ in range(self.seeds)],

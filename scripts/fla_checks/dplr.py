@@ -55,7 +55,8 @@ def check_dplr() -> float:
         kappa /= np.linalg.norm(kappa, axis=-1, keepdims=True)
         a = rng.uniform(0, 1, q.shape)
         alpha, beta, log_g = -kappa, kappa * a, -rng.uniform(0.01, 0.7, q.shape)
-        o_ref, s_ref = naive(*(heads_first(x) for x in (q, k, v, alpha, beta, log_g)), initial_state=to_torch(s0, np.float32))
+        o_ref, s_ref = naive(*(heads_first(x) for x in (q, k, v, alpha, beta, log_g)),
+                             initial_state=to_torch(s0, np.float32))
         o, s = dplr(*(ours(x) for x in (q, k, v, alpha, beta, log_g)), initial_state=ours(s0), method=method,
                     chunk_size=chunk)
         what = f"T={t} {method} chunk={chunk}"
@@ -76,7 +77,8 @@ def check_gdn2() -> float:
         o, s = gdn2(*(ours(x) for x in (q, k, v, log_g, erase, write)), initial_state=ours(s0), method=method,
                     chunk_size=chunk)
         what = f"T={t} {method} chunk={chunk}"
-        worst = max(worst, max_diff(o, o_ref, atol=ATOL, what=f"o {what}"), max_diff(s, s_ref, atol=ATOL, what=f"state {what}"))
+        worst = max(worst, max_diff(o, o_ref, atol=ATOL, what=f"o {what}"),
+                    max_diff(s, s_ref, atol=ATOL, what=f"state {what}"))
     return worst
 
 
@@ -93,7 +95,8 @@ def check_kda() -> float:
         o, s = delta_rule(*(ours(x) for x in (q, k, v, beta, log_g)), initial_state=ours(s0), method=method,
                           chunk_size=chunk)
         what = f"T={t} {method} chunk={chunk}"
-        worst = max(worst, max_diff(o, o_ref, atol=ATOL, what=f"o {what}"), max_diff(s, s_ref, atol=ATOL, what=f"state {what}"))
+        worst = max(worst, max_diff(o, o_ref, atol=ATOL, what=f"o {what}"),
+                    max_diff(s, s_ref, atol=ATOL, what=f"state {what}"))
         qv, kv = (np.repeat(x, 2, axis=2) for x in (q, k))  # value head hv uses key head hv // 2
         written, alpha, low_rank_beta = delta_as_dplr(ours(kv), ours(beta), ours(log_g))
         o, s = dplr(ours(qv), written, ours(v), alpha, low_rank_beta, ours(log_g), initial_state=ours(s0),
@@ -114,7 +117,8 @@ def check_gated_delta_rule() -> float:
         o, s = delta_rule(*(ours(x) for x in (q, k, v, beta, log_g)), initial_state=ours(s0), method=method,
                           chunk_size=chunk)
         what = f"T={t} {method} chunk={chunk}"
-        worst = max(worst, max_diff(o, o_ref, atol=ATOL, what=f"o {what}"), max_diff(s, s_ref, atol=ATOL, what=f"state {what}"))
+        worst = max(worst, max_diff(o, o_ref, atol=ATOL, what=f"o {what}"),
+                    max_diff(s, s_ref, atol=ATOL, what=f"state {what}"))
     return worst
 
 

@@ -57,7 +57,8 @@ def check_delta_product() -> float:
             o, s = delta_product(ours(q), ours(k), ours(v), ours(beta), None if log_g is None else ours(log_g),
                                  initial_state=ours(s0), method=method, chunk_size=chunk)
             what = f"delta_product n_h={steps} gated={gated} T={t} {method}/{chunk}"
-            worst = max(worst, max_diff(o, o_ref, atol=ATOL, what=f"{what} o"), max_diff(s, s_ref, atol=ATOL, what=f"{what} S"))
+            worst = max(worst, max_diff(o, o_ref, atol=ATOL, what=f"{what} o"),
+                        max_diff(s, s_ref, atol=ATOL, what=f"{what} S"))
     return worst
 
 
@@ -75,13 +76,16 @@ def check_comba() -> float:
         s0 = rng.standard_normal((b, h, dk, dv))
         o_ref, s_ref = module.naive_chunk_comba(*(theirs(x) for x in (q, k, v, p, log_g, beta)), chunk_size=16,
                                                 initial_state=theirs(s0), output_final_state=True)
-        o, s = comba(*(ours(x) for x in (q, k, v, p, beta, log_g)), initial_state=ours(s0), method=method, chunk_size=chunk)
+        o, s = comba(*(ours(x) for x in (q, k, v, p, beta, log_g)), initial_state=ours(s0), method=method,
+                     chunk_size=chunk)
         what = f"comba T={t} {method}/{chunk}"
-        worst = max(worst, max_diff(o, o_ref, atol=ATOL, what=f"{what} o"), max_diff(s, s_ref, atol=ATOL, what=f"{what} S"))
+        worst = max(worst, max_diff(o, o_ref, atol=ATOL, what=f"{what} o"),
+                    max_diff(s, s_ref, atol=ATOL, what=f"{what} S"))
         decayed_first, _ = module.naive_recurrent_comba(*(theirs(x) for x in (q, k, v, p, beta, log_g)),
                                                         initial_state=theirs(s0), output_final_state=True)
         gap = float(np.max(np.abs(to_numpy(o) - to_numpy(decayed_first))))
-        assert gap > 1e-2, f"{what}: fla's naive_recurrent_comba (decay first) now agrees ({gap:.1e}): re-read the contract"
+        assert gap > 1e-2, (f"{what}: fla's naive_recurrent_comba (decay first) now agrees ({gap:.1e}): "
+                            "re-read the contract")
     return worst
 
 

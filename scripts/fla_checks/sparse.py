@@ -126,7 +126,8 @@ def dsa() -> float:
     for lengths, topk in (((41,), 8), ((15, 26), 5), ((33,), 64)):
         t = sum(lengths)
         rng, q, k, v = _inputs(t, 1, t, 4, 2, 16)
-        q_idx, k_idx, w_idx = rng.standard_normal((1, t, 4, 8)), rng.standard_normal((1, t, 8)), rng.standard_normal((1, t, 4))
+        q_idx, k_idx, w_idx = (rng.standard_normal((1, t, 4, 8)), rng.standard_normal((1, t, 8)),
+                               rng.standard_normal((1, t, 4)))
         docs = len(lengths) > 1
         cu, ids = (_cu(lengths), _ids(lengths)) if docs else (None, None)
         torch_args = [to_torch(x, np.float32) for x in (q, k, v, q_idx, k_idx, w_idx)]
@@ -143,7 +144,8 @@ def dsa() -> float:
                                segment_ids=ids, method=method)
             worst = max(worst, max_diff(o, o_ref, atol=1e-5, what=f"o {what} {method}"))
         o, _ = dsa_ops.dsa(*jax_args, topk=topk, segment_ids=ids)
-        worst = max(worst, max_diff(np.asarray(o)[0, clean], o_ref.numpy()[0, clean], atol=1e-5, what=f"o (own choice) {what}"))
+        worst = max(worst, max_diff(np.asarray(o)[0, clean], o_ref.numpy()[0, clean], atol=1e-5,
+                                    what=f"o (own choice) {what}"))
     return worst
 
 

@@ -78,7 +78,8 @@ def test_a_learning_rate_grid_trains_as_one_group_with_adamw_and_one_group_per_r
             assert configs[lr, seed].optim.lr == saved.optim.lr == lr and saved.seed == seed
         train_grid("softmax", grid("muon"), steps=2, overrides=[*TINY, "optim=muon"])
     assert groups == [[0, 1, 0, 1], [0, 1], [0, 1]]
-    assert rows(tmp_path / "adamw" / "runs" / "softmax-lr0.02-s0") != rows(tmp_path / "adamw" / "runs" / "softmax-lr0.001-s0")
+    runs = tmp_path / "adamw" / "runs"
+    assert rows(runs / "softmax-lr0.02-s0") != rows(runs / "softmax-lr0.001-s0")
 
 
 def test_runs_group_by_the_step_they_resume_from(tmp_path):

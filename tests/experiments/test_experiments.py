@@ -24,7 +24,8 @@ from lmzoo.run.directory import RunDir
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lmzoo.experiments", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "lmzoo.experiments", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
 
 
 @pytest.mark.slow
@@ -58,10 +59,13 @@ def gauss_expectation(fn, beta, gamma, points=400_001):
 @pytest.mark.parametrize("beta, gamma", [(-1.0, 0.5), (0.0, 1.0), (1.0, 0.7), (2.0, 2.5)])
 def test_closed_forms_equal_their_integrals(beta, gamma):
     relu2 = lambda x: np.maximum(x, 0) ** 2  # noqa: E731
-    for closed, f in ((sparsity.closed_exp, np.exp), (sparsity.closed_relu2, relu2), (sparsity.closed_identity, lambda x: x)):
-        want = gauss_expectation(lambda x: np.abs(f(x)), beta, gamma) / math.sqrt(gauss_expectation(lambda x: f(x) ** 2, beta, gamma))
+    for closed, f in ((sparsity.closed_exp, np.exp), (sparsity.closed_relu2, relu2),
+                      (sparsity.closed_identity, lambda x: x)):
+        want = (gauss_expectation(lambda x: np.abs(f(x)), beta, gamma)
+                / math.sqrt(gauss_expectation(lambda x: f(x) ** 2, beta, gamma)))
         assert closed(gamma, beta) == pytest.approx(want, rel=1e-6)
-    assert sparsity.closed_relu2_as_published(gamma, beta) == pytest.approx(sparsity.closed_relu2(gamma, beta), rel=1e-9)
+    assert sparsity.closed_relu2_as_published(gamma, beta) == pytest.approx(sparsity.closed_relu2(gamma, beta),
+                                                                            rel=1e-9)
 
 
 def test_decay_closed_form_is_the_sparsity_of_the_decay_vector():
@@ -76,8 +80,10 @@ def test_quick_run_writes_its_verdict_and_figures(tmp_path):
     record = run_experiment("sparsity_closed_forms", tmp_path, quick=True, overrides=["points=3"])
     saved = json.loads((tmp_path / "sparsity_closed_forms" / "verdict.json").read_text())
     assert saved == record
-    assert set(saved) >= {"name", "claim", "seed_article", "verdict", "evidence", "figures", "runs", "settings", "seconds"}
-    assert saved["verdict"] == SMOKE and saved["quick"] and "not of the claim" in saved["reason"]  # never a verdict word
+    assert set(saved) >= {"name", "claim", "seed_article", "verdict", "evidence", "figures", "runs", "settings",
+                          "seconds"}
+    # never a verdict word
+    assert saved["verdict"] == SMOKE and saved["quick"] and "not of the claim" in saved["reason"]
     assert saved["seed_article"] == "001" and saved["settings"]["points"] == 3
     assert saved["settings"]["lengths"] == [64, 512]  # quick mode's values
     assert len(saved["figures"]) == len(sparsity.FORMS)
@@ -97,7 +103,8 @@ def test_decode_cache_quick_run_trains_evaluates_and_reuses_its_runs(tmp_path):
     assert list(variants) == ["gqa", "mla"] and record["verdict"] == SMOKE
     d_model, layers = 64, 1  # the quick settings: 2 of the 4 heads' keys and values are cached
     assert variants["gqa"]["cache_floats_per_token"] == layers * 2 * (2 * d_model // 4)
-    kv_rank, rope_dim = 4 * d_model // 4, d_model // 4 // 2  # mla.yaml: a latent of 4 head dims, a RoPE key of half a head
+    # mla.yaml: a latent of 4 head dims, a RoPE key of half a head
+    kv_rank, rope_dim = 4 * d_model // 4, d_model // 4 // 2
     assert variants["mla"]["cache_floats_per_token"] == layers * (kv_rank + rope_dim)  # config arithmetic, not a check
     for v in variants.values():
         assert v["bpb"]["lo"] < v["bpb"]["estimate"] < v["bpb"]["hi"] and v["bpb"]["uncertainty"] == "text"
@@ -172,8 +179,10 @@ def test_logn_entropy_quick_run_compares_three_conditions_on_the_same_tokens(tmp
     for c in conditions.values():
         one = c["bpb_ratio"]["32"]  # the training length: its own reference
         assert (one["estimate"], one["lo"], one["hi"]) == (1.0, 1.0, 1.0)
-    plain, switched = conditions["softmax"]["entropy_by_keys_seen"], conditions["log-n at evaluation"]["entropy_by_keys_seen"]
-    assert switched["mean"][0] == pytest.approx(plain["mean"][0], abs=1e-6)  # clamped: unchanged inside the training length
+    plain = conditions["softmax"]["entropy_by_keys_seen"]
+    switched = conditions["log-n at evaluation"]["entropy_by_keys_seen"]
+    # clamped: unchanged inside the training length
+    assert switched["mean"][0] == pytest.approx(plain["mean"][0], abs=1e-6)
     assert switched["mean"][-1] != pytest.approx(plain["mean"][-1], abs=1e-6)  # and sharper beyond it
     assert len(record["evidence"]["checks"]) == 3 and len(record["evidence"]["entropy_differences"]) == 2
     assert [c["control"] for c in record["checks"]] == [True, False, False]
@@ -186,10 +195,12 @@ def test_position_extrapolation_quick_run_pairs_every_condition_with_rope(tmp_pa
     conditions = record["evidence"]["conditions"]
     assert list(conditions) == ["rope", "ntk", "rerope", "alibi"]
     assert all((c["ratio"]["32"]["lo"], c["ratio"]["32"]["hi"]) == (1.0, 1.0) for c in conditions.values())
-    assert conditions["rerope"]["bpb"]["32"] != conditions["rope"]["bpb"]["32"]  # a window of 16 < 32: not exact inside T
+    # a window of 16 < 32: not exact inside T
+    assert conditions["rerope"]["bpb"]["32"] != conditions["rope"]["bpb"]["32"]
     differences = record["evidence"]["paired_differences"]
     assert set(differences) == {"rope: bpb ratio at 256", "ntk: bpb at 256 - rope's", "ntk: bpb at 32 - rope's",
-                                "rerope: bpb at 256 - rope's", "rerope: bpb at 32 - rope's", "alibi: bpb ratio at 256 - rope's"}
+                                "rerope: bpb at 256 - rope's", "rerope: bpb at 32 - rope's",
+                               "alibi: bpb ratio at 256 - rope's"}
     for d in differences.values():
         assert d["lo"] <= d["estimate"] <= d["hi"]
     judged = {c["name"] for c in record["checks"]}  # "bpb at T" is reported, not judged: inexact by construction
@@ -238,7 +249,8 @@ def test_sparsity_predicted_quick_run_puts_a_point_per_head(tmp_path):
     assert record["runs"] == ["runs/softmax-s0", "runs/gau_relu2-s0", "runs/linear_identity-s0"]
     assert len(record["checks"]) == 7 and sum(c["control"] for c in record["checks"]) == 1
     for name, heads in record["evidence"]["heads"].items():  # [seed][layer x head]
-        assert [len(h) for h in heads["predicted"]] == [len(h) for h in heads["measured"]] == [2 if name == "gau relu2" else 8]
+        assert ([len(h) for h in heads["predicted"]] == [len(h) for h in heads["measured"]]
+                == [2 if name == "gau relu2" else 8])
         assert all(0 < s <= 1 for s in heads["measured"][0]), name
     gap = record["evidence"]["checks"]["softmax"]["mean_abs_gap"]
     heads = record["evidence"]["heads"]["softmax"]
@@ -320,4 +332,5 @@ def test_mqar_state_size_quick_run_grids_accuracy_against_state(tmp_path):
     assert checks["softmax: accuracy at its worst setting"]["control"] and record["verdict"] == SMOKE
     assert len(record["runs"]) == 4 and (tmp_path / "mqar_state_size" / record["figures"][0]).stat().st_size > 0
     run = tmp_path / "mqar_state_size" / record["runs"][0]
-    assert {p.name for p in (run / "eval").iterdir()} == {"mqar_state_size", "mqar_state_size_test"}  # chosen, then tested
+    # chosen, then tested
+    assert {p.name for p in (run / "eval").iterdir()} == {"mqar_state_size", "mqar_state_size_test"}

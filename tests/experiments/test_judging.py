@@ -130,7 +130,8 @@ def vs_length_evidence(softmax_s, linear_s, seeds=3, windows=16):
     arms = {name: [window_run(v) for v in per_seed] for name, per_seed in curves.items()}
     return {"checks": {"softmax: alpha": estimate(arms["softmax"], alpha),
                        "softmax: S at (64, 128] keys": estimate(arms["softmax"], column(3)),
-                       "linear elu+1: alpha - softmax's alpha": difference(arms["linear elu+1"], arms["softmax"], alpha)},
+                       "linear elu+1: alpha - softmax's alpha":
+                          difference(arms["linear elu+1"], arms["softmax"], alpha)},
             "curves": {name: {"octaves": module.octave_names(edges), **module.as_curve(over_windows(np.concatenate(v)))}
                        for name, v in curves.items()}}
 
@@ -150,7 +151,8 @@ def test_sparsity_vs_length_judge_fails_when_linear_falls_like_softmax_and_is_in
 def test_decode_cache_judge():
     from lmzoo.experiments.decode_cache import Settings, judge
 
-    variants = {v: {"cache_floats_per_token": 1.0, "bpb": record(2.0, 1.95, 2.05)} for v in ("softmax", "gqa", "mqa", "mla")}
+    variants = {v: {"cache_floats_per_token": 1.0, "bpb": record(2.0, 1.95, 2.05)}
+                for v in ("softmax", "gqa", "mqa", "mla")}
     worse = {"gqa - mla": record(-0.04, -0.05, -0.03), "gqa - softmax": record(0.02, 0.015, 0.03),
              "mqa - softmax": record(0.04, 0.03, 0.05), "gqa - mqa": record(-0.02, -0.03, -0.015)}
     ngrams = {"ngram_bpb": {"unigram": 4.9, "bigram": 3.67, "trigram": 2.68}}
@@ -159,8 +161,10 @@ def test_decode_cache_judge():
     assert all(c.passed for c in checks if c.control)
     untrained = {v: {**e, "bpb": record(5.5, 5.4, 5.6)} for v, e in variants.items()}
     assert outcome(judge({"variants": untrained, "bpb_differences": worse, **ngrams}, Settings()))[0] == "inconclusive"
-    one_seed = {k: record(*(r[x] for x in ("estimate", "lo", "hi")), seeds=(1, 1), uncertainty="text") for k, r in worse.items()}
-    assert all(c.passed is None for c in judge({"variants": variants, "bpb_differences": one_seed, **ngrams}, Settings())
+    one_seed = {k: record(*(r[x] for x in ("estimate", "lo", "hi")), seeds=(1, 1), uncertainty="text")
+                for k, r in worse.items()}
+    assert all(c.passed is None
+               for c in judge({"variants": variants, "bpb_differences": one_seed, **ngrams}, Settings())
                if not c.control)
 
 
@@ -209,7 +213,8 @@ def test_logn_entropy_judge():
     def evidence(plain_ratio, trained, switched):
         return {"checks": {"softmax: bpb ratio at 1024": record(*plain_ratio, seeds=(3,)),
                            "bpb ratio at 1024, log-n trained - softmax": record(*trained),
-                           "bpb ratio at 1024, log-n at evaluation - without": record(*switched, seeds=(3,), uncertainty="text")}}
+                           "bpb ratio at 1024, log-n at evaluation - without":
+                              record(*switched, seeds=(3,), uncertainty="text")}}
     no_help = judge(evidence((1.6, 1.55, 1.65), (0.0, -0.01, 0.01), (0.01, 0.005, 0.015)), Settings())
     assert outcome(no_help)[0] == "not reproduced"
     flat_rope = judge(evidence((1.0, 0.99, 1.01), (-0.3, -0.4, -0.2), (-0.3, -0.4, -0.2)), Settings())
@@ -299,7 +304,8 @@ def test_committed_verdicts_are_what_the_current_rules_give_their_evidence(name,
     copy = tmp_path / "verdict.json"
     shutil.copy(CLAIMS / name / "verdict.json", copy)
     again = rejudge(copy)  # re-judging changes no check, and keeps the first verdict it replaced
-    assert {k: v for k, v in again.items() if k != "rejudged"} == {k: v for k, v in committed.items() if k != "rejudged"}
+    assert ({k: v for k, v in again.items() if k != "rejudged"}
+            == {k: v for k, v in committed.items() if k != "rejudged"})
     assert again["rejudged"]["verdict"] == committed.get("rejudged", committed)["verdict"]
 
 

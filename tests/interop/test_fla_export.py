@@ -70,8 +70,8 @@ def fla_log_probs(folder, texts, tmp_path):
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
     out = tmp_path / "fla_log_probs.npz"
-    proc = subprocess.run([sys.executable, "-c", FLA_SCRIPT, str(folder), json.dumps(texts), str(out)], env=env, check=False,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", FLA_SCRIPT, str(folder), json.dumps(texts), str(out)], env=env,
+                          check=False, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     arrays = np.load(out)
     return proc.stdout.split()[-1], [(arrays[f"ids{i}"].tolist(), arrays[f"log_probs{i}"]) for i in range(len(texts))]
@@ -115,10 +115,12 @@ def test_the_weight_table_round_trips_and_fills_every_fla_tensor(tied):
     for path, value in params.items():
         np.testing.assert_array_equal(back[path], value)
     torch, fla = pytest.importorskip("torch"), pytest.importorskip("fla")  # no forward here: no kernel runs
-    config = fla.models.GLAConfig(**{k: v for k, v in fla_gla.hf_config(cfg, 259, bos_id=256, eos_id=257, pad_id=258).items()
+    hf = fla_gla.hf_config(cfg, 259, bos_id=256, eos_id=257, pad_id=258)
+    config = fla.models.GLAConfig(**{k: v for k, v in hf.items()
                                      if k not in ("architectures", "model_type", "torch_dtype")})
     model = fla.models.GLAForCausalLM(config)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items() if not (tied and name == "lm_head.weight")}
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()
+                if not (tied and name == "lm_head.weight")}
     assert {name: a.shape for name, a in weights.items()} == expected
     model.load_state_dict({name: torch.tensor(a) for name, a in weights.items()}, strict=not tied)
 
@@ -278,13 +280,15 @@ def test_the_delta_weight_tables_round_trip_and_fill_every_fla_tensor(variant, m
     config = getattr(fla_models, config_class)(**{k: v for k, v in settings.items()
                                                   if k not in ("architectures", "model_type", "torch_dtype")})
     model = getattr(fla_models, architecture)(config)
-    assert {name: a.shape for name, a in weights.items()} == {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    assert ({name: a.shape for name, a in weights.items()}
+            == {name: tuple(t.shape) for name, t in model.state_dict().items()})
     model.load_state_dict({name: torch.tensor(a) for name, a in weights.items()}, strict=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant, module, architecture, config_class", DELTA)
-def test_an_exported_delta_run_loads_in_fla_with_the_same_log_probs(tmp_path, variant, module, architecture, config_class):
+def test_an_exported_delta_run_loads_in_fla_with_the_same_log_probs(tmp_path, variant, module, architecture,
+                                                                    config_class):
     worst = export_and_compare(tmp_path, TEXTS, (*QK, "model.tie_embeddings=false"), 1e-4, variant, architecture)
     print(f"{architecture}: largest log-prob difference {worst:.2g}")
 
@@ -358,19 +362,21 @@ def test_fla_retnet_and_mamba2_configs_lmzoo_lacks_are_refused_in_one_line_namin
     retnet = fla_retnet.lmzoo_settings({**hf, "expand_v": 1})
     assert retnet["pos"] == {"kind": "rope", "base": 10000.0} and retnet["model"]["d_ff"] == 256  # hidden_ratio 2
     with pytest.raises(ConfigError) as error:
-        fla_mamba2.lmzoo_settings({**hf, "norm_before_gate": True, "dt_limit": [0.0, 10.0], "norm_eps": 1e-6, "n_groups": 2})
+        fla_mamba2.lmzoo_settings({**hf, "norm_before_gate": True, "dt_limit": [0.0, 10.0], "norm_eps": 1e-6,
+                                   "n_groups": 2})
     assert all(name in str(error.value) for name in ("norm_before_gate=true", "dt_limit=", "norm_eps=1e-06",
                                                       "n_groups=2")), str(error.value)
     mamba2 = fla_mamba2.lmzoo_settings({**hf, "head_dim": 16, "state_size": 8, "expand": 2,
                                         "dt_limit": [0.0, {"__float__": "Infinity"}]})  # as transformers writes inf
-    assert mamba2["attn"] == {"name": "mamba2", "mixer": "mamba2", "d_state": 8, "expand": 2, "head_dim": 16, "d_conv": 4}
+    assert mamba2["attn"] == {"name": "mamba2", "mixer": "mamba2", "d_state": 8, "expand": 2, "head_dim": 16,
+                              "d_conv": 4}
     assert mamba2["model"]["mlp"] is False and mamba2["model"]["n_heads"] == 4
 
 
 @pytest.mark.slow  # importing fla (and transformers) takes 20-50 s on a busy CPU
 @pytest.mark.parametrize("variant, module, architecture, config_class, overrides", OTHERS)
-def test_the_retnet_and_mamba2_weight_tables_fill_every_fla_tensor(tmp_path, variant, module, architecture, config_class,
-                                                                   overrides):
+def test_the_retnet_and_mamba2_weight_tables_fill_every_fla_tensor(tmp_path, variant, module, architecture,
+                                                                   config_class, overrides):
     from flax import nnx
 
     cfg = tiny_config(variant, *EXACT, *overrides, "model.tie_embeddings=false")
@@ -381,8 +387,10 @@ def test_the_retnet_and_mamba2_weight_tables_fill_every_fla_tensor(tmp_path, var
     assert back.keys() == params.keys() and all(np.array_equal(back[p], v) for p, v in params.items())
     torch, fla_models = pytest.importorskip("torch"), pytest.importorskip("fla.models")  # no forward: no kernel runs
     (tmp_path / "config.json").write_text(json.dumps(module.hf_config(cfg, 259, bos_id=256, eos_id=257, pad_id=258)))
-    model = getattr(fla_models, architecture)(getattr(fla_models, config_class).from_json_file(tmp_path / "config.json"))
-    assert {name: a.shape for name, a in weights.items()} == {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    config = getattr(fla_models, config_class).from_json_file(tmp_path / "config.json")
+    model = getattr(fla_models, architecture)(config)
+    assert ({name: a.shape for name, a in weights.items()}
+            == {name: tuple(t.shape) for name, t in model.state_dict().items()})
     model.load_state_dict({name: torch.tensor(a) for name, a in weights.items()}, strict=True)
 
 
@@ -419,13 +427,15 @@ def test_settings_fla_kda_lacks_are_refused_in_one_line_naming_each():
     assert fla.for_run(tiny_config("kda")) is fla_kda and fla.for_checkpoint({"model_type": "kda"}) is fla_kda
     assert fla_kda.refusals(tiny_config("kda", *EXACT, *QK)) == []
     assert fla_kda.refusals(tiny_config("kda", *EXACT, *QK, "attn.gate_rank=8", "attn.value_heads=4")) == []  # as fla's
-    assert_refused_in_one_line(fla_kda, tiny_config("kda", "attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8"),
-                               ("attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8", "model.norm_eps=1e-06",
-                                "attn.qk_norm_eps=null"))
+    assert_refused_in_one_line(fla_kda,
+                               tiny_config("kda", "attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8"),
+                               ("attn.gate_rank=4", "attn.out_gate_rank=2", "attn.value_heads=8",
+                                "model.norm_eps=1e-06", "attn.qk_norm_eps=null"))
     hf = {"hidden_size": 32, "num_hidden_layers": 2, "num_heads": 4, "intermediate_size": 96, "norm_eps": 1e-5}
     with pytest.raises(ConfigError) as error:  # KDAConfig's default heads are 128 wide
         fla_kda.lmzoo_settings({**hf, "num_v_heads": 8, "safe_gate": True})
-    assert all(name in str(error.value) for name in ("head_dim=128", "num_v_heads=8", "safe_gate=true")), str(error.value)
+    assert all(name in str(error.value)
+               for name in ("head_dim=128", "num_v_heads=8", "safe_gate=true")), str(error.value)
     assert fla_kda.lmzoo_settings({**hf, "head_dim": 8, "num_v_heads": 4})["attn"]["mixer"] == "kda"
 
 
@@ -451,7 +461,7 @@ def test_attn_qk_norm_eps_is_flas_l2_norm_and_null_keeps_lmzoos_floor():
     x = np.array([[3e-4, -4e-4], [3.0, 4.0]], np.float32)  # |x|^2 = 2.5e-7 and 25
     floored = x / np.sqrt(np.maximum((x * x).sum(-1, keepdims=True), 1e-12))
     np.testing.assert_allclose(np.asarray(l2_normalize(x)), floored, rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(l2_normalize(x, added=1e-6)), x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6),
-                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(l2_normalize(x, added=1e-6)),
+                               x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6), rtol=1e-6)
     assert abs(float(np.linalg.norm(np.asarray(l2_normalize(x, added=1e-6))[0])) - 0.447) < 1e-3  # far from unit there
     assert tiny_config("gated_deltanet").attn.qk_norm_eps is None

@@ -133,7 +133,8 @@ def harness_run(name: str, seed: int, scores: dict) -> Run:
 def test_compare_pools_lm_eval_examples_over_seeds_with_intervals_that_count_both():
     rng = np.random.default_rng(0)
     scores = {f"{arm}/{seed}": {"choice": {"acc": (rng.random(40) < p).astype(float).tolist()},
-                                "rolling": {"bits_per_byte": [[-float(rng.uniform(20, 40)) * p, 30] for _ in range(40)]}}
+                                "rolling": {"bits_per_byte": [[-float(rng.uniform(20, 40)) * p, 30]
+                                                             for _ in range(40)]}}
               for arm, p in (("a", 0.3), ("b", 0.8)) for seed in (0, 1)}
     groups = [Group(arm, [harness_run(f"{arm}/{seed}", seed, scores[f"{arm}/{seed}"]) for seed in (0, 1)])
               for arm in ("a", "b")]

@@ -135,7 +135,8 @@ def test_runs_on_other_data_are_left_out_in_one_line(sweep, tmp_path):
     assert rows["softmax"]["n"] == "2"
     assert report.notes == [f"left out {sweep / 'softmax-9'}: other data than {sweep / 'softmax-0'} "
                             "(sha256 another python vs abc)"]
-    assert report.record["left_out"] == [{"run": str(sweep / "softmax-9"), "reason": report.notes[0][len(f"left out {sweep / 'softmax-9'}: "):]}]
+    reason = report.notes[0][len(f"left out {sweep / 'softmax-9'}: "):]
+    assert report.record["left_out"] == [{"run": str(sweep / "softmax-9"), "reason": reason}]
 
 
 def test_labels_make_arms_and_comparison_json_records_every_interval(tmp_path):
@@ -202,7 +203,8 @@ def test_compare_tabulates_and_plots_a_sweep(tmp_path, capsys):
     assert header[:10] == ["variant", "n", "params", "state size", "steps", "tokens", "documents", "val bpb",
                            "bpb@train", "bpb@64 / bpb@train"]
     assert rows["softmax"]["steps"] == "4"
-    assert set(rows) == {"softmax", "mqa"} and (rows["softmax"]["documents"], rows["mqa"]["documents"]) == ("none", "mask")
+    assert set(rows) == {"softmax", "mqa"}
+    assert (rows["softmax"]["documents"], rows["mqa"]["documents"]) == ("none", "mask")
     results = json.loads((tmp_path / "sweep" / "softmax" / "eval" / "default" / "results.json").read_text())
     assert float(rows["softmax"]["bpb@train"].split()[0]) == pytest.approx(results["lengths"]["32"]["bpb"], abs=5e-4)
     assert float(rows["mqa"]["bpb@64 / bpb@train"].split()[0]) > 0
@@ -289,7 +291,8 @@ def test_arms_on_different_kernels_are_named(tmp_path):
 
 
 def test_arms_on_the_same_kernels_say_nothing(sweep):
-    assert not [n for n in comparison.compare([sweep]).notes if "kernels" in n]  # runs from before kernels were recorded, too
+    # runs from before kernels were recorded, too
+    assert not [n for n in comparison.compare([sweep]).notes if "kernels" in n]
 
 
 # ----------------------------------------------------------------------------- each run once, arms by what trains
@@ -299,7 +302,8 @@ def test_a_run_and_its_copy_or_link_count_once_and_are_named(sweep, tmp_path):
     alone = comparison.compare([sweep], baseline="softmax")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (elsewhere / "softmax-0-link").symlink_to(sweep / "softmax-0", target_is_directory=True)  # as experiments link twins
+    # as experiments link twins
+    (elsewhere / "softmax-0-link").symlink_to(sweep / "softmax-0", target_is_directory=True)
     shutil.copytree(sweep / "gla-1", elsewhere / "gla-1-copy")  # as cpu_recipe.sh KEEP= copies
     report = comparison.compare([sweep, elsewhere], baseline="softmax")
     _, rows = rows_of(report.markdown.split("Difference")[0])
@@ -343,7 +347,8 @@ def every_setting() -> set[str]:
         found = set()
         for f in dataclasses.fields(spec):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            found |= keys(type(default), f"{prefix}{f.name}.") if dataclasses.is_dataclass(default) else {prefix + f.name}
+            found |= (keys(type(default), f"{prefix}{f.name}.") if dataclasses.is_dataclass(default)
+                      else {prefix + f.name})
         return found
 
     found = keys(Config) - {"attn", "data"}

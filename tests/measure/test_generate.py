@@ -77,7 +77,8 @@ def test_top_k_one_and_a_tiny_top_p_are_greedy():
 
 def test_top_k_and_top_p_keep_only_the_likeliest_tokens():
     logits = jnp.log(jnp.array([[0.1, 0.5, 0.05, 0.3, 0.05]]))
-    draws = lambda **f: {int(sample(logits, jax.random.key(i), Sampling("x", temperature=1.0, **f))[0]) for i in range(200)}
+    draws = lambda **f: {int(sample(logits, jax.random.key(i), Sampling("x", temperature=1.0, **f))[0])
+                         for i in range(200)}
     assert draws(top_k=2) == {1, 3}
     assert draws(top_p=0.75) == {1, 3}  # 0.5 < 0.75: the second likeliest is needed, the third is not
     assert draws(top_p=0.85) == {0, 1, 3}
@@ -108,4 +109,5 @@ def test_bad_settings_are_refused_in_one_line(trained_run, capsys, args, message
 def test_a_run_dir_without_a_trained_run_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run(tmp_path)
-    assert capsys.readouterr().err == f"lmzoo: error: run_dir={str(tmp_path)!r} holds no trained run (no config.yaml and checkpoints)\n"
+    assert capsys.readouterr().err == (f"lmzoo: error: run_dir={str(tmp_path)!r} holds no trained run "
+                                       "(no config.yaml and checkpoints)\n")

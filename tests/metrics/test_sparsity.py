@@ -48,7 +48,8 @@ def test_batched_matrices_and_other_axes():
     assert out.shape == (2, 3, 5)
     np.testing.assert_allclose(out[1, 2, 4], np.abs(w[1, 2, 4]).mean() / np.sqrt((w[1, 2, 4] ** 2).mean()), rtol=1e-6)
     cols = l1_l2_sparsity(w, axis=-2)
-    np.testing.assert_allclose(cols[0, 0, 1], np.abs(w[0, 0, :, 1]).mean() / np.sqrt((w[0, 0, :, 1] ** 2).mean()), rtol=1e-6)
+    np.testing.assert_allclose(cols[0, 0, 1], np.abs(w[0, 0, :, 1]).mean() / np.sqrt((w[0, 0, :, 1] ** 2).mean()),
+                               rtol=1e-6)
 
 
 def test_empty_rows_are_nan():
@@ -96,9 +97,10 @@ def test_probes_report_each_layer_of_the_model():
     causal = np.tril(np.ones((12, 12), bool))
     for layer, block in enumerate(model.blocks):
         weights = block.mixer.attention_matrix(block.mixer_norm(h))
-        np.testing.assert_allclose(stats["sparsity"][layer], np.nanmean(l1_l2_sparsity(weights, causal), axis=(0, 2)), rtol=1e-5)
-        np.testing.assert_allclose(stats["entropy"][layer], np.nanmean(attention_entropy(weights, causal), axis=(0, 2)), rtol=1e-5)
-        np.testing.assert_allclose(stats["first_key"][layer], np.nanmean(first_key_share(weights, causal), axis=(0, 2)), rtol=1e-5)
+        for key, statistic in (("sparsity", l1_l2_sparsity), ("entropy", attention_entropy),
+                               ("first_key", first_key_share)):
+            np.testing.assert_allclose(stats[key][layer], np.nanmean(statistic(weights, causal), axis=(0, 2)),
+                                       rtol=1e-5)
         h = block(h)
     # softmax rows are positive and normalised: 1/sqrt(n) <= S <= 1 and 0 <= H <= log(n)
     assert np.all(np.array(stats["sparsity"]) <= 1 + 1e-6) and np.all(np.array(stats["entropy"]) >= 0)

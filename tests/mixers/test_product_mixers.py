@@ -24,7 +24,8 @@ def test_other_settings_step_equal_forward(config):
     mixer = first_mixer(*config)
     x = inputs(9, seed=3)
     heads = (lambda m, x: m.heads(x)) if config[0] == "deltaproduct" else (lambda m, x: None)
-    stepped, forward, heads = compiled(lambda m, x: (step_through(m, x, m.init_state(2, 9))[0], m(x), heads(m, x)), mixer)(x)
+    stepped, forward, heads = compiled(lambda m, x: (step_through(m, x, m.init_state(2, 9))[0], m(x), heads(m, x)),
+                                       mixer)(x)
     np.testing.assert_allclose(stepped, forward, rtol=1e-5, atol=1e-5)
     if heads is not None:  # deltaproduct: three steps per token, beta in (0, 1), no gate
         assert heads[1].shape == (2, 9, 4, 3, 8) and float(heads[3].max()) < 1.0 and heads[4] is None

@@ -124,7 +124,8 @@ def test_mla_absorbed_decoding_caches_only_latents_and_equals_the_forward():
     x = x_of(13)
     out, state = stepped(mixer, x)
     assert rel_err(out, mixer(x)) < 1e-5
-    assert {k: v.shape for k, v in state.items() if k not in ("pos", "t")} == {"latent": (2, 13, 12), "rope_key": (2, 13, 4)}
+    assert ({k: v.shape for k, v in state.items() if k not in ("pos", "t")}
+            == {"latent": (2, 13, 12), "rope_key": (2, 13, 4)})
     assert mixer.state_size(100) == 100 * (12 + 4) < 2 * 100 * 4 * 8  # vs an MHA cache of the same heads
 
 
@@ -173,7 +174,8 @@ def vq_inputs(t, *, h=2, d=8, s=5, seed=0, dtype=jnp.float32):
 def test_vq_blocked_equals_naive_on_values_and_gradients(t):
     q, k_hat, codes, codebook, v = vq_inputs(t)
     forms = {
-        m: (lambda q, k, c, v, m=m: vq_attention(q, k, codes, c, v, block_size=16, method=m)) for m in ("naive", "blocked")
+        m: (lambda q, k, c, v, m=m: vq_attention(q, k, codes, c, v, block_size=16, method=m))
+        for m in ("naive", "blocked")
     }
     cotangent = jax.random.normal(jax.random.key(9), v.shape)
     results = {}

@@ -18,7 +18,8 @@ import pytest
 from lmzoo.ops import lti
 
 B, T, C, K = 2, 37, 6, 4  # T odd, not a multiple of K
-SEGMENT_IDS = jnp.asarray(np.repeat([[0, 1, 2, 3]], B, axis=0).repeat([10, 13, 12, 2], axis=1))  # the last shorter than K
+# the last shorter than K
+SEGMENT_IDS = jnp.asarray(np.repeat([[0, 1, 2, 3]], B, axis=0).repeat([10, 13, 12, 2], axis=1))
 
 
 def saved_bytes(fn, *args) -> int:

@@ -154,7 +154,8 @@ def test_strong_decay_in_one_long_chunk_stays_exact(gate):
     assert_trees_close(outputs_and_grads("parallel", args, cotangent), expected)
     # The kernels take pair decays as differences of sums from the chunk's start, as GLA's kernels
     # do: rounding of ~1e-7 of the chunk's log decay (here ~570 nats), hence a looser bound.
-    assert_trees_close(outputs_and_grads("pallas", args, cotangent, chunk_size=48), expected, tol=PALLAS_STRONG_TOLERANCE)
+    assert_trees_close(outputs_and_grads("pallas", args, cotangent, chunk_size=48), expected,
+                       tol=PALLAS_STRONG_TOLERANCE)
 
 
 @pytest.mark.parametrize("method", ("naive", "pallas") + FORMS)

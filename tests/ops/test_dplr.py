@@ -195,7 +195,8 @@ def loop_gdn2(q, k, v, log_g, erase, write, s0, scale):
             state = s[b, h].copy()
             for t in range(q.shape[1]):
                 state = np.exp(log_g[b, t, h])[:, None] * state
-                state = state + np.outer(k[b, t, h], write[b, t, h] * v[b, t, h] - state.T @ (erase[b, t, h] * k[b, t, h]))
+                state = state + np.outer(k[b, t, h],
+                                         write[b, t, h] * v[b, t, h] - state.T @ (erase[b, t, h] * k[b, t, h]))
                 out[b, t, h] = scale * state.T @ q[b, t, h]
             s[b, h] = state
     return out, s

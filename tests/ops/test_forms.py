@@ -22,8 +22,8 @@ from lmzoo.ops.lti import diagonal_ssm
 from op_checks import delta_args
 
 # The words a form may be called; what each means is in ``lmzoo.ops.common.Forms``.
-VOCABULARY = {"naive", "parallel", "chunk", "chunk_recompute", "blocked", "scan", "assoc", "fft", "gather", "pallas", "xla", "cudnn",
-              "jla", "auto"}
+VOCABULARY = {"naive", "parallel", "chunk", "chunk_recompute", "blocked", "scan", "assoc", "fft", "gather", "pallas",
+              "xla", "cudnn", "jla", "auto"}
 
 
 def op_forms() -> dict[str, Forms]:
@@ -54,7 +54,8 @@ def test_the_ops_are_found():
 @pytest.mark.parametrize("owner", sorted(ALL_FORMS))
 def test_every_op_and_spec_lists_its_reference_naive_first_in_the_one_vocabulary(owner):
     forms = ALL_FORMS[owner]
-    assert isinstance(forms, Forms), f"{owner}: its forms are a plain {type(forms).__name__}, not lmzoo.ops.common.Forms"
+    assert isinstance(forms, Forms), (f"{owner}: its forms are a plain {type(forms).__name__}, "
+                                      "not lmzoo.ops.common.Forms")
     assert forms[0] == "naive", f"{owner}: {forms}"
     assert set(forms) <= VOCABULARY, f"{owner}: {set(forms) - VOCABULARY} outside the vocabulary"
     assert len(set(forms)) == len(forms)
@@ -101,7 +102,8 @@ def test_an_old_name_is_noted_in_one_line_once(fresh_notes, caplog):
         assert check_form("scan", forms) == "naive"
         assert check_form("scan", forms) == "naive"
         assert check_form("naive", forms) == "naive"
-    assert notes(caplog) == ["note: method='scan' is the old name of 'naive'; running 'naive' (the forms: naive, chunk)"]
+    assert notes(caplog) == [
+        "note: method='scan' is the old name of 'naive'; running 'naive' (the forms: naive, chunk)"]
 
 
 def test_a_name_that_is_neither_a_form_nor_an_alias_is_refused_with_the_forms():

@@ -52,12 +52,15 @@ def _inputs(case: str, seed: int = 0, *, H: int = H, DK: int = DK, DV: int = DV)
                 "beta": 1 / (1 + np.exp(-n(B, T, H))), "log_g": _log_sigmoid(n(B, T, H)), "state": n(B, H, DK, DV)}
     if case == "mamba3":  # x, dt, a per-step A, B, C (2 groups over 4 heads), lam, theta (4 of 8 pairs turn), D
         heads, groups, p, d_state, angles = 2 * H, H, DV, DK, DK // 4
-        state = {"h": n(B, heads, p, d_state), "x": n(B, heads, p), "B": n(B, heads, d_state), "phase": n(B, heads, angles)}
-        return {"x": n(B, T, heads, p), "dt": np.log1p(np.exp(n(B, T, heads) - 1.0)), "A": -np.exp(n(B, T, heads) * 0.5),
+        state = {"h": n(B, heads, p, d_state), "x": n(B, heads, p), "B": n(B, heads, d_state),
+                 "phase": n(B, heads, angles)}
+        return {"x": n(B, T, heads, p), "dt": np.log1p(np.exp(n(B, T, heads) - 1.0)),
+                "A": -np.exp(n(B, T, heads) * 0.5),
                 "B": n(B, T, groups, d_state), "C": n(B, T, groups, d_state), "lam": 1 / (1 + np.exp(-n(B, T, heads))),
                 "theta": 3 * n(B, T, heads, angles), "D": n(heads), "state": state}
     if case == "gdn2":  # erase gates on the keys' channels, write gates on the values'
-        return {"q": n(B, T, H, DK), "k": _unit(n(B, T, H, DK)), "v": n(B, T, H, DV), "log_g": _log_sigmoid(n(B, T, H, DK)),
+        return {"q": n(B, T, H, DK), "k": _unit(n(B, T, H, DK)), "v": n(B, T, H, DV),
+                "log_g": _log_sigmoid(n(B, T, H, DK)),
                 "erase": 1 / (1 + np.exp(-n(B, T, H, DK))), "write": 1 / (1 + np.exp(-n(B, T, H, DV))),
                 "state": n(B, H, DK, DV)}
     if case == "selective_scan":  # Mamba-1: u, delta (before bias and softplus), A, B, C in 2 groups, D, z
@@ -73,7 +76,8 @@ def _inputs(case: str, seed: int = 0, *, H: int = H, DK: int = DK, DV: int = DV)
     if case.startswith("delta_product"):
         steps = 2
         return {"q": n(B, T, H, DK), "k": _unit(n(B, T, H, steps, DK)), "v": n(B, T, H, steps, DV),
-                "beta": 1 / (1 + np.exp(-n(B, T, H, steps))), "log_g": _log_sigmoid(n(B, T, H)), "state": n(B, H, DK, DV)}
+                "beta": 1 / (1 + np.exp(-n(B, T, H, steps))), "log_g": _log_sigmoid(n(B, T, H)),
+               "state": n(B, H, DK, DV)}
     if case.startswith("delta"):
         value_heads = 2 * H if case == "delta_grouped" else H
         args = {"q": n(B, T, H, DK), "k": _unit(n(B, T, H, DK)), "v": n(B, T, value_heads, DV),
@@ -101,8 +105,8 @@ def _call(case: str, method: str, args: dict, segment_ids):
         return ops.comba(args["q"], args["k"], args["v"], args["p"], args["beta"], args["log_g"], initial_state=state,
                          method=method, chunk_size=16, segment_ids=segment_ids)
     if case == "mamba3":
-        return ops.mamba3(args["x"], args["dt"], args["A"], args["B"], args["C"], args["lam"], args["theta"], D=args["D"],
-                          initial_state=state, method=method, chunk_size=16, segment_ids=segment_ids)
+        return ops.mamba3(args["x"], args["dt"], args["A"], args["B"], args["C"], args["lam"], args["theta"],
+                          D=args["D"], initial_state=state, method=method, chunk_size=16, segment_ids=segment_ids)
     if case == "selective_scan":
         return ops.selective_scan(args["u"], args["delta"], args["A"], args["B"], args["C"], D=args["D"], z=args["z"],
                                   delta_bias=args["bias"], delta_softplus=True, initial_state=state, method=method,
@@ -111,8 +115,8 @@ def _call(case: str, method: str, args: dict, segment_ids):
         return ops.dplr(args["q"], args["k"], args["v"], args["alpha"], args["beta"], args["log_g"], scale=1.0,
                         initial_state=state, method=method, chunk_size=16, segment_ids=segment_ids)
     if case == "gdn2":
-        return ops.gdn2(args["q"], args["k"], args["v"], args["log_g"], args["erase"], args["write"], initial_state=state,
-                        method=method, chunk_size=16, segment_ids=segment_ids)
+        return ops.gdn2(args["q"], args["k"], args["v"], args["log_g"], args["erase"], args["write"],
+                        initial_state=state, method=method, chunk_size=16, segment_ids=segment_ids)
     if case.startswith("delta_product"):
         return ops.delta_product(args["q"], args["k"], args["v"], args["beta"], args["log_g"], initial_state=state,
                                  method=method, chunk_size=16, segment_ids=segment_ids)
@@ -134,8 +138,8 @@ CASES = {"gla_channel": "naive", "gla_head": "naive", "gla_none": "naive", "line
 # case -> the implementation method="jla" runs on a CPU
 JLA_KINDS = {"gla_channel": "gla", "gla_head": "simple_gla", "gla_none": "simple_gla", "linear": "simple_gla",
              "ssd": "simple_gla", "delta_none": "deltanet", "delta_head": "gated_deltanet", "delta_channel": "kda",
-             "delta_grouped": "gated_deltanet", "delta_product": "gated_deltanet", "gdn2": "gdn2", "dplr": "rwkv7", "selective_scan": "mamba1",
-             "mamba3": "mamba3", "comba": "rwkv7"}
+             "delta_grouped": "gated_deltanet", "delta_product": "gated_deltanet", "gdn2": "gdn2", "dplr": "rwkv7",
+             "selective_scan": "mamba1", "mamba3": "mamba3", "comba": "rwkv7"}
 BEST = {"selective_scan": "scan"}  # the form auto runs off Hopper, where not "chunk"
 OPS = {"ssd": "ssd", "delta_product": "delta_rule", "gdn2": "gdn2", "dplr": "dplr", "selective_scan": "selective_scan",
        "mamba3": "mamba3", "comba": "comba"}  # the op whose choice is recorded, where not the case's family

@@ -75,7 +75,7 @@ def test_the_levels_partition_the_past():
     lies in exactly one, the one ``level`` names, and at most ceil(log2 T) + 1 are non-empty."""
     length = 70
     t, s = np.meshgrid(np.arange(length), np.arange(length), indexing="ij")
-    blocks = [t == s] + [(t - t % 2**l <= s) & (s < t - t % 2 ** (l - 1)) for l in range(1, 8)]
+    blocks = [t == s] + [(t - t % 2**k <= s) & (s < t - t % 2 ** (k - 1)) for k in range(1, 8)]
     count = np.sum(blocks, axis=0)
     assert np.all(count[s <= t] == 1) and np.all(count[s > t] == 0)
     named = np.asarray(level(jnp.asarray(t), jnp.asarray(s), 8))

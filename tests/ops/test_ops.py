@@ -59,7 +59,8 @@ def test_fused_gradients_match_reference(window):
         np.testing.assert_allclose(f, r, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("window, with_bias, with_segments", [(None, False, False), (40, True, False), (None, True, True)],
+@pytest.mark.parametrize("window, with_bias, with_segments",
+                         [(None, False, False), (40, True, False), (None, True, True)],
                          ids=["causal", "window_and_bias", "bias_and_documents"])
 def test_blocked_form_matches_reference_values_and_gradients(window, with_bias, with_segments):
     """151 queries: blocks of 64, 64 and 23; a window of 40 reaches back across block edges."""

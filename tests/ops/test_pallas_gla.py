@@ -1,4 +1,5 @@
-"""The Pallas kernels of the GLA family (and every kernel family in training) against the reference forms (interpret mode on a CPU).
+"""The Pallas kernels of the GLA family (and every kernel family in training) against the reference forms
+(interpret mode on a CPU).
 
 ``method="pallas"`` must give the "naive" reference's outputs, final states and gradients
 (random cotangents on both) to 1e-5 norm-relative error, at odd lengths, with and without an
@@ -137,7 +138,8 @@ def test_kernels_lower_for_accelerators(platform, gate_width):
     loss = lambda *a: sum(jnp.sum(x) for x in forward(*a))
     backward = jax.grad(loss, argnums=(0, 1, 2, 3, 4))
     target = {"gpu": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}[platform]
-    for fn, kernels in ((forward, ("gla_states", "gla_outputs")), (backward, ("gla_state_grads", "gla_key_grads", "gla_value_grads"))):
+    for fn, kernels in ((forward, ("gla_states", "gla_outputs")),
+                        (backward, ("gla_state_grads", "gla_key_grads", "gla_value_grads"))):
         text = lower_for(platform, fn, *shapes(jnp.bfloat16, gate_width))
         assert target in text and all(f'name = "{kernel}"' in text for kernel in kernels)
 
@@ -162,7 +164,8 @@ def losses(tmp_path, variant, method):  # one layer: its kernel's gradients reac
 
 # mamba2's kernel is the GLA kernel (ssd maps onto gla), so these cover every kernel family in a model
 @pytest.mark.slow
-@pytest.mark.parametrize("variant, reference_method", [("gla", "chunk"), ("mamba", "scan"), ("gated_deltanet", "chunk")])
+@pytest.mark.parametrize("variant, reference_method",
+                         [("gla", "chunk"), ("mamba", "scan"), ("gated_deltanet", "chunk")])
 def test_trains_with_the_reference_loss_curve(tmp_path, variant, reference_method):
     """Four optimiser steps and a validation: the kernels' gradients drive the same training."""
     kernels, reference_losses = losses(tmp_path, variant, "pallas"), losses(tmp_path, variant, reference_method)

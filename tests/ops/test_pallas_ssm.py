@@ -77,7 +77,8 @@ def test_tpu_interpreter_matches_naive():
 
 
 def test_tpu_interpreter_with_document_starts_matches_naive():
-    """The keep factors' block (one row per sequence) under the TPU interpreter: starts inside a chunk and on its edge."""
+    """The keep factors' block (one row per sequence) under the TPU interpreter: starts inside a chunk and on its
+    edge."""
     args = inputs(29, 24, 5, groups=2)
     prepared = (args["u"], jax.nn.softplus(args["delta"]), args["A"], args["B"], args["C"], args["initial_state"])
     starts = jnp.zeros((BATCH, 29), bool).at[0, 11].set(True).at[1, 16].set(True)

@@ -206,7 +206,8 @@ def loop_mamba3(a, scale):
             alpha = math.exp(dt * f["A"][b, t, h])
             phase = phase + dt * f["theta"][b, t, h]
             b_t, c_t = rot(f["B"][b, t, h // (H // G)], phase), rot(f["C"][b, t, h // (H // G)], phase)
-            hs = alpha * hs + (1 - lam) * dt * alpha * np.outer(x_prev, b_prev) + lam * dt * np.outer(f["x"][b, t, h], b_t)
+            hs = (alpha * hs + (1 - lam) * dt * alpha * np.outer(x_prev, b_prev)
+                  + lam * dt * np.outer(f["x"][b, t, h], b_t))
             out[b, t, h] = hs @ c_t + f["D"][h] * f["x"][b, t, h]
             x_prev, b_prev = f["x"][b, t, h], b_t
         st["h"][b, h], st["x"][b, h], st["B"][b, h], st["phase"][b, h] = hs, x_prev, b_prev, np.mod(phase, 2 * math.pi)

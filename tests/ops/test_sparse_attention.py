@@ -16,10 +16,11 @@ import pytest
 from flax import nnx
 
 import mixer_checks
+from op_checks import assert_trees_close, compiled, random_like
+
 # the modules, not the functions of the same names that lmzoo.ops exports
 dsa_ops = importlib.import_module("lmzoo.ops.dsa")
 nsa_ops = importlib.import_module("lmzoo.ops.nsa")
-from op_checks import assert_trees_close, compiled, random_like
 
 B, T, HQ, H, D, DV = 2, 19, 4, 2, 8, 6  # odd length: blocks of 4 leave a partial last block
 BS, S, WINDOW, TOPK, HI, DI = 4, 4, 5, 6, 3, 4
@@ -147,7 +148,8 @@ def test_nsa_ops_follow_the_definition_and_documents_are_alone(documents):
     for b in range(B):
         for a, z in pieces(ids[b]) if documents else [(0, T)]:
             part = lambda x: x[b, a:z]  # noqa: E731
-            ref = nsa_reference(*map(part, arrays[:3]), [part(g) for g in arrays[3:]], part(np.asarray(indices)), D**-0.5)
+            ref = nsa_reference(*map(part, arrays[:3]), [part(g) for g in arrays[3:]], part(np.asarray(indices)),
+                                D**-0.5)
             for got, want in zip((o_cmp, lse, o_slc, o), ref[:3] + ref[4:]):
                 np.testing.assert_allclose(part(np.asarray(got)), want, rtol=1e-5, atol=1e-5)
     assert np.isneginf(np.asarray(lse)[:, : BS - 1]).all() and not np.asarray(o_cmp)[:, : BS - 1].any()
@@ -315,8 +317,8 @@ def test_sparse_mixers_matrix_prefill_and_steps_equal_the_forward(variant, head_
     np.testing.assert_allclose(mixed, y, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(decoded, y, rtol=1e-5, atol=1e-5)
     if variant == "dsa":  # each query reads min(topk, t + 1) keys (NSA's block means reach every complete block)
-        np.testing.assert_array_equal((np.asarray(weights) > 0).sum(-1), np.broadcast_to(np.minimum(5, np.arange(1, 18)),
-                                                                                          weights.shape[:3]))
+        np.testing.assert_array_equal((np.asarray(weights) > 0).sum(-1),
+                                      np.broadcast_to(np.minimum(5, np.arange(1, 18)), weights.shape[:3]))
 
 
 def training_losses(model, tokens):

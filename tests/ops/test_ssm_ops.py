@@ -122,7 +122,8 @@ def test_selective_scan_chained_halves_equal_one_pass(method):
     first = {k: v[:, :30] if v.ndim >= 3 else v for k, v in inputs.items() if k != "A"}
     second = {k: v[:, 30:] if v.ndim >= 3 else v for k, v in inputs.items() if k != "A"}
     y1, h1 = selective_scan(**first, A=inputs["A"], initial_state=h0, delta_softplus=True, method=method, chunk_size=16)
-    y2, h2 = selective_scan(**second, A=inputs["A"], initial_state=h1, delta_softplus=True, method=method, chunk_size=16)
+    y2, h2 = selective_scan(**second, A=inputs["A"], initial_state=h1, delta_softplus=True, method=method,
+                            chunk_size=16)
     assert rel_err(jnp.concatenate([y1, y2], axis=1), whole_y) <= F32_TOL
     assert rel_err(h2, whole_h) <= F32_TOL
 
@@ -148,7 +149,8 @@ def test_hidden_attention_reproduces_the_scan(groups, block_size):
     assert np.all(np.asarray(alpha)[..., np.triu(np.ones((23, 23), bool), 1)] == 0)
     mixed = jnp.einsum("bdij,bjd->bid", alpha, inputs["u"])
     assert rel_err(mixed, y) <= F32_TOL
-    heads = selective_attention(delta, inputs["A"], inputs["B"], inputs["C"], heads=4, block_size=block_size)  # 4 channels each
+    # 4 channels each
+    heads = selective_attention(delta, inputs["A"], inputs["B"], inputs["C"], heads=4, block_size=block_size)
     np.testing.assert_allclose(heads, alpha.reshape(BATCH, 4, 4, 23, 23).mean(axis=2), rtol=1e-5, atol=1e-6)
 
 
@@ -342,7 +344,8 @@ def test_toeplitz_matrix_is_the_convolution():
         kernel = diagonal_ssm_kernel(*lti_params(*params), u.shape[1])  # (T, D)
         return jnp.einsum("dij,bjd->bid", causal_toeplitz(kernel), u), ops.fft_conv(u, kernel)
 
-    by_matrix, by_fft = both(normal(np.random.default_rng(5), (BATCH, 40, LTI_CHANNELS)), *list(lti_inputs(1).values())[1:6])
+    by_matrix, by_fft = both(normal(np.random.default_rng(5), (BATCH, 40, LTI_CHANNELS)),
+                             *list(lti_inputs(1).values())[1:6])
     assert rel_err(by_matrix, by_fft) <= F32_TOL
 
 
@@ -389,7 +392,8 @@ def document_runs(fn, inputs, steps, states):
     edges = np.cumsum((0, *DOCUMENTS))
     outputs, grads = [], []
     for i, (start, end) in enumerate(zip(edges[:-1], edges[1:])):
-        doc = {k: v[:, start:end] if k in steps else (jnp.zeros_like(v) if i and k in states else v) for k, v in inputs.items()}
+        doc = {k: v[:, start:end] if k in steps else (jnp.zeros_like(v) if i and k in states else v)
+               for k, v in inputs.items()}
         last = end == edges[-1]
         (y, h), g = pull_back(doc, None, (dy[:, start:end], dh if last else jnp.zeros_like(dh)))
         outputs.append(y)
@@ -478,7 +482,8 @@ def test_causal_conv1d_documents_are_independent():
               "initial_state": normal(rng, (BATCH, 3, 5))}
 
     def fn(a, segment_ids):
-        return ops.causal_conv1d(a["x"], a["weight"], a["bias"], initial_state=a["initial_state"], segment_ids=segment_ids)
+        return ops.causal_conv1d(a["x"], a["weight"], a["bias"], initial_state=a["initial_state"],
+                                 segment_ids=segment_ids)
 
     alone = document_runs(fn, inputs, ("x",), STATES)
     assert_documents_independent(fn, inputs, ("x",), STATES, alone)
@@ -500,10 +505,12 @@ def document_blocks(alpha, alone_alphas):
 def test_hidden_attention_of_documents():
     inputs = selective_inputs(37, groups=2, extras=False)
     delta = jax.nn.softplus(inputs["delta"])
-    alpha = selective_attention(delta, inputs["A"], inputs["B"], inputs["C"], heads=4, block_size=16, segment_ids=SEGMENT_IDS)
+    alpha = selective_attention(delta, inputs["A"], inputs["B"], inputs["C"], heads=4, block_size=16,
+                                segment_ids=SEGMENT_IDS)
     edges = np.cumsum((0, *DOCUMENTS))
     alone = [
-        selective_attention(delta[:, a:b], inputs["A"], inputs["B"][:, a:b], inputs["C"][:, a:b], heads=4, block_size=16)
+        selective_attention(delta[:, a:b], inputs["A"], inputs["B"][:, a:b], inputs["C"][:, a:b], heads=4,
+                            block_size=16)
         for a, b in zip(edges[:-1], edges[1:])
     ]
     document_blocks(alpha, alone)

@@ -519,7 +519,8 @@ def test_torn_run_info_and_results_are_left_out_with_a_warning(tmp_path, caplog)
 # ----------------------------------------------------------------------------- 11. experiments stop with their runs
 
 
-@pytest.mark.parametrize("stop, code", [(lambda cfg: {"step": 3, "interrupted": True}, 75), ("diverged", EXIT_DIVERGED)])
+@pytest.mark.parametrize("stop, code",
+                         [(lambda cfg: {"step": 3, "interrupted": True}, 75), ("diverged", EXIT_DIVERGED)])
 def test_an_experiment_stops_with_its_run_and_writes_no_verdict(tmp_path, monkeypatch, capsys, stop, code):
     from lmzoo.experiments import __main__ as experiments
     from lmzoo.experiments import runs

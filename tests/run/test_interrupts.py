@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +139,7 @@ def test_an_interrupted_evaluation_is_one_line_and_writes_nothing(tmp_path, sign
 
 @pytest.mark.slow
 def test_sigterm_to_an_experiment_outside_training_is_exit_75_with_a_line(tmp_path):
-    proc = interrupted("lmzoo.experiments", "experiment", "SIGTERM", "decode_cache", "quick=true", f"out_dir={tmp_path}")
+    proc = interrupted("lmzoo.experiments", "experiment", "SIGTERM", "decode_cache", "quick=true",
+                       f"out_dir={tmp_path}")
     assert "no verdict was written" in one_line(proc, EXIT_INTERRUPTED)
     assert not list(tmp_path.rglob("verdict.json"))

@@ -61,11 +61,13 @@ def test_each_learning_rate_of_a_grid_is_its_single_run(tmp_path):
     with its own optim.lr, its losses and validation those of the same run trained alone (rtol 1e-5: the grid's
     optimizer scales a peak-1 update by the rate, a rounding apart), its checkpoint one a single run resumes."""
     summary = train(tiny_config("softmax", *SHORT, "train.lrs=[0.001,0.02]", "train.seeds=[0,1]", run_dir=tmp_path))
-    assert sorted(summary["runs"]) == [str(tmp_path / f"lr{lr}" / f"seed{s}") for lr in ("0.001", "0.02") for s in (0, 1)]
+    assert sorted(summary["runs"]) == [str(tmp_path / f"lr{lr}" / f"seed{s}")
+                                       for lr in ("0.001", "0.02") for s in (0, 1)]
     for lr, seed in [("0.001", 1), ("0.02", 0)]:
         own = tmp_path / f"lr{lr}" / f"seed{seed}"
         saved = OmegaConf.load(own / "config.yaml")
-        assert saved.optim.lr == float(lr) and saved.seed == seed and list(saved.train.lrs) == list(saved.train.seeds) == []
+        assert saved.optim.lr == float(lr) and saved.seed == seed
+        assert list(saved.train.lrs) == list(saved.train.seeds) == []
         single = [*SHORT, f"optim.lr={lr}", f"seed={seed}"]
         alone = train(tiny_config("softmax", *single, run_dir=tmp_path / f"alone{lr}"))
         np.testing.assert_allclose(losses(own), losses(tmp_path / f"alone{lr}"), rtol=1e-5)

@@ -85,7 +85,8 @@ def test_model_restore_returns_the_saved_parameters_and_state(tmp_path):
 @pytest.mark.slow
 def test_resuming_a_finished_run_with_different_model_is_refused(tmp_path):
     train(tiny_config("softmax", "train.steps=2", run_dir=tmp_path))
-    proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", *TINY, "train.steps=4", "model.d_model=64", f"run_dir={tmp_path}")
+    proc = run_lmzoo("-m", "lmzoo.train", "+attn=softmax", *TINY, "train.steps=4", "model.d_model=64",
+                     f"run_dir={tmp_path}")
     assert proc.returncode == 2
     assert "different 'model' config" in proc.stderr
 

@@ -45,7 +45,8 @@ def bpb_difference(group: Group, baseline: Group, settings: dict) -> Comparison 
 
 def ratio_difference(group: Group, baseline: Group, length: int, settings: dict) -> Comparison | None:
     """bpb@length / bpb@train, ``group`` minus ``baseline``."""
-    mine, theirs = [ratio_blocks(r, length) for r in group.evaluated], [ratio_blocks(b, length) for b in baseline.evaluated]
+    mine = [ratio_blocks(r, length) for r in group.evaluated]
+    theirs = [ratio_blocks(b, length) for b in baseline.evaluated]
     if not mine or not theirs or None in mine + theirs:
         return None
     return arm_difference(mine, theirs, ratio_to_reference, **settings)

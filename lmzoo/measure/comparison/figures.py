@@ -31,7 +31,8 @@ def legend_label(group: Group) -> str:
     return f"{group.label} (1 seed, 95% text only)" if n <= 1 else f"{group.label} ({n} seeds, 95% seeds+text)"
 
 
-def plot_length_curves(groups: list[Group], out: Path, train_len: int, lengths: list[int], settings: dict) -> list[Path]:
+def plot_length_curves(groups: list[Group], out: Path, train_len: int, lengths: list[int],
+                       settings: dict) -> list[Path]:
     from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 
     written = []
@@ -79,7 +80,8 @@ def plot_sparsity(groups: list[Group], out: Path, train_len: int, lengths: list[
     for index, group in enumerate(groups):
         def sparsity(r: Run, n: int) -> float | None:
             return probe_mean(r.at(n).get("sparsity"))
-        xs, ys, los, his = series(group, lengths, sparsity, lambda g, n: seed_mean([sparsity(r, n) for r in g.evaluated]))
+        xs, ys, los, his = series(group, lengths, sparsity,
+                                  lambda g, n: seed_mean([sparsity(r, n) for r in g.evaluated]))
         n = len(group.evaluated)
         label = f"{group.label} ({n} seeds, 95% over seeds)" if n > 1 else f"{group.label} (1 run, no interval)"
         if xs:

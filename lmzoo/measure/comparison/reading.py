@@ -73,7 +73,8 @@ class Run:
 
     @property
     def kernels(self) -> tuple[str, ...] | None:
-        """The implementations its mixers ran in training (run_info.json's "kernels"); None before they were recorded."""
+        """The implementations its mixers ran in training (run_info.json's "kernels"); None before they were
+        recorded."""
         layers = self.info.get("kernels")
         return None if layers is None else tuple(sorted({op["implementation"] for ops in layers for op in ops}))
 

@@ -49,7 +49,8 @@ class DeltaRuleConfig(LinearFamilyConfig):
 
     method: str = "auto"  # auto | jla | naive | parallel | chunk | pallas (see lmzoo.ops.delta)
     conv_size: int = 4  # taps of the causal depthwise conv on q, k and v (1: a per-channel scale)
-    qk_norm_eps: Optional[float] = None  # None: q/|q| with |q|^2 floored at 1e-12; a value: q/sqrt(|q|^2 + eps) (fla: 1e-6)
+    qk_norm_eps: Optional[float] = None  # None: q/|q| with |q|^2 floored at 1e-12; a value: q/sqrt(|q|^2 + eps)
+                                         # (fla: 1e-6)
 
     def check(self, model: ModelConfig) -> None:
         super().check(model)
@@ -186,7 +187,8 @@ class DeltaRuleMixer(LinearFamilyMixer):
         return self.output(x, o), {"S": s, "conv": conv}
 
     def init_state(self, batch_size, max_len):
-        return {"S": self.recurrent_state(batch_size), "conv": self.conv.init_state(batch_size, self.dtype or jnp.float32)}
+        return {"S": self.recurrent_state(batch_size),
+                "conv": self.conv.init_state(batch_size, self.dtype or jnp.float32)}
 
     def step(self, x_t, state):
         x = x_t[:, None]  # (B, 1, d_model)

@@ -70,7 +70,8 @@ class LinearFamilyConfig(MixerConfig):
         return chunked_mixing_flops(*self.head_widths(model), self.chunk_size, seq_len, delta=self.delta)
 
 
-def chunked_mixing_flops(heads: int, d_key: int, d_value: int, chunk: int, seq_len: int, *, delta: bool = False) -> float:
+def chunked_mixing_flops(heads: int, d_key: int, d_value: int, chunk: int, seq_len: int, *,
+                         delta: bool = False) -> float:
     """Training FLOPs per token of a chunked linear recurrence, counted as its kernels compute it: per head the
     state's update and read-out (2 Dk Dv multiply-adds; the delta rule's read before a write, Dk Dv more) and the
     causal half of each chunk's q k^T and scores times values ((Dk + Dv) C / 2); forward and backward are 3 passes
@@ -155,8 +156,8 @@ class GatedHeadNorm(nnx.Module):
 
     def __init__(self, ctx: MixerContext, heads: int, head_dim: int, *, rngs: nnx.Rngs, eps: float = 1e-5):
         self.gate = dense(ctx, ctx.d_model, heads * head_dim, rngs=rngs)
-        self.norm = nnx.RMSNorm(head_dim, epsilon=eps, dtype=jnp.float32, scale_init=partitioned(nnx.initializers.ones, None),
-                                rngs=rngs)
+        self.norm = nnx.RMSNorm(head_dim, epsilon=eps, dtype=jnp.float32,
+                                scale_init=partitioned(nnx.initializers.ones, None), rngs=rngs)
         self.recompute = ctx.remat_light
 
     def __call__(self, x, o):
@@ -167,7 +168,8 @@ class GatedHeadNorm(nnx.Module):
 def gated_head_norm(norm: nnx.RMSNorm, o, gate, activation, dtype, *, recompute: bool = False):
     """``activation(gate) * norm(o)``: o [..., H, Dv] normalised per head, gate [..., H * Dv], in float32,
     returned in ``dtype``. Autodiff keeps eight [..., H * Dv] float32 copies; ``recompute`` (``model.remat=light``)
-    keeps only o, the gate and the norm's scale and makes them again in the backward pass (``recompute_in_backward``)."""
+    keeps only o, the gate and the norm's scale and makes them again in the backward pass
+    (``recompute_in_backward``)."""
     graphdef, weights = nnx.split(norm)
 
     def form(weights, o, gate):

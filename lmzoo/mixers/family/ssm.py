@@ -83,7 +83,8 @@ def check_ssm_heads(expand: int, head_dim, n_groups: int, model: ModelConfig) ->
         raise ConfigError(f"attn.head_dim={head_dim} does not divide d_inner = attn.expand * model.d_model = {d_inner}")
     heads = d_inner // head_dim
     if heads % model.n_heads:
-        raise ConfigError(f"{heads} SSM heads (d_inner / attn.head_dim) are not a multiple of model.n_heads={model.n_heads}")
+        raise ConfigError(f"{heads} SSM heads (d_inner / attn.head_dim) are not a multiple of "
+                          f"model.n_heads={model.n_heads}")
     if heads % n_groups:
         raise ConfigError(f"attn.n_groups={n_groups} does not divide the {heads} SSM heads")
 

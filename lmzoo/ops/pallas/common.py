@@ -144,7 +144,8 @@ def lower_for(platform: str, fn, *args):
     happens on the device.) Returns the exported module's text.
     """
     # Triton kernels are custom calls without export's stability guarantee (named either way by jax version)
-    triton_calls = [jax.export.DisabledSafetyCheck.custom_call(name) for name in ("__gpu$xla.gpu.triton", "triton_kernel_call")]
+    triton_calls = [jax.export.DisabledSafetyCheck.custom_call(name)
+                    for name in ("__gpu$xla.gpu.triton", "triton_kernel_call")]
     exported = jax.export.export(jax.jit(fn), platforms=[_EXPORT_TARGETS[platform]], disabled_checks=triton_calls)
     return exported(*args).mlir_module()
 

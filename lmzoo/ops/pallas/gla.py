@@ -205,7 +205,8 @@ def _through_chunks(kernel, name, config, keys, values, b, start):
             state_block,
         ],
         out_specs=[pl.BlockSpec((None, chunks, bk, bv), lambda h, i, j: (h, 0, i, j)), state_block],
-        out_shape=[jax.ShapeDtypeStruct((heads, chunks, dk, dv), jnp.float32), jax.ShapeDtypeStruct(start.shape, jnp.float32)],
+        out_shape=[jax.ShapeDtypeStruct((heads, chunks, dk, dv), jnp.float32),
+                   jax.ShapeDtypeStruct(start.shape, jnp.float32)],
         name=name,
     )(keys, values, b, start)
 
@@ -290,7 +291,8 @@ def _value_grads(config, q, k, b, do, d_states):
     in_specs = [spec.rows(dk), spec.rows(dk), spec.rows(b.shape[-1]), spec.columns(bv), spec.state_values(dk, bv)]
     kernel = _value_grads_scalar_kernel if b.shape[-1] == 1 else _value_grads_kernel
     out_shape = jax.ShapeDtypeStruct(do.shape, jnp.float32)
-    return _parallel(kernel, "gla_value_grads", config, dv // bv, in_specs, spec.columns(bv), out_shape, q, k, b, do, d_states)
+    return _parallel(kernel, "gla_value_grads", config, dv // bv, in_specs, spec.columns(bv), out_shape,
+                     q, k, b, do, d_states)
 
 
 # ----------------------------------------------------------------------------- kernels

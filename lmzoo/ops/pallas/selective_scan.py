@@ -276,7 +276,8 @@ def _split_refs(refs, inputs: int, resets: bool):
 
 
 def _forward_kernel(*refs, chunk, resets):
-    (u_ref, delta_ref, a_ref, b_ref, c_ref, h0_ref), keep_ref, (y_ref, h_last_ref, boundary_ref) = _split_refs(refs, 6, resets)
+    (u_ref, delta_ref, a_ref, b_ref, c_ref, h0_ref), keep_ref, (y_ref, h_last_ref, boundary_ref) = _split_refs(
+        refs, 6, resets)
     a = a_ref[...]
 
     def one_chunk(i, h):
