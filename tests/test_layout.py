@@ -156,7 +156,7 @@ SHOWN = [
     "measure/", "metrics/", "stats/", "data/", "model.py", "mixers/", "ops/",
     "positions.py", "sharding.py", "config.py", "schema.py", "registry.py", "cli.py", "faults.py", "plots.py",
     ("scripts/", ("Thin tools around the package: kernel and training benchmarks (figures in docs/benchmarks.md), "
-                 "plots of metrics, the CPU recipe, SLURM")),
+                 "plots of metrics, the CPU recipe, SLURM, the GPU calls (wheels, offline install, CPU rehearsal)")),
     ("tests/", ("Tests (pytest), one folder per room (ops/ mixers/ run/ measure/ metrics/ stats/ data/ experiments/), "
                "CPU only by default; shared helpers in conftest.py")),
 ]
