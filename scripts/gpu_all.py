@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import gpu_install  # scripts/gpu_install.py: the install step, standard library only
+
 PY = sys.executable
 REPO = Path(__file__).resolve().parent.parent
 SHAPES = "4x2048x16x128,1x8192x32x128,8x1024x16x64"  # (B, T, H, D): the shapes fla's kernels are compared at
@@ -235,7 +237,7 @@ class Runner:
 
     def pick_up_install(self) -> None:
         """Where gpu_install.py had to install into a folder of its own, the later steps import from there."""
-        path_file = Path("/tmp/lmzoo-site/PYTHONPATH")
+        path_file = gpu_install.TARGET / "PYTHONPATH"
         if path_file.exists():
             self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [path_file.read_text().strip(),
                                                                    self.env.get("PYTHONPATH")]))

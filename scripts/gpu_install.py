@@ -24,6 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = ["pytest", "pytest-timeout", "pytest-xdist"]  # the GPU steps run the kernel tests
+TARGET = Path("/tmp/lmzoo-site")  # --mode target's folder; TARGET / "PYTHONPATH" says what to import from
 # What the GPU steps import: the trainer and its configs, the data pipeline, the kernel provider, the test runner.
 CHECK = ("import importlib.metadata, lmzoo.train, lmzoo.cli, lmzoo.ops.kernels, hydra, omegaconf, grain, tensorboardX, "
          "jla.ops, pytest, xdist, pytest_timeout, jax, flax\n"
@@ -64,7 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wheels", default=str(REPO / "wheels"), help="the folder scripts/gpu_wheels.sh filled")
     parser.add_argument("--mode", default="auto", choices=["auto", "env", "target"])
-    parser.add_argument("--target", default="/tmp/lmzoo-site", help="where --mode target installs")
+    parser.add_argument("--target", default=str(TARGET), help="where --mode target installs")
     args = parser.parse_args()
     wheels, target = Path(args.wheels), Path(args.target)
     if not any(wheels.glob("*.whl")):

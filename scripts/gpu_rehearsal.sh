@@ -16,17 +16,7 @@ CALLS=${CALLS:-"1 2 3 4 5"}
 WORK=${KEEP:-$(mktemp -d)}
 mkdir -p "$WORK"
 say() { echo "== rehearsal: $*"; }
-
-python312() {  # a pyenv shim answers `command -v` but fails when the version is not selected: the first that runs
-  for candidate in $(command -v python3.12 || true) "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12; do
-    if [ -x "$candidate" ] && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
-      echo "$candidate"
-      return
-    fi
-  done
-  echo "gpu_rehearsal.sh: no Python 3.12 on this machine (the GPU image's Python is 3.12)" >&2
-  exit 1
-}
+PY312=$(bash scripts/python312.sh)  # the GPU image's Python is 3.12
 
 offline() {  # run "$@" with no network
   if unshare -n true 2>/dev/null; then
@@ -38,7 +28,7 @@ offline() {  # run "$@" with no network
 
 bare_venv() {  # a fresh venv with only the lock's base (jax, flax and what they bring), from the network
   rm -rf "$1"
-  "$(python312)" -m venv "$1"
+  "$PY312" -m venv "$1"
   "$1/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
   # shellcheck disable=SC2046
   "$1/bin/python" -m pip install -q $(sed -n 's/^# base: //p' scripts/gpu_wheels.txt) 2>&1 | grep -v "is ignored" || true

@@ -18,20 +18,10 @@ BASE=("jax==0.11.2" "flax==0.12.10")  # what the GPU image's Python already hold
 EXTRA=(pytest pytest-timeout pytest-xdist setuptools)  # the tests' runner and the editable install's build backend
 SDIST_ONLY=antlr4-python3-runtime  # hydra's parser runtime: PyPI has only its sdist, so its wheel is built here
 
-python312() {  # a pyenv shim answers `command -v` but fails when the version is not selected: the first that runs
-  for candidate in $(command -v python3.12 || true) "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12; do
-    if [ -x "$candidate" ] && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
-      echo "$candidate"
-      return
-    fi
-  done
-  echo "gpu_wheels.sh: no Python 3.12 on this machine (the GPU image's Python is 3.12)" >&2
-  exit 1
-}
-
 if [ "${1:-}" = "--lock" ]; then
+  py312=$(bash scripts/python312.sh)  # the GPU image's Python is 3.12
   venv=$(mktemp -d)/venv
-  "$(python312)" -m venv "$venv"
+  "$py312" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q "${BASE[@]}"
   "$venv/bin/python" -m pip install -q --dry-run --report "$venv/report.json" -e ".[kernels]" "${EXTRA[@]}" 2>/dev/null
