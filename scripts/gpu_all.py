@@ -7,18 +7,19 @@
     python scripts/gpu_all.py --list                                     # every step
 
 A call is what one command on a lent GPU machine does, install included (the machine starts bare, with no network):
-``install`` runs scripts/gpu_install.py over the wheels carried in ``wheels/`` (scripts/gpu_wheels.sh), ``env``
-records the device and versions, and the call's steps follow, most decisive first (``CALLS`` below). Each step runs
-as its own process (its own process group) under its own limit, the smaller of its cap and the budget left; a
-step whose minimum no longer fits is not started, so however short the loan, every step that ran leaves its raw
-output in ``<out>/<step>.txt`` and the JSON rows its script writes after every row, and ``<out>/summary.md``
-(current after every step) lists each step's outcome and seconds. ``--archive`` packs the folder into one
-``.tar.gz`` at the end: the one file a GPU call brings back. On SIGTERM or SIGINT the running step's whole process
-group is killed, the summary says "interrupted", and the archive is still written. A step that needs a module this
-Python lacks (``torch`` for the PyTorch peer) is reported as skipped. ``--dry-run`` runs the same steps at tiny
-shapes, with the full lists of ops and variants (Pallas in interpret mode on a CPU): scripts/gpu_rehearsal.sh runs
-every call that way, offline, in a fresh Python 3.12 venv holding only jax and flax, before a GPU is asked for.
-The exit status is 0 when every step that started ended well.
+``install`` runs scripts/gpu_install.py over the wheels carried in ``wheels/`` (scripts/gpu_wheels.sh), ``env`` records
+the device and versions, and the call's steps follow, most decisive first (``CALLS`` below). Each step runs as its own
+process (its own process group) under its own limit, the smaller of its cap and the budget left; a step whose minimum no
+longer fits is not started, so however short the loan, every step that ran leaves its raw output in ``<out>/<step>.txt``
+and the JSON rows its script writes after every row, and ``<out>/summary.md`` (current after every step) lists each
+step's outcome and seconds. ``--archive`` packs the folder into one ``.tar.gz`` after every step and at the end: the one
+file a GPU call brings back, kept current so that even a call killed outright (SIGKILL, which no handler sees) brings
+back every step finished before it. On SIGTERM or SIGINT the running step's whole process group is killed, the summary
+says "interrupted", and the archive is still written. A step that needs a module this Python lacks (``torch`` for the
+PyTorch peer) is reported as skipped. ``--dry-run`` runs the same steps at tiny shapes, with the full lists of ops and
+variants (Pallas in interpret mode on a CPU): scripts/gpu_rehearsal.sh runs every call that way, offline, in a fresh
+Python 3.12 venv holding only jax and flax, before a GPU is asked for. The exit status is 0 when every step that started
+ended well.
 """
 
 from __future__ import annotations
@@ -190,8 +191,8 @@ def steps() -> list[Step]:
 class Runner:
     """Runs steps in order within a deadline, keeping summary.md current; stops cleanly on SIGTERM/SIGINT."""
 
-    def __init__(self, out: Path, budget_s: float, dry: bool, title: str):
-        self.out, self.dry, self.deadline = out, dry, time.perf_counter() + budget_s
+    def __init__(self, out: Path, budget_s: float, dry: bool, title: str, packed: Path | None = None):
+        self.out, self.dry, self.deadline, self.packed = out, dry, time.perf_counter() + budget_s, packed
         self.summary = ["# GPU measurements", "", f"{title}; budget {budget_s:.0f} s{' (dry run)' if dry else ''}", "",
                         "| step | outcome | s |", "|---|---|---|"]
         self.details: list[str] = []
@@ -259,6 +260,8 @@ class Runner:
 
     def write(self) -> None:
         (self.out / "summary.md").write_text("\n".join(self.summary + self.details) + "\n")
+        if self.packed:
+            archive(self.out, self.packed)
 
 
 def tail(path: Path, lines: int) -> str:
@@ -266,10 +269,12 @@ def tail(path: Path, lines: int) -> str:
 
 
 def archive(out: Path, path: Path) -> None:
+    """``out`` as ``path`` (.tar.gz), replaced whole: a call killed while packing keeps the previous archive."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w:gz") as tar:
+    partial = path.with_name(path.name + ".partial")
+    with tarfile.open(partial, "w:gz") as tar:
         tar.add(out, arcname=out.name)
-    print(f"archive: {path} ({path.stat().st_size / 2**20:.1f} MiB)", flush=True)
+    os.replace(partial, path)
 
 
 def choose(all_steps: list[Step], args) -> list[Step]:
@@ -295,7 +300,8 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated step names to leave out")
     parser.add_argument("--out", help="folder for the raw outputs and summary.md (default gpu_out/call<N>, gpu_out)")
     parser.add_argument("--budget-s", type=float, help=f"stop starting steps after this long (default {BUDGET_S})")
-    parser.add_argument("--archive", help="write the output folder as this .tar.gz at the end (and when stopped)")
+    parser.add_argument("--archive",
+                        help="write the output folder as this .tar.gz after every step (and when stopped)")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes: check every command on any machine")
     parser.add_argument("--list", action="store_true", help="print every step with its cap and exit")
     parser.add_argument("--calls", action="store_true", help="print the plan, call by call, and exit")
@@ -315,22 +321,22 @@ def main() -> None:
     out = Path(args.out or ("gpu_out" + (f"/call{args.call}" if args.call else ""))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     title = f"call {args.call}" if args.call else "steps " + ",".join(s.name for s in chosen)
-    runner = Runner(out, args.budget_s or BUDGET_S * (DRY_SLOWER if args.dry_run else 1), args.dry_run, title)
+    packed = Path(args.archive) if args.archive else None
+    runner = Runner(out, args.budget_s or BUDGET_S * (DRY_SLOWER if args.dry_run else 1), args.dry_run, title, packed)
 
     def stop(signum, frame):  # the device's time limit, or ^C: keep what was measured
         runner.kill()
         runner.summary.append(f"| (interrupted by signal {signum}) | interrupted | |")
-        runner.write()
-        if args.archive:
-            archive(out, Path(args.archive))
+        runner.write()  # the archive too
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     runner.run(chosen)
+    runner.write()  # the summary and archive once more, even where no step was chosen
     print("\n".join(runner.summary))
-    if args.archive:
-        archive(out, Path(args.archive))
+    if packed:
+        print(f"archive: {packed} ({packed.stat().st_size / 2**20:.1f} MiB)", flush=True)
     sys.exit(1 if runner.failed else 0)
 
 

@@ -136,6 +136,8 @@ def test_a_stopped_call_kills_its_step_and_keeps_its_summary_and_archive(tmp_pat
         assert time.time() < deadline and proc.poll() is None, "the loop step never started"
         time.sleep(0.1)
     time.sleep(2)  # the loop benchmark is now importing JAX or compiling
+    with tarfile.open(packed) as tar:  # kept current after every step: a SIGKILL now would still bring env back
+        assert "out/env.txt" in tar.getnames()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     summary = (out / "summary.md").read_text()
