@@ -4,7 +4,7 @@ A corpus source is a module of this package (``stdlib``, ``text_files``, ``hf``)
 ``CorpusConfig`` subclass (``data=<name>`` picks it) whose ``documents()`` returns ``Documents``:
 train and validation lists of UTF-8 ``bytes`` documents plus a JSON-serialisable fingerprint that
 identifies the exact content, so a run can record (and later check) what it trained on.
-``CorpusConfig.build`` tokenises them into a ``lmzoo.data.pipeline.Data`` (``tokenized``); a vocabulary's ids
+``CorpusConfig.build`` tokenises them into a ``lmzoo.data.text.TextData`` (``tokenized``); a vocabulary's ids
 (BPE, a tokenizer.json) are cached by tokenizer and corpus fingerprint, so only the first start pays for them.
 
 Splitting rule (deterministic across runs, processes and machines, because it
@@ -39,14 +39,15 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
-from lmzoo.data.pipeline import Data, token_stream
+from lmzoo.data.text import TextData
+from lmzoo.data.token_windows import token_stream
 from lmzoo.data.tokenizers import BPE, BPE_MIN_VOCAB, Tokenizer, bpe_tokenizer, build_tokenizer, cache_dir
 from lmzoo.faults import first_line
 from lmzoo.schema import ConfigError, DataConfig, one_of
 
 log = logging.getLogger("lmzoo.data")
 
-DOCUMENT_BOUNDARIES = ("none", "mask")  # data.document_boundaries: see lmzoo.data.pipeline
+DOCUMENT_BOUNDARIES = ("none", "mask")  # data.document_boundaries: see lmzoo.data.token_windows
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ def keep_whole(path: Path, train: np.ndarray, validation: np.ndarray) -> None:
 def tokenized(
     documents: Documents, tokenizer: Tokenizer, *, seq_len: int, seed: int, shard_index: int, shard_count: int,
     document_boundaries: str = "none",
-) -> Data:
+) -> TextData:
     """Tokenise both splits of ``documents`` (a vocabulary's, once per corpus: ``cached_streams``); the fingerprint
     adds the tokenizer and token counts to theirs."""
     train_tokens, val_tokens = cached_streams(documents, tokenizer)
@@ -217,7 +218,7 @@ def tokenized(
         train_tokens=int(train_tokens.size),
         val_tokens=int(val_tokens.size),
     )
-    return Data(
+    return TextData(
         tokenizer=tokenizer,
         train_tokens=train_tokens,
         val_tokens=val_tokens,
@@ -263,7 +264,7 @@ class CorpusConfig(DataConfig):
     def documents(self) -> Documents:
         raise NotImplementedError(f"{type(self).__name__} does not define documents()")
 
-    def build(self, *, seed: int, shard_index: int, shard_count: int) -> Data:
+    def build(self, *, seed: int, shard_index: int, shard_count: int) -> TextData:
         documents = self.documents()
         tokenizer = self.tokenizer_for(documents)
         return tokenized(

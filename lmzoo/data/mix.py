@@ -29,7 +29,7 @@ A batch holds ``inputs``, ``targets``, ``weights`` (1 on every text target, the 
 otherwise), ``component`` (int32 [rows], the index into ``MixData.component_names``) and the same as
 ``component_onehot`` (float32 [rows, components], whose width tells the jitted step how many there
 are); with ``data.document_boundaries=mask`` also ``segment_ids`` (a task row is one document). Batches are global
-and each process keeps its block of rows, as ``lmzoo.data.pipeline.train_iterator`` does; the
+and each process keeps its block of rows, as ``lmzoo.data.train_iterators.train_iterator`` does; the
 iterator's ``get_state()`` / ``set_state()`` resume exactly.
 
 Losses per component. ``component_terms`` (inside the jitted step) gives each component's summed loss
@@ -58,9 +58,10 @@ import grain
 import numpy as np
 
 from lmzoo.data.corpus import DOCUMENT_BOUNDARIES, CorpusConfig, tokenized
-from lmzoo.data.pipeline import (
-    _READ_OPTIONS, Batch, Data, SourceMetrics, TokenWindows, _rows_per_process, document_ids,
-)
+from lmzoo.data.base import Batch, DataDefaults, SourceMetrics
+from lmzoo.data.text import TextData
+from lmzoo.data.token_windows import TokenWindows, document_ids
+from lmzoo.data.train_iterators import READ_OPTIONS, rows_per_process
 from lmzoo.data.synthetic import TRAIN, TaskConfig, TaskData, TaskExamples, TaskWindows
 from lmzoo.data.tokenizers import BPE, Tokenizer, build_tokenizer
 from lmzoo.registry import SOURCES
@@ -237,7 +238,7 @@ def forward_in_symbols(forward, tokens: np.ndarray, task_inputs: np.ndarray) -> 
 class TextPart:
     """A corpus in a mix: its windows in the order the corpus alone shuffles them, every target scored."""
 
-    def __init__(self, data: Data):
+    def __init__(self, data: TextData):
         self.data = data
         self.windows = TokenWindows(data.train_tokens, data.seq_len)
         if not len(self.windows):
@@ -314,8 +315,8 @@ def tagged(component: int, index) -> tuple[np.int32, np.int64]:
 
 
 @dataclass(frozen=True, eq=False)
-class MixData:
-    """The ``Data`` interface for a mix; ``component_names`` in the order of ``batch["component"]``."""
+class MixData(DataDefaults):
+    """The ``Data`` of a mix (``lmzoo.data.base``); ``component_names`` in the order of ``batch["component"]``."""
 
     tokenizer: Tokenizer
     component_names: tuple[str, ...]
@@ -326,6 +327,8 @@ class MixData:
     shard_count: int
     document_boundaries: str = "none"
     _windows: dict = field(default_factory=dict, repr=False)  # main validation windows, by request
+
+    has_documents = True  # a minimum document length reaches the main component (a task refuses it)
 
     def __post_init__(self):
         for name in ("component_names", "weights", "parts"):
@@ -354,7 +357,7 @@ class MixData:
     def train_iterator(self, batch_size: int) -> grain.DatasetIterator:
         """Endless batches ``{"inputs", "targets", "weights", "component"[, "segment_ids"]}`` of this process's
         ``batch_size // shard_count`` rows."""
-        rows = _rows_per_process(batch_size, self.shard_count)
+        rows = rows_per_process(batch_size, self.shard_count)
         mine = slice(self.shard_index * rows, (self.shard_index + 1) * rows)
         sources = [part.indices().map(functools.partial(tagged, c)) for c, part in enumerate(self.parts)]
         dataset = (
@@ -363,7 +366,7 @@ class MixData:
             .map(lambda picked: (picked[0][mine], picked[1][mine]))
             .map(self.gather)
         )
-        return iter(dataset.to_iter_dataset(_READ_OPTIONS))
+        return iter(dataset.to_iter_dataset(READ_OPTIONS))
 
     def gather(self, picked: tuple[np.ndarray, np.ndarray]) -> Batch:
         """The rows of (component, index in that component) pairs, each component's gathered at once."""

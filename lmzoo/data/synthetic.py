@@ -39,6 +39,7 @@ from typing import Optional, Sequence
 import grain
 import numpy as np
 
+from lmzoo.data.base import DataDefaults
 from lmzoo.data.draws import BatchDraws, NotVectorised, RowDraws
 from lmzoo.registry import SOURCES
 from lmzoo.schema import ConfigError, DataConfig, positive
@@ -369,8 +370,9 @@ class TrainingBatches:
 
 
 @dataclass(frozen=True, eq=False)
-class TaskData:
-    """The ``Data`` interface for synthetic tasks (bits per byte reads as bits per token here)."""
+class TaskData(DataDefaults):
+    """The ``Data`` of a synthetic task (``lmzoo.data.base``): rows are examples, not documents, and bits per
+    byte read as bits per token."""
 
     cfg: TaskConfig
     seed: int
@@ -403,8 +405,11 @@ class TaskData:
     def train_iterator(self, batch_size: int) -> grain.DatasetIterator:
         return iter(self._batches(TRAIN, batch_size).to_iter_dataset(READ_OPTIONS))
 
-    def validation_windows(self, lengths: Sequence[int], budget: Optional[int]) -> dict[int, "TaskWindows"]:
+    def validation_windows(self, lengths: Sequence[int], budget: Optional[int],
+                           min_doc_tokens: Optional[int] = None) -> dict[int, "TaskWindows"]:
         """The same first validation examples at each length: as many as ``budget`` tokens hold at the longest."""
+        if min_doc_tokens is not None:
+            raise ValueError("a minimum document length applies to text; a synthetic task's examples are not documents")
         if budget is None:
             raise ValueError("a synthetic task generates examples without end: give a token budget")
         n_examples = budget // max(lengths)

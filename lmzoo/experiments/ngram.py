@@ -46,15 +46,15 @@ def probabilities(train: np.ndarray, vocab: int) -> list[np.ndarray]:
 
 def scored_targets(data, lengths: list[int], budget: int, min_doc_tokens: int | None) -> tuple[np.ndarray, str]:
     """The stream positions of the targets an evaluation at ``lengths`` with ``budget`` targets (and
-    ``eval.min_doc_tokens``) scores, and their digest (``lmzoo.data.pipeline.spread_spans``; target ``t`` is stream
-    token ``t + 1``)."""
+    ``eval.min_doc_tokens``) scores, and their digest (``lmzoo.data.validation_spans.spread_spans``; target ``t``
+    is stream token ``t + 1``)."""
     spans = data.validation_windows(lengths, budget, min_doc_tokens)[lengths[0]].spans
     return (spans.starts[:, None] + np.arange(spans.length)).ravel() + 1, spans.digest
 
 
 def context_free_bpb(data, lengths: list[int], budget: int, min_doc_tokens: int | None = None) -> dict:
     """``{"unigram", "bigram", "trigram"}`` bits per byte of ``data``'s n-grams on the scored validation targets,
-    with what they were scored on; ``data`` a text ``lmzoo.data.Data``, the rest as the evaluation's settings."""
+    with what they were scored on; ``data`` a ``lmzoo.data.TextData``, the rest as the evaluation's settings."""
     vocab = data.tokenizer.vocab_size
     if vocab > 512:  # a trigram table of V^3 floats: byte-level vocabularies only
         raise ValueError(f"n-gram baselines count dense tables: a vocabulary of {vocab} tokens is too large "

@@ -20,7 +20,6 @@ line naming about the largest that can. The results layout: ``lmzoo.stats.bootst
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from dataclasses import asdict
@@ -80,13 +79,10 @@ def evaluated_lengths(eval_cfg: EvalConfig, train_len: int) -> list[int]:
 def validation_windows(data, eval_cfg: EvalConfig, lengths: list[int]) -> dict:
     """The windows of every length over the same ``eval.tokens`` scored targets (with ``eval.min_doc_tokens``,
     only inside documents at least that long); a budget, length or minimum the data cannot give is a ConfigError."""
-    takes_documents = "min_doc_tokens" in inspect.signature(data.validation_windows).parameters  # text, or a mix
-    if eval_cfg.min_doc_tokens is not None and not takes_documents:
+    if eval_cfg.min_doc_tokens is not None and not data.has_documents:
         raise ConfigError(f"eval.min_doc_tokens={eval_cfg.min_doc_tokens}: this run's data are generated "
                           "examples, not documents; it applies to text corpora (set it to null)")
     try:
-        if eval_cfg.min_doc_tokens is None:
-            return data.validation_windows(lengths, eval_cfg.tokens)
         return data.validation_windows(lengths, eval_cfg.tokens, eval_cfg.min_doc_tokens)
     except ValueError as e:
         minimum = "" if eval_cfg.min_doc_tokens is None else f", eval.min_doc_tokens={eval_cfg.min_doc_tokens}"
@@ -227,12 +223,9 @@ def evaluate(trained: Trained, eval_cfg: EvalConfig, *, tag: str = "default", ex
 
 
 def extra_evaluation(cfg: Config, eval_cfg: EvalConfig, model: LM, out_dir: Path, longest: int) -> dict | None:
-    """A data source's own evaluation (e.g. a retrieval grid) where it offers one."""
-    hook = getattr(cfg.data, "extra_evaluation", None)
-    if hook is None:
-        return None
+    """A data source's own evaluation (e.g. a retrieval grid): its spec's ``extra_evaluation`` (None: it has none)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     logits = nnx.jit(lambda m, tokens: m(tokens))
     batch_size = windows_per_batch(eval_cfg.batch_tokens, longest)
-    return hook(lambda tokens: np.asarray(logits(model, tokens)), eval_cfg.lengths or None, out_dir,
-                seed=cfg.seed, batch_size=batch_size)
+    return cfg.data.extra_evaluation(lambda tokens: np.asarray(logits(model, tokens)), eval_cfg.lengths or None,
+                                     out_dir, seed=cfg.seed, batch_size=batch_size)

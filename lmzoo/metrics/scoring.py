@@ -4,7 +4,7 @@ A data object hands out, per evaluated length, the windows that cover its valida
 (``validation_windows``): for text, spans spread over the whole validation split, each as long as the
 longest length (the lengths' least common multiple) and tiled by windows of every length, so every
 length scores the same targets and only the context before each changes
-(``lmzoo.data.pipeline.spread_spans``; with ``eval.min_doc_tokens``, only spans inside documents at
+(``lmzoo.data.validation_spans.spread_spans``; with ``eval.min_doc_tokens``, only spans inside documents at
 least that long, so no window crosses a document boundary); for synthetic tasks, the same first examples
 generated at each length. Every target carries its *unit*, the thing the fixed blocks are made of: its document (its
 span, when the scored text is all one document), or its example. Units are numbered in stream order

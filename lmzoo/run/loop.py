@@ -48,7 +48,6 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from lmzoo.config import Config, ConfigError
 from lmzoo.data import build_data
 from lmzoo.data.corpus import with_saved_tokenizer
-from lmzoo.data.pipeline import source_metrics
 from lmzoo.data.tokenizers import BPE
 from lmzoo.faults import Diverged, RunLock
 from lmzoo.metrics.probes import attention_stats, summary as probe_summary
@@ -133,7 +132,7 @@ def training_batches(cfg: Config, data):
     (each row continuing the row before it)."""
     if not cfg.train.state_passing:
         return data.train_iterator(cfg.train.batch_size)
-    if not hasattr(data, "stream_iterator"):
+    if not data.streams:
         raise ConfigError(f"train.state_passing=true needs a text corpus whose documents run on from batch to batch; "
                           f"data.source={cfg.data.source} has no such stream")
     return data.stream_iterator(cfg.train.batch_size)
@@ -172,9 +171,9 @@ def write_run_info(run: RunDir, cfg: Config, data, model: LM, n_params: int) -> 
         "variant": cfg.attn.name, "params": n_params, "state_size": model.state_size(cfg.data.seq_len),
         "state_size_per_layer": [b.mixer.state_size(cfg.data.seq_len) for b in model.blocks],
         "devices": jax.device_count(), "platform": jax.default_backend(),
-        "document_boundaries": getattr(data, "document_boundaries", "none"),  # synthetic tasks: one sequence each
+        "document_boundaries": data.document_boundaries,  # synthetic tasks: "none", one sequence each
         "kernels": model.mixer_kernels(cfg.train.batch_size // cfg.train.grad_accum, cfg.data.seq_len,
-                                       documents=getattr(data, "document_boundaries", "none") != "none"),
+                                       documents=data.document_boundaries != "none"),
     })
 
 
@@ -272,7 +271,7 @@ class Trainer:
                          self.run.resumes_path)
             write_run_info(self.run, cfg, data, model, n_params)
 
-        self.source_metrics = source_metrics(data, cfg.data.seq_len, cfg.train.eval_tokens)  # a mix's loss/<name>
+        self.source_metrics = data.source_metrics(cfg.data.seq_len, cfg.train.eval_tokens)  # a mix's loss/<name>
         self.state_def = jax.tree.structure(self.state)
         self.call = call = self.make_call(tx)
         leaf_shardings = jax.tree.leaves(self.shardings)

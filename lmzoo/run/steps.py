@@ -47,7 +47,7 @@ def scored_mean(values: jax.Array, batch) -> jax.Array:
 def next_token_loss(model: LM, batch, z_loss: float = 0.0, carried=None, terms=None):
     """Next-token cross-entropy, its accuracy, the auxiliary losses mixers sowed in the forward,
     (``z_loss`` > 0) the z-loss term and the data source's own ``terms(token_loss, batch)``
-    (``lmzoo.data.pipeline.SourceMetrics.step_terms``): ``(loss, metrics)``; given the ``carried`` state,
+    (``lmzoo.data.base.SourceMetrics.step_terms``): ``(loss, metrics)``; given the ``carried`` state,
     the batch continues from it and ``(loss, metrics, carried after the batch)``."""
     logits, sown, carried = forward(model, batch, carried)  # (B, T, V)
     scores = logit_scores(logits, batch["targets"])

@@ -2,7 +2,7 @@
 
 Why blocks. Neighbouring tokens are not independent (they share a document, a function, a
 topic), so resampling single tokens would give intervals that are far too narrow. Every scored
-target belongs to a *unit*: its document (``lmzoo.data.pipeline.spread_spans``: the ``N`` scored
+target belongs to a *unit*: its document (``lmzoo.data.validation_spans.spread_spans``: the ``N`` scored
 targets are spans spread over every document of the validation split), its span when all of them
 lie in one document, or its example for a synthetic task. The ``U`` units, in stream order, are
 cut into ``B = min(eval.blocks, U)`` contiguous runs of whole units (``block_starts`` over units),

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 from lmzoo.data import build_data, build_tokenizer
-from lmzoo.data import corpus, pipeline, stdlib, text_files
+from lmzoo.data import corpus, stdlib, text_files
+from lmzoo.data.token_windows import TokenWindows, token_stream
+from lmzoo.data.train_iterators import train_iterator
+from lmzoo.data.validation_spans import ValidationWindows, scored_targets, spread_spans
 from lmzoo.data.hf import HFConfig
 from lmzoo.data.text_files import TextFilesConfig
 from lmzoo.data.tokenizers import ByteTokenizer, HFTokenizer
@@ -333,23 +336,23 @@ def test_build_data_with_hf_tokenizer(tmp_path):
 
 def test_token_stream_ends_every_document_with_eos():
     tokenizer = ByteTokenizer()
-    stream = pipeline.token_stream([b"ab", b"c"], tokenizer)
+    stream = token_stream([b"ab", b"c"], tokenizer)
     assert stream.dtype == np.int32
     assert stream.tolist() == [97, 98, 257, 99, 257]
 
 
 def test_windows_are_shifted_by_one_and_do_not_overlap():
-    windows = pipeline.TokenWindows(arange_stream(10), seq_len=3)
+    windows = TokenWindows(arange_stream(10), seq_len=3)
     assert len(windows) == 3  # tokens 9 is only a target; no partial window
     batch = windows(np.array([0, 2]))
     assert batch["inputs"].tolist() == [[0, 1, 2], [6, 7, 8]]
     assert batch["targets"].tolist() == [[1, 2, 3], [7, 8, 9]]
-    assert len(pipeline.TokenWindows(arange_stream(9), seq_len=3)) == 2
+    assert len(TokenWindows(arange_stream(9), seq_len=3)) == 2
 
 
 def test_windows_cross_documents_at_eos():
     tokenizer = ByteTokenizer()
-    windows = pipeline.TokenWindows(pipeline.token_stream([b"ab", b"cd"], tokenizer), seq_len=3)
+    windows = TokenWindows(token_stream([b"ab", b"cd"], tokenizer), seq_len=3)
     batch = windows(np.array([0]))
     assert batch["inputs"].tolist() == [[97, 98, tokenizer.eos_id]]
     assert batch["targets"].tolist() == [[98, tokenizer.eos_id, 99]]
@@ -357,12 +360,12 @@ def test_windows_cross_documents_at_eos():
 
 def test_masked_windows_number_the_documents_an_eos_closes():
     tokenizer = ByteTokenizer()
-    stream = pipeline.token_stream([b"ab", b"cde", b"f"], tokenizer)  # a b . c d e . f .
-    windows = pipeline.TokenWindows(stream, seq_len=4, eos_id=tokenizer.eos_id)
+    stream = token_stream([b"ab", b"cde", b"f"], tokenizer)  # a b . c d e . f .
+    windows = TokenWindows(stream, seq_len=4, eos_id=tokenizer.eos_id)
     batch = windows(np.array([0, 1]))
     assert batch["inputs"].tolist() == [[97, 98, 257, 99], [100, 101, 257, 102]]
     assert batch["segment_ids"].tolist() == [[0, 0, 0, 1], [0, 0, 0, 1]]  # the EOS stays with its document
-    assert "segment_ids" not in pipeline.TokenWindows(stream, seq_len=4)(np.array([0]))
+    assert "segment_ids" not in TokenWindows(stream, seq_len=4)(np.array([0]))
 
 
 def test_document_boundaries_mask_reaches_training_and_validation_batches(tmp_path):
@@ -394,7 +397,7 @@ def test_bytes_per_token_counts_eos(tmp_path):
 
 def test_train_iterator_is_a_deterministic_epoch_permutation():
     tokens = arange_stream(8 * 16 + 1)  # 16 windows of 8 tokens
-    batches = take(pipeline.train_iterator(tokens, seq_len=8, batch_size=4, seed=1), 4)
+    batches = take(train_iterator(tokens, seq_len=8, batch_size=4, seed=1), 4)
     starts = np.concatenate([batch["inputs"][:, 0] for batch in batches])
     assert sorted(starts.tolist()) == list(range(0, 128, 8))  # each window once per epoch
     for batch in batches:
@@ -402,39 +405,39 @@ def test_train_iterator_is_a_deterministic_epoch_permutation():
         np.testing.assert_array_equal(batch["targets"], batch["inputs"] + 1)
         np.testing.assert_array_equal(batch["inputs"], batch["inputs"][:, :1] + np.arange(8))
 
-    assert_batches_equal(batches, take(pipeline.train_iterator(tokens, 8, 4, seed=1), 4))
-    other = take(pipeline.train_iterator(tokens, 8, 4, seed=2), 4)
+    assert_batches_equal(batches, take(train_iterator(tokens, 8, 4, seed=1), 4))
+    other = take(train_iterator(tokens, 8, 4, seed=2), 4)
     assert not np.array_equal(starts, np.concatenate([batch["inputs"][:, 0] for batch in other]))
 
 
 def test_train_iterator_state_resumes_exactly():
     tokens = arange_stream(1000)
-    iterator = pipeline.train_iterator(tokens, seq_len=7, batch_size=5, seed=3)
+    iterator = train_iterator(tokens, seq_len=7, batch_size=5, seed=3)
     take(iterator, 5)
     state = iterator.get_state()
     expected = take(iterator, 3)
 
-    resumed = pipeline.train_iterator(tokens, seq_len=7, batch_size=5, seed=3)
+    resumed = train_iterator(tokens, seq_len=7, batch_size=5, seed=3)
     resumed.set_state(state)
     assert_batches_equal(take(resumed, 3), expected)
 
 
 def test_shards_concatenate_to_the_global_batch():
     tokens = arange_stream(2000)
-    global_batches = take(pipeline.train_iterator(tokens, seq_len=10, batch_size=8, seed=0), 3)
-    shards = [take(pipeline.train_iterator(tokens, 10, 8, seed=0, shard_index=i, shard_count=4), 3) for i in range(4)]
+    global_batches = take(train_iterator(tokens, seq_len=10, batch_size=8, seed=0), 3)
+    shards = [take(train_iterator(tokens, 10, 8, seed=0, shard_index=i, shard_count=4), 3) for i in range(4)]
     for step, global_batch in enumerate(global_batches):
         for key in ("inputs", "targets"):
             parts = [shards[i][step][key] for i in range(4)]
             assert all(part.shape == (2, 10) for part in parts)
             np.testing.assert_array_equal(np.concatenate(parts), global_batch[key])
     with pytest.raises(ValueError, match="divisible"):
-        pipeline.train_iterator(tokens, 10, 6, seed=0, shard_index=0, shard_count=4)
+        train_iterator(tokens, 10, 6, seed=0, shard_index=0, shard_count=4)
 
 
 def test_too_few_windows_for_a_batch_names_the_settings():
     with pytest.raises(ValueError, match=r"data\.seq_len=8.*train\.batch_size=4"):
-        pipeline.train_iterator(arange_stream(20), seq_len=8, batch_size=4, seed=0)
+        train_iterator(arange_stream(20), seq_len=8, batch_size=4, seed=0)
 
 
 # --- validation windows -------------------------------------------------------
@@ -442,13 +445,13 @@ def test_too_few_windows_for_a_batch_names_the_settings():
 
 def test_validation_windows_score_the_same_targets_at_every_length():
     tokens = arange_stream(1001)  # one document (no EOS): its spans are the blocks' units
-    assert pipeline.scored_targets(1000, 700, [10, 20, 40]) == 680  # rounded down to whole windows of the longest
-    spans = pipeline.spread_spans(tokens, -1, [10, 20, 40], budget=700)
+    assert scored_targets(1000, 700, [10, 20, 40]) == 680  # rounded down to whole windows of the longest
+    spans = spread_spans(tokens, -1, [10, 20, 40], budget=700)
     assert (spans.length, len(spans.starts), spans.block_unit) == (40, 17, "span")
     scored = (spans.starts[:, None] + 1 + np.arange(40)).ravel()  # stream positions of the scored targets
     assert len(np.unique(scored)) == 680 and scored.max() <= 1000
     for length in (10, 20, 40):
-        windows = pipeline.ValidationWindows(tokens, length, spans)
+        windows = ValidationWindows(tokens, length, spans)
         batch = windows(np.arange(len(windows)))
         assert batch["inputs"].shape == (680 // length, length)
         np.testing.assert_array_equal(batch["targets"].ravel(), tokens[scored])  # each target once, span by span
@@ -457,10 +460,10 @@ def test_validation_windows_score_the_same_targets_at_every_length():
 
 
 def test_validation_budget_defaults_to_the_whole_split_and_must_fill_a_window():
-    assert pipeline.scored_targets(1000, None, [10, 40]) == 1000
-    assert pipeline.scored_targets(1000, 5000, [48, 32]) == 960  # a multiple of both lengths
+    assert scored_targets(1000, None, [10, 40]) == 1000
+    assert scored_targets(1000, 5000, [48, 32]) == 960  # a multiple of both lengths
     with pytest.raises(ValueError, match="fills no window of 1001"):
-        pipeline.scored_targets(1000, None, [1001])
+        scored_targets(1000, None, [1001])
 
 
 def test_data_object_end_to_end(tmp_path):

@@ -12,7 +12,8 @@ from lmzoo.data.mix import (
     SYMBOLS, ComponentMetrics, MixConfig, component_losses, component_terms, component_validation, component_windows,
     forward_in_symbols,
 )
-from lmzoo.data.pipeline import SourceMetrics, source_metrics, train_iterator
+from lmzoo.data.base import DataDefaults, SourceMetrics
+from lmzoo.data.train_iterators import train_iterator
 from lmzoo.data.synthetic import TRAIN, TaskExamples, TaskTokenizer
 from lmzoo.faults import RunFault
 from lmzoo.run.directory import RunDir
@@ -136,7 +137,7 @@ def test_component_losses_by_hand_and_over_micro_batches():
     pooled.add(text_only, 1)
     expected = float((terms["component_loss"][0] + 2.0) / (terms["component_share"][0] + 1.0))
     assert pooled.pop() == pytest.approx({"loss/text": expected, "loss/passkey": (6 + 1) / 2})
-    assert pooled.pop() == {} and SourceMetrics().pop() == {} and source_metrics(object(), L, L).pop() == {}
+    assert pooled.pop() == {} and SourceMetrics().pop() == {} and DataDefaults().source_metrics(L, L).pop() == {}
     # a call of two steps stacks their terms [2, components]: the same window as two calls of one step
     pooled.add({k: np.stack([terms[k], text_only[k]]) for k in terms}, 2)
     assert pooled.pop() == pytest.approx({"loss/text": expected, "loss/passkey": (6 + 1) / 2})

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from lmzoo.config import ConfigError
-from lmzoo.data.pipeline import Data, ValidationWindows, document_ids, share_spans, spread_spans
+from lmzoo.data.text import TextData
+from lmzoo.data.token_windows import document_ids
+from lmzoo.data.validation_spans import ValidationWindows, share_spans, spread_spans
 from lmzoo.data.synthetic import MqarConfig
 from lmzoo.data.tokenizers import ByteTokenizer
 from lmzoo.measure.evaluation import eval_settings, validation_windows
@@ -77,9 +79,9 @@ def test_a_small_budget_is_shared_evenly_among_the_long_documents():
     assert windows.spans.documents == 4  # four spans of 16: one in each of four documents, not four in one
 
 
-def trained_on(sizes) -> Data:
+def trained_on(sizes) -> TextData:
     tokens = stream(sizes)
-    return Data(tokenizer=ByteTokenizer(), train_tokens=tokens, val_tokens=tokens, seq_len=8, seed=0, shard_index=0,
+    return TextData(tokenizer=ByteTokenizer(), train_tokens=tokens, val_tokens=tokens, seq_len=8, seed=0, shard_index=0,
                 shard_count=1, bytes_per_token=1.0, fingerprint={})
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmzoo.data import build_data, pipeline
+from lmzoo.data import build_data
+from lmzoo.data.token_windows import document_ids
+from lmzoo.data.validation_spans import ValidationWindows, spread_spans, spread_starts
 from lmzoo.data.synthetic import MqarConfig
 from lmzoo.data.text_files import TextFilesConfig
 from lmzoo.metrics.scoring import block_of_units, sampling_note, score_length
@@ -25,7 +27,7 @@ def stream(sizes) -> np.ndarray:
 
 def document_of_targets(tokens) -> np.ndarray:
     """The document of every target (stream token 1 onwards): EOS tokens before it."""
-    return pipeline.document_ids(tokens[None], EOS)[0, 1:]
+    return document_ids(tokens[None], EOS)[0, 1:]
 
 
 def scored_positions(spans) -> np.ndarray:
@@ -48,16 +50,16 @@ SIZES = [700, 40, 3000, 90, 25, 60_000, 400, 1200, 15, 800, 5000, 333]
 
 def test_every_length_scores_the_same_targets_in_the_same_units():
     tokens = stream(SIZES)
-    spans = pipeline.spread_spans(tokens, EOS, [32, 48, 96], budget=6000)  # spans of lcm(32, 48, 96) = 96
+    spans = spread_spans(tokens, EOS, [32, 48, 96], budget=6000)  # spans of lcm(32, 48, 96) = 96
     assert spans.length == 96 and len(spans.starts) == 6000 // 96
     positions = scored_positions(spans)
     assert len(np.unique(positions)) == len(positions) and positions.max() < len(tokens) - 1  # each target once
-    batches = {n: every_window(pipeline.ValidationWindows(tokens, n, spans)) for n in (32, 48, 96)}
+    batches = {n: every_window(ValidationWindows(tokens, n, spans)) for n in (32, 48, 96)}
     for n, batch in batches.items():
         np.testing.assert_array_equal(batch["targets"].ravel(), tokens[positions + 1])
         np.testing.assert_array_equal(batch["unit"].ravel(), batches[96]["unit"].ravel())
         np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])  # windows are contiguous
-    sums = {n: score_length(token_ids, pipeline.ValidationWindows(tokens, n, spans), rows=5, blocks=4, n_buckets=3)
+    sums = {n: score_length(token_ids, ValidationWindows(tokens, n, spans), rows=5, blocks=4, n_buckets=3)
             for n in (32, 48, 96)}
     for n in (32, 48):
         np.testing.assert_array_equal(sums[n].loss, sums[96].loss)
@@ -66,7 +68,7 @@ def test_every_length_scores_the_same_targets_in_the_same_units():
 
 def test_the_budget_is_spread_over_every_document_not_the_first_ones():
     tokens = stream(SIZES)
-    spans = pipeline.spread_spans(tokens, EOS, [16], budget=4800)
+    spans = spread_spans(tokens, EOS, [16], budget=4800)
     document = document_of_targets(tokens)
     per_document = np.bincount(document[scored_positions(spans)], minlength=len(SIZES))
     assert spans.documents == len(SIZES) and (per_document > 0).all()  # the last documents too
@@ -85,7 +87,7 @@ def test_a_budget_as_large_as_the_split_scores_all_of_it():
     tokens = stream(SIZES)
     available = len(tokens) - 1
     for budget in (None, 10 * available):
-        spans = pipeline.spread_spans(tokens, EOS, [64, 128], budget)
+        spans = spread_spans(tokens, EOS, [64, 128], budget)
         positions = scored_positions(spans)
         assert len(positions) == available // 128 * 128 and len(np.unique(positions)) == len(positions)
         assert spans.documents == len(SIZES)
@@ -98,7 +100,7 @@ def test_spans_never_overlap_and_stay_in_the_split_for_any_document_sizes():
         available = int(sizes.sum())
         span = int(rng.choice([8, 24, 64]))
         n_spans = int(rng.integers(1, available // span + 1))
-        starts = pipeline.spread_starts(sizes, n_spans, span)
+        starts = spread_starts(sizes, n_spans, span)
         assert len(starts) == n_spans and starts[0] >= 0 and starts[-1] + span <= available
         assert (np.diff(starts) >= span).all()
 
@@ -106,7 +108,7 @@ def test_spans_never_overlap_and_stay_in_the_split_for_any_document_sizes():
 def test_blocks_hold_whole_documents():
     tokens = stream(SIZES)
     document = document_of_targets(tokens)
-    windows = pipeline.ValidationWindows(tokens, 32, pipeline.spread_spans(tokens, EOS, [32], budget=4800))
+    windows = ValidationWindows(tokens, 32, spread_spans(tokens, EOS, [32], budget=4800))
     batch = every_window(windows)
     scored = document[scored_positions(windows.spans)]  # the document of every scored target, in batch order
     for n_blocks in (windows.units, 5, 2):  # a block per document, then groups of whole documents
@@ -121,13 +123,13 @@ def test_blocks_hold_whole_documents():
 
 def test_a_one_document_split_blocks_its_spans_and_says_so():
     tokens = stream([5000])
-    spans = pipeline.spread_spans(tokens, EOS, [32, 64], budget=1024)
+    spans = spread_spans(tokens, EOS, [32, 64], budget=1024)
     assert (spans.block_unit, spans.documents, spans.units) == ("span", 1, 16)
     assert spans.results_keys()["block_unit"] == "span" and spans.results_keys()["documents"] == 1
-    batch = every_window(pipeline.ValidationWindows(tokens, 32, spans))
+    batch = every_window(ValidationWindows(tokens, 32, spans))
     np.testing.assert_array_equal(batch["unit"], np.repeat(np.arange(16), 2)[:, None] * np.ones(32, int))
     with pytest.raises(ValueError, match="two blocks"):
-        pipeline.spread_spans(tokens, EOS, [64], budget=64)  # one span of one document: no interval
+        spread_spans(tokens, EOS, [64], budget=64)  # one span of one document: no interval
 
 
 def write_documents(folder, count):
@@ -146,7 +148,7 @@ def test_masked_documents_score_the_same_spans_with_segment_ids(tmp_path):
         for key in ("inputs", "targets", "unit"):
             np.testing.assert_array_equal(kept_apart[key], plain[key])
         np.testing.assert_array_equal(kept_apart["segment_ids"],
-                                      pipeline.document_ids(kept_apart["inputs"], masked.tokenizer.eos_id))
+                                      document_ids(kept_apart["inputs"], masked.tokenizer.eos_id))
         assert "segment_ids" not in plain
 
 

@@ -14,7 +14,7 @@ from flax import nnx
 
 from lmzoo import registry
 from lmzoo.config import ConfigError
-from lmzoo.data.pipeline import StreamLanes, stream_iterator
+from lmzoo.data.train_iterators import StreamLanes, stream_iterator
 from lmzoo.experiments import run_experiment
 from lmzoo.experiments.judging import SMOKE
 from lmzoo.mixers.base import MixerContext
