@@ -109,7 +109,7 @@ class Config:
 
 
 DTYPES = ("float32", "bfloat16")
-LOGGERS = ("tensorboard", "wandb")  # lmzoo.run.tracking: wandb needs pip install -e '.[track]'
+LOGGERS = ("tensorboard", "wandb")  # lmzoo.record.tracking: wandb needs pip install -e '.[track]'
 PACK_STATE = ("auto", "true", "false")  # lmzoo.run.packing: auto packs a state of at most 256 MiB
 REMAT = ("none", "block", "mixer", "light")  # what lmzoo.model recomputes in the backward pass instead of storing
 

@@ -158,9 +158,9 @@ def old_run_dir(tmp_path, cfg, **data):
 
 
 def test_an_old_flat_data_config_still_resumes_and_evaluates(tmp_path):
-    from lmzoo.run.directory import RunDir
-    from lmzoo.run.resume import prepare_run_dir
-    from lmzoo.run.load import trained_config
+    from lmzoo.record.directory import RunDir
+    from lmzoo.record.resuming import prepare_run_dir
+    from lmzoo.record.opening import trained_config
 
     cfg = tiny_config("softmax", run_dir=tmp_path)
     old_run_dir(tmp_path, cfg)
@@ -170,9 +170,9 @@ def test_an_old_flat_data_config_still_resumes_and_evaluates(tmp_path):
 
 def test_an_old_flat_data_config_keeps_its_meaning(tmp_path):
     from lmzoo.config import ConfigError
-    from lmzoo.run.directory import RunDir
-    from lmzoo.run.resume import prepare_run_dir
-    from lmzoo.run.load import trained_config
+    from lmzoo.record.directory import RunDir
+    from lmzoo.record.resuming import prepare_run_dir
+    from lmzoo.record.opening import trained_config
 
     mqar = tiny_config("softmax", "data=mqar", "data.num_pairs=4", run_dir=tmp_path)
     old_run_dir(tmp_path, mqar, source="mqar", num_pairs=4)
@@ -349,8 +349,8 @@ def test_a_saved_run_naming_an_old_form_loads_and_computes_what_the_new_name_doe
     from omegaconf import OmegaConf
 
     from lmzoo.model import LM
-    from lmzoo.run.directory import RunDir
-    from lmzoo.run.load import trained_config
+    from lmzoo.record.directory import RunDir
+    from lmzoo.record.opening import trained_config
 
     today = tiny_config(variant, f"attn.method={new}", run_dir=tmp_path)
     saved = OmegaConf.structured(today)

@@ -8,7 +8,7 @@
       run_info.json          what the model is: variant, parameters, state size, devices
       metrics.jsonl          one JSON object per logged step
       lock                   held by the trainer using the run (``lmzoo.faults.RunLock``)
-      checkpoints/           Orbax checkpoints (``lmzoo.run.checkpoint``)
+      checkpoints/           Orbax checkpoints (``lmzoo.record.checkpoints``)
       damaged_checkpoints/   checkpoints that failed their digest, set aside
       eval/<tag>/            results.json, results.csv and plots of one evaluation
       tb/, tb/eval/<tag>/    TensorBoard events of training and of each evaluation
@@ -20,8 +20,8 @@ line cut short is left out with a one-line warning, never fatal) and repaired be
 append, so a torn line never swallows the row written after it.
 
 Resuming with any key outside the identity sections changed (``optim.lr``, ``train.steps`` ...; the checks are
-``lmzoo.run.resume``) is allowed and recorded in ``resumes.jsonl``, so the run's history says how it was trained; the
-config in effect is ``config.yaml`` with those rows applied in order.
+``lmzoo.record.resuming``) is allowed and recorded in ``resumes.jsonl``, so the run's history says how it was
+trained; the config in effect is ``config.yaml`` with those rows applied in order.
 """
 
 from __future__ import annotations
