@@ -19,7 +19,8 @@ PACKAGE = pathlib.Path(lmzoo.__file__).parent
 # A room is a module or a package (its longest matching name wins).
 LAYERS = [
     ["lmzoo.schema", "lmzoo.faults", "lmzoo.stats"],  # import nothing of lmzoo (stats: only itself)
-    ["lmzoo.registry", "lmzoo.sharding", "lmzoo.plots", "lmzoo.ops"],
+    ["lmzoo.registry", "lmzoo.sharding", "lmzoo.plots", "lmzoo.ops",
+     "lmzoo.record.migrate"],  # old run directories read as today's: lmzoo.config uses it
     ["lmzoo.positions", "lmzoo.mixers", "lmzoo.metrics"],
     ["lmzoo.data"],
     ["lmzoo.config"],
@@ -111,6 +112,12 @@ def test_schema_and_faults_import_nothing_of_lmzoo():
     assert not GRAPH["lmzoo.schema"] and not GRAPH["lmzoo.faults"]
 
 
+def test_config_imports_nothing_of_the_data():
+    """The config validates against the registered specs; it never reaches into lmzoo.data (an old run's data config
+    is translated by lmzoo.record.migrate)."""
+    assert not {i for i in GRAPH["lmzoo.config"] if room(i) == "lmzoo.data"}
+
+
 def test_stats_imports_nothing_of_lmzoo_but_itself():
     outside = {f"{m} imports {i}" for m in GRAPH if room(m) == "lmzoo.stats" for i in GRAPH[m]
                if room(i) != "lmzoo.stats"}
@@ -154,6 +161,7 @@ SHOWN = [
     "train.py", "eval.py", "compare.py", "generate.py", "export.py", "lm_eval.py", "experiments/", "interop/",
     "run/", "run/loop.py", "run/steps.py", "run/optim.py", "run/logger.py",
     "record/", "record/directory.py", "record/checkpoints.py", "record/opening.py", "record/resuming.py",
+    "record/migrate.py",
     "measure/", "metrics/", "stats/", "data/", "model.py", "mixers/", "ops/",
     "positions.py", "sharding.py", "config.py", "schema.py", "registry.py", "cli.py", "faults.py", "plots.py",
     ("scripts/", ("Thin tools around the package: kernel and training benchmarks (figures in docs/benchmarks.md), "

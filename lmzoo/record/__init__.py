@@ -3,5 +3,6 @@ opening a trained run, the checks a saved run passes when training resumes it, a
 
 ``directory`` names every file of a run directory and writes them; ``checkpoints`` saves and restores the training
 state (Orbax, with digests); ``opening`` opens a trained run for evaluation, generation and export;
-``resuming`` are the checks of a saved run a resume makes; ``tracking`` logs to Weights & Biases.
+``resuming`` are the checks of a saved run a resume makes; ``tracking`` logs to Weights & Biases; ``migrate`` reads
+what older lmzoo wrote as today's.
 """

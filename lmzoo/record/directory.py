@@ -36,8 +36,9 @@ from typing import Any, Iterable
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from lmzoo.config import Config, ConfigError, load_run_config
+from lmzoo.config import Config, ConfigError
 from lmzoo.faults import WriteFault, first_line, probe_writable, unparsable
+from lmzoo.record.migrate import saved_config
 from lmzoo.schema import flatten
 
 log = logging.getLogger("lmzoo.rundir")
@@ -252,13 +253,14 @@ class RunDir:
 
     # reading
     def read_config(self) -> DictConfig:
-        """``config.yaml`` as saved; ConfigError in one line when it is missing, empty or does not parse."""
+        """``config.yaml`` as saved, read as today's lmzoo reads it (``lmzoo.record.migrate``); ConfigError in one line
+        when it is missing, empty or does not parse."""
         if not self.config_path.exists():
             raise ConfigError(f"run_dir {str(self.path)!r} has no {CONFIG}: it holds no run")
         if not self.config_path.read_text().strip():
             raise ConfigError(f"{self.config_path} is empty (a write cut short?); the run's settings are lost")
         try:
-            return load_run_config(self.config_path)
+            return saved_config(OmegaConf.load(self.config_path))
         except ConfigError:
             raise
         except yaml.YAMLError as e:  # half a file (a write cut short, an edit): where it stops parsing

@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import logging
 from operator import attrgetter
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from lmzoo.config import Config, ConfigError
 from lmzoo.faults import RunFault
 from lmzoo.record.directory import DATA_CHANGED, RunDir, check_run_dir, flat_settings
+from lmzoo.record.migrate import VALUES_BEFORE_ADDED
 
 log = logging.getLogger("lmzoo.train")
 
@@ -75,14 +76,13 @@ def saved_steps(run: RunDir) -> list[int]:
 class CheckpointSetting(NamedTuple):
     """A setting a run's checkpoints are made for, which a resume must keep."""
 
-    predated: Any  # its value in runs saved before the setting existed
     held: str  # what the checkpoints hold, as the error line says it
     keep: str  # the override that keeps it, ``{}`` standing for the value
 
 
 CHECKPOINT_SETTINGS = {
-    "optim.name": CheckpointSetting("adamw", "whose state its checkpoints hold", "optim={}"),
-    "train.state_passing": CheckpointSetting(False, "which its checkpoints are saved for",  # carried state
+    "optim.name": CheckpointSetting("whose state its checkpoints hold", "optim={}"),
+    "train.state_passing": CheckpointSetting("which its checkpoints are saved for",  # carried state
                                              "train.state_passing={}"),
 }
 
@@ -91,7 +91,7 @@ def check_checkpoints_fit(run: RunDir, cfg: Config) -> None:
     """Before restoring: every setting in ``CHECKPOINT_SETTINGS`` is what the run trained with."""
     settings = run.settings_in_effect()
     for key, setting in CHECKPOINT_SETTINGS.items():
-        before, now = OmegaConf.select(settings, key, default=setting.predated), attrgetter(key)(cfg)
+        before, now = OmegaConf.select(settings, key, default=VALUES_BEFORE_ADDED[key]), attrgetter(key)(cfg)
         if before != now:
             raise ConfigError(f"{key}={quoted(now)}: run_dir {str(run.path)!r} trained with {key}={quoted(before)}, "
                               f"{setting.held}; resume with {setting.keep.format(plain(before))} "
