@@ -8,7 +8,6 @@ dataclass (see ``lmzoo.registry``), picked by ``attn.mixer`` and ``data.source``
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -17,8 +16,8 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lmzoo import registry
-from lmzoo.data import drop_flat_leftovers
 from lmzoo.positions import PosConfig
+from lmzoo.record.migrate import current_forms
 from lmzoo.schema import (  # noqa: F401 (re-exported)
     ConfigError, DataConfig, MixerConfig, ModelConfig, OptimConfig, explain, one_of, positive, to_dataclass,
 )
@@ -109,7 +108,7 @@ class Config:
 
 
 DTYPES = ("float32", "bfloat16")
-LOGGERS = ("tensorboard", "wandb")  # lmzoo.run.tracking: wandb needs pip install -e '.[track]'
+LOGGERS = ("tensorboard", "wandb")  # lmzoo.record.tracking: wandb needs pip install -e '.[track]'
 PACK_STATE = ("auto", "true", "false")  # lmzoo.run.packing: auto packs a state of at most 256 MiB
 REMAT = ("none", "block", "mixer", "light")  # what lmzoo.model recomputes in the backward pass instead of storing
 
@@ -121,7 +120,8 @@ def validate(raw: DictConfig | dict) -> Config:
     if attn_raw is None:
         raise ConfigError(f"no attention variant given: add +attn=<name> (available: {', '.join(variant_names())})")
     cfg = to_dataclass(Config, OmegaConf.create(raw), prefix="")
-    cfg.attn = to_dataclass(mixer_spec(attn_raw.get("mixer")), OmegaConf.create(attn_raw), prefix="attn.")
+    spec = mixer_spec(attn_raw.get("mixer"))
+    cfg.attn = to_dataclass(spec, OmegaConf.create(current_forms(attn_raw)), prefix="attn.")  # old form names: today's
     cfg.data = to_dataclass(data_spec(data_raw.get("source")), OmegaConf.create(data_raw), prefix="data.")
     check(cfg)
     return cfg
@@ -235,19 +235,6 @@ def variant_names(config_dir: str | None = None) -> list[str]:
 
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-
-
-def load_run_config(path: str | os.PathLike) -> DictConfig:
-    """A run directory's saved ``config.yaml``; the one flat data config of older runs, which held every
-    source's settings, loses those its source does not have while they hold their defaults, and data
-    settings added since the run was saved hold theirs (the run trained as they describe)."""
-    saved = OmegaConf.load(path)
-    data = OmegaConf.to_container(saved.data)
-    spec = data_spec(data.get("source"))
-    added = {f.name: f.default for f in dataclasses.fields(spec)
-             if f.name not in data and f.default is not dataclasses.MISSING}
-    saved.data = {**drop_flat_leftovers(data, spec), **added}
-    return saved
 
 
 def register_schemas() -> None:

@@ -39,9 +39,9 @@ from lmzoo.faults import (
 from lmzoo.interop.hf import open_hf
 from lmzoo.measure.evaluation import check_request, eval_settings, evaluate, result_settings, warn_inert_overrides
 from lmzoo.measure.outputs import check_writable, write_outputs
-from lmzoo.run.directory import RunDir, flat_settings
-from lmzoo.run.load import check_overrides, open_trained, trained_run
-from lmzoo.run.resume import data_changes
+from lmzoo.record.directory import RunDir, flat_settings
+from lmzoo.record.opening import check_overrides, open_trained, trained_run
+from lmzoo.record.resuming import data_changes
 
 log = logging.getLogger("lmzoo.eval")
 EVAL_LOCK = ".lock"  # in eval/<tag>/: held while an evaluation computes and writes that tag

@@ -18,7 +18,7 @@ from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, show_h
 from lmzoo.config import ConfigError
 from lmzoo.interop import fla, llama
 from lmzoo.interop.hf import export_hf
-from lmzoo.run.load import open_trained
+from lmzoo.record.opening import open_trained
 
 FORMATS = {"hf": lambda cfg: llama, "fla": fla.for_run}  # format= -> the module mapping a run onto its model class
 SETTINGS = [Option("run_dir", "<dir>", "the trained run to export (its newest intact checkpoint)"),

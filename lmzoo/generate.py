@@ -2,7 +2,7 @@
 top_p=... seed=0 num_samples=1] [attn.<key>=... pos.<key>=...]``: continue a prompt from a trained run.
 
 Continues a prompt with the newest intact checkpoint of a run (its saved config and tokenizer, and
-any evaluation-time overrides of the run's config: ``lmzoo.run.load``), sampled by
+any evaluation-time overrides of the run's config: ``lmzoo.record.opening``), sampled by
 ``lmzoo.measure.decoding.generate``. A single sample is streamed to the terminal as it is produced; several
 (``num_samples``, decoded together as one batch) are printed one after another once done. A
 sample ends at ``max_new_tokens`` or at the tokenizer's end-of-sequence token.
@@ -35,9 +35,9 @@ from lmzoo.faults import (
 )
 from lmzoo.measure.decoding import SAMPLING_KEYS, Sampling, check_fits, generate, until_eos
 from lmzoo.measure.memory import compiled_bytes, device_memory
-from lmzoo.run.checkpoint import split_model
-from lmzoo.run.directory import RunDir
-from lmzoo.run.load import check_overrides, open_trained, trained_run
+from lmzoo.record.checkpoints import split_model
+from lmzoo.record.directory import RunDir
+from lmzoo.record.opening import check_overrides, open_trained, trained_run
 
 
 NOTES = {  # the sampling settings without a comment of their own in lmzoo.measure.decoding.Sampling

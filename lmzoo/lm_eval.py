@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, show_help, wants_help
 from lmzoo.config import ConfigError
-from lmzoo.run.directory import RunDir, atomic_write_text, json_text
+from lmzoo.record.directory import RunDir, atomic_write_text, json_text
 
 SETTINGS = [
     Option("run_dir", "<dir>", "the trained run to evaluate (or hf=<folder>)"),

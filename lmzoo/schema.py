@@ -158,12 +158,6 @@ class MixerConfig:
     name: str = MISSING  # the variant's name in logs and comparisons (its YAML file name)
     mixer: str = MISSING  # registry key of the spec that builds it
 
-    def __post_init__(self) -> None:
-        """An old name of a form (e.g. ``attn.method: scan`` in a saved run's config) as today's, noted once,
-        so runs saved before a rename load and compute what they did."""
-        if isinstance(getattr(self, "method", None), str) and hasattr(self.forms, "canonical"):
-            self.method = self.forms.canonical(self.method, "attn.method")
-
     def check(self, model: ModelConfig) -> None:
         """Raise ConfigError for settings that cannot work with ``model``."""
 

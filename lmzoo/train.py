@@ -1,7 +1,7 @@
 """``python -m lmzoo.train +attn=<variant> [key=value ...]``: train one model, resumably.
 
 The run directory holds the resolved config, Orbax checkpoints, TensorBoard events and the metrics
-log (``lmzoo.run.directory``). Running the same command on an existing run directory resumes from its
+log (``lmzoo.record.directory``). Running the same command on an existing run directory resumes from its
 newest intact checkpoint; SIGTERM or Ctrl-C saves a checkpoint before exiting. The training itself
 is ``lmzoo.run.loop.train`` (with ``train.seeds=[0,1,2]``, several seeds as one jitted step, each a run of its
 own in ``run_dir/seed<s>``, and with ``train.lrs=[1e-3,3e-3]`` several AdamW learning rates the same way, in
@@ -26,7 +26,7 @@ from lmzoo.cli import (
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, data_spec, register_schemas, validate, variant_names
 from lmzoo.faults import EXIT_FINISHED, EXIT_INTERRUPTED, RunFault, check_unlocked, debugging, probe_writable
 from lmzoo.mixers.hybrid import check_layers_used
-from lmzoo.run.directory import RunDir
+from lmzoo.record.directory import RunDir
 from lmzoo.run.seeds import train
 
 log = logging.getLogger("lmzoo.train")

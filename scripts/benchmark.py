@@ -43,6 +43,11 @@ from lmzoo.ops.selective_scan import METHODS as SELECTIVE_SCAN_FORMS
 from lmzoo.ops.ssd import METHODS as SSD_FORMS
 from lmzoo.ops.vq import METHODS as VQ_FORMS
 
+try:
+    from lmzoo.record.migrate import OP_METHODS_RENAMED
+except ImportError:  # timing an older tree: its ops take the names of their day themselves
+    OP_METHODS_RENAMED = {}
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -63,9 +68,13 @@ class Unavailable(Exception):
     """The case cannot run on this machine (no cuDNN, no GPU ...)."""
 
 
-def offered(methods: tuple[str, ...], method: str) -> str:
-    """``method`` if the op offers it (or names it by an older name the op still accepts), else ``Unavailable``."""
-    if method not in methods and method not in getattr(methods, "aliases", {}):
+def offered(methods: tuple[str, ...], method: str, op: str | None = None) -> str:
+    """The form the op runs for ``method``, else ``Unavailable``: a case labelled by a form's name of its day
+    (``vq/blockwise``) runs it under today's name (``lmzoo.record.migrate``) where the installed ``op`` renamed it."""
+    renamed = OP_METHODS_RENAMED.get(op, {})
+    if method not in methods and renamed.get(method) in methods:
+        method = renamed[method]
+    if method not in methods:
         raise Unavailable(f"this lmzoo.ops has no form {method!r}")
     if method == "jla" and jla() is None:
         raise Unavailable("jax-linear-attention is not installed (pip install -e '.[kernels]', Python >= 3.12)")
@@ -183,7 +192,7 @@ def vq_args(shape: Shape, dtype, key, n_codes: int = 128):
 
 def vq_case(method: str):
     def build(shape, dtype, key):
-        form = offered(VQ_FORMS, method)
+        form = offered(VQ_FORMS, method, "vq")
         fn = lambda q, k, z, c, v: ops.vq_attention(q, k, z, c, v, block_size=128, method=form)  # noqa: E731
         return fn, vq_args(shape, dtype, key)
 
@@ -323,11 +332,11 @@ def lti_args(shape: Shape, dtype, key):
 
 def lti_case(method: str):
     def build(shape, dtype, key):
-        offered(LTI_FORMS, method)
+        form = offered(LTI_FORMS, method, "lti")
 
         def fn(u, log_dt, log_neg_a_real, a_imag, c_real, c_imag):  # y only: a long convolution discards the state
             dt, a = jnp.exp(log_dt), -jnp.exp(log_neg_a_real) + 1j * a_imag
-            return ops.diagonal_ssm(u, dt * a, (jnp.exp(dt * a) - 1) / a, 2 * (c_real + 1j * c_imag), method=method)[0]
+            return ops.diagonal_ssm(u, dt * a, (jnp.exp(dt * a) - 1) / a, 2 * (c_real + 1j * c_imag), method=form)[0]
 
         return fn, lti_args(shape, dtype, key)
 
@@ -403,14 +412,14 @@ def delta_forms() -> tuple[str, ...]:
 
 def delta_rule_case(method: str, *, gate: str, chunk_size: int = 64):
     def build(shape, dtype, key):
-        offered(delta_forms(), method)
+        form = offered(delta_forms(), method, "delta")
         q, k, v, beta, log_g = delta_args(shape, dtype, key, gate=gate)
         if gate == "none":
             def fn(q, k, v, beta):
-                return ops.delta_rule(q, k, v, beta, method=method, chunk_size=chunk_size)
+                return ops.delta_rule(q, k, v, beta, method=form, chunk_size=chunk_size)
 
             return fn, (q, k, v, beta)
-        fn = lambda q, k, v, beta, log_g: ops.delta_rule(q, k, v, beta, log_g, method=method, chunk_size=chunk_size)  # noqa: E731
+        fn = lambda q, k, v, beta, log_g: ops.delta_rule(q, k, v, beta, log_g, method=form, chunk_size=chunk_size)  # noqa: E731
         return fn, (q, k, v, beta, log_g)
 
     return build

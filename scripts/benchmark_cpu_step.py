@@ -44,7 +44,7 @@ from lmzoo.cli import compose_and_validate
 from lmzoo.data.tokenizers import ByteTokenizer
 from lmzoo.metrics.scoring import logit_scores
 from lmzoo.model import LM, count_params
-from lmzoo.run.directory import RunDir
+from lmzoo.record.directory import RunDir
 from lmzoo.run.loop import train
 from lmzoo.run.steps import gradients, init_train_state, loss_and_extra, train_step
 

@@ -29,7 +29,7 @@ from lmzoo.cli import compose_and_validate
 from lmzoo.data.tokenizers import ByteTokenizer
 from lmzoo.measure.decoding import state_bytes
 from lmzoo.model import LM
-from lmzoo.run.checkpoint import split_model
+from lmzoo.record.checkpoints import split_model
 
 VOCAB = ByteTokenizer.vocab_size
 DEFAULT_VARIANTS = ["softmax", "mla", "gla", "retnet", "mamba", "mamba2", "gated_deltanet"]

@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from lmzoo.run.directory import RunDir
+from lmzoo.record.directory import RunDir
 
 
 def label_of(run_dir: Path) -> str:

@@ -19,12 +19,14 @@ PACKAGE = pathlib.Path(lmzoo.__file__).parent
 # A room is a module or a package (its longest matching name wins).
 LAYERS = [
     ["lmzoo.schema", "lmzoo.faults", "lmzoo.stats"],  # import nothing of lmzoo (stats: only itself)
-    ["lmzoo.registry", "lmzoo.sharding", "lmzoo.plots", "lmzoo.ops"],
+    ["lmzoo.registry", "lmzoo.sharding", "lmzoo.plots", "lmzoo.ops",
+     "lmzoo.record.migrate"],  # old run directories read as today's: lmzoo.config uses it
     ["lmzoo.positions", "lmzoo.mixers", "lmzoo.metrics"],
     ["lmzoo.data"],
     ["lmzoo.config"],
     ["lmzoo.model", "lmzoo.cli"],
-    ["lmzoo.run"],  # training a run, and opening a trained one
+    ["lmzoo.record"],  # a run on disk: its directory, checkpoints, opening a trained run, resume checks, tracking
+    ["lmzoo.run"],  # training a run
     ["lmzoo.measure"],  # measuring trained runs
     ["lmzoo.experiments", "lmzoo.interop"],  # interop: models out of lmzoo and into it
     ["lmzoo", "lmzoo.train", "lmzoo.eval", "lmzoo.compare", "lmzoo.generate", "lmzoo.experiments.__main__",
@@ -110,6 +112,12 @@ def test_schema_and_faults_import_nothing_of_lmzoo():
     assert not GRAPH["lmzoo.schema"] and not GRAPH["lmzoo.faults"]
 
 
+def test_config_imports_nothing_of_the_data():
+    """The config validates against the registered specs; it never reaches into lmzoo.data (an old run's data config
+    is translated by lmzoo.record.migrate)."""
+    assert not {i for i in GRAPH["lmzoo.config"] if room(i) == "lmzoo.data"}
+
+
 def test_stats_imports_nothing_of_lmzoo_but_itself():
     outside = {f"{m} imports {i}" for m in GRAPH if room(m) == "lmzoo.stats" for i in GRAPH[m]
                if room(i) != "lmzoo.stats"}
@@ -145,20 +153,21 @@ def test_the_top_level_holds_only_commands_and_shared_modules():
 
 README = PACKAGE.parent / "README.md"
 BEGIN, END = "<!-- layout begin (tests/test_layout.py writes it) -->", "<!-- layout end -->"
-# What README's Layout shows, top down: the commands, the stages of a run (each room's files only for run/, the
-# stages this layout is built around), the model side, the shared bases.
+# What README's Layout shows, top down: the commands, the stages of a run (each room's files only for run/ and
+# record/, the stages this layout is built around), the model side, the shared bases.
 # Each lmzoo entry is described by the first paragraph of its docstring; the others here.
 SHOWN = [
     ("configs/", "Hydra configs: train.yaml and groups attn/ model/ data/ optim/ pos/ eval/ hydra/launcher/"),
     "train.py", "eval.py", "compare.py", "generate.py", "export.py", "lm_eval.py", "experiments/", "interop/",
-    "run/", "run/loop.py", "run/steps.py", "run/optim.py", "run/resume.py", "run/directory.py", "run/checkpoint.py",
-    "run/logger.py", "run/load.py",
+    "run/", "run/loop.py", "run/steps.py", "run/optim.py", "run/logger.py",
+    "record/", "record/directory.py", "record/checkpoints.py", "record/opening.py", "record/resuming.py",
+    "record/migrate.py",
     "measure/", "metrics/", "stats/", "data/", "model.py", "mixers/", "ops/",
     "positions.py", "sharding.py", "config.py", "schema.py", "registry.py", "cli.py", "faults.py", "plots.py",
     ("scripts/", ("Thin tools around the package: kernel and training benchmarks (figures in docs/benchmarks.md), "
                  "plots of metrics, the CPU recipe, SLURM, the GPU calls (wheels, offline install, CPU rehearsal)")),
-    ("tests/", ("Tests (pytest), one folder per room (ops/ mixers/ run/ measure/ metrics/ stats/ data/ experiments/), "
-               "CPU only by default; shared helpers in conftest.py")),
+    ("tests/", ("Tests (pytest), one folder per room (ops/ mixers/ run/ record/ measure/ metrics/ stats/ data/ "
+               "experiments/), CPU only by default; shared helpers in conftest.py")),
 ]
 WIDTH, COLUMN = 120, 28
 

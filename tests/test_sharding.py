@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from conftest import REPO, VARIANTS, covering_layers, run_lmzoo, tiny_config
 from lmzoo.model import LM
-from lmzoo.run.directory import RunDir
+from lmzoo.record.directory import RunDir
 from lmzoo.schema import ConfigError
 from lmzoo.sharding import LOGICAL_AXES, MeshConfig, logical_names, partition_spec
 
@@ -92,7 +92,7 @@ LAYOUT_SNIPPET = """
 import json, shutil, sys
 import jax
 from conftest import fewest_layers, tiny_config
-from lmzoo.run.directory import RunDir
+from lmzoo.record.directory import RunDir
 from lmzoo.run.loop import Trainer, train
 
 layouts, variants, out = json.loads(sys.argv[1]), sys.argv[2].split(","), sys.argv[3]

@@ -16,7 +16,6 @@ it just by existing: adding one is its registered spec and its ``configs/data/<n
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import pkgutil
 
@@ -35,7 +34,6 @@ __all__ = [
     "DataConfig",
     "DataDefaults",
     "Documents",
-    "FLAT_DEFAULTS",
     "HFTokenizer",
     "SourceMetrics",
     "TaskConfig",
@@ -45,30 +43,10 @@ __all__ = [
     "Windows",
     "build_data",
     "build_tokenizer",
-    "drop_flat_leftovers",
 ]
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
-
-# Run directories written before each source had its own spec saved one flat data config holding every
-# source's settings, these defaults included; a source ignores those it does not have.
-FLAT_DEFAULTS = {
-    "tokenizer": "byte",
-    "val_fraction": 0.05,
-    "paths": None,
-    "text_field": "text",
-    "hf_name": None,
-    "hf_config": None,
-    "hf_data_files": None,
-    "hf_train_split": "train",
-    "hf_val_split": None,
-    "task_vocab": 64,
-    "num_pairs": 8,
-    "num_queries": None,
-    "num_marked": 8,
-}
-
 
 def _check_shard(shard_index: int, shard_count: int) -> None:
     if shard_count < 1 or not 0 <= shard_index < shard_count:
@@ -80,10 +58,3 @@ def build_data(cfg: DataConfig, *, seed: int, shard_index: int = 0, shard_count:
     """The data ``cfg`` describes, this process's share of it when ``shard_count`` processes share batches."""
     _check_shard(shard_index, shard_count)
     return cfg.build(seed=seed, shard_index=shard_index, shard_count=shard_count)
-
-
-def drop_flat_leftovers(raw: dict, spec: type) -> dict:
-    """``raw`` (a data config for ``spec``) without the settings of other sources that an older run
-    directory's flat data config holds at their defaults."""
-    own = {f.name for f in dataclasses.fields(spec)}
-    return {k: v for k, v in raw.items() if k in own or k not in FLAT_DEFAULTS or v != FLAT_DEFAULTS[k]}

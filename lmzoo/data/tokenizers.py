@@ -16,7 +16,7 @@ Two implementations:
 Hugging Face ``tokenizers`` library. Byte-level means every text encodes, and decodes back to itself,
 without an unknown token. Training happens once per corpus and vocabulary size: the file is cached
 under ``$LMZOO_CACHE`` (default ``~/.cache/lmzoo``) by the corpus fingerprint, and a run keeps its own
-copy (``lmzoo.run.directory.TOKENIZER``), which evaluation and generation load.
+copy (``lmzoo.record.directory.TOKENIZER``), which evaluation and generation load.
 """
 
 from __future__ import annotations

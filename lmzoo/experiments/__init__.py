@@ -32,7 +32,7 @@ from types import ModuleType
 from omegaconf import OmegaConf
 
 from lmzoo.experiments.judging import OUTCOMES, RULES_VERSION, SMOKE, Check, familywise, outcome
-from lmzoo.run.directory import atomic_write_text
+from lmzoo.record.directory import atomic_write_text
 from lmzoo.schema import ConfigError, one_of, to_dataclass
 
 MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "sparsity_predicted", "decode_cache", "logn_entropy",

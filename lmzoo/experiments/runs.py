@@ -37,9 +37,9 @@ from lmzoo.measure.outputs import write_outputs
 from lmzoo.model import LM
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
+from lmzoo.record.directory import RunDir, flat_settings
+from lmzoo.record.opening import open_trained
 from lmzoo.run import seeds
-from lmzoo.run.directory import RunDir, flat_settings
-from lmzoo.run.load import open_trained
 from lmzoo.run.loop import train
 from lmzoo.stats.bootstrap import Interval, bootstrap, paired_difference_interval
 

@@ -44,7 +44,7 @@ from lmzoo.experiments.sparsity_closed_forms import closed_exp, closed_identity,
 from lmzoo.metrics.sparsity import l1_l2_sparsity
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import new_axes, save_axes, series_style
-from lmzoo.run.load import open_trained
+from lmzoo.record.opening import open_trained
 from lmzoo.schema import one_of
 from lmzoo.stats.bootstrap import bootstrap
 from lmzoo.stats.trained_models import t_interval

@@ -36,8 +36,8 @@ from lmzoo.data import build_data
 from lmzoo.data.tokenizers import ByteTokenizer
 from lmzoo.interop import fla, llama
 from lmzoo.model import LM
-from lmzoo.run.directory import FILE_MODE
-from lmzoo.run.load import Trained, first_line_of, group_option, is_group_choice
+from lmzoo.record.directory import FILE_MODE
+from lmzoo.record.opening import Trained, first_line_of, group_option, is_group_choice
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"

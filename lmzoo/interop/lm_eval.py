@@ -32,8 +32,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from lmzoo.measure.decoding import Sampling, generate, until_eos
-from lmzoo.run.checkpoint import split_model
-from lmzoo.run.load import Trained
+from lmzoo.record.checkpoints import split_model
+from lmzoo.record.opening import Trained
 from lmzoo.stats.bootstrap import bootstrap, ratio_of_sums
 
 NAME = "lmzoo"
@@ -64,7 +64,7 @@ def target_scorer(model: nnx.Module) -> Callable[[np.ndarray, np.ndarray], tuple
 
 @register_model(NAME)
 class LmzooLM(LM):
-    """An lmzoo model behind lm-eval's model interface; ``trained`` (a ``lmzoo.run.load.Trained``), or one of
+    """An lmzoo model behind lm-eval's model interface; ``trained`` (a ``lmzoo.record.opening.Trained``), or one of
     ``run_dir`` (with ``step``) and ``hf`` to open it from."""
 
     def __init__(self, run_dir: str | None = None, hf: str | None = None, step: int | None = None,
@@ -176,7 +176,7 @@ def open_model(run_dir: str | None, hf: str | None, step: int | None) -> Trained
         from lmzoo.interop.hf import open_hf
 
         return open_hf(hf)
-    from lmzoo.run.load import open_trained
+    from lmzoo.record.opening import open_trained
 
     return open_trained(run_dir, (), step)
 

@@ -20,7 +20,7 @@ from flax import nnx
 
 from lmzoo.config import ConfigError
 from lmzoo.model import LM
-from lmzoo.run.checkpoint import split_model
+from lmzoo.record.checkpoints import split_model
 
 
 @dataclass

@@ -38,9 +38,9 @@ from lmzoo.measure.memory import compiled_bytes, largest_fitting_length, memory_
 from lmzoo.metrics.probes import PROBES, attention_stats
 from lmzoo.metrics.scoring import Forward, LengthScores, score_length, token_scores, windows_per_batch
 from lmzoo.model import LM
-from lmzoo.run.checkpoint import split_model
-from lmzoo.run.directory import RunDir
-from lmzoo.run.load import Trained, trained_config
+from lmzoo.record.checkpoints import split_model
+from lmzoo.record.directory import RunDir
+from lmzoo.record.opening import Trained, trained_config
 from lmzoo.stats.bootstrap import LEVEL, length_intervals
 
 log = logging.getLogger("lmzoo.eval")

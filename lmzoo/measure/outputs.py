@@ -16,8 +16,8 @@ import numpy as np
 
 from lmzoo.faults import probe_writable
 from lmzoo.metrics.probes import PROBES
-from lmzoo.run.directory import RunDir, atomic_write_text, json_text
-from lmzoo.run.tracking import log_evaluation
+from lmzoo.record.directory import RunDir, atomic_write_text, json_text
+from lmzoo.record.tracking import log_evaluation
 
 CSV_COLUMNS = ["length", "length_ratio", "tokens", "loss", "bpb", "bpb_lo", "bpb_hi", "ratio", "ratio_lo",
                "ratio_hi", "accuracy", "mean_sparsity", "mean_entropy", "mean_first_key"]

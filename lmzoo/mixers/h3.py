@@ -11,8 +11,8 @@ each conjugate pair is counted once, hence ``c = 2 C``.
 
 The layer is exactly a causal linear attention: ``y_i = Σ_j (K_{i-j} + D δ_ij) (q_i · k'_j) v_j``
 with K the SSM's impulse response (closed form, Vandermonde), and ``attention_matrix`` gives
-those weights per head. Three forms compute it (``method``; the names of older runs, "quadratic" and
-"scan", are still accepted):
+those weights per head. Three forms compute it (``method``; the names older runs saved, "quadratic" and
+"scan", are renamed by ``lmzoo.record.migrate``):
 - "naive": the recurrence itself, one step at a time (the reference; decoding always uses it);
 - "parallel": that attention matrix times v, O(T^2) like softmax attention but exactly causal
   in floating point (future tokens meet exact zeros): the default at training lengths;
@@ -45,7 +45,7 @@ from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 from lmzoo.sharding import param
 
-METHODS = Forms("naive", "parallel", "fft", aliases={"quadratic": "parallel", "scan": "naive"})
+METHODS = Forms("naive", "parallel", "fft")
 
 
 @register("h3")

@@ -3,8 +3,9 @@
 Every op names its computation form with ``method``, from one vocabulary (``common.Forms``, each op's
 ``METHODS``): ``"naive"`` is each op's plainly readable reference (for the recurrences, the recurrence
 written out step by step), which the fast forms are tested against; ``"scan"`` is always a fast form.
-Names older runs saved ("scan" for a reference, "blockwise", "dense", H3's "quadratic") still run, with
-a one-line note. Shared pieces (the causal mask, chunk padding, segment sums) are in ``common``.
+An op takes only today's names; the names older runs saved ("scan" for a reference, "blockwise", "dense",
+H3's "quadratic") are renamed, with a one-line note, where a saved run is read (``lmzoo.record.migrate``).
+Shared pieces (the causal mask, chunk padding, segment sums) are in ``common``.
 
 Axis legend used across ``lmzoo.ops``: B batch, T query time, S key time, H query heads,
 K key/value heads, D head dim. Per-head tensors are laid out ``[B, T, H, D]``.

@@ -13,7 +13,7 @@ normalises q, k, p nor squashes beta.
 Forms (``method``):
 
 - ``"naive"``:    the recurrence written out, one step at a time -- the reference (``"scan"`` in
-  older runs, still accepted);
+  older runs, which lmzoo.record.migrate renames);
 - ``"chunk"``:    the UT representation inside chunks of ``chunk_size`` steps, a short recurrence
   across them (derived below);
 - ``"parallel"``: the same over the whole sequence as one chunk (no recurrence at all).
@@ -64,7 +64,7 @@ from lmzoo.ops.dplr import dplr_jla_call
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.ut import ChunkTerms, decayed_pairs, invert_unit_lower
 
-METHODS = Forms("naive", "chunk", "parallel", *PROVIDER_FORMS, aliases={"scan": "naive"})
+METHODS = Forms("naive", "chunk", "parallel", *PROVIDER_FORMS)
 
 
 def comba(q, k, v, p, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64,

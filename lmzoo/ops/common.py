@@ -7,7 +7,6 @@ same place and none of them from a sibling.
 
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 import jax
@@ -78,39 +77,17 @@ class Forms(tuple):
     ``"assoc"`` an associative scan; ``"fft"``, ``"gather"``, ``"pallas"`` and the kernel providers'
     ``"xla"``, ``"cudnn"``, ``"jla"``, ``"auto"`` as their ops describe.
 
-    ``aliases`` maps the names older runs saved (``attn.method: scan`` where "scan" was a reference)
-    to today's; ``canonical`` accepts them with a one-line note, so those runs load and compute the
-    same numbers. A tuple, so ``method in FORMS`` and listing the forms work as before."""
+    Only today's names: the names older runs saved (``attn.method: scan`` where "scan" was a reference) are
+    renamed where a saved run is read, ``lmzoo.record.migrate``. A tuple, so ``method in FORMS`` and listing
+    the forms work as for any tuple."""
 
-    aliases: dict
-
-    def __new__(cls, *names: str, aliases: dict | None = None):
-        forms = super().__new__(cls, names)
-        forms.aliases = dict(aliases or {})
-        return forms
-
-    def canonical(self, method: str, key: str = "method") -> str:
-        """``method``, or the form an old name (an alias) stands for, noted once per name (``key`` names the
-        setting in the note, e.g. ``attn.method``). A name that is neither is returned as it is: the
-        caller's check refuses it with the valid choices."""
-        if method in self or method not in self.aliases:
-            return method
-        new = self.aliases[method]
-        if (key, method, new) not in _NOTED:
-            _NOTED.add((key, method, new))
-            log.warning("note: %s=%r is the old name of %r; running %r (the forms: %s)",
-                        key, method, new, new, ", ".join(self))
-        return new
-
-
-_NOTED: set = set()  # (key, old name, new name) already noted: one line per name and process
-log = logging.getLogger("lmzoo.ops")
+    def __new__(cls, *names: str):
+        return super().__new__(cls, names)
 
 
 def check_form(method: str, methods: tuple[str, ...], chunk_size: Optional[int] = None) -> str:
-    """The form an op runs for ``method`` (an old name mapped by ``Forms.canonical``); the errors an op
-    raises for a form it lacks or a chunk size that is not positive."""
-    method = methods.canonical(method) if isinstance(methods, Forms) else method
+    """``method``, the form an op runs; the errors an op raises for a form it lacks or a chunk size that is not
+    positive."""
     if method not in methods:
         raise ValueError(f"method={method!r} is not valid (choose from: {', '.join(methods)})")
     if chunk_size is not None and chunk_size < 1:

@@ -15,7 +15,7 @@ beta: the mixer does (unit keys and beta in [0, 1] keep every step a contraction
 Forms (``method``):
 
 - ``"naive"``:    the recurrence written out, one step at a time -- the reference (``"scan"`` in
-  older runs, still accepted);
+  older runs, which lmzoo.record.migrate renames);
 - ``"chunk"``:    the WY / UT representation inside chunks of ``chunk_size`` steps, a short
   recurrence across them (derived below);
 - ``"chunk_recompute"``: the chunk form keeping only its inputs for the backward pass, which
@@ -74,7 +74,7 @@ from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.delta import delta_rule_pallas
 from lmzoo.ops.ut import chunk_terms, decayed_pairs, invert_unit_lower, unit_lower
 
-METHODS = Forms("naive", "parallel", "chunk", "chunk_recompute", "pallas", *PROVIDER_FORMS, aliases={"scan": "naive"})
+METHODS = Forms("naive", "parallel", "chunk", "chunk_recompute", "pallas", *PROVIDER_FORMS)
 BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not (``lmzoo.ops.kernels``)
 
 

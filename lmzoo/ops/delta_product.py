@@ -16,7 +16,7 @@ and beta in (0, 2) can). The op neither normalises q, k nor squashes beta: the m
 Forms (``method``):
 
 - ``"naive"``: the recurrence above written out, one token and sub-step at a time -- the reference
-  (``"scan"`` in older runs, still accepted);
+  (``"scan"`` in older runs, which lmzoo.record.migrate renames);
 - ``"chunk"``, ``"parallel"``: the same forms of ``lmzoo.ops.delta_rule`` over the expanded
   sequence of T * n_h sub-steps. That expansion is exact: the gated delta rule on it, with
   token t's gate on its first sub-step (a zero log gate on the others) and token t's query on its
@@ -43,7 +43,7 @@ from lmzoo.ops.delta import delta_rule, delta_rule_weights
 from lmzoo.ops.kernels import PROVIDER_FORMS
 
 # auto, jla: the delta rule's, over the sub-steps
-METHODS = Forms("naive", "chunk", "parallel", *PROVIDER_FORMS, aliases={"scan": "naive"})
+METHODS = Forms("naive", "chunk", "parallel", *PROVIDER_FORMS)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))

@@ -17,8 +17,8 @@ step's decay. Special cases (``as_dplr`` maps delta-rule inputs over):
 - RWKV-7: ``alpha = -kappa_hat``, ``beta = kappa_hat * a``, ``exp(g) = w``.
 
 Forms (``method``): ``"naive"``, the recurrence step by step (the reference; ``"scan"`` in older
-runs, still accepted); ``"chunk"``, the representation below inside chunks of ``chunk_size`` steps and
-a short recurrence across them; ``"parallel"``, the whole sequence as one chunk (also how
+runs, which lmzoo.record.migrate renames); ``"chunk"``, the representation below inside chunks of
+``chunk_size`` steps and a short recurrence across them; ``"parallel"``, the whole sequence as one chunk (also how
 ``dplr_weights`` gets the effective attention matrix). Gradients are JAX's own.
 
 The chunk form. Inside a chunk that starts from state S_0, let b_t = sum_{m<=t} log_g_m (per
@@ -73,7 +73,7 @@ from lmzoo.ops.common import (Forms, check_form, decay_since, decay_until_end, f
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.ut import decay_before, decayed_pairs, invert_unit_lower
 
-METHODS = Forms("naive", "parallel", "chunk", *PROVIDER_FORMS, aliases={"scan": "naive"})
+METHODS = Forms("naive", "parallel", "chunk", *PROVIDER_FORMS)
 
 
 def dplr(q, k, v, alpha, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64,

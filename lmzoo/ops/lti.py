@@ -6,7 +6,7 @@ product computed in closed form for all lags at once. ``diagonal_ssm`` applies i
 - "fft":  as a long convolution with an FFT (O(T log T)); the initial and final states come
   from the same Vandermonde powers, so the op still returns the state;
 - "naive": as the recurrence itself, one step at a time (the reference; "scan" in older runs,
-  still accepted).
+  which lmzoo.record.migrate renames).
 
 A short FIR filter is the other LTI layer here: ``causal_conv1d`` is the depthwise causal
 convolution of Mamba's blocks, and also H3's shift SSM (a state that holds the last K-1 inputs).
@@ -33,7 +33,7 @@ from jax import lax
 
 from lmzoo.ops.common import Forms, causal_mask, check_form, recompute_in_backward, same_segment, segment_starts
 
-METHODS = Forms("naive", "fft", aliases={"scan": "naive"})
+METHODS = Forms("naive", "fft")
 
 
 def causal_conv1d(x, weight, bias=None, *, initial_state=None, segment_ids=None, activation=None, recompute=False):

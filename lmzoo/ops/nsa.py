@@ -23,8 +23,8 @@ then the last document's partial block: at most ⌈T/bs⌉ slots, the layout wit
 there is one. A partial block of an earlier document is seen by no query, so it has no slot.
 
 Forms (``method``): "naive" computes each branch on its own, with its [T, T] mask materialised from
-the lines above; "parallel" ("dense" in older runs, still accepted) adds the branches' weights into one
-[T, T] matrix per head (one score product and one value product, like a single dense attention: the
+the lines above; "parallel" ("dense" in older runs, which lmzoo.record.migrate renames) adds the branches'
+weights into one [T, T] matrix per head (one score product and one value product, like a single dense attention: the
 fastest on a CPU at a few hundred tokens); "gather" gathers the ``S·bs`` selected keys of every query
 and computes the window by query blocks (cost T·(S·bs + w + T/bs) instead of T², for long sequences).
 Compression and top-k read ⌈T/bs⌉ block scores per query in every form. Scores, softmax and gates accumulate in float32;
@@ -43,7 +43,7 @@ from jax import lax
 from lmzoo.ops.attention import softmax_attention
 from lmzoo.ops.common import Forms, check_form, segment_starts
 
-METHODS = Forms("naive", "parallel", "gather", aliases={"dense": "parallel"})
+METHODS = Forms("naive", "parallel", "gather")
 
 
 class Layout(NamedTuple):

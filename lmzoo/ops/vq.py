@@ -11,7 +11,7 @@ v [B,T,H,Dv]. Keys in a query's own block enter as ``k_hat``; keys of earlier bl
 the codebook, as they do through the compressed cache -- so both methods compute the same function,
 gradients included, and in value both are softmax attention over the quantised keys. ``method``:
 "naive" (the reference: the full [T, T] score matrix) or "blocked" (linear time; "blockwise" in older
-runs, still accepted).
+runs, which lmzoo.record.migrate renames).
 
 With ``segment_ids`` [B,T] (increasing along T, equal within a document) a query attends only to
 its own document: inside its block by the mask, and through a cache that restarts with each
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from lmzoo.ops.common import Forms, causal_mask, check_form, from_chunks, same_segment, to_chunks
 
-METHODS = Forms("naive", "blocked", aliases={"blockwise": "blocked"})
+METHODS = Forms("naive", "blocked")
 
 
 def vq_attention(q, k_hat, codes, codebook, v, *, scale=None, block_size: int, method: str = "blocked",

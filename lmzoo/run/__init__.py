@@ -1,2 +1,2 @@
-"""Training a run: the loop, the jitted step, the optimizer, the run directory, checkpoints, the metrics log,
-resuming, and opening a trained run."""
+"""Training a run: the loop, the jitted step, the optimizer and its schedule, feeding batches and the metrics log;
+the run's record on disk is ``lmzoo.record``."""

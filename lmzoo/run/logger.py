@@ -5,7 +5,7 @@ open: the metrics log loses its later rows (and any line a kill tore), and Tenso
 purge events after S (its purge-step mechanism). Each metrics row is synced as it is appended;
 ``flush`` makes TensorBoard's events durable too; the trainer calls it before each checkpoint, so a
 killed process loses at most the steps the resumed run redoes. ``logger=wandb`` adds a tracker
-(``lmzoo.run.tracking``) that gets the same scalars and config.
+(``lmzoo.record.tracking``) that gets the same scalars and config.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 from tensorboardX import SummaryWriter
 from tensorboardX.summary import hparams
 
-from lmzoo.run.directory import RunDir
-from lmzoo.run.tracking import open_tracker
+from lmzoo.record.directory import RunDir
+from lmzoo.record.tracking import open_tracker
 
 
 def open_in_a_later_second(tb_dir: Path) -> None:

@@ -1,6 +1,6 @@
 """Training one model, resumably: the ``Trainer`` and its loop (``train``), under ``lmzoo.train``'s command.
 
-The run directory (``lmzoo.run.directory.RunDir``) holds the config, checkpoints, TensorBoard events and
+The run directory (``lmzoo.record.directory.RunDir``) holds the config, checkpoints, TensorBoard events and
 the metrics log. Training a run directory that holds a run resumes it from its newest intact
 checkpoint, on the same data (a changed corpus is refused unless ``data.allow_changed=true``);
 SIGTERM or Ctrl-C saves a checkpoint before ``train`` returns. A step whose loss or gradient norm
@@ -15,13 +15,12 @@ One trainer at a time holds a run directory (``lmzoo.faults.RunLock``).
 
 A resume may change how training goes on; the learning-rate schedule is a function of the step alone
 (``lmzoo.run.optim``), so raising ``train.steps`` and setting ``optim.decay_start`` at a stable-phase
-checkpoint of a WSD (or constant) run continues it into a decay. Every check a resume passes is in
-``lmzoo.run.resume``. The changed keys are recorded in
-``resumes.jsonl``; a change that makes the learning rate jump at the resumed step is named in a warning,
-and a change of optimizer (whose state the checkpoint could not hold) is refused, as is turning
-``train.state_passing`` on or off (its checkpoints hold each batch row's carried state, and its data
-position is a place in the stream's lanes). A run whose
-``data.tokenizer=bpe`` keeps its tokenizer (``tokenizer.json``), and its resumes tokenise with it.
+checkpoint of a WSD (or constant) run continues it into a decay. Every check of the saved run a resume passes
+is in ``lmzoo.record.resuming``. The changed keys are recorded in ``resumes.jsonl``; a change that makes the
+learning rate jump at the resumed step is named in a warning (``lmzoo.run.optim.check_continuation``), and a
+change of optimizer (whose state the checkpoint could not hold) is refused, as is turning ``train.state_passing``
+on or off (its checkpoints hold each batch row's carried state, and its data position is a place in the stream's
+lanes). A run whose ``data.tokenizer=bpe`` keeps its tokenizer (``tokenizer.json``), and its resumes tokenise with it.
 """
 
 from __future__ import annotations
@@ -53,15 +52,15 @@ from lmzoo.faults import Diverged, RunLock
 from lmzoo.metrics.probes import attention_stats, summary as probe_summary
 from lmzoo.metrics.scoring import score_length
 from lmzoo.model import LM, count_params
-from lmzoo.run.checkpoint import Checkpointer
-from lmzoo.run.directory import RunDir, describe_changes
+from lmzoo.record.checkpoints import Checkpointer
+from lmzoo.record.directory import RunDir, describe_changes
+from lmzoo.record.resuming import (
+    check_checkpoints_fit, check_data, check_resume_step, prepare_run_dir, record_settings,
+)
 from lmzoo.run.feed import BatchFeed
 from lmzoo.run.logger import MetricsLogger
-from lmzoo.run.optim import learning_rate_schedule
+from lmzoo.run.optim import check_continuation, learning_rate_schedule
 from lmzoo.run.packing import StateArrays, choose_packing, step_on_packed
-from lmzoo.run.resume import (
-    check_checkpoints_fit, check_continuation, check_data, check_resume_step, prepare_run_dir, record_settings,
-)
 from lmzoo.run.steps import eval_step, init_train_state, train_step
 from lmzoo.schema import flatten
 from lmzoo.sharding import batch_sharding, make_mesh, state_shardings

@@ -34,11 +34,13 @@ Schedules (``optim.schedule``), each after a linear warm-up from 0 over ``optim.
   ``1-sqrt`` ``1 - sqrt(p)``.
 
 A schedule is a function of the optimizer's step count alone, so a run resumed with ``train.steps``
-raised and ``optim.decay_start`` set continues its stable phase into a decay (``lmzoo.run.loop``).
+raised and ``optim.decay_start`` set continues its stable phase into a decay (``lmzoo.run.loop``);
+``check_continuation`` names a learning rate that jumps at the resumed step.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import jax
@@ -47,9 +49,12 @@ import optax
 from flax import nnx
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
-from lmzoo.schema import OptimConfig
+from lmzoo.config import Config
+from lmzoo.record.directory import RunDir
+from lmzoo.schema import OptimConfig, to_dataclass
 from lmzoo.sharding import VOCAB, logical_names
 
+log = logging.getLogger("lmzoo.train")
 MATRIX = MuonDimensionNumbers(reduction_axis=0, output_axis=1)  # a kernel W [in, out] maps x to x @ W
 
 # ----------------------------------------------------------------------------- schedules
@@ -94,6 +99,33 @@ def learning_rate_schedule(cfg: OptimConfig, total_steps: int, peak: float | Non
     if not warmup:
         return after_warmup
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after_warmup], [warmup])
+
+
+# ----------------------------------------------------------------------------- a resume's schedule
+
+
+def schedule_in_effect(run: RunDir) -> tuple[OptimConfig, int]:
+    """The optimizer settings and step count the run trained with so far."""
+    settings = run.settings_in_effect()
+    return to_dataclass(OptimConfig, settings.optim, prefix="optim."), int(settings.train.steps)
+
+
+def check_continuation(run: RunDir, cfg: Config, step: int) -> None:
+    """Before a resume at ``step`` records its changes: a learning rate that jumps at ``step`` (a schedule
+    changed mid-decay, say) is named in a warning; a WSD decay that goes on from ``step`` says where it decays."""
+    before, steps_before = schedule_in_effect(run)
+    was = float(learning_rate_schedule(before, steps_before)(step))
+    now = float(learning_rate_schedule(cfg.optim, cfg.train.steps)(step))
+    if not math.isclose(was, now, rel_tol=1e-6, abs_tol=1e-12):
+        log.warning("warning: the learning rate jumps at step %d from %.4g to %.4g (the schedule's settings changed: "
+                    "optim.* or train.steps)", step, was, now)
+    elif cfg.optim.schedule == "wsd" and (before, steps_before) != (cfg.optim, cfg.train.steps):
+        log.info("the schedule goes on from step %d at lr %.4g: %s", step, now,
+                 describe_wsd(cfg.optim, cfg.train.steps))
+
+
+def describe_wsd(optim: OptimConfig, steps: int) -> str:
+    return f"stable until step {decay_start(optim, steps)}, then a {optim.decay_shape} decay to step {steps}"
 
 
 # ----------------------------------------------------------------------------- which parameter gets which

@@ -43,9 +43,9 @@ from tqdm.auto import tqdm
 
 from lmzoo.config import Config, ConfigError
 from lmzoo.faults import Diverged, check_unlocked
+from lmzoo.record.checkpoints import Checkpointer
+from lmzoo.record.directory import RunDir
 from lmzoo.run import loop
-from lmzoo.run.checkpoint import Checkpointer
-from lmzoo.run.directory import RunDir
 from lmzoo.run.feed import BatchFeed
 from lmzoo.run.loop import Trainer, released_on_failure
 from lmzoo.run.optim import make_optimizer

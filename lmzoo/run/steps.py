@@ -32,7 +32,7 @@ from lmzoo.config import Config
 from lmzoo.metrics.scoring import logit_scores, token_scores
 from lmzoo.mixers.base import AuxLoss
 from lmzoo.model import LM, restart_rows
-from lmzoo.run.checkpoint import split_model
+from lmzoo.record.checkpoints import split_model
 from lmzoo.run.optim import make_optimizer
 
 

@@ -16,8 +16,8 @@ from lmzoo.data.base import DataDefaults, SourceMetrics
 from lmzoo.data.train_iterators import train_iterator
 from lmzoo.data.synthetic import TRAIN, TaskExamples, TaskTokenizer
 from lmzoo.faults import RunFault
-from lmzoo.run.directory import RunDir
-from lmzoo.run.resume import check_data
+from lmzoo.record.directory import RunDir
+from lmzoo.record.resuming import check_data
 from lmzoo.run.loop import train
 from lmzoo.schema import ConfigError, to_dataclass
 from lmzoo.train import main as train_main

@@ -18,9 +18,9 @@ tfds = pytest.importorskip("tensorflow_datasets")
 from lmzoo import eval as eval_command  # noqa: E402
 from lmzoo.data.tfds import TFDSConfig, text_feature  # noqa: E402
 from lmzoo.model import LM  # noqa: E402
-from lmzoo.run.checkpoint import Checkpointer  # noqa: E402
-from lmzoo.run.directory import RunDir  # noqa: E402
-from lmzoo.run.load import trained_config  # noqa: E402
+from lmzoo.record.checkpoints import Checkpointer  # noqa: E402
+from lmzoo.record.directory import RunDir  # noqa: E402
+from lmzoo.record.opening import trained_config  # noqa: E402
 from lmzoo.run.loop import Trainer, train  # noqa: E402
 from lmzoo.schema import ConfigError  # noqa: E402
 

@@ -15,8 +15,8 @@ from conftest import tiny_config
 from lmzoo.data import tokenizers
 from lmzoo.data.corpus import Documents
 from lmzoo.data.text_files import TextFilesConfig, text_file_documents
-from lmzoo.run.directory import RunDir
-from lmzoo.run.load import open_trained
+from lmzoo.record.directory import RunDir
+from lmzoo.record.opening import open_trained
 from lmzoo.run.loop import train
 
 ROUND_TRIP = ["def f(x):\n\treturn x ** 2  # square\n", "naïve café, 東京, Ελληνικά 🙂\r\n",

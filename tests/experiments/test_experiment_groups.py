@@ -9,7 +9,7 @@ import pytest
 from lmzoo.cli import compose_and_validate
 from lmzoo.experiments import run_experiment, runs, seeds_grouped
 from lmzoo.experiments.runs import by_start, train_grid, train_run, train_runs
-from lmzoo.run.directory import RunDir
+from lmzoo.record.directory import RunDir
 
 TINY = ["data.seq_len=32", "train.batch_size=2", "model.n_layers=1", "model.d_model=32", "train.eval_every=2",
         "train.eval_tokens=128", "train.probe_batch=0"]

@@ -20,7 +20,7 @@ from lmzoo.experiments import runs
 from lmzoo.experiments import sparsity_closed_forms as sparsity
 from lmzoo.experiments.judging import SMOKE
 from lmzoo.experiments.runs import evaluate_run, train_run
-from lmzoo.run.directory import RunDir
+from lmzoo.record.directory import RunDir
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ from conftest import tiny_config
 from lmzoo import export
 from lmzoo.config import ConfigError
 from lmzoo.interop import llama
-from lmzoo.run.load import open_trained
+from lmzoo.record.opening import open_trained
 from lmzoo.run.loop import train
 
 TEXTS = ["def main():\n    return 0\n", "import os, sys  # é ü", "x"]

@@ -25,7 +25,7 @@ from lmzoo.data.tokenizers import ByteTokenizer
 from lmzoo.interop import fla, fla_deltanet, fla_gated_deltanet, fla_gla, fla_kda, fla_mamba2, fla_retnet, llama
 from lmzoo.interop.hf import export_hf, parameters
 from lmzoo.model import LM
-from lmzoo.run.load import Trained, open_trained
+from lmzoo.record.opening import Trained, open_trained
 
 # Over 64 tokens fla's GLA runs its chunked kernel (up to 64 its recurrent one), whose loops Triton's interpreter
 # cannot run (``range`` gives the kernel a Python int): on a CPU only the recurrent kernel is checked.

@@ -13,7 +13,7 @@ from lmzoo.measure import comparison
 from lmzoo.measure.comparison.harness import harness_difference_table, harness_table
 from lmzoo.measure.comparison.reading import Group, Run
 from lmzoo.metrics.scoring import token_scores
-from lmzoo.run.load import open_trained
+from lmzoo.record.opening import open_trained
 from lmzoo.run.loop import train
 from lmzoo.run.seeds import train as train_seeds
 

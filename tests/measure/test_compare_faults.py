@@ -59,7 +59,7 @@ def test_a_report_on_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("lmzoo.run.directory.tempfile.mkstemp", full)  # every whole-file write goes through it
+    monkeypatch.setattr("lmzoo.record.directory.tempfile.mkstemp", full)  # every whole-file write goes through it
     with pytest.raises(SystemExit) as stop:
         compare.main([str(tmp_path)])
     err = capsys.readouterr().err.strip()

@@ -13,10 +13,10 @@ from lmzoo.data import build_data
 from lmzoo.measure import evaluation as evaluation
 from lmzoo.metrics.scoring import sampling_note, score_length
 from lmzoo.model import LM
-from lmzoo.run import load as trained
-from lmzoo.run.checkpoint import Checkpointer
-from lmzoo.run.directory import RunDir
-from lmzoo.run.load import trained_config
+from lmzoo.record import opening as trained
+from lmzoo.record.checkpoints import Checkpointer
+from lmzoo.record.directory import RunDir
+from lmzoo.record.opening import trained_config
 from lmzoo.run.loop import train
 from lmzoo.run.steps import init_train_state
 

@@ -13,7 +13,7 @@ from lmzoo import generate as lmzoo_generate
 from lmzoo.data import ByteTokenizer
 from lmzoo.measure.decoding import Sampling, generate, sample
 from lmzoo.model import LM
-from lmzoo.run.load import open_trained
+from lmzoo.record.opening import open_trained
 from lmzoo.run.loop import train
 
 from conftest import tiny_config

@@ -27,8 +27,8 @@ from tensorboardX.proto.event_pb2 import SessionLog
 
 from lmzoo.faults import EXIT_CONFIG, EXIT_DIVERGED, EXIT_RUN_FAULT, EXIT_UNPARSABLE, RunFault, RunLock
 from lmzoo.model import LM
-from lmzoo.run.checkpoint import Checkpointer, CorruptCheckpoint
-from lmzoo.run.directory import RunDir
+from lmzoo.record.checkpoints import Checkpointer, CorruptCheckpoint
+from lmzoo.record.directory import RunDir
 from lmzoo.run.loop import train
 from lmzoo.run.steps import init_train_state, loss_and_extra, train_step
 
@@ -212,7 +212,7 @@ KILL_SNIPPET = """
 import os, signal, sys
 from orbax.checkpoint._src.path import atomicity
 from conftest import tiny_config
-from lmzoo.run.checkpoint import Checkpointer
+from lmzoo.record.checkpoints import Checkpointer
 from lmzoo.run.loop import train
 
 point, run_dir, kill_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -319,7 +319,7 @@ def test_a_changed_setting_on_resume_is_recorded_and_compare_marks_the_run(tmp_p
 HOLDER = """
 import sys, time
 from lmzoo.faults import RunLock
-from lmzoo.run.directory import RunDir
+from lmzoo.record.directory import RunDir
 with RunLock(RunDir(sys.argv[1]).lock_path):
     print("held", flush=True)
     time.sleep(120)
@@ -476,7 +476,7 @@ def test_a_torn_resumes_line_is_repaired_before_the_next_change_is_recorded(tmp_
 
 def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
     from lmzoo.faults import WriteFault
-    from lmzoo.run.directory import atomic_write_text
+    from lmzoo.record.directory import atomic_write_text
 
     target = tmp_path / "verdict.json"
     atomic_write_text(target, "old\n")

@@ -13,7 +13,7 @@ import pytest
 
 from lmzoo import train as lmzoo_train
 from lmzoo.faults import EXIT_WRITE_FAILED
-from lmzoo.run.checkpoint import Checkpointer, UnretrievedWriteErrors, silence_unretrieved_write_errors
+from lmzoo.record.checkpoints import Checkpointer, UnretrievedWriteErrors, silence_unretrieved_write_errors
 
 from conftest import TINY, run_lmzoo
 

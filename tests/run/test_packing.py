@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from lmzoo.train import main as train_main
-from lmzoo.run.checkpoint import Checkpointer
+from lmzoo.record.checkpoints import Checkpointer
 from lmzoo.run.loop import Trainer, train
 from lmzoo.run.packing import StatePacking, choose_packing
 from lmzoo.run.seeds import SeedGroup

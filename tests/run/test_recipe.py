@@ -16,7 +16,7 @@ from flax import nnx
 
 from conftest import REPO, VARIANTS, covering_layers, run_lmzoo, tiny_config
 from lmzoo.model import LM
-from lmzoo.run.directory import RunDir
+from lmzoo.record.directory import RunDir
 from lmzoo.run.loop import train
 from lmzoo.run.optim import learning_rate_schedule, make_optimizer, muon, optimizer_labels
 from lmzoo.run.steps import loss_and_extra, z_loss_term

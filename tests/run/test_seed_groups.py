@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from lmzoo.cli import compose_and_validate
 from lmzoo.config import ConfigError
 from lmzoo.faults import Diverged
+from lmzoo.record.directory import RunDir
 from lmzoo.run import seeds
-from lmzoo.run.directory import RunDir
 from lmzoo.run.loop import Trainer
 from lmzoo.run.seeds import SeedGroup, train
 

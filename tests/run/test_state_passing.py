@@ -20,7 +20,7 @@ from lmzoo.experiments.judging import SMOKE
 from lmzoo.mixers.base import MixerContext
 from lmzoo.model import LM
 from lmzoo.positions import Positions, PosConfig
-from lmzoo.run.directory import RunDir
+from lmzoo.record.directory import RunDir
 from lmzoo.run.loop import Trainer, train
 from lmzoo.run.steps import init_train_state, train_step
 

@@ -20,9 +20,9 @@ from flax import nnx
 
 from lmzoo.faults import EXIT_INTERRUPTED
 from lmzoo.model import LM
-from lmzoo.run.checkpoint import Checkpointer
-from lmzoo.run.directory import RunDir
-from lmzoo.run.load import trained_config
+from lmzoo.record.checkpoints import Checkpointer
+from lmzoo.record.directory import RunDir
+from lmzoo.record.opening import trained_config
 from lmzoo.run.loop import Trainer, train
 from lmzoo.run.steps import init_train_state
 

@@ -22,8 +22,8 @@ from lmzoo import eval as lmzoo_eval
 from lmzoo.config import ConfigError
 from lmzoo.faults import EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_UNPARSABLE, RunFault, RunLock, UnparsableConfig
 from lmzoo.mixers.hybrid import check_layers_used
-from lmzoo.run.checkpoint import Checkpointer, CorruptCheckpoint
-from lmzoo.run.directory import RunDir
+from lmzoo.record.checkpoints import Checkpointer, CorruptCheckpoint
+from lmzoo.record.directory import RunDir
 from lmzoo.run.loop import train
 from lmzoo.train import note_short_schedule
 
@@ -261,7 +261,7 @@ def test_data_asked_for_by_an_override_are_not_refused_but_recorded(run_copy):
 
 
 def test_overrides_that_ask_for_other_data_by_name():
-    from lmzoo.run.load import changes_data
+    from lmzoo.record.opening import changes_data
 
     assert changes_data(["data.num_pairs=64"]) and changes_data(["seed=1000"])  # a task's examples of another seed
     assert not changes_data(["data.allow_changed=true", "pos=pi", "eval.step=4"])

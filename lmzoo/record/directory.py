@@ -8,7 +8,7 @@
       run_info.json          what the model is: variant, parameters, state size, devices
       metrics.jsonl          one JSON object per logged step
       lock                   held by the trainer using the run (``lmzoo.faults.RunLock``)
-      checkpoints/           Orbax checkpoints (``lmzoo.run.checkpoint``)
+      checkpoints/           Orbax checkpoints (``lmzoo.record.checkpoints``)
       damaged_checkpoints/   checkpoints that failed their digest, set aside
       eval/<tag>/            results.json, results.csv and plots of one evaluation
       tb/, tb/eval/<tag>/    TensorBoard events of training and of each evaluation
@@ -20,8 +20,8 @@ line cut short is left out with a one-line warning, never fatal) and repaired be
 append, so a torn line never swallows the row written after it.
 
 Resuming with any key outside the identity sections changed (``optim.lr``, ``train.steps`` ...; the checks are
-``lmzoo.run.resume``) is allowed and recorded in ``resumes.jsonl``, so the run's history says how it was trained; the
-config in effect is ``config.yaml`` with those rows applied in order.
+``lmzoo.record.resuming``) is allowed and recorded in ``resumes.jsonl``, so the run's history says how it was
+trained; the config in effect is ``config.yaml`` with those rows applied in order.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from typing import Any, Iterable
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from lmzoo.config import Config, ConfigError, load_run_config
+from lmzoo.config import Config, ConfigError
 from lmzoo.faults import WriteFault, first_line, probe_writable, unparsable
+from lmzoo.record.migrate import saved_config
 from lmzoo.schema import flatten
 
 log = logging.getLogger("lmzoo.rundir")
@@ -252,13 +253,14 @@ class RunDir:
 
     # reading
     def read_config(self) -> DictConfig:
-        """``config.yaml`` as saved; ConfigError in one line when it is missing, empty or does not parse."""
+        """``config.yaml`` as saved, read as today's lmzoo reads it (``lmzoo.record.migrate``); ConfigError in one line
+        when it is missing, empty or does not parse."""
         if not self.config_path.exists():
             raise ConfigError(f"run_dir {str(self.path)!r} has no {CONFIG}: it holds no run")
         if not self.config_path.read_text().strip():
             raise ConfigError(f"{self.config_path} is empty (a write cut short?); the run's settings are lost")
         try:
-            return load_run_config(self.config_path)
+            return saved_config(OmegaConf.load(self.config_path))
         except ConfigError:
             raise
         except yaml.YAMLError as e:  # half a file (a write cut short, an edit): where it stops parsing

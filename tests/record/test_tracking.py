@@ -15,8 +15,8 @@ import pytest
 
 from lmzoo import eval as lmzoo_eval
 from lmzoo.config import ConfigError
-from lmzoo.run import tracking
-from lmzoo.run.directory import RunDir
+from lmzoo.record import tracking
+from lmzoo.record.directory import RunDir
 from lmzoo.run.loop import train
 from tests.conftest import tiny_config
 

@@ -1,4 +1,5 @@
-"""Every check a resume passes, in the order the trainer makes them, and what a resume records.
+"""The checks a saved run passes when training opens it again, in the order the trainer makes them, and what a
+resume records.
 
 Training a run directory that holds a run resumes it. Before anything is built, ``prepare_run_dir``
 refuses a run whose identity (model, attn, pos, data, seed) differs; before restoring,
@@ -6,26 +7,24 @@ refuses a run whose identity (model, attn, pos, data, seed) differs; before rest
 whose state they hold; ``train.state_passing``, whose carried state they hold). After restoring,
 ``check_resume_step`` refuses a step that calls of ``train.steps_per_call`` steps cannot reach,
 ``check_data`` refuses data other than those the run trained on (unless ``data.allow_changed=true``,
-then the change is recorded), ``check_continuation`` names a learning rate that jumps at the resumed
-step, and ``record_settings`` writes the changed keys to ``resumes.jsonl``, so the run's history says
-how it was trained: the settings in effect are ``config.yaml`` with those rows applied in order.
+then the change is recorded), and ``record_settings`` writes the changed keys to ``resumes.jsonl``, so the run's
+history says how it was trained: the settings in effect are ``config.yaml`` with those rows applied in order.
+(The trainer's own check, a learning rate that jumps at the resumed step, is ``lmzoo.run.optim.check_continuation``.)
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 from operator import attrgetter
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from lmzoo.config import Config, ConfigError
 from lmzoo.faults import RunFault
-from lmzoo.run.directory import DATA_CHANGED, RunDir, check_run_dir, flat_settings
-from lmzoo.run.optim import decay_start, learning_rate_schedule
-from lmzoo.schema import OptimConfig, to_dataclass
+from lmzoo.record.directory import DATA_CHANGED, RunDir, check_run_dir, flat_settings
+from lmzoo.record.migrate import VALUES_BEFORE_ADDED
 
 log = logging.getLogger("lmzoo.train")
 
@@ -77,14 +76,13 @@ def saved_steps(run: RunDir) -> list[int]:
 class CheckpointSetting(NamedTuple):
     """A setting a run's checkpoints are made for, which a resume must keep."""
 
-    predated: Any  # its value in runs saved before the setting existed
     held: str  # what the checkpoints hold, as the error line says it
     keep: str  # the override that keeps it, ``{}`` standing for the value
 
 
 CHECKPOINT_SETTINGS = {
-    "optim.name": CheckpointSetting("adamw", "whose state its checkpoints hold", "optim={}"),
-    "train.state_passing": CheckpointSetting(False, "which its checkpoints are saved for",  # carried state
+    "optim.name": CheckpointSetting("whose state its checkpoints hold", "optim={}"),
+    "train.state_passing": CheckpointSetting("which its checkpoints are saved for",  # carried state
                                              "train.state_passing={}"),
 }
 
@@ -93,7 +91,7 @@ def check_checkpoints_fit(run: RunDir, cfg: Config) -> None:
     """Before restoring: every setting in ``CHECKPOINT_SETTINGS`` is what the run trained with."""
     settings = run.settings_in_effect()
     for key, setting in CHECKPOINT_SETTINGS.items():
-        before, now = OmegaConf.select(settings, key, default=setting.predated), attrgetter(key)(cfg)
+        before, now = OmegaConf.select(settings, key, default=VALUES_BEFORE_ADDED[key]), attrgetter(key)(cfg)
         if before != now:
             raise ConfigError(f"{key}={quoted(now)}: run_dir {str(run.path)!r} trained with {key}={quoted(before)}, "
                               f"{setting.held}; resume with {setting.keep.format(plain(before))} "
@@ -160,30 +158,6 @@ def check_data(run: RunDir, fingerprint: dict, *, step: int, allow_changed: bool
     log.warning("warning: the data changed since step %d (%s); going on as data.allow_changed=true asks "
                 "(recorded in %s)", step, ", ".join(differ), run.resumes_path)
     run.append_resumes([{"step": step, "key": DATA_CHANGED, "old": before, "new": fingerprint}])
-
-
-def schedule_in_effect(run: RunDir) -> tuple[OptimConfig, int]:
-    """The optimizer settings and step count the run trained with so far."""
-    settings = run.settings_in_effect()
-    return to_dataclass(OptimConfig, settings.optim, prefix="optim."), int(settings.train.steps)
-
-
-def check_continuation(run: RunDir, cfg: Config, step: int) -> None:
-    """Before a resume at ``step`` records its changes: a learning rate that jumps at ``step`` (a schedule
-    changed mid-decay, say) is named in a warning; a WSD decay that goes on from ``step`` says where it decays."""
-    before, steps_before = schedule_in_effect(run)
-    was = float(learning_rate_schedule(before, steps_before)(step))
-    now = float(learning_rate_schedule(cfg.optim, cfg.train.steps)(step))
-    if not math.isclose(was, now, rel_tol=1e-6, abs_tol=1e-12):
-        log.warning("warning: the learning rate jumps at step %d from %.4g to %.4g (the schedule's settings changed: "
-                    "optim.* or train.steps)", step, was, now)
-    elif cfg.optim.schedule == "wsd" and (before, steps_before) != (cfg.optim, cfg.train.steps):
-        log.info("the schedule goes on from step %d at lr %.4g: %s", step, now,
-                 describe_wsd(cfg.optim, cfg.train.steps))
-
-
-def describe_wsd(optim: OptimConfig, steps: int) -> str:
-    return f"stable until step {decay_start(optim, steps)}, then a {optim.decay_shape} decay to step {steps}"
 
 
 def record_settings(cfg: Config, step: int) -> list[dict]:

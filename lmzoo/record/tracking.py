@@ -18,7 +18,7 @@ import uuid
 from typing import Any, Protocol
 
 from lmzoo.config import ConfigError
-from lmzoo.run.directory import RunDir
+from lmzoo.record.directory import RunDir
 
 WANDB_ID = "wandb_id"  # the run directory's Weights & Biases run id, written by the first process to log
 EXTRA = "track"  # pyproject.toml's extra that installs the trackers

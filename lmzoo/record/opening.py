@@ -24,9 +24,9 @@ from lmzoo.data import build_data
 from lmzoo.data.corpus import with_saved_tokenizer
 from lmzoo.faults import RunFault, lock_holder
 from lmzoo.model import LM
-from lmzoo.run.checkpoint import Checkpointer
-from lmzoo.run.directory import RunDir
-from lmzoo.run.resume import data_changes
+from lmzoo.record.checkpoints import Checkpointer
+from lmzoo.record.directory import RunDir
+from lmzoo.record.resuming import data_changes
 
 log = logging.getLogger("lmzoo.trained")
 
