@@ -20,8 +20,9 @@ PACKAGE = pathlib.Path(lmzoo.__file__).parent
 LAYERS = [
     ["lmzoo.schema", "lmzoo.faults", "lmzoo.stats"],  # import nothing of lmzoo (stats: only itself)
     ["lmzoo.registry", "lmzoo.sharding", "lmzoo.plots", "lmzoo.ops"],
-    ["lmzoo.positions", "lmzoo.mixers", "lmzoo.metrics"],
+    ["lmzoo.positions", "lmzoo.mixers"],
     ["lmzoo.data"],
+    ["lmzoo.metrics"],  # above the data: a source's validation is scored by the trainer's scorer, passed in
     ["lmzoo.config"],
     ["lmzoo.model", "lmzoo.cli"],
     ["lmzoo.run"],  # training a run, and opening a trained one
