@@ -80,7 +80,7 @@ def probe_metrics(model: LM, tokens, segment_ids=None) -> dict:
     return logged_probes(attention_stats(model, tokens, segment_ids))
 
 
-def validation_scores(scores, bits_per_byte: float) -> dict:
+def validation_scores(scores: LengthScores, bits_per_byte: float) -> dict:
     """The logged scores of the validation targets (``lmzoo.metrics.catalog.SCORES``), then bpb's 95% interval."""
     summary = scores.summary(bits_per_byte)
     val = {m.logged: summary[m.name] for m in SCORES if m.logged}

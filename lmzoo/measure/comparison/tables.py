@@ -7,7 +7,7 @@ import numpy as np
 
 from lmzoo.measure.comparison.estimates import arm_bpb, arm_ratio, bpb_difference, ratio_difference
 from lmzoo.measure.comparison.reading import Group, Run, evaluated_lengths, probe_mean
-from lmzoo.metrics.catalog import PROBES, SCORES, Measurement
+from lmzoo.metrics.catalog import PROBES, SCORES, Measurement, measurement
 from lmzoo.run.directory import describe_changes
 from lmzoo.stats.trained_models import Comparison, over_seeds, seed_difference
 from lmzoo.stats.uncertainty import adjusted_p_values
@@ -97,7 +97,7 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
         row += [_fmt(first.info.get("params"), ","), _fmt(first.info.get("state_size"), ",")]
         row += budget_cells(group)
         row += [first.documents] if masked else []
-        row.append(summary_cell(group, lambda r: r.last("val_bpb")))
+        row.append(summary_cell(group, lambda r: r.last(measurement("bpb").logged)))
         cells, record = row_cells(group, lengths, settings)
         row += cells
         row += [summary_cell(group, lambda r, m=m: measurement_value(m, r), spec=m.spec) for m in TABLE_MEASUREMENTS]
