@@ -21,8 +21,9 @@ LAYERS = [
     ["lmzoo.schema", "lmzoo.faults", "lmzoo.stats"],  # import nothing of lmzoo (stats: only itself)
     ["lmzoo.registry", "lmzoo.sharding", "lmzoo.plots", "lmzoo.ops",
      "lmzoo.record.migrate"],  # old run directories read as today's: lmzoo.config uses it
-    ["lmzoo.positions", "lmzoo.mixers", "lmzoo.metrics"],
+    ["lmzoo.positions", "lmzoo.mixers"],
     ["lmzoo.data"],
+    ["lmzoo.metrics"],  # above the data: a source's validation is scored by the trainer's scorer, passed in
     ["lmzoo.config"],
     ["lmzoo.model", "lmzoo.cli"],
     ["lmzoo.record"],  # a run on disk: its directory, checkpoints, opening a trained run, resume checks, tracking

@@ -71,9 +71,10 @@ class SourceMetrics:
         """The log row's terms over the calls added since the last ``pop``."""
         return {}
 
-    def validation(self, score, *, rows: int, scored: Optional[tuple] = None) -> dict[str, float]:
-        """Terms scored on the source's own validation windows; ``scored`` = (windows, their scores) already
-        scored by the trainer, not scored again."""
+    def validation(self, score_windows, *, scored: Optional[tuple] = None) -> dict[str, float]:
+        """Terms scored on the source's own validation windows by ``score_windows`` (windows -> their
+        ``LengthScores``, the trainer's scorer); ``scored`` = (windows, their scores) already scored by the trainer,
+        not scored again."""
         return {}
 
 

@@ -454,8 +454,8 @@ class ComponentMetrics(SourceMetrics):
         window, self.window = self.window, []
         return component_losses(jax.device_get(window), self.names)
 
-    def validation(self, score, *, rows: int, scored: Optional[tuple] = None) -> dict[str, float]:
-        return component_validation(score, self.windows, rows=rows, scored=scored)
+    def validation(self, score_windows, *, scored: Optional[tuple] = None) -> dict[str, float]:
+        return component_validation(score_windows, self.windows, scored=scored)
 
 
 def component_windows(data: MixData, length: int, budget: int) -> dict:
@@ -467,18 +467,17 @@ def component_windows(data: MixData, length: int, budget: int) -> dict:
         raise ConfigError(f"train.eval_tokens={budget}: {e}") from None
 
 
-def component_validation(score, windows: dict, *, rows: int, scored: Optional[tuple] = None) -> dict[str, float]:
+def component_validation(score_windows, windows: dict, *, scored: Optional[tuple] = None) -> dict[str, float]:
     """``val_loss/<name>`` on each component's own validation windows (and ``val_accuracy/<name>`` where only
-    answers are scored); ``scored`` = (windows, their ``LengthScores``) already scored, not scored again."""
-    from lmzoo.stats.bootstrap import BLOCKS
-    from lmzoo.metrics.scoring import score_length  # JAX only once a model is scored: importing lmzoo.data stays light
-
+    answers are scored). ``score_windows(windows)`` scores windows into their ``LengthScores`` (the trainer's
+    scorer: the data need not know the model or the scorer); ``scored`` = (windows, their ``LengthScores``) already
+    scored, not scored again."""
     metrics = {}
     for name, own in windows.items():
         if scored is not None and own is scored[0]:
             scores = scored[1]
         else:
-            scores = score_length(score, own, rows=rows, blocks=BLOCKS, n_buckets=1)
+            scores = score_windows(own)
         metrics[f"val_loss/{name}"] = scores.mean_loss
         if scores.answers_only:
             metrics[f"val_accuracy/{name}"] = scores.accuracy

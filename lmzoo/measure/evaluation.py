@@ -35,7 +35,8 @@ from tqdm.auto import tqdm
 
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, to_dataclass
 from lmzoo.measure.memory import compiled_bytes, largest_fitting_length, memory_budget
-from lmzoo.metrics.probes import PROBES, attention_stats
+from lmzoo.metrics.catalog import PROBES
+from lmzoo.metrics.probes import attention_stats
 from lmzoo.metrics.scoring import Forward, LengthScores, score_length, token_scores, windows_per_batch
 from lmzoo.model import LM
 from lmzoo.record.checkpoints import split_model
@@ -147,12 +148,13 @@ def position_entry(scores: LengthScores, bootstrap_args: dict) -> dict:
 
 
 def probe_entries(model: LM, windows, eval_cfg: EvalConfig) -> tuple[dict, dict]:
-    """Attention sparsity, entropy and first-key share on the first windows: per layer and head, and per span of
-    positions."""
+    """The attention probes (sparsity, entropy, first-key share) on the first windows: per layer and head, and per
+    span of positions."""
     batch = windows(np.arange(min(eval_cfg.probe_batch, len(windows))))
     stats = attention_stats(model, batch["inputs"], batch.get("segment_ids"),
                             position_buckets=eval_cfg.position_buckets)
-    return {n: stats[n] for n in PROBES}, {n: stats[f"{n}_by_position"] for n in PROBES}
+    overall = {p.name: stats[p.name] for p in PROBES}
+    return overall, {p.name: stats[f"{p.name}_by_position"] for p in PROBES}  # per_position's keys: the names
 
 
 def score_lengths(forwards: dict[int, Forward], windows: dict, rows: dict[int, int], eval_cfg: EvalConfig,

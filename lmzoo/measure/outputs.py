@@ -15,12 +15,21 @@ from pathlib import Path
 import numpy as np
 
 from lmzoo.faults import probe_writable
-from lmzoo.metrics.probes import PROBES
+from lmzoo.metrics.catalog import MEASUREMENTS, PROBES, SCORES, Measurement
 from lmzoo.record.directory import RunDir, atomic_write_text, json_text
 from lmzoo.record.tracking import log_evaluation
 
-CSV_COLUMNS = ["length", "length_ratio", "tokens", "loss", "bpb", "bpb_lo", "bpb_hi", "ratio", "ratio_lo",
-               "ratio_hi", "accuracy", "mean_sparsity", "mean_entropy", "mean_first_key"]
+
+
+def csv_columns(m: Measurement) -> list[str]:
+    """A measurement's results.csv columns: none, its value, or its value and its interval's bounds."""
+    if not m.csv:
+        return []
+    return [m.csv, f"{m.csv}_lo", f"{m.csv}_hi"] if m.interval else [m.csv]
+
+
+# Each evaluated length, then the measurements' columns (scores, then probes: the order of ``MEASUREMENTS``).
+CSV_COLUMNS = ["length", "length_ratio", "tokens"] + [column for m in MEASUREMENTS for column in csv_columns(m)]
 
 
 def check_writable(run: RunDir, tag: str) -> None:
@@ -49,10 +58,17 @@ def results_csv(results: dict) -> str:
     writer = csv.writer(text)
     writer.writerow(CSV_COLUMNS)
     for length, r in results["lengths"].items():
-        means = [float(np.nanmean(r[k])) if k in r else "" for k in PROBES]
-        writer.writerow([length, int(length) / train_len, r["tokens"], r["loss"], r["bpb"], *r["bpb_ci"],
-                         r["ratio"], *r["ratio_ci"], r["accuracy"], *means])
+        writer.writerow([length, int(length) / train_len, r["tokens"], *measurement_cells(r)])
     return text.getvalue()
+
+
+def measurement_cells(entry: dict) -> list:
+    """The measurements' cells of one length's ``results.json`` entry: scores (with their intervals), then each
+    probe's mean over layers and heads (empty where the length was not probed)."""
+    cells = []
+    for m in (m for m in SCORES if m.csv):
+        cells += [entry[m.name], *entry[f"{m.name}_ci"]] if m.interval else [entry[m.name]]
+    return cells + [float(np.nanmean(entry[p.name])) if p.name in entry else "" for p in PROBES if p.csv]
 
 
 def write_tensorboard(run: RunDir, results: dict, pngs: list[Path]) -> None:
@@ -64,11 +80,10 @@ def write_tensorboard(run: RunDir, results: dict, pngs: list[Path]) -> None:
     older = set(folder.glob("events.out.tfevents.*"))
     with SummaryWriter(str(folder)) as tb:  # its own folder: a resumed training run purges steps in tb/
         for length, r in results["lengths"].items():
-            tb.add_scalar(f"eval/{tag}/bpb_vs_length", r["bpb"], int(length))
-            tb.add_scalar(f"eval/{tag}/loss_vs_length", r["loss"], int(length))
-            for name in PROBES:
-                if name in r:
-                    tb.add_scalar(f"eval/{tag}/{name}_vs_length", float(np.nanmean(r[name])), int(length))
+            for m in (m for m in SCORES if m.tensorboard):
+                tb.add_scalar(f"eval/{tag}/{m.name}_vs_length", r[m.name], int(length))
+            for probe in (p for p in PROBES if p.tensorboard and p.name in r):
+                tb.add_scalar(f"eval/{tag}/{probe.name}_vs_length", float(np.nanmean(r[probe.name])), int(length))
         for png in pngs:  # under plots/: an image never shares a scalar's tag
             tb.add_image(f"eval/{tag}/plots/{png.stem}", png_pixels(png), 0, dataformats="HWC")
     for path in older:
@@ -83,7 +98,7 @@ def png_pixels(path: Path) -> np.ndarray:
 
 def plot_results(results: dict, out_dir: Path) -> None:
     """bpb and its paired ratio to the training length against length, and loss by position, each with its
-    95% band; attention sparsity against length where probed."""
+    95% band; the probes that have a figure (attention sparsity) against length where probed."""
     from lmzoo.plots import line_with_band, new_axes, save_axes
 
     train_len = results["train_seq_len"]
@@ -106,18 +121,26 @@ def plot_results(results: dict, out_dir: Path) -> None:
               ylabel=f"bpb@L / bpb@{train_len}", title=f"Ratio to the training length (paired 95% interval)\n{run}",
               **axis)
 
-    probed = {int(n): r["sparsity"] for n, r in results["lengths"].items() if "sparsity" in r}
-    if probed:
-        fig, ax = new_axes()
-        for layer in range(len(next(iter(probed.values())))):
-            layer_means = [float(np.nanmean(s[layer])) for s in probed.values()]
-            ax.plot(list(probed), layer_means, marker="o", label=f"layer {layer}")
-        save_axes(fig, ax, out_dir / "sparsity_vs_length.png", xticks=list(probed), xlabel="evaluation length (tokens)",
-                  ylabel="mean row sparsity S (1 = uniform)",
-                  title=f"Attention sparsity per layer (no interval)\n{run}", **axis)
+    for probe in (p for p in PROBES if p.figure):
+        plot_probe_layers(results, probe, out_dir, run, axis)
 
     fig, ax = new_axes()
     for length, curve in results["per_position"].items():
         line_with_band(ax, curve["positions"], curve["loss"], *curve["loss_ci"], label=f"L={length}")
     save_axes(fig, ax, out_dir / "per_position.png", xlabel="position", ylabel="loss (nats/token)",
               title=f"Loss by position in the window (95% text band)\n{run}", **axis)
+
+
+def plot_probe_layers(results: dict, probe: Measurement, out_dir: Path, run: str, axis: dict) -> None:
+    """``probe``'s mean per layer against length, at the lengths it was probed (no figure where none was)."""
+    from lmzoo.plots import new_axes, save_axes
+
+    probed = {int(n): r[probe.name] for n, r in results["lengths"].items() if probe.name in r}
+    if not probed:
+        return
+    fig, ax = new_axes()
+    for layer in range(len(next(iter(probed.values())))):
+        layer_means = [float(np.nanmean(values[layer])) for values in probed.values()]
+        ax.plot(list(probed), layer_means, marker="o", label=f"layer {layer}")
+    save_axes(fig, ax, out_dir / f"{probe.figure.stem}.png", xticks=list(probed), xlabel="evaluation length (tokens)",
+              ylabel=probe.figure.run_ylabel, title=f"{probe.figure.subject} per layer (no interval)\n{run}", **axis)

@@ -1,4 +1,5 @@
-"""Model measures, in JAX, shared by training and measuring: the scorer and the attention probes.
+"""Model measures, in JAX, shared by training and measuring: the scorer, the attention probes, and the catalog that
+defines each measurement once (its names in results, tables, figures and logs).
 
 The statistics of what they measure (intervals, comparisons over seeds) are ``lmzoo.stats``.
 """

@@ -13,11 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lmzoo.metrics.sparsity import attention_entropy, first_key_share, l1_l2_sparsity
+from lmzoo.metrics.catalog import PROBES
 from lmzoo.ops.common import causal_mask, same_segment
-
-MEASURES = (("sparsity", l1_l2_sparsity), ("entropy", attention_entropy), ("first_key", first_key_share))
-PROBES = tuple(name for name, _ in MEASURES)  # the keys each probe result has per layer and head
 
 
 @nnx.jit(static_argnames="position_buckets")
@@ -27,17 +24,18 @@ def _row_stats(model, tokens, segment_ids, position_buckets: int):
     if segment_ids is not None:  # a row spans the keys of the query's own document
         visible = visible & same_segment(segment_ids)[:, None]  # (B, 1, T, T)
     spans = np.array_split(np.arange(t), min(position_buckets, t))
-    stats = {key: [] for name in PROBES for key in (name, f"{name}_by_position")}
+    stats = {key: [] for p in PROBES for key in (p.name, f"{p.name}_by_position")}
     for weights in model.attention_matrices(tokens, segment_ids=segment_ids):  # (B, H, T, T) per layer
-        for name, fn in MEASURES:
-            rows = fn(weights, visible)  # (B, H, T)
-            stats[name].append(jnp.nanmean(rows, axis=(0, 2)))  # (H,)
-            stats[f"{name}_by_position"].append(jnp.stack([jnp.nanmean(rows[..., s]) for s in spans]))
+        for probe in PROBES:
+            rows = probe.row_statistic(weights, visible)  # (B, H, T)
+            stats[probe.name].append(jnp.nanmean(rows, axis=(0, 2)))  # (H,)
+            stats[f"{probe.name}_by_position"].append(jnp.stack([jnp.nanmean(rows[..., s]) for s in spans]))
     return {k: jnp.stack(v) for k, v in stats.items()}, [int(s[-1]) + 1 for s in spans]
 
 
 def attention_stats(model, tokens, segment_ids=None, *, position_buckets: int = 8) -> dict:
-    """{"sparsity", "entropy", "first_key": [layer][head], "*_by_position": [layer][bucket], "positions": [bucket end]};
+    """{<probe>: [layer][head], "<probe>_by_position": [layer][bucket], "positions": [bucket end]} for each of
+    ``lmzoo.metrics.catalog.PROBES`` (sparsity, entropy, first_key);
     with ``segment_ids`` each document's rows over its own keys."""
     segment_ids = None if segment_ids is None else jnp.asarray(segment_ids)
     stats, ends = _row_stats(model, jnp.asarray(tokens), segment_ids, position_buckets)
@@ -46,6 +44,11 @@ def attention_stats(model, tokens, segment_ids=None, *, position_buckets: int = 
     return out
 
 
-def summary(stats: dict) -> dict:
-    """Means over layers and heads, for one-number logging."""
-    return {"sparsity": float(np.nanmean(stats["sparsity"])), "entropy": float(np.nanmean(stats["entropy"]))}
+def logged_probes(stats: dict) -> dict:
+    """What a training run logs of ``attention_stats``: each logged probe's mean over layers and heads, then the
+    per-layer means (over heads) of those logged per layer."""
+    logged = {p.logged: float(np.nanmean(stats[p.name])) for p in PROBES if p.logged}
+    for probe in (p for p in PROBES if p.per_layer):
+        for layer, heads in enumerate(stats[probe.name]):
+            logged[f"probe/{probe.name}/layer{layer}"] = float(np.nanmean(heads))
+    return logged

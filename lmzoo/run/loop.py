@@ -49,8 +49,9 @@ from lmzoo.data import build_data
 from lmzoo.data.corpus import with_saved_tokenizer
 from lmzoo.data.tokenizers import BPE
 from lmzoo.faults import Diverged, RunLock
-from lmzoo.metrics.probes import attention_stats, summary as probe_summary
-from lmzoo.metrics.scoring import score_length
+from lmzoo.metrics.catalog import SCORES, measurement
+from lmzoo.metrics.probes import attention_stats, logged_probes
+from lmzoo.metrics.scoring import LengthScores, score_length
 from lmzoo.model import LM, count_params
 from lmzoo.record.checkpoints import Checkpointer
 from lmzoo.record.directory import RunDir, describe_changes
@@ -72,13 +73,18 @@ logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU fo
 
 
 def probe_metrics(model: LM, tokens, segment_ids=None) -> dict:
-    """Attention sparsity and entropy: overall means, and per layer (mean over heads) for TensorBoard."""
-    stats = attention_stats(model, tokens, segment_ids)
-    metrics = {f"val_{k}": v for k, v in probe_summary(stats).items()}
-    for name in ("sparsity", "entropy"):
-        for layer, heads in enumerate(stats[name]):
-            metrics[f"probe/{name}/layer{layer}"] = float(np.nanmean(heads))
-    return metrics
+    """The logged probes (``lmzoo.metrics.catalog.PROBES``): overall means, and per layer (mean over heads) for
+    TensorBoard."""
+    return logged_probes(attention_stats(model, tokens, segment_ids))
+
+
+def validation_scores(scores: LengthScores, bits_per_byte: float) -> dict:
+    """The logged scores of the validation targets (``lmzoo.metrics.catalog.SCORES``), then bpb's 95% interval."""
+    summary = scores.summary(bits_per_byte)
+    val = {m.logged: summary[m.name] for m in SCORES if m.logged}
+    interval, bpb = scores.bpb_interval(bits_per_byte), measurement("bpb").logged
+    val.update({f"{bpb}_lo": interval.lo, f"{bpb}_hi": interval.hi})
+    return val
 
 
 # ----------------------------------------------------------------------------- plumbing
@@ -504,16 +510,17 @@ class Trainer:
         with jax.set_mesh(self.mesh):
             return jax.device_get(self.eval_fn(self.state, *local))
 
+    def score_windows(self, windows) -> LengthScores:
+        """Block sums of validation ``windows``, ``train.batch_size`` windows at a time, as training validates."""
+        return score_length(self.score, windows, rows=self.cfg.train.batch_size, blocks=BLOCKS, n_buckets=1)
+
     def validate(self) -> dict:
         """Loss, bits per byte (with its 95% interval) and accuracy on the ``train.eval_tokens``
         validation targets, scored as ``lmzoo.eval`` scores the training length; the attention probes."""
         self.settle()
-        scores = score_length(self.score, self.val_windows, rows=self.cfg.train.batch_size, blocks=BLOCKS, n_buckets=1)
-        val = {f"val_{k}": v for k, v in scores.summary(self.bits_per_byte).items()}
-        interval = scores.bpb_interval(self.bits_per_byte)
-        val.update(val_bpb_lo=interval.lo, val_bpb_hi=interval.hi)
-        val.update(self.source_metrics.validation(self.score, rows=self.cfg.train.batch_size,
-                                                  scored=(self.val_windows, scores)))
+        scores = self.score_windows(self.val_windows)
+        val = validation_scores(scores, self.bits_per_byte)
+        val.update(self.source_metrics.validation(self.score_windows, scored=(self.val_windows, scores)))
         if len(self.probe_tokens):
             model = nnx.merge(self.graphdef, self.state["params"], self.state["extra"])
             val.update(probe_metrics(model, self.probe_tokens, self.probe_segments))

@@ -16,10 +16,12 @@ from lmzoo.data.base import DataDefaults, SourceMetrics
 from lmzoo.data.train_iterators import train_iterator
 from lmzoo.data.synthetic import TRAIN, TaskExamples, TaskTokenizer
 from lmzoo.faults import RunFault
+from lmzoo.metrics.scoring import score_length
 from lmzoo.record.directory import RunDir
 from lmzoo.record.resuming import check_data
 from lmzoo.run.loop import train
 from lmzoo.schema import ConfigError, to_dataclass
+from lmzoo.stats.bootstrap import BLOCKS
 from lmzoo.train import main as train_main
 
 from conftest import tiny_config
@@ -155,14 +157,17 @@ def test_each_component_is_validated_on_its_own_windows(tmp_path):
     def score(inputs, targets, *segment_ids):  # "loss" = the target token, right where it is even
         return {"loss": targets.astype(np.float32), "correct": (targets % 2 == 0).astype(np.float32)}
 
-    metrics = component_validation(score, windows, rows=3)
+    def score_windows(own):
+        return score_length(score, own, rows=3, blocks=BLOCKS, n_buckets=1)
+
+    metrics = component_validation(score_windows, windows)
     for name, own in windows.items():
         batch = own(np.arange(len(own)))
         scored = batch.get("weights", np.ones(batch["targets"].shape))
         assert metrics[f"val_loss/{name}"] == pytest.approx((batch["targets"] * scored).sum() / scored.sum())
     assert metrics["val_accuracy/passkey"] == pytest.approx(np.mean(own_answers(windows["passkey"]) % 2 == 0))
     assert "val_accuracy/text" not in metrics
-    reused = component_validation(score, {"text": windows["text"]}, rows=3, scored=(windows["text"], FakeScores()))
+    reused = component_validation(score_windows, {"text": windows["text"]}, scored=(windows["text"], FakeScores()))
     assert reused == {"val_loss/text": 1.5}
     with pytest.raises(ConfigError, match=r"^train\.eval_tokens=19: "):
         component_windows(data, L, L)

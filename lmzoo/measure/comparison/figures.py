@@ -1,5 +1,5 @@
-"""The comparison's figures: bpb and its ratio against evaluation length, loss by position, sparsity
-against length (matplotlib only once a figure is drawn)."""
+"""The comparison's figures: bpb and its ratio against evaluation length, loss by position, the probes that have a
+figure (sparsity) against length (matplotlib only once a figure is drawn)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 
 from lmzoo.measure.comparison.estimates import arm_bpb, arm_ratio, bootstrap_settings
 from lmzoo.measure.comparison.reading import Group, Run, evaluated_lengths, probe_mean
+from lmzoo.metrics.catalog import PROBES, Measurement
 from lmzoo.stats.trained_models import over_seeds, seed_mean
 
 
@@ -73,22 +74,22 @@ def plot_per_position(groups: list[Group], out: Path, train_len: int) -> Path:
                      title="Loss by position in the window", xlabel="position", ylabel="loss (nats/token)")
 
 
-def plot_sparsity(groups: list[Group], out: Path, train_len: int, lengths: list[int]) -> Path:
+def plot_probe(probe: Measurement, groups: list[Group], out: Path, train_len: int, lengths: list[int]) -> Path:
+    """``probe``'s mean over layers and heads against length, per arm (an interval over its seeds)."""
     from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 
     fig, ax = new_axes((6, 4))
     for index, group in enumerate(groups):
-        def sparsity(r: Run, n: int) -> float | None:
-            return probe_mean(r.at(n).get("sparsity"))
-        xs, ys, los, his = series(group, lengths, sparsity,
-                                  lambda g, n: seed_mean([sparsity(r, n) for r in g.evaluated]))
+        def mean(r: Run, n: int) -> float | None:
+            return probe_mean(r.at(n).get(probe.name))
+        xs, ys, los, his = series(group, lengths, mean, lambda g, n: seed_mean([mean(r, n) for r in g.evaluated]))
         n = len(group.evaluated)
         label = f"{group.label} ({n} seeds, 95% over seeds)" if n > 1 else f"{group.label} (1 run, no interval)"
         if xs:
             error_bars(ax, spread(xs, index, len(groups)), ys, los, his, label=label, **series_style(index))
-    return save_axes(fig, ax, out / "sparsity_vs_length.png", train_len=train_len, xticks=lengths, xscale="log",
-                     title="Attention sparsity against evaluation length",
-                     xlabel="evaluation length (tokens)", ylabel="mean attention sparsity S (1 = uniform)")
+    return save_axes(fig, ax, out / f"{probe.figure.stem}.png", train_len=train_len, xticks=lengths, xscale="log",
+                     title=f"{probe.figure.subject} against evaluation length",
+                     xlabel="evaluation length (tokens)", ylabel=probe.figure.arms_ylabel)
 
 
 def plot(groups: list[Group], out: Path) -> list[Path]:
@@ -102,5 +103,5 @@ def plot(groups: list[Group], out: Path) -> list[Path]:
     return [
         *plot_length_curves(evaluated, out, train_len, lengths, bootstrap_settings(runs)),
         plot_per_position(evaluated, out, train_len),
-        plot_sparsity(evaluated, out, train_len, lengths),
+        *(plot_probe(p, evaluated, out, train_len, lengths) for p in PROBES if p.figure),
     ]

@@ -7,6 +7,7 @@ import numpy as np
 
 from lmzoo.measure.comparison.estimates import arm_bpb, arm_ratio, bpb_difference, ratio_difference
 from lmzoo.measure.comparison.reading import Group, Run, evaluated_lengths, probe_mean
+from lmzoo.metrics.catalog import PROBES, SCORES, Measurement, measurement
 from lmzoo.record.directory import describe_changes
 from lmzoo.stats.trained_models import Comparison, over_seeds, seed_difference
 from lmzoo.stats.uncertainty import adjusted_p_values
@@ -37,6 +38,22 @@ def budget_cells(group: Group) -> list[str]:
         return "—" if not known else f"{known[0]:,}" if len(known) == 1 else f"{known[0]:,}–{known[-1]:,}"
     budgets = [r.budget for r in group.runs]
     return [cell({steps for steps, _ in budgets}), cell({tokens for _, tokens in budgets})]
+
+
+# The measurements with a column in the table of every arm: the probes, then the scores the training log keeps.
+TABLE_MEASUREMENTS = tuple(m for m in (*PROBES, *SCORES) if m.table)
+# The probes with a column in the differences to a baseline.
+DIFFERENCE_PROBES = tuple(p for p in PROBES if p.difference)
+
+
+def measurement_value(m: Measurement, run: Run):
+    """A run's value in ``m``'s column: a probe's mean at the training length (a run without evaluation: its last
+    logged value, if logged), a score's last value in the training log."""
+    if not m.is_probe:
+        return run.last(m.logged)
+    if run.results or m.logged is None:
+        return probe_mean(run.at_train.get(m.name))
+    return run.last(m.logged)
 
 
 def other_lengths(runs: list[Run]) -> list[int]:
@@ -71,7 +88,7 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
     header = ["variant", "n", "params", "state size", "steps", "tokens", *(["documents"] if masked else []),
               "val bpb", "bpb@train"]
     header += [f"bpb@{n} / bpb@train" for n in lengths]
-    header += ["interval", "mean S", "entropy", "first key", "accuracy", "tokens/s", "runs"]
+    header += ["interval", *(m.table for m in TABLE_MEASUREMENTS), "tokens/s", "runs"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     records = []
     for group in groups:
@@ -80,16 +97,11 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
         row += [_fmt(first.info.get("params"), ","), _fmt(first.info.get("state_size"), ",")]
         row += budget_cells(group)
         row += [first.documents] if masked else []
-        row.append(summary_cell(group, lambda r: r.last("val_bpb")))
+        row.append(summary_cell(group, lambda r: r.last(measurement("bpb").logged)))
         cells, record = row_cells(group, lengths, settings)
         row += cells
+        row += [summary_cell(group, lambda r, m=m: measurement_value(m, r), spec=m.spec) for m in TABLE_MEASUREMENTS]
         row += [
-            summary_cell(group, lambda r: probe_mean(r.at_train.get("sparsity")) if r.results
-                         else r.last("val_sparsity")),
-            summary_cell(group, lambda r: probe_mean(r.at_train.get("entropy")) if r.results
-                         else r.last("val_entropy")),
-            summary_cell(group, lambda r: probe_mean(r.at_train.get("first_key"))),
-            summary_cell(group, lambda r: r.last("val_accuracy")),
             summary_cell(group, lambda r: r.mean_throughput(), spec=",.0f"),
             ", ".join(str(r.path) + (" †" if r.changes else "") for r in group.runs),
         ]
@@ -127,7 +139,7 @@ def seeds_cell(comparison: Comparison | None, group: Group, baseline: Group) -> 
     return f"{n[0]} vs {n[1]}"
 
 
-def probe_difference(group: Group, baseline: Group, length: int | None, name: str = "sparsity") -> Comparison | None:
+def probe_difference(group: Group, baseline: Group, length: int | None, name: str) -> Comparison | None:
     """The arms' difference in a probe's mean (``sparsity``, ``first_key``) at ``length`` (None: the training
     length), over seeds alone."""
     def values(g: Group) -> list:
@@ -136,14 +148,40 @@ def probe_difference(group: Group, baseline: Group, length: int | None, name: st
 
 
 def difference_columns(group: Group, baseline: Group, lengths: list[int], settings: dict) -> dict:
-    """One arm's differences to ``baseline``, by column: ``bpb``, ``ratio@<n>``, ``sparsity``, ``sparsity@<n>``,
+    """One arm's differences to ``baseline``, by column: ``bpb``, ``ratio@<n>``, then per difference probe
+    ``<probe>`` (and ``<probe>@<n>`` where it is compared by length), e.g. ``sparsity``, ``sparsity@<n>``,
     ``first_key`` (None where they cannot be had)."""
     columns = {"bpb": bpb_difference(group, baseline, settings)}
     columns.update({f"ratio@{n}": ratio_difference(group, baseline, n, settings) for n in lengths})
-    columns["sparsity"] = probe_difference(group, baseline, None)
-    columns.update({f"sparsity@{n}": probe_difference(group, baseline, n) for n in lengths})
-    columns["first_key"] = probe_difference(group, baseline, None, "first_key")
+    for probe in DIFFERENCE_PROBES:
+        columns[probe.name] = probe_difference(group, baseline, None, probe.name)
+        if probe.difference_by_length:
+            columns.update({f"{probe.name}@{n}": probe_difference(group, baseline, n, probe.name) for n in lengths})
     return columns
+
+
+def probe_difference_keys(longest: list[int]) -> list[str]:
+    """The differences table's probe columns, by ``difference_columns`` key: each probe at the training length,
+    then at ``longest`` where it is compared by length."""
+    return [key for p in DIFFERENCE_PROBES
+            for key in [p.name, *(f"{p.name}@{n}" for n in longest if p.difference_by_length)]]
+
+
+def probe_difference_header(key: str) -> str:
+    """``Δ mean S@train (seeds)`` for the key ``sparsity``, ``Δ mean S@<n> (seeds)`` for ``sparsity@<n>``."""
+    name, _, length = key.partition("@")
+    return f"Δ {next(p for p in PROBES if p.name == name).difference}@{length or 'train'} (seeds)"
+
+
+def probe_difference_records(recorded: dict, lengths: list[int]) -> dict:
+    """comparison.json's probe differences: ``<probe>``, and ``<probe>_by_length`` where compared by length."""
+    records = {}
+    for probe in DIFFERENCE_PROBES:
+        records[probe.name] = recorded[probe.name]
+        if probe.difference_by_length:
+            records[f"{probe.name}_by_length"] = {str(n): recorded[f"{probe.name}@{n}"] for n in lengths
+                                                  if recorded[f"{probe.name}@{n}"]}
+    return records
 
 
 def adjusted_columns(rows: list[dict], adjust: str) -> list[dict]:
@@ -176,8 +214,8 @@ def differences(groups: list[Group], baseline: Group, settings: dict, adjust: st
     adjusted for the number of arms (``adjust``: holm or none), and its records."""
     lengths = other_lengths([r for g in groups for r in g.runs])
     header = ["variant", "seeds", "Δ bpb@train"] + [f"Δ bpb@{n} / bpb@train" for n in lengths] + ["interval"]
-    longest = lengths[-1:]  # S where the arms are furthest from training: the table's one other sparsity column
-    header += ["Δ mean S@train (seeds)"] + [f"Δ mean S@{n} (seeds)" for n in longest] + ["Δ first key@train (seeds)"]
+    longest = lengths[-1:]  # where the arms are furthest from training: the one other length of a probe by length
+    header += [probe_difference_header(key) for key in probe_difference_keys(longest)]
     others = [g for g in groups if g is not baseline]
     rows = [difference_columns(group, baseline, lengths, settings) for group in others]
     adjusted = adjusted_columns(rows, adjust)
@@ -201,12 +239,9 @@ def differences(groups: list[Group], baseline: Group, settings: dict, adjust: st
         row = [group.label, seeds_cell(columns["bpb"], group, baseline), cells["bpb"]]
         row += [cells[f"ratio@{n}"] for n in lengths]
         row.append(interval_note([columns["bpb"], *(columns[f"ratio@{n}"] for n in lengths)]))
-        row += [cells[key] for key in ("sparsity", *(f"sparsity@{n}" for n in longest), "first_key")]
+        row += [cells[key] for key in probe_difference_keys(longest)]
         lines.append("| " + " | ".join(row) + " |")
         records.append({"label": group.label, "baseline": baseline.label, "bpb": recorded["bpb"],
                         "ratio": {str(n): recorded[f"ratio@{n}"] for n in lengths if recorded[f"ratio@{n}"]},
-                        "sparsity": recorded["sparsity"],
-                        "sparsity_by_length": {str(n): recorded[f"sparsity@{n}"] for n in lengths
-                                               if recorded[f"sparsity@{n}"]},
-                        "first_key": recorded["first_key"]})
+                        **probe_difference_records(recorded, lengths)})
     return "\n".join(lines), records
