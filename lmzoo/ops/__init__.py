@@ -18,6 +18,8 @@ PaTH: w unit Householder directions ``[B, T, H, D]``, beta ``[B, T, H]`` in (0, 
 VQ attention: S codewords per head (codebook ``[H, S, D]``), blocks of L queries.
 State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head size (``ssd``, state
 ``[B, H, P, N]``), N state size, G groups sharing the B/C projections.
+
+Which ops each mixer computes with: ``MIXER_OPS`` below (checked against the mixers' imports).
 """
 
 from lmzoo.ops.attention import attention_weights, logn_scale, softmax_attention
@@ -50,3 +52,43 @@ __all__ += ["stick_breaking_attention", "stick_breaking_matrix", "stick_breaking
 __all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
 __all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights"]
 __all__ += ["comba", "comba_weights", "delta_product", "delta_product_weights", "mamba3", "mamba3_attention"]
+
+# The op modules (lmzoo/ops/<name>.py) each mixer module (lmzoo/mixers/<name>.py, registered under the same name)
+# computes with: those it imports, or, where it imports none, those of the family base whose mixer it builds or extends
+# (lmzoo/mixers/family/). The shared pieces (common, kernels, pallas) are left out. The configs/attn files that
+# name another schema run that schema's mixer (gqa, mqa, swa, logn, keynorm, gated_softmax: softmax; the hybrids:
+# hybrid, which builds registered mixers layer by layer). tests/ops/test_mixer_ops.py checks the table.
+MIXER_OPS = {
+    "family.attention": ("attention",),
+    "family.linear": ("gated",),
+    "family.delta": ("delta",),
+    "family.ssm": ("ssd", "lti"),  # lti: the short causal conv before the SSM
+    # the softmax family
+    "softmax": ("attention",),
+    "fox": ("attention",),
+    "gau": ("attention",),
+    "mla": ("attention",),
+    "dsa": ("dsa",),
+    "nsa": ("nsa",),
+    "path": ("path", "attention"),  # attention: grouped key/value heads
+    "stickbreaking": ("stick_breaking", "attention"),
+    "vq": ("vq",),
+    # the linear family
+    "linear": ("linear",),
+    "gla": ("gated",),
+    "retnet": ("gated",),
+    "deltanet": ("delta",),
+    "gated_deltanet": ("delta",),
+    "kda": ("delta",),
+    "comba": ("comba",),
+    "deltaproduct": ("delta_product",),
+    "gdn2": ("dplr",),
+    "rwkv7": ("dplr",),
+    # the state-space family
+    "mamba": ("selective_scan",),
+    "mamba2": ("ssd",),
+    "mamba3": ("mamba3",),
+    "log_linear_mamba2": ("log_linear",),
+    "h3": ("lti",),
+    "hybrid": (),  # none of its own: the mixers it interleaves
+}
