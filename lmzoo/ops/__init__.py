@@ -39,9 +39,9 @@ from lmzoo.ops.lti import causal_conv1d, diagonal_ssm, diagonal_ssm_kernel, fft_
 from lmzoo.ops.selective_scan import selective_attention, selective_scan
 from lmzoo.ops.ssd import ssd, ssd_attention
 from lmzoo.ops.stick_breaking import stick_breaking_attention, stick_breaking_matrix, stick_breaking_weights
-from lmzoo.ops.vq import vq_attention, vq_cache_step
+from lmzoo.ops.vq import vq_attention, vq_step
 
-__all__ = ["attention_weights", "causal_mask", "logn_scale", "softmax_attention", "vq_attention", "vq_cache_step"]
+__all__ = ["attention_weights", "causal_mask", "logn_scale", "softmax_attention", "vq_attention", "vq_step"]
 __all__ += ["delta_rule", "delta_rule_weights", "gla", "gla_weights", "linear_attention", "linear_attention_weights"]
 __all__ += ["causal_conv1d", "diagonal_ssm", "diagonal_ssm_kernel", "fft_conv"]
 __all__ += ["selective_attention", "selective_scan", "ssd", "ssd_attention"]

@@ -82,3 +82,47 @@ def test_the_table_is_what_the_mixers_import():
 def test_the_table_names_only_ops():
     ops = {p.stem for p in pathlib.Path(lmzoo.ops.__file__).parent.glob("*.py")} - SHARED - {"__init__"}
     assert set().union(*map(set, MIXER_OPS.values())) <= ops
+
+
+# ----------------------------------------------------------------------------- one-token decoding: STEP_FORM
+
+FORM_WORDS = {"naive", "parallel", "chunk", "chunk_recompute", "blocked", "scan", "assoc", "fft", "gather", "pallas"}
+
+
+def step_forms() -> dict[str, str]:
+    """Every op module's ``STEP_FORM`` (the form mixers decode one token with), by module name."""
+    modules = {p.stem: importlib.import_module(f"lmzoo.ops.{p.stem}")
+               for p in pathlib.Path(lmzoo.ops.__file__).parent.glob("*.py") if p.stem != "__init__"}
+    return {name: m.STEP_FORM for name, m in modules.items() if hasattr(m, "STEP_FORM")}
+
+
+def test_each_step_form_is_one_of_its_ops_forms_by_its_current_name():
+    for name, form in step_forms().items():
+        forms = importlib.import_module(f"lmzoo.ops.{name}").METHODS
+        assert form in forms and form not in forms.aliases, f"ops.{name}: STEP_FORM={form!r}, forms {forms}"
+
+
+def test_no_mixer_step_names_a_form_itself():
+    """A mixer's ``step`` takes its form from the op (``STEP_FORM``, or a family's ``step_form``), so decoding
+    has one name across the families and a form is written in one place."""
+    written = []
+    for mixer in mixer_modules():
+        tree = ast.parse((MIXERS / (mixer.replace(".", "/") + ".py")).read_text())
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "step"):
+            written += [f"{mixer}.step: {c.value!r}" for c in ast.walk(fn)
+                        if isinstance(c, ast.Constant) and c.value in FORM_WORDS]
+    assert not written, "\n".join(written)
+
+
+def test_a_family_mixer_decodes_with_the_form_its_op_names():
+    """``step_form`` (the family bases' class attribute; a variant on another op sets its own) is the STEP_FORM
+    of the ops ``MIXER_OPS`` gives the module that defines the class."""
+    forms, wrong = step_forms(), []
+    for mixer in mixer_modules():
+        module = importlib.import_module(f"lmzoo.mixers.{mixer}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__ or not hasattr(cls, "step_form"):
+                continue
+            wrong += [f"{cls.__name__}.step_form={cls.step_form!r}, ops.{op}.STEP_FORM={forms[op]!r}"
+                      for op in MIXER_OPS[mixer] if op in forms and forms[op] != cls.step_form]
+    assert not wrong, "\n".join(wrong)
