@@ -20,6 +20,8 @@ State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head
 ``[B, H, P, N]``), N state size, G groups sharing the B/C projections.
 
 Which ops each mixer computes with: ``MIXER_OPS`` below (checked against the mixers' imports).
+One-token decoding (a mixer's ``step``) has one name: a recurrent op's ``STEP_FORM`` is the form mixers decode
+with, and an op that decodes from a cache has a one-token function ``<op>_step`` (``nsa_step``, ``vq_step`` ...).
 """
 
 from lmzoo.ops.attention import attention_weights, logn_scale, softmax_attention
