@@ -25,7 +25,7 @@ from flax import nnx
 
 from lmzoo.mixers.base import MixerContext
 from lmzoo.mixers.family.delta import DecayConfig, DeltaRuleMixer
-from lmzoo.ops.comba import METHODS, comba, comba_weights
+from lmzoo.ops.comba import METHODS, STEP_FORM, comba, comba_weights
 from lmzoo.registry import register
 from lmzoo.sharding import param
 
@@ -44,6 +44,8 @@ class CombaConfig(DecayConfig):
 
 
 class Comba(DeltaRuleMixer):
+    step_form = STEP_FORM  # of lmzoo.ops.comba
+
     def init_gates(self, cfg: CombaConfig, ctx: MixerContext, *, rngs: nnx.Rngs) -> None:
         heads = self.n_heads
         self.init_decay(cfg, ctx, per_channel=False, rngs=rngs)  # the family's Mamba-2-style decay per head

@@ -30,7 +30,7 @@ from flax import nnx
 from lmzoo.mixers.base import MixerContext, dense
 from lmzoo.mixers.family.delta import DecayConfig, DeltaRuleMixer, l2_normalize
 from lmzoo.mixers.family.ssm import CausalConv
-from lmzoo.ops.delta_product import METHODS, delta_product, delta_product_weights
+from lmzoo.ops.delta_product import METHODS, STEP_FORM, delta_product, delta_product_weights
 from lmzoo.registry import register
 from lmzoo.schema import ModelConfig, one_of, positive
 
@@ -57,6 +57,7 @@ class DeltaProductConfig(DecayConfig):
 
 class DeltaProduct(DeltaRuleMixer):
     matrix_acts_on_values = False  # the weights act on each sub-step's value, not on one value per token
+    step_form = STEP_FORM  # of lmzoo.ops.delta_product
     def __init__(self, cfg: DeltaProductConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
         # The family's layout with n_h keys and values per token: [q | k_0 .. k_{n-1} | v_0 .. v_{n-1}].
         d, self.n_heads, self.steps = ctx.d_model, ctx.n_heads, cfg.householder_steps

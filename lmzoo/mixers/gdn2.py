@@ -24,7 +24,7 @@ from flax import nnx
 
 from lmzoo.mixers.base import MixerContext, dense
 from lmzoo.mixers.family.delta import DecayConfig, DeltaRuleMixer
-from lmzoo.ops.dplr import METHODS, gdn2, gdn2_weights
+from lmzoo.ops.dplr import METHODS, STEP_FORM, gdn2, gdn2_weights
 from lmzoo.registry import register
 
 
@@ -41,6 +41,7 @@ class GDN2Config(DecayConfig):
 
 class GDN2(DeltaRuleMixer):
     matrix_acts_on_values = False  # the weights act on write * v: a per-channel write gate leaves no single matrix on v
+    step_form = STEP_FORM  # of lmzoo.ops.dplr
     def init_step_sizes(self, ctx: MixerContext, *, rngs: nnx.Rngs) -> None:
         """The erase gate per key channel and the write gate per value channel, in place of beta."""
         d = ctx.d_model

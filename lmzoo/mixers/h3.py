@@ -40,7 +40,7 @@ from flax import nnx
 from lmzoo.mixers.base import Mixer, MixerContext, dense
 from lmzoo.mixers.family.ssm import CausalConv, check_dt_range
 from lmzoo.ops.common import Forms, same_segment, segment_starts
-from lmzoo.ops.lti import causal_toeplitz, diagonal_ssm, diagonal_ssm_kernel, vandermonde
+from lmzoo.ops.lti import STEP_FORM, causal_toeplitz, diagonal_ssm, diagonal_ssm_kernel, vandermonde
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 from lmzoo.sharding import param
@@ -116,7 +116,7 @@ class H3(Mixer):
         heads = (batch, length, self.n_heads, self.head_dim)
         return self.q_proj(x).reshape(heads), k.reshape(heads), self.v_proj(x).reshape(heads), shift_state
 
-    def recurrent(self, q, k, v, ssm_state, method, segment_ids=None):
+    def mix(self, q, k, v, ssm_state, method, segment_ids=None):
         """y [B,T,H,P] through the SSM on k'v^T ("fft" or "naive"), and its final state."""
         kv = k[..., :, None] * v[..., None, :]  # (B, T, H, P, P)
         per_head = tuple(p[:, None, None, :] for p in self.ssm_params())  # (H, 1, 1, N/2): shared by P x P entries
@@ -134,7 +134,7 @@ class H3(Mixer):
         if self.method == "parallel":
             y = jnp.einsum("bhij,bjhp->bihp", self.weights(q, k, segment_ids).astype(v.dtype), v)
         else:
-            y, _ = self.recurrent(q, k, v, None, self.method, segment_ids)
+            y, _ = self.mix(q, k, v, None, self.method, segment_ids)
         return self.out_proj(y.reshape(batch, length, -1)), k, v, shift
 
     def prefill(self, x, max_len=None, *, positions=None):
@@ -147,7 +147,7 @@ class H3(Mixer):
         batch, length, _ = x.shape
         q, k, v, shift = self.project(x, state.get("shift"), segment_ids)
         if self.method != "parallel":
-            y, ssm = self.recurrent(q, k, v, state.get("ssm"), self.method, segment_ids)
+            y, ssm = self.mix(q, k, v, state.get("ssm"), self.method, segment_ids)
         else:
             y = jnp.einsum("bhij,bjhp->bihp", self.weights(q, k, segment_ids).astype(v.dtype), v)
             ssm = self.final_ssm_state(k, v, segment_ids)
@@ -188,7 +188,7 @@ class H3(Mixer):
 
     def step(self, x_t, state):
         q, k, v, shift = self.project(x_t[:, None], state["shift"])
-        y, ssm = self.recurrent(q, k, v, state["ssm"], "naive")
+        y, ssm = self.mix(q, k, v, state["ssm"], STEP_FORM)
         return self.out_proj(y.reshape(x_t.shape[0], -1)), {"shift": shift, "ssm": ssm}
 
     def weights(self, q, k, segment_ids=None):

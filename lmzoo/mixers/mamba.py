@@ -25,7 +25,7 @@ from flax import nnx
 
 from lmzoo.mixers.base import Mixer, MixerContext, dense, provided_form
 from lmzoo.mixers.family.ssm import CausalConv, check_dt_range, dt_bias_init, symmetric_uniform
-from lmzoo.ops.selective_scan import METHODS, effective_delta, selective_attention, selective_scan
+from lmzoo.ops.selective_scan import METHODS, STEP_FORM, effective_delta, selective_attention, selective_scan
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, positive
 from lmzoo.sharding import INNER, param, partitioned
@@ -93,7 +93,7 @@ class Mamba(Mixer):
         dt_low, b, c = jnp.split(self.x_proj(u), [self.dt_rank, self.dt_rank + self.d_state], axis=-1)
         return u, self.dt_proj(dt_low), b, c, z, conv_state
 
-    def scan(self, u, delta, b, c, z, *, initial_state=None, method=None, segment_ids=None):
+    def mix(self, u, delta, b, c, z, *, initial_state=None, method=None, segment_ids=None):
         return selective_scan(
             u, delta, self.A(), b, c, D=self.D[...], z=z, delta_bias=self.dt_bias[...], delta_softplus=True,
             initial_state=initial_state, method=method or self.method, chunk_size=self.chunk_size,
@@ -101,7 +101,7 @@ class Mamba(Mixer):
         )
 
     def __call__(self, x, *, positions=None, segment_ids=None):  # SSMs carry order in their state: positions are unused
-        y, _ = self.scan(*self.ssm_inputs(x, segment_ids=segment_ids)[:5], segment_ids=segment_ids)
+        y, _ = self.mix(*self.ssm_inputs(x, segment_ids=segment_ids)[:5], segment_ids=segment_ids)
         return self.out_proj(y)
 
     def prefill(self, x, max_len=None, *, positions=None):
@@ -111,7 +111,7 @@ class Mamba(Mixer):
         """(y, {"conv", "ssm"} after x) from ``state`` (None: zeros)."""
         state = state or {}
         *inputs, conv = self.ssm_inputs(x, state.get("conv"), segment_ids)
-        y, ssm = self.scan(*inputs, initial_state=state.get("ssm"), segment_ids=segment_ids)
+        y, ssm = self.mix(*inputs, initial_state=state.get("ssm"), segment_ids=segment_ids)
         return self.out_proj(y), {"conv": conv, "ssm": ssm}
 
     def init_state(self, batch_size, max_len):
@@ -122,7 +122,7 @@ class Mamba(Mixer):
 
     def step(self, x_t, state):
         u, delta, b, c, z, conv = self.ssm_inputs(x_t[:, None], state["conv"])
-        y, ssm = self.scan(u, delta, b, c, z, initial_state=state["ssm"], method="scan")
+        y, ssm = self.mix(u, delta, b, c, z, initial_state=state["ssm"], method=STEP_FORM)
         return self.out_proj(y[:, 0]), {"conv": conv, "ssm": ssm}
 
     def attention_matrix(self, x, *, positions=None, segment_ids=None):

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from lmzoo.mixers.family.linear import chunked_mixing_flops
 from lmzoo.mixers.family.ssm import SSDConfig, SSDMixer
-from lmzoo.ops.ssd import ssd, ssd_attention
+from lmzoo.ops.ssd import STEP_FORM, ssd, ssd_attention
 from lmzoo.registry import register
 from lmzoo.schema import ModelConfig
 
@@ -74,7 +74,7 @@ class Mamba2(SSDMixer):
         }
 
     def step(self, x_t, state):
-        y, conv, ssm = self.mix(x_t[:, None], state["conv"], state["ssm"], method="scan")
+        y, conv, ssm = self.mix(x_t[:, None], state["conv"], state["ssm"], method=STEP_FORM)
         return y[:, 0], {"conv": conv, "ssm": ssm}
 
     def attention_matrix(self, x, *, positions=None, segment_ids=None):

@@ -29,7 +29,7 @@ from flax import nnx
 from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
 from lmzoo.mixers.family.linear import chunked_mixing_flops
 from lmzoo.mixers.family.ssm import check_dt_range, check_ssm_heads, dt_bias_init
-from lmzoo.ops.mamba3 import METHODS, mamba3, mamba3_attention, zero_state
+from lmzoo.ops.mamba3 import METHODS, STEP_FORM, mamba3, mamba3_attention, zero_state
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 from lmzoo.sharding import param
@@ -135,7 +135,7 @@ class Mamba3(Mixer):
         return zero_state(batch_size, self.ssm_heads, self.head_dim, self.d_state, self.angles)
 
     def step(self, x_t, state):
-        y, state = self.mix(x_t[:, None], state, method="naive")
+        y, state = self.mix(x_t[:, None], state, method=STEP_FORM)
         return y[:, 0], state
 
     def attention_matrix(self, x, *, positions=None, segment_ids=None):

@@ -36,7 +36,7 @@ from lmzoo.mixers.base import MixerContext, dense
 from lmzoo.mixers.family.delta import l2_normalize
 from lmzoo.mixers.family.linear import LinearFamilyConfig, LinearFamilyMixer
 from lmzoo.ops.common import segment_starts
-from lmzoo.ops.dplr import METHODS, dplr, dplr_weights
+from lmzoo.ops.dplr import METHODS, STEP_FORM, dplr, dplr_weights
 from lmzoo.registry import register
 from lmzoo.schema import ModelConfig, positive
 from lmzoo.sharding import EMBED, INNER, param
@@ -118,6 +118,7 @@ def decay_bias_init(layer: int, n_layers: int, d: int) -> jax.Array:
 
 class RWKV7(LinearFamilyMixer):
     matrix_acts_on_values = False  # the weights are the DPLR op's on v, before the group norm and the bonus term
+    step_form = STEP_FORM  # of lmzoo.ops.dplr
     def __init__(self, cfg: RWKV7Config, ctx: MixerContext, *, rngs: nnx.Rngs):
         d, layer, layers = ctx.d_model, ctx.layer, ctx.n_layers
         self.n_heads = ctx.n_heads
@@ -199,7 +200,7 @@ class RWKV7(LinearFamilyMixer):
                 "last": jnp.zeros((batch_size, self.shift_mix.shape[1]), self.dtype or jnp.float32)}
 
     def step(self, x_t, state):
-        y, s = self.run(x_t[:, None], state["S"], state["last"], method="naive")
+        y, s = self.run(x_t[:, None], state["S"], state["last"], method=self.step_form)
         return y[:, 0], {"S": s, "last": x_t.astype(state["last"].dtype)}
 
     def state_size(self, max_len):

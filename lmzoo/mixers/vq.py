@@ -27,7 +27,7 @@ from jax import lax
 from lmzoo.mixers.base import AuxLoss, Mixer, MixerContext, dense
 from lmzoo.ops import causal_mask
 from lmzoo.ops.common import same_segment
-from lmzoo.ops.vq import METHODS, gather_codewords, init_vq_cache, vq_attention, vq_cache_fill, vq_cache_step
+from lmzoo.ops.vq import METHODS, gather_codewords, init_vq_cache, vq_attention, vq_cache_fill, vq_step
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, one_of, positive
 
@@ -136,7 +136,7 @@ class VQAttention(Mixer):
         q, k, v = self.project(x_t[:, None, :])
         codebook = self.codebook()
         codes = self.quantise(k, codebook)
-        y, state = vq_cache_step(state, q[:, 0], codes[:, 0], codebook.astype(q.dtype), v[:, 0])  # (B, H, D)
+        y, state = vq_step(state, q[:, 0], codes[:, 0], codebook.astype(q.dtype), v[:, 0])  # (B, H, D)
         return self.o_proj(y.reshape(x_t.shape[0], -1)), state
 
     def attention_matrix(self, x, *, positions=None, segment_ids=None):

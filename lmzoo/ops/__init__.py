@@ -19,6 +19,10 @@ PaTH: w unit Householder directions ``[B, T, H, D]``, beta ``[B, T, H]`` in (0, 
 VQ attention: S codewords per head (codebook ``[H, S, D]``), blocks of L queries.
 State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head size (``ssd``, state
 ``[B, H, P, N]``), N state size, G groups sharing the B/C projections.
+
+Which ops each mixer computes with: ``MIXER_OPS`` below (checked against the mixers' imports).
+One-token decoding (a mixer's ``step``) has one name: a recurrent op's ``STEP_FORM`` is the form mixers decode
+with, and an op that decodes from a cache has a one-token function ``<op>_step`` (``nsa_step``, ``vq_step`` ...).
 """
 
 from lmzoo.ops.attention import attention_weights, logn_scale, softmax_attention
@@ -38,9 +42,9 @@ from lmzoo.ops.lti import causal_conv1d, diagonal_ssm, diagonal_ssm_kernel, fft_
 from lmzoo.ops.selective_scan import selective_attention, selective_scan
 from lmzoo.ops.ssd import ssd, ssd_attention
 from lmzoo.ops.stick_breaking import stick_breaking_attention, stick_breaking_matrix, stick_breaking_weights
-from lmzoo.ops.vq import vq_attention, vq_cache_step
+from lmzoo.ops.vq import vq_attention, vq_step
 
-__all__ = ["attention_weights", "causal_mask", "logn_scale", "softmax_attention", "vq_attention", "vq_cache_step"]
+__all__ = ["attention_weights", "causal_mask", "logn_scale", "softmax_attention", "vq_attention", "vq_step"]
 __all__ += ["delta_rule", "delta_rule_weights", "gla", "gla_weights", "linear_attention", "linear_attention_weights"]
 __all__ += ["causal_conv1d", "diagonal_ssm", "diagonal_ssm_kernel", "fft_conv"]
 __all__ += ["selective_attention", "selective_scan", "ssd", "ssd_attention"]
@@ -51,3 +55,43 @@ __all__ += ["stick_breaking_attention", "stick_breaking_matrix", "stick_breaking
 __all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
 __all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights"]
 __all__ += ["comba", "comba_weights", "delta_product", "delta_product_weights", "mamba3", "mamba3_attention"]
+
+# The op modules (lmzoo/ops/<name>.py) each mixer module (lmzoo/mixers/<name>.py, registered under the same name)
+# computes with: those it imports, or, where it imports none, those of the family base whose mixer it builds or extends
+# (lmzoo/mixers/family/). The shared pieces (common, kernels, pallas) are left out. The configs/attn files that
+# name another schema run that schema's mixer (gqa, mqa, swa, logn, keynorm, gated_softmax: softmax; the hybrids:
+# hybrid, which builds registered mixers layer by layer). tests/ops/test_mixer_ops.py checks the table.
+MIXER_OPS = {
+    "family.attention": ("attention",),
+    "family.linear": ("gated",),
+    "family.delta": ("delta",),
+    "family.ssm": ("ssd", "lti"),  # lti: the short causal conv before the SSM
+    # the softmax family
+    "softmax": ("attention",),
+    "fox": ("attention",),
+    "gau": ("attention",),
+    "mla": ("attention",),
+    "dsa": ("dsa",),
+    "nsa": ("nsa",),
+    "path": ("path", "attention"),  # attention: grouped key/value heads
+    "stickbreaking": ("stick_breaking", "attention"),
+    "vq": ("vq",),
+    # the linear family
+    "linear": ("linear",),
+    "gla": ("gated",),
+    "retnet": ("gated",),
+    "deltanet": ("delta",),
+    "gated_deltanet": ("delta",),
+    "kda": ("delta",),
+    "comba": ("comba",),
+    "deltaproduct": ("delta_product",),
+    "gdn2": ("dplr",),
+    "rwkv7": ("dplr",),
+    # the state-space family
+    "mamba": ("selective_scan",),
+    "mamba2": ("ssd",),
+    "mamba3": ("mamba3",),
+    "log_linear_mamba2": ("log_linear",),
+    "h3": ("lti",),
+    "hybrid": (),  # none of its own: the mixers it interleaves
+}

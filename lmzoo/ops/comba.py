@@ -66,6 +66,8 @@ from lmzoo.ops.ut import ChunkTerms, decayed_pairs, invert_unit_lower
 
 METHODS = Forms("naive", "chunk", "parallel", *PROVIDER_FORMS)
 
+STEP_FORM = "naive"  # the form mixers decode one token with (their ``step``): its one token-by-token form
+
 
 def comba(q, k, v, p, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64,
           segment_ids=None):

@@ -76,6 +76,7 @@ from lmzoo.ops.ut import chunk_terms, decayed_pairs, invert_unit_lower, unit_low
 
 METHODS = Forms("naive", "parallel", "chunk", "chunk_recompute", "pallas", *PROVIDER_FORMS)
 BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not (``lmzoo.ops.kernels``)
+STEP_FORM = "naive"  # the form mixers decode one token with (their ``step``): its one token-by-token form
 
 
 def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64,

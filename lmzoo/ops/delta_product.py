@@ -45,6 +45,8 @@ from lmzoo.ops.kernels import PROVIDER_FORMS
 # auto, jla: the delta rule's, over the sub-steps
 METHODS = Forms("naive", "chunk", "parallel", *PROVIDER_FORMS)
 
+STEP_FORM = "naive"  # the form mixers decode one token with (their ``step``): its one token-by-token form
+
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
 def delta_product(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64,

@@ -75,6 +75,8 @@ from lmzoo.ops.ut import decay_before, decayed_pairs, invert_unit_lower
 
 METHODS = Forms("naive", "parallel", "chunk", *PROVIDER_FORMS)
 
+STEP_FORM = "naive"  # the form mixers decode one token with (their ``step``): its one token-by-token form
+
 
 def dplr(q, k, v, alpha, beta, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64,
          segment_ids=None):

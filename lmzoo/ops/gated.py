@@ -56,6 +56,7 @@ from lmzoo.ops.pallas.gla import gla_pallas
 
 METHODS = Forms("naive", "parallel", "scan", "assoc", "chunk", "chunk_recompute", "pallas", *PROVIDER_FORMS)
 BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not (``lmzoo.ops.kernels``)
+STEP_FORM = "scan"  # the form mixers decode one token with (their ``step``): the state update alone, no chunk padding
 
 
 def gla(q, k, v, log_g=None, *, scale=None, initial_state=None, method="chunk", chunk_size=64, segment_ids=None):

@@ -20,9 +20,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lmzoo.ops.gated import METHODS, gla, gla_weights
+from lmzoo.ops.gated import METHODS, STEP_FORM, gla, gla_weights
 
-__all__ = ["METHODS", "linear_attention", "linear_attention_weights"]
+__all__ = ["METHODS", "STEP_FORM", "linear_attention", "linear_attention_weights"]
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "normalize", "eps"))

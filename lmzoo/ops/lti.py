@@ -35,6 +35,8 @@ from lmzoo.ops.common import Forms, causal_mask, check_form, recompute_in_backwa
 
 METHODS = Forms("naive", "fft")
 
+STEP_FORM = "naive"  # the form mixers decode one token with (their ``step``): the FFT convolves whole sequences
+
 
 def causal_conv1d(x, weight, bias=None, *, initial_state=None, segment_ids=None, activation=None, recompute=False):
     """Depthwise causal convolution: x ``[B,T,C]``, weight ``[K,C]``, bias ``[C]``.

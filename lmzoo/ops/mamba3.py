@@ -73,6 +73,7 @@ from lmzoo.ops.ssd import per_head
 
 METHODS = Forms("naive", "scan", "chunk", *PROVIDER_FORMS)
 BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not
+STEP_FORM = "naive"  # the form mixers decode one token with (their ``step``): the trapezoid as written
 
 
 def zero_state(batch: int, heads: int, head_dim: int, d_state: int, angles: int) -> dict:

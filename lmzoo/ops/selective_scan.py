@@ -46,6 +46,8 @@ from lmzoo.ops.pallas.selective_scan import selective_scan_pallas
 
 METHODS = Forms("naive", "scan", "assoc", "chunk", "pallas", *PROVIDER_FORMS)
 
+STEP_FORM = "scan"  # the form mixers decode one token with (their ``step``): it discretises inside the step
+
 
 def grouped(x: jax.Array, channels: int) -> jax.Array:
     """B or C, shared ``[B,T,N]`` or grouped ``[B,T,G,N]``, as ``[B,T,G,N]`` float32."""

@@ -38,6 +38,7 @@ from lmzoo.ops.kernels import PROVIDER_FORMS
 
 METHODS = Forms("naive", "scan", "chunk", "chunk_recompute", "pallas", *PROVIDER_FORMS)
 BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not
+STEP_FORM = "scan"  # the form mixers decode one token with (their ``step``): GLA's state update alone, no chunk padding
 
 
 def per_head(x: jax.Array, heads: int, dtype=jnp.float32) -> jax.Array:

@@ -143,7 +143,7 @@ def vq_cache_fill(codes, v, n_codes: int) -> dict:
     return {"counts": onehot.sum(axis=1), "sums": jnp.einsum("bths,bthd->bhsd", onehot, v.astype(jnp.float32))}
 
 
-def vq_cache_step(cache: dict, q, codes, codebook, v, *, scale=None):
+def vq_step(cache: dict, q, codes, codebook, v, *, scale=None):
     """Add one token (codes [B,H], values v [B,H,Dv]) to the cache, then attend with q [B,H,D]
     over every key so far -> ([B,H,Dv] in v's dtype, cache). Equals the last row of ``vq_attention``."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale

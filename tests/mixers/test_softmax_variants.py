@@ -13,7 +13,7 @@ from flax import nnx
 from lmzoo.mixers.base import AuxLoss
 from lmzoo.model import LM, count_params
 from lmzoo.ops.attention import logn_scale, softmax_attention
-from lmzoo.ops.vq import gather_codewords, init_vq_cache, vq_attention, vq_cache_step
+from lmzoo.ops.vq import gather_codewords, init_vq_cache, vq_attention, vq_step
 from lmzoo.positions import default_positions
 
 from conftest import tiny_config
@@ -203,7 +203,7 @@ def test_vq_compressive_cache_steps_equal_the_forward():
     q, k_hat, codes, codebook, v = vq_inputs(21)
     full = vq_attention(q, k_hat, codes, codebook, v, block_size=8)
     cache, outputs = init_vq_cache(2, 2, 5, 12), []
-    step = jax.jit(vq_cache_step)
+    step = jax.jit(vq_step)
     for t in range(21):
         y, cache = step(cache, q[:, t], codes[:, t], codebook, v[:, t])
         outputs.append(y)

@@ -35,7 +35,7 @@ from jax import lax
 from lmzoo.mixers.base import MixerContext, dense
 from lmzoo.mixers.family.linear import GatedHeadNorm, LinearFamilyConfig, LinearFamilyMixer
 from lmzoo.mixers.family.ssm import CausalConv, check_dt_range, dt_bias_init
-from lmzoo.ops.delta import METHODS, delta_rule, delta_rule_weights
+from lmzoo.ops.delta import METHODS, STEP_FORM, delta_rule, delta_rule_weights
 from lmzoo.schema import ModelConfig, positive
 from lmzoo.sharding import EMBED, INNER, param
 
@@ -87,6 +87,7 @@ class DeltaRuleMixer(LinearFamilyMixer):
     """The family's mixer; a gated variant overrides ``init_gates`` and ``gates``."""
 
     value_heads: Optional[int] = None  # HV; None (a subclass with its own __init__): n_heads
+    step_form = STEP_FORM  # of lmzoo.ops.delta; a variant on another op names its op's
 
     def __init__(self, cfg: DeltaRuleConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
         d = ctx.d_model
@@ -193,7 +194,7 @@ class DeltaRuleMixer(LinearFamilyMixer):
     def step(self, x_t, state):
         x = x_t[:, None]  # (B, 1, d_model)
         heads, conv = self.project(x, state["conv"])
-        o, s = self.mix(*heads, state=state["S"], method="naive")
+        o, s = self.mix(*heads, state=state["S"], method=self.step_form)
         return self.output(x, o)[:, 0], {"S": s, "conv": conv}
 
     def recurrent_state(self, batch_size: int):

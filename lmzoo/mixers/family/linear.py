@@ -11,9 +11,9 @@ A family mixer declares three parts,
 
 plus ``mix_weights(*heads, segment_ids=None)``, the [B, H, T, T] weights the op applies to v, and the
 base does the rest: the forward is ``output(x, mix(*heads(x, positions))[0])``, ``prefill`` keeps the op's
-final state from the same computation and ``carry`` starts ``mix`` from a given one; decoding runs
-the same ``mix`` in its ``"scan"`` form one token at a time from a state of ``recurrent_state``'s shape,
-and ``state_size`` counts that state.
+final state from the same computation and ``carry`` starts ``mix`` from a given one; decoding (``step``)
+runs the same ``mix`` in the op's ``STEP_FORM`` (the mixer's ``step_form``) one token at a time from a state
+of ``recurrent_state``'s shape, and ``state_size`` counts that state.
 
 A family mixer whose inputs pass through a short causal conv over past tokens (the delta rule's,
 ``family.delta``) keeps that conv's window as decoding state beside S: it extends ``prefill``, ``carry``,
@@ -36,7 +36,7 @@ from flax import nnx
 
 from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
 from lmzoo.ops.common import recompute_in_backward
-from lmzoo.ops.gated import METHODS, gla, gla_weights
+from lmzoo.ops.gated import METHODS, STEP_FORM, gla, gla_weights
 from lmzoo.positions import default_positions
 from lmzoo.schema import MixerConfig, ModelConfig
 from lmzoo.sharding import partitioned
@@ -92,6 +92,7 @@ class LinearFamilyMixer(Mixer):
     # is the mixing. False where they act on other values (gated or per-sub-step): the variant's own
     # tests check its weights in its own terms.
     matrix_acts_on_values: bool = True
+    step_form = STEP_FORM  # the form ``step`` runs ``mix`` in; a mixer on another op names its op's
 
     def heads(self, x, positions, segment_ids=None) -> tuple:
         """The op's inputs for x [B, T, d_model] at ``positions`` [B, T]: q, k, v, then any gates
@@ -140,7 +141,7 @@ class LinearFamilyMixer(Mixer):
     def step(self, x_t, state):
         x = x_t[:, None]  # (B, 1, d_model)
         positions = jnp.full((x.shape[0], 1), state["t"], jnp.int32)
-        o, s = self.mix(*self.heads(x, positions), state=state["S"], method="scan")
+        o, s = self.mix(*self.heads(x, positions), state=state["S"], method=self.step_form)
         return self.output(x, o)[:, 0], {"S": s, "t": state["t"] + 1}
 
     def attention_matrix(self, x, *, positions=None, segment_ids=None):
