@@ -101,7 +101,8 @@ def step_forms() -> dict[str, str]:
 def test_each_step_form_is_one_of_its_ops_forms_by_its_current_name():
     for name, form in step_forms().items():
         forms = importlib.import_module(f"lmzoo.ops.{name}").METHODS
-        assert form in forms and form not in OP_METHODS_RENAMED.get(name, {}), f"ops.{name}: STEP_FORM={form!r}, forms {forms}"
+        old_names = OP_METHODS_RENAMED.get(name, {})
+        assert form in forms and form not in old_names, f"ops.{name}: STEP_FORM={form!r}, forms {forms}"
 
 
 def test_no_mixer_step_names_a_form_itself():
