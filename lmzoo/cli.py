@@ -27,7 +27,9 @@ from typing import NamedTuple, NoReturn
 import yaml
 from omegaconf import OmegaConf
 
-from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, register_schemas, validate, variant_names
+from lmzoo.config import (
+    CONFIG_DIR, Config, ConfigError, explain, group_options, register_schemas, validate, variant_names,
+)
 from lmzoo.faults import (
     EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, unparsable,
 )
@@ -237,11 +239,6 @@ def exit_codes(*codes: int) -> list[Option]:
 
     found = re.findall(r"^EXIT_\w+ = (\d+)\s*#\s*(.+)$", inspect.getsource(faults), flags=re.MULTILINE)
     return [Option(code, None, note) for code, note in found if not codes or int(code) in codes]
-
-
-def group_options(group: str) -> list[str]:
-    folder = os.path.join(CONFIG_DIR, group)
-    return sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml"))
 
 
 def config_groups() -> list[str]:
