@@ -211,7 +211,10 @@ def set_nested(tree: dict, key: str, value) -> None:
     tree[last] = value
 
 
-KINDS = {bool: "true or false", int: "a whole number", float: "a number"}  # what a value of each type must be
+# What a value of each scalar type must be, and the test of a value read as YAML (a bool is no number).
+KINDS = {bool: ("true or false", lambda v: isinstance(v, bool)),
+         int: ("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+         float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))}
 
 
 def typed_value(schema: type, key: str, value: str):
@@ -227,10 +230,8 @@ def typed_value(schema: type, key: str, value: str):
         raise ConfigError(f"could not parse {key}={value!r}: {str(e).strip().splitlines()[0]}") from None
     if kind is float and isinstance(parsed, str):
         parsed = as_float(parsed)  # nan and inf are text to YAML: refused as not finite where a number must be
-    fits = {bool: lambda v: isinstance(v, bool), int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-            float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
-    if kind in fits and not fits[kind](parsed):
-        raise ConfigError(f"{key}={value!r} must be {KINDS[kind]}{' or null' if optional else ''}")
+    if kind in KINDS and not KINDS[kind][1](parsed):
+        raise ConfigError(f"{key}={value!r} must be {KINDS[kind][0]}{' or null' if optional else ''}")
     return OmegaConf.to_container(parsed) if OmegaConf.is_config(parsed) else parsed
 
 
@@ -244,8 +245,7 @@ def as_float(text: str) -> float | str:
 def field_type(schema: type, key: str) -> tuple[Any, bool]:
     """(the type of the field ``key`` names inside ``schema``, whether it may be None); ConfigError naming the valid
     keys where a part of ``key`` is no field."""
-    *parents, last = key.split(".")
-    for depth, name in enumerate([*parents, last]):
+    for depth, name in enumerate(key.split(".")):
         fields = {f.name: f for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
         if name not in fields:
             if not fields:  # inside a dict or list setting: the schema says no more
