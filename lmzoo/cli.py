@@ -1,9 +1,13 @@
 """The grammar every command shares: ``key=value`` arguments, ``--help``, one-line errors, exit codes.
 
-Every command (``lmzoo.train``, ``eval``, ``generate``, ``compare``, ``experiments``) takes settings
-as ``key=value`` (``group=option`` picks a config file of a group, as ``pos=ntk``), lists them with
-``-h``/``--help`` (key, default, one line each; exit 0), and ends any mistake with
+Every command (``lmzoo.train``, ``eval``, ``generate``, ``compare``, ``experiments``, ``lm_eval``, ``export``)
+takes settings as ``key=value`` (``group=option`` picks a config file of a group, as ``pos=ntk``), lists them
+with ``-h``/``--help`` (key, default, one line each; exit 0), and ends any mistake with
 ``lmzoo: error: <one line>`` and an exit code of ``lmzoo.faults`` (2 for a bad setting).
+
+Training's settings are Hydra's composed config. Every other command's are a dataclass, read by
+``parse_settings``: its fields are the keys, their defaults and trailing comments its ``--help``
+(``schema_options``), and the values are checked against the fields' types.
 
 Training's overrides are also checked before Hydra runs: Hydra reports bad overrides as multi-line
 messages from deep inside its composition, so each requested configuration (every combination of a
@@ -21,13 +25,17 @@ import re
 import signal
 import sys
 import threading
+import types
+import typing
 from contextlib import contextmanager
-from typing import NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import yaml
 from omegaconf import OmegaConf
 
-from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, register_schemas, validate, variant_names
+from lmzoo.config import (
+    CONFIG_DIR, Config, ConfigError, explain, group_options, register_schemas, to_dataclass, validate, variant_names,
+)
 from lmzoo.faults import (
     EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, unparsable,
 )
@@ -105,8 +113,8 @@ def run_command(main, after: str) -> None:
 HELP_FLAGS = ("-h", "--help")
 
 
-class Option(NamedTuple):
-    """One line of a command's ``--help``."""
+class HelpLine(NamedTuple):
+    """One line of a command's ``--help``: a setting (``key=default  note``) or an exit code (``code  note``)."""
 
     key: str
     default: str | None  # None: a line without "=default" (an exit code)
@@ -117,7 +125,7 @@ def wants_help(argv: list[str]) -> bool:
     return any(arg in HELP_FLAGS for arg in argv)
 
 
-def show_help(usage: str, summary: str, sections: list[tuple[str, list[Option]]]) -> NoReturn:
+def show_help(usage: str, summary: str, sections: list[tuple[str, list[HelpLine]]]) -> NoReturn:
     """Print ``usage``, ``summary`` and each section's options (key=default  note), then exit 0."""
     lines = [f"usage: {usage}", "", summary]
     for title, options in sections:
@@ -128,16 +136,126 @@ def show_help(usage: str, summary: str, sections: list[tuple[str, list[Option]]]
     sys.exit(0)
 
 
-def key_values(argv: list[str], command: str) -> list[tuple[str, str]]:
-    """``(key, value)`` of each ``key=value`` argument; ConfigError in one line for any other."""
-    pairs = []
-    for arg in argv:
-        key, equals, value = arg.partition("=")
-        if not equals or not key.lstrip("+"):
-            raise ConfigError(f"could not parse {arg!r}: arguments are key=value (python -m lmzoo.{command} --help "
-                              "lists them)")
-        pairs.append((key, value))
-    return pairs
+def shown_as(placeholder: str, default=None):
+    """A settings field whose ``--help`` line reads ``key=<placeholder>`` in place of its default: a setting a
+    command requires (its ``check`` says so), or one whose default is worked out when the command runs."""
+    return dataclasses.field(default=default, metadata={"shown_as": placeholder})
+
+
+class Parsed(NamedTuple):
+    settings: Any  # an instance of the schema, checked
+    others: list[str]  # key=value arguments that are no setting of the schema, for the command to pass on
+    paths: list[str]  # arguments that are not key=value, where the command takes paths
+
+
+def parse_settings(schema: type, argv: list[str], command: str, *, others: bool = False, paths: bool = False,
+                   dashes: bool = False, defaults: dict | None = None) -> Parsed:
+    """The grammar of every command but train: ``key=value`` arguments as an instance of the dataclass ``schema``.
+
+    A key is a field of ``schema`` (``eval.tokens``: a field of a nested dataclass); with ``others``, a key that
+    names no field is left for the command (the overrides of a run's config), otherwise it is refused naming the
+    valid keys. A text setting takes its value verbatim (``null`` is None where the field may be None); any other
+    is read as YAML and must fit the field's type. ``paths``: an argument without ``=`` (or one that exists as a
+    path) is a path; ``dashes``: ``--key value`` and ``--key=value`` are accepted too. ``defaults`` (nested
+    values) lie under the arguments. The settings' own ``check()`` runs last. Every mistake is one ConfigError."""
+    names = [f.name for f in dataclasses.fields(schema)]
+    given, left, found = {}, [], []
+    for arg in dashed_as_key_values(argv, names) if dashes else argv:
+        if paths and ("=" not in arg or os.path.exists(arg)):
+            found.append(arg)
+            continue
+        key, value = key_value(arg, command)
+        if key.split(".")[0] in names:
+            set_nested(given, key, typed_value(schema, key, value))
+        elif others:
+            left.append(arg)
+        else:
+            raise ConfigError(f"unknown key {key!r} (valid keys: {', '.join(names)})")
+    settings = to_dataclass(schema, OmegaConf.merge(OmegaConf.create(defaults or {}), OmegaConf.create(given)))
+    if hasattr(settings, "check"):
+        settings.check()
+    return Parsed(settings, left, found)
+
+
+def key_value(arg: str, command: str) -> tuple[str, str]:
+    key, equals, value = arg.partition("=")
+    if not equals or not key.lstrip("+"):
+        raise ConfigError(f"could not parse {arg!r}: arguments are key=value (python -m lmzoo.{command} --help "
+                          "lists them)")
+    return key, value
+
+
+def dashed_as_key_values(argv: list[str], keys: list[str]) -> list[str]:
+    """``--baseline softmax`` and ``--baseline=softmax`` as ``baseline=softmax``, for the keys ``keys``."""
+    args, rest = [], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("--"):
+            args.append(arg)
+            continue
+        key, equals, value = arg[2:].partition("=")
+        if key not in keys:
+            raise ConfigError(f"unknown option {arg!r} (valid keys: {', '.join(keys)}, as key=value or --key value)")
+        if not equals:
+            if not rest:
+                raise ConfigError(f"{arg} needs a value: {arg} <{key}> or {key}=<{key}>")
+            value = rest.pop(0)
+        args.append(f"{key}={value}")
+    return args
+
+
+def set_nested(tree: dict, key: str, value) -> None:
+    *parents, last = key.split(".")
+    for name in parents:
+        tree = tree.setdefault(name, {})
+    tree[last] = value
+
+
+# What a value of each scalar type must be, and the test of a value read as YAML (a bool is no number).
+KINDS = {bool: ("true or false", lambda v: isinstance(v, bool)),
+         int: ("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+         float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))}
+
+
+def typed_value(schema: type, key: str, value: str):
+    """``value`` as the field ``key`` of ``schema`` takes it; ConfigError naming the key and what it must be."""
+    kind, optional = field_type(schema, key)
+    if optional and value == "null":
+        return None
+    if kind is str:
+        return value  # verbatim: a prompt keeps its spaces, a tag of digits stays text
+    try:
+        parsed = OmegaConf.from_dotlist([f"value={value}"]).value
+    except Exception as e:  # a malformed list, say: which argument, in one line
+        raise ConfigError(f"could not parse {key}={value!r}: {str(e).strip().splitlines()[0]}") from None
+    if kind is float and isinstance(parsed, str):
+        parsed = as_float(parsed)  # nan and inf are text to YAML: refused as not finite where a number must be
+    if kind in KINDS and not KINDS[kind][1](parsed):
+        raise ConfigError(f"{key}={value!r} must be {KINDS[kind][0]}{' or null' if optional else ''}")
+    return OmegaConf.to_container(parsed) if OmegaConf.is_config(parsed) else parsed
+
+
+def as_float(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def field_type(schema: type, key: str) -> tuple[Any, bool]:
+    """(the type of the field ``key`` names inside ``schema``, whether it may be None); ConfigError naming the valid
+    keys where a part of ``key`` is no field."""
+    for depth, name in enumerate(key.split(".")):
+        fields = {f.name: f for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
+        if name not in fields:
+            if not fields:  # inside a dict or list setting: the schema says no more
+                return Any, False
+            raise ConfigError(f"unknown key {key!r} (valid keys{' here' if depth else ''}: {', '.join(fields)})")
+        schema = typing.get_type_hints(schema)[name]
+    args = typing.get_args(schema)
+    optional = typing.get_origin(schema) in (typing.Union, types.UnionType) and type(None) in args
+    kind = next((a for a in args if a is not type(None)), Any) if optional else schema
+    return kind, optional
 
 
 def field_notes(schema: type) -> dict[str, str]:
@@ -180,8 +298,9 @@ def spelled_out(note: str, module) -> str:
     return re.sub(r"\b[A-Z][A-Z0-9_]{2,}\b", values, note)
 
 
-def schema_options(schema: type, prefix: str = "") -> list[Option]:
-    """An Option per field of the dataclass ``schema`` (nested dataclasses field by field)."""
+def schema_options(schema: type, prefix: str = "") -> list[HelpLine]:
+    """A help line per field of the dataclass ``schema`` (nested dataclasses field by field): its default (or what
+    ``shown_as`` puts in its place) and its comment."""
     notes, options = field_notes(schema), []
     for f in dataclasses.fields(schema):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
@@ -189,21 +308,22 @@ def schema_options(schema: type, prefix: str = "") -> list[Option]:
             options += schema_options(type(default), f"{prefix}{f.name}.")
         elif not f.name.startswith("_"):
             text = "???" if default is dataclasses.MISSING or default == "???" else shown(default)
-            options.append(Option(f"{prefix}{f.name}", text, notes.get(f.name, "")))
+            text = f.metadata.get("shown_as", text)
+            options.append(HelpLine(f"{prefix}{f.name}", text, notes.get(f.name, "")))
     return options
 
 
-def group_choices(groups: list[str] | None = None) -> list[Option]:
+def group_choices(groups: list[str] | None = None) -> list[HelpLine]:
     """``group=option`` for each config group (or those named), with its options."""
-    return [Option(group, "<option>", f"one of: {', '.join(group_options(group))}")
+    return [HelpLine(group, "<option>", f"one of: {', '.join(group_options(group))}")
             for group in groups or config_groups()]
 
 
 RUN_OVERRIDES = [  # what eval and generate may change in a trained run's config (never model: it shapes the parameters)
-    Option("pos", "<option>", "a position method of configs/pos/ (e.g. pos=ntk), as in training"),
-    Option("pos.<key>", "<value>", "a position setting (python -m lmzoo.train --help lists them)"),
-    Option("attn.<key>", "<value>", "a setting of the run's variant that keeps its parameters (e.g. attn.window)"),
-    Option("data.<key>", "<value>", "a data setting (e.g. data.document_boundaries=mask)"),
+    HelpLine("pos", "<option>", "a position method of configs/pos/ (e.g. pos=ntk), as in training"),
+    HelpLine("pos.<key>", "<value>", "a position setting (python -m lmzoo.train --help lists them)"),
+    HelpLine("attn.<key>", "<value>", "a setting of the run's variant that keeps its parameters (e.g. attn.window)"),
+    HelpLine("data.<key>", "<value>", "a data setting (e.g. data.document_boundaries=mask)"),
 ]
 
 
@@ -220,7 +340,7 @@ def shown(value) -> str:
     return str(value)
 
 
-def with_defaults(options: list[Option], config) -> list[Option]:
+def with_defaults(options: list[HelpLine], config) -> list[HelpLine]:
     """``options`` with the defaults a composed ``config`` gives them (a config file may change a schema's)."""
     found = []
     for option in options:
@@ -230,18 +350,13 @@ def with_defaults(options: list[Option], config) -> list[Option]:
     return found
 
 
-def exit_codes(*codes: int) -> list[Option]:
+def exit_codes(*codes: int) -> list[HelpLine]:
     """The exit codes of ``lmzoo.faults`` (those in ``codes`` where given: what one command can end with), each
     with its comment there."""
     from lmzoo import faults
 
     found = re.findall(r"^EXIT_\w+ = (\d+)\s*#\s*(.+)$", inspect.getsource(faults), flags=re.MULTILINE)
-    return [Option(code, None, note) for code, note in found if not codes or int(code) in codes]
-
-
-def group_options(group: str) -> list[str]:
-    folder = os.path.join(CONFIG_DIR, group)
-    return sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml"))
+    return [HelpLine(code, None, note) for code, note in found if not codes or int(code) in codes]
 
 
 def config_groups() -> list[str]:

@@ -24,81 +24,52 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, NoReturn
+from typing import NoReturn, Optional
 
-from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, run_command, show_help, wants_help
+from lmzoo.cli import (
+    HelpLine, errors_in_one_line, exit_codes, parse_settings, run_command, schema_options, show_help, shown_as,
+    wants_help,
+)
 from lmzoo.config import ConfigError
 from lmzoo.faults import EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_UNPARSABLE, EXIT_WRITE_FAILED
 from lmzoo.measure.comparison import another_comparison, compare, write_report
 
-OPTIONS = [
-    Option("baseline", "null", "the arm (label or variant) every other row is compared with; null: no second table"),
-    Option("tag", "default", "which evaluation of each run to read (eval/<tag>)"),
-    Option("out", "<the folder the paths share>", "where comparison.md/.json and the plots go; without out=, a "
-           "comparison of other runs (or another baseline or tag) already there is not replaced"),
-    Option("adjust", "holm", "how the stars of the differences to the baseline are adjusted for the number of arms "
-           "compared: holm, or none (each arm on its own at 95%)"),
-    Option("same_seed", "refuse", "two runs of one arm with the same seed: refuse, or distinct (they are different "
-           "runs, e.g. a nondeterministic rerun: each counts)"),
-]
-KEYS = [o.key for o in OPTIONS]
 
+@dataclass
+class CompareSettings:
+    """The settings of ``python -m lmzoo.compare`` besides the run paths."""
 
-class Arguments(NamedTuple):
-    paths: list[Path]
-    baseline: str | None
-    tag: str
-    out: Path | None
-    same_seed: str
-    adjust: str
+    baseline: Optional[str] = None  # the arm (label or variant) every other row is compared with; null: no second
+                                    # table
+    tag: str = "default"  # which evaluation of each run to read (eval/<tag>)
+    out: Optional[str] = shown_as("<the folder the paths share>")  # where comparison.md/.json and the plots go;
+                                                                   # without out=, a comparison of other runs (or
+                                                                   # another baseline or tag) already there is not
+                                                                   # replaced
+    adjust: str = "holm"  # how the stars of the differences to the baseline are adjusted for the number of arms
+                          # compared: holm, or none (each arm on its own at 95%)
+    same_seed: str = "refuse"  # two runs of one arm with the same seed: refuse, or distinct (they are different
+                               # runs, e.g. a nondeterministic rerun: each counts)
 
 
 def show_usage() -> NoReturn:
     show_help("python -m lmzoo.compare <run or sweep dir> ... [key=value ...]",
               "Tabulate and plot evaluated runs side by side: a row per arm (its seeds pooled), with 95% intervals.",
-              [("arguments", [Option("<run or sweep dir>", None, "run directories, or folders holding runs")]),
-               ("settings (--key value is accepted too)", OPTIONS),
+              [("arguments", [HelpLine("<run or sweep dir>", None, "run directories, or folders holding runs")]),
+               ("settings (--key value is accepted too)", schema_options(CompareSettings)),
                ("exit codes",
                 exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_WRITE_FAILED, EXIT_UNPARSABLE, EXIT_ABORTED))])
 
 
-def as_key_values(argv: list[str]) -> list[str]:
-    """``--baseline softmax`` and ``--baseline=softmax`` as ``baseline=softmax``, the grammar of every command."""
-    args, rest = [], list(argv)
-    while rest:
-        arg = rest.pop(0)
-        if not arg.startswith("--"):
-            args.append(arg)
-            continue
-        key, equals, value = arg[2:].partition("=")
-        if key not in KEYS:
-            raise ConfigError(f"unknown option {arg!r} (valid keys: {', '.join(KEYS)}, as key=value or --key value)")
-        if not equals:
-            if not rest:
-                raise ConfigError(f"{arg} needs a value: {arg} <{key}> or {key}=<{key}>")
-            value = rest.pop(0)
-        args.append(f"{key}={value}")
-    return args
-
-
-def parse_args(argv: list[str]) -> Arguments:
+def parse_args(argv: list[str]) -> tuple[list[Path], CompareSettings]:
     """The run paths and settings; a path is any argument without ``=`` (or one that exists as a path)."""
-    paths, given = [], {}
-    for arg in as_key_values(argv):
-        if "=" not in arg or os.path.exists(arg):
-            paths.append(Path(arg))
-            continue
-        (key, value), = key_values([arg], "compare")
-        if key not in KEYS:
-            raise ConfigError(f"unknown key {key!r} (valid keys: {', '.join(KEYS)})")
-        given[key] = value
+    settings, _, paths = parse_settings(CompareSettings, argv, "compare", paths=True, dashes=True)
     if not paths:
         raise ConfigError("no run given: python -m lmzoo.compare <run or sweep dir> ... "
                           "(run python -m lmzoo.eval on each first)")
-    out = given.get("out")
-    return Arguments(paths, given.get("baseline"), given.get("tag", "default"), Path(out) if out else None,
-                     given.get("same_seed", "refuse"), given.get("adjust", "holm"))
+    return [Path(p) for p in paths], settings
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -106,14 +77,13 @@ def main(argv: list[str] | None = None) -> str:
     if wants_help(argv):
         show_usage()
     with errors_in_one_line():
-        args = parse_args(argv)
+        paths, s = parse_args(argv)
         try:
-            report = compare(args.paths, tag=args.tag, baseline=args.baseline, same_seed=args.same_seed,
-                             adjust=args.adjust)
+            report = compare(paths, tag=s.tag, baseline=s.baseline, same_seed=s.same_seed, adjust=s.adjust)
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(str(e)) from None
-        out = args.out or Path(os.path.commonpath([p.resolve() for p in args.paths]))  # not inside one run of several
-        if args.out is None and another_comparison(report, out):
+        out = Path(s.out) if s.out else Path(os.path.commonpath([p.resolve() for p in paths]))  # not in one run
+        if not s.out and another_comparison(report, out):
             raise ConfigError(f"{out / 'comparison.md'} holds a comparison of other runs (or another baseline or tag): "
                               f"give out=<folder> for this one, or out={out} to replace it")
         print(report.markdown)

@@ -3,7 +3,9 @@
 ``validate`` turns a composed (Hydra) config into typed dataclasses and raises ``ConfigError``
 with a single line naming the bad key and the valid choices. The ``attn`` and ``data`` groups have
 no fixed schema here: each registered mixer, data source and synthetic task brings its own spec
-dataclass (see ``lmzoo.registry``), picked by ``attn.mixer`` and ``data.source``.
+dataclass (see ``lmzoo.registry``), picked by ``attn.mixer`` and ``data.source``; each registered spec is
+also an option of its group (``+attn=gla``, ``data=stdlib``) wherever no YAML file of that name sets more
+(``options_made``, ``register_schemas``).
 """
 
 from __future__ import annotations
@@ -130,14 +132,14 @@ def validate(raw: DictConfig | dict) -> Config:
 def mixer_spec(mixer: str | None, prefix: str = "attn.") -> type:
     """The registered spec named by an attn config's ``mixer`` key; ConfigError if there is none."""
     if mixer is None:
-        raise ConfigError(f"{prefix}mixer is missing: every configs/attn/*.yaml names its registered mixer")
+        raise ConfigError(f"{prefix}mixer is missing: every attn option names its registered mixer")
     return registry.MIXERS.choose(f"{prefix}mixer", mixer)
 
 
 def data_spec(source: str | None) -> type:
     """The registered spec named by a data config's ``source`` key; ConfigError if there is none."""
     if source is None:
-        raise ConfigError("data.source is missing: every configs/data/*.yaml names its registered source")
+        raise ConfigError("data.source is missing: every data option names its registered source")
     return registry.SOURCES.choose("data.source", source)
 
 
@@ -228,22 +230,63 @@ def check_state_passing(attn: MixerConfig, n_layers: int) -> None:
                           f"between batches (choose from: {', '.join(able)})")
 
 
-def variant_names(config_dir: str | None = None) -> list[str]:
-    """The variants a user can pick with +attn=<name>: the YAML files of configs/attn."""
-    attn_dir = os.path.join(config_dir or CONFIG_DIR, "attn")
-    return sorted(f[:-5] for f in os.listdir(attn_dir) if f.endswith(".yaml"))
+def variant_names() -> list[str]:
+    """The variants a user can pick with +attn=<name>: the files of configs/attn and the options the registry makes."""
+    return group_options("attn")
 
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
+# The groups whose options are registered specs: each registered name is an option of its group (``+attn=gla``,
+# ``data=stdlib``) made from the spec with these keys set to the name, unless a YAML file of that name sets more.
+SPEC_GROUPS = {"attn": (registry.MIXERS, ("name", "mixer")), "data": (registry.SOURCES, ("source",))}
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: its YAML files, and the registry's options where the group has them."""
+    folder = os.path.join(CONFIG_DIR, group)
+    return sorted({f[:-5] for f in os.listdir(folder) if f.endswith(".yaml")} | set(options_made(group)))
+
+
+def options_made(group: str) -> list[str]:
+    """The options of ``group`` made from a registered spec alone: its defaults make a whole option (a hybrid's
+    layers, say, must be named in a file) and no ``configs/<group>/<name>.yaml`` sets anything else."""
+    if group not in SPEC_GROUPS:
+        return []
+    specs = SPEC_GROUPS[group][0]
+    return [name for name in specs.names() if specs.lookup(name).complete_by_default
+            and not os.path.exists(os.path.join(CONFIG_DIR, group, f"{name}.yaml"))]
+
+
+def made_option(group: str, name: str) -> dict:
+    """The settings of an option the registry makes: the keys that say which spec it is (the schema fills the rest)."""
+    return {key: name for key in SPEC_GROUPS[group][1]}
+
+
+def group_option(group: str, option: str) -> DictConfig:
+    """The settings ``group=option`` picks: ``configs/<group>/<option>.yaml`` without Hydra's defaults list, or
+    those of an option the registry makes (the schema fills the rest); ConfigError naming the options."""
+    path = os.path.join(CONFIG_DIR, group, f"{option}.yaml")
+    if os.path.exists(path):
+        loaded = OmegaConf.load(path)
+        loaded.pop("defaults", None)
+        return loaded
+    if option in options_made(group):
+        return OmegaConf.create(made_option(group, option))
+    raise ConfigError(f"unknown {group} config {group}={option!r} (available: {', '.join(group_options(group))})")
+
+
 def register_schemas() -> None:
     """Make the dataclasses Hydra schemas: ``lmzoo_schema`` (root), ``schema/attn/<mixer>`` and
-    ``schema/data/<source>``."""
+    ``schema/data/<source>``; and each option the registry makes (``options_made``) an option of its group, as a
+    YAML file naming only its schema would be."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     store.store(name="lmzoo_schema", node=Config)
-    for group, specs in (("attn", registry.MIXERS), ("data", registry.SOURCES)):
+    for group, (specs, _) in SPEC_GROUPS.items():
         for name in specs.names():
             store.store(group=f"schema/{group}", name=name, node=specs.lookup(name))
+        for name in options_made(group):
+            store.store(group=group, name=name, node=specs.lookup(name)(**made_option(group, name)))

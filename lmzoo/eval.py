@@ -21,23 +21,26 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Optional
 
 from omegaconf import OmegaConf
 
 from lmzoo.cli import (
-    RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, run_command, schema_options, show_help,
+    RUN_OVERRIDES, errors_in_one_line, exit_codes, parse_settings, run_command, schema_options, show_help, shown_as,
     wants_help, with_defaults,
 )
-from lmzoo.config import CONFIG_DIR, ConfigError, EvalConfig
+from lmzoo.config import ConfigError
 from lmzoo.faults import (
     EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_NETWORK, EXIT_RUN_FAULT, EXIT_UNPARSABLE,
     EXIT_WRITE_FAILED, RunFault, RunLock,
 )
 from lmzoo.interop.hf import open_hf
-from lmzoo.measure.evaluation import check_request, eval_settings, evaluate, result_settings, warn_inert_overrides
+from lmzoo.measure.evaluation import (
+    EvalSettings, check_request, eval_defaults, evaluate, result_settings, warn_inert_overrides,
+)
 from lmzoo.measure.outputs import check_writable, write_outputs
 from lmzoo.record.directory import RunDir, flat_settings
 from lmzoo.record.opening import check_overrides, open_trained, trained_run
@@ -47,29 +50,37 @@ log = logging.getLogger("lmzoo.eval")
 EVAL_LOCK = ".lock"  # in eval/<tag>/: held while an evaluation computes and writes that tag
 
 
+@dataclass
+class EvalCommand(EvalSettings):
+    """The settings of ``python -m lmzoo.eval``: the run, and how to measure it (``eval.*``)."""
+
+    run_dir: Optional[str] = shown_as("<dir>")  # the trained run to evaluate
+    hf: Optional[str] = shown_as("<folder>")  # or a local Hugging Face Llama folder (lmzoo.interop.hf)
+
+    def check(self) -> None:
+        if (self.run_dir is None) == (self.hf is None):
+            raise ConfigError("run_dir=<dir> is required: the run to evaluate (or hf=<folder>: a Hugging Face Llama)")
+        super().check()
+
+
 def show_usage() -> NoReturn:
-    defaults = {"eval": OmegaConf.load(Path(CONFIG_DIR) / "eval" / "default.yaml")}
+    options = with_defaults(schema_options(EvalCommand), OmegaConf.create(eval_defaults()))
     show_help("python -m lmzoo.eval run_dir=<dir> [eval.<key>=value ...] "
               "[pos=<option> pos.<key>=value attn.<key>=value ...]",
               "Measure a trained run's loss and bits per byte at each length, with 95% intervals.",
-              [("required", [Option("run_dir", "<dir>", "the trained run to evaluate"),
-                             Option("hf", "<folder>", "or a local Hugging Face Llama folder (lmzoo.interop.hf)")]),
-               ("evaluation settings", with_defaults(schema_options(EvalConfig, "eval."), OmegaConf.create(defaults))),
+              [("required", [o for o in options if "." not in o.key]),
+               ("evaluation settings", [o for o in options if o.key.startswith("eval.")]),
                ("overrides of the run's config (as in training)", RUN_OVERRIDES),
                ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_WRITE_FAILED, EXIT_NETWORK,
                                          EXIT_UNPARSABLE, EXIT_INTERRUPTED, EXIT_ABORTED))])
 
 
-def parse_args(argv: list[str]) -> tuple[RunDir, EvalConfig, list[str]]:
-    """(run, eval settings, overrides of the run's config) from ``key=value`` arguments."""
-    given = dict(key_values(argv, "eval"))
-    if ("run_dir" in given) == ("hf" in given):
-        raise ConfigError("run_dir=<dir> is required: the run to evaluate (or hf=<folder>: a Hugging Face Llama)")
-    eval_cfg = eval_settings([a for a in argv if a.startswith("eval.")])
-    run = RunDir(given["hf"]) if "hf" in given else trained_run(given["run_dir"])  # results go into either
-    overrides = [a for a in argv if not a.startswith(("run_dir=", "hf=", "eval."))]
+def parse_args(argv: list[str]) -> tuple[RunDir, EvalCommand, list[str]]:
+    """(run, settings, overrides of the run's config) from ``key=value`` arguments."""
+    settings, overrides, _ = parse_settings(EvalCommand, argv, "eval", others=True, defaults=eval_defaults())
+    run = RunDir(settings.hf) if settings.hf is not None else trained_run(settings.run_dir)  # results go into either
     check_overrides(overrides)
-    return run, eval_cfg, overrides
+    return run, settings, overrides
 
 
 def default_tag(overrides: list[str]) -> str:
@@ -103,19 +114,19 @@ def main(argv: list[str] | None = None) -> dict:
     if wants_help(argv):
         show_usage()
     with errors_in_one_line():
-        run, eval_cfg, overrides = parse_args(argv)
+        run, settings, overrides = parse_args(argv)
+        eval_cfg, hf = settings.eval, settings.hf is not None
         tag = eval_cfg.tag or default_tag(overrides)
-        settings = result_settings(eval_cfg, overrides)
-        hf = any(a.startswith("hf=") for a in argv)
+        measured_with = result_settings(eval_cfg, overrides)
         trained = open_hf(run.path, overrides) if hf else open_trained(run, overrides, eval_cfg.step,
                                                                        step_setting="eval.step")
         first_window = check_request(trained, eval_cfg)
         check_writable(run, tag)
         with RunLock(run.eval_dir(tag) / EVAL_LOCK, refused=partial(tag_in_use, tag)):
-            check_tag(run, tag, settings, named=eval_cfg.tag is not None)
+            check_tag(run, tag, measured_with, named=eval_cfg.tag is not None)
             if not hf:  # these rebuild the run's model and data from its config.yaml, which a Hugging Face folder lacks
                 warn_inert_overrides(run, overrides, trained.model, trained.data.tokenizer.vocab_size, first_window)
-            results = {**evaluate(trained, eval_cfg, tag=tag, extra_dir=run.eval_dir(tag)), "settings": settings}
+            results = {**evaluate(trained, eval_cfg, tag=tag, extra_dir=run.eval_dir(tag)), "settings": measured_with}
             # data.allow_changed=true let them through
             if not hf and (changed := data_changes(run, trained.data.fingerprint)):
                 results["data_changed"] = changed

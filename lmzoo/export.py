@@ -12,45 +12,46 @@ named in one line. ``--help`` lists the settings.
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from dataclasses import dataclass
+from typing import NoReturn, Optional
 
-from lmzoo.cli import Option, errors_in_one_line, exit_codes, key_values, show_help, wants_help
-from lmzoo.config import ConfigError
+from lmzoo.cli import (
+    errors_in_one_line, exit_codes, field_notes, parse_settings, schema_options, show_help, shown_as, wants_help,
+)
+from lmzoo.config import ConfigError, one_of
 from lmzoo.interop import fla, llama
 from lmzoo.interop.hf import export_hf
 from lmzoo.record.opening import open_trained
 
 FORMATS = {"hf": lambda cfg: llama, "fla": fla.for_run}  # format= -> the module mapping a run onto its model class
-SETTINGS = [Option("run_dir", "<dir>", "the trained run to export (its newest intact checkpoint)"),
-            Option("out", "<folder>", "where the model folder goes (new or empty)"),
-            Option("format", "hf", "hf: a Hugging Face LlamaForCausalLM folder (safetensors, config.json, tokenizer); "
-                                   "fla: flash-linear-attention's model class of the run's mixer "
-                                   "(attn=gla, gated_deltanet, deltanet, kda, retnet, mamba2)"),
-            Option("step", "null", "the checkpoint step to export; null: the newest intact one")]
+
+
+@dataclass
+class ExportSettings:
+    """The settings of ``python -m lmzoo.export``."""
+
+    run_dir: Optional[str] = shown_as("<dir>")  # the trained run to export (its newest intact checkpoint)
+    out: Optional[str] = shown_as("<folder>")  # where the model folder goes (new or empty)
+    format: str = "hf"  # hf: a Hugging Face LlamaForCausalLM folder (safetensors, config.json, tokenizer);
+                        # fla: flash-linear-attention's model class of the run's mixer (attn=gla, gated_deltanet,
+                        # deltanet, kda, retnet, mamba2)
+    step: Optional[int] = None  # the checkpoint step to export; null: the newest intact one
+
+    def check(self) -> None:
+        for key in ("run_dir", "out"):
+            if not getattr(self, key):
+                raise ConfigError(f"{key}=<...> is required ({field_notes(ExportSettings)[key]})")
+        one_of("format", self.format, tuple(FORMATS))
 
 
 def show_usage() -> NoReturn:
     show_help("python -m lmzoo.export run_dir=<dir> out=<folder> [format=hf|fla step=<n>]",
               "Write a trained run as a model folder other libraries load.",
-              [("settings", SETTINGS), ("exit codes", exit_codes())])
+              [("settings", schema_options(ExportSettings)), ("exit codes", exit_codes())])
 
 
-def parse_args(argv: list[str]) -> dict:
-    given = dict(key_values(argv, "export"))
-    known = [o.key for o in SETTINGS]
-    for key in given:
-        if key not in known:
-            raise ConfigError(f"unknown setting {key!r} (valid: {', '.join(known)})")
-    for key in ("run_dir", "out"):
-        if not given.get(key):
-            raise ConfigError(f"{key}=<...> is required ({next(o.note for o in SETTINGS if o.key == key)})")
-    if given.setdefault("format", "hf") not in FORMATS:
-        raise ConfigError(f"format={given['format']!r} is not valid (choose from: {', '.join(FORMATS)})")
-    step = given.get("step", "null")
-    if step != "null" and not step.isdigit():
-        raise ConfigError(f"step={step!r} must be a checkpoint step (a whole number) or null")
-    given["step"] = None if step == "null" else int(step)
-    return given
+def parse_args(argv: list[str]) -> ExportSettings:
+    return parse_settings(ExportSettings, argv, "export").settings
 
 
 def main(argv: list[str] | None = None):
@@ -59,10 +60,9 @@ def main(argv: list[str] | None = None):
     if wants_help(argv):
         show_usage()
     with errors_in_one_line():
-        args = parse_args(argv)
-        trained = open_trained(args["run_dir"], (), args["step"])
-        out = export_hf(trained, args["out"], source={"run_dir": str(args["run_dir"])},
-                        target=FORMATS[args["format"]](trained.cfg))
+        s = parse_args(argv)
+        trained = open_trained(s.run_dir, (), s.step)
+        out = export_hf(trained, s.out, source={"run_dir": str(s.run_dir)}, target=FORMATS[s.format](trained.cfg))
     print(f"wrote {out} (step {trained.step}, {trained.cfg.attn.name})")
     return out
 

@@ -16,77 +16,59 @@ Sampling: ``temperature=0`` is greedy (argmax); otherwise logits / temperature, 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import NoReturn, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from omegaconf import OmegaConf
-from omegaconf import errors as oc_errors
 
 from lmzoo.cli import (
-    RUN_OVERRIDES, Option, errors_in_one_line, exit_codes, key_values, run_command, schema_options, show_help,
+    RUN_OVERRIDES, errors_in_one_line, exit_codes, parse_settings, run_command, schema_options, show_help, shown_as,
     wants_help,
 )
-from lmzoo.config import ConfigError, to_dataclass
+from lmzoo.config import ConfigError
 from lmzoo.faults import (
     EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_RUN_FAULT, EXIT_UNPARSABLE,
 )
-from lmzoo.measure.decoding import SAMPLING_KEYS, Sampling, check_fits, generate, until_eos
+from lmzoo.measure.decoding import Sampling, check_fits, generate, until_eos
 from lmzoo.measure.memory import compiled_bytes, device_memory
 from lmzoo.record.checkpoints import split_model
 from lmzoo.record.directory import RunDir
 from lmzoo.record.opening import check_overrides, open_trained, trained_run
 
 
-NOTES = {  # the sampling settings without a comment of their own in lmzoo.measure.decoding.Sampling
-    "max_new_tokens": "tokens added at most (fewer where the end-of-sequence token comes first)",
-    "seed": "draws the sampling keys: the same seed gives the same text",
-    "num_samples": "samples decoded together as one batch",
-}
+@dataclass
+class GenerateSettings(Sampling):
+    """The settings of ``python -m lmzoo.generate``: the run, the prompt and how to sample its continuation."""
+
+    run_dir: Optional[str] = shown_as("<dir>")  # the trained run whose model generates
+
+    def check(self) -> None:
+        if self.run_dir is None:
+            raise ConfigError("run_dir=<dir> is required: the run whose model generates")
+        check_text(self.prompt)
+        super().check()
 
 
 def show_usage() -> NoReturn:
+    options = {o.key: o for o in schema_options(GenerateSettings)}
     show_help('python -m lmzoo.generate run_dir=<dir> prompt="def " [key=value ...]',
               "Continue a prompt with a trained run's newest intact checkpoint.",
-              [("required", [Option("run_dir", "<dir>", "the trained run whose model generates"),
-                             Option("prompt", "<text>", "the text to continue, taken verbatim")]),
-               ("sampling settings", [o._replace(note=o.note or NOTES.get(o.key, ""))
-                                      for o in schema_options(Sampling) if o.key != "prompt"]),
+              [("required", [options.pop("run_dir"), options.pop("prompt")]),
+               ("sampling settings", list(options.values())),
                ("overrides of the run's config (as in training)", RUN_OVERRIDES),
                ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_UNPARSABLE, EXIT_INTERRUPTED,
                                          EXIT_ABORTED))])
 
 
 def parse_args(argv: list[str]) -> tuple[RunDir, Sampling, list[str]]:
-    """(run_dir, sampling settings, overrides of the run's config) from ``key=value`` arguments.
-
-    The prompt is taken verbatim (spaces kept); other values are parsed like any override."""
-    prompt, values, overrides, run_dir = None, [], [], None
-    for key, value in key_values(argv, "generate"):
-        arg = f"{key}={value}"
-        if key == "run_dir":
-            run_dir = value
-        elif key == "prompt":
-            prompt = value
-        elif key in SAMPLING_KEYS:
-            values.append(arg)
-        else:
-            overrides.append(arg)
-    if run_dir is None:
-        raise ConfigError("run_dir=<dir> is required: the run whose model generates")
-    try:
-        raw = OmegaConf.from_dotlist(values)
-    except oc_errors.OmegaConfBaseException as e:
-        raise ConfigError(f"could not parse the arguments: {str(e).splitlines()[0]}") from None
-    if prompt is not None:
-        check_text(prompt)
-        raw.prompt = prompt
-    sampling = to_dataclass(Sampling, raw)
-    sampling.check()
+    """(run_dir, sampling settings, overrides of the run's config) from ``key=value`` arguments; the prompt is
+    taken verbatim (spaces kept)."""
+    settings, overrides, _ = parse_settings(GenerateSettings, argv, "generate", others=True)
     check_overrides(overrides)
-    return trained_run(run_dir), sampling, overrides
+    return trained_run(settings.run_dir), settings, overrides
 
 
 def check_text(prompt: str) -> None:

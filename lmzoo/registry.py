@@ -2,9 +2,10 @@
 
 A mixer module registers its spec (a ``lmzoo.schema.MixerConfig`` subclass that knows how to
 ``build`` its module) with ``@register("name")``; the spec is also the schema its
-``configs/attn/*.yaml`` files are validated against. Data sources and synthetic tasks do the same
-with ``@SOURCES.register("name")`` on a ``lmzoo.schema.DataConfig`` subclass, validated against
-``configs/data/<name>.yaml``. Nothing outside a mixer or data module ever names a variant or a source.
+``configs/attn/*.yaml`` files are validated against, and ``+attn=<name>`` itself where no file of that
+name sets more (``lmzoo.config.options_made``). Data sources and synthetic tasks do the same
+with ``@SOURCES.register("name")`` on a ``lmzoo.schema.DataConfig`` subclass (``data=<name>``).
+Nothing outside a mixer or data module ever names a variant or a source.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 A leaf module: it imports nothing of lmzoo, so mixers, data sources and ``lmzoo.config`` can all
 build on it without import cycles. A *spec* is a config dataclass that is also the recipe for what
-it configures: ``MixerConfig`` is validated against a ``configs/attn/*.yaml`` file, checks itself
+it configures: ``MixerConfig`` is validated against an attn option (``configs/attn/*.yaml``), checks itself
 against the model (``check``), builds its mixer (``build``) and reports its cost (``flops_per_token``);
-``DataConfig`` is validated against a ``configs/data/*.yaml`` file, checks itself and builds its data.
+``DataConfig`` is validated against a data option (``configs/data/*.yaml``), checks itself and builds its data.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class OptimConfig:
 
 @dataclass
 class MixerConfig:
-    """The spec of a sequence mixer: fields every ``configs/attn/*.yaml`` has, and what a spec does.
+    """The spec of a sequence mixer: fields every attn option has, and what a spec does.
 
     A mixer module subclasses this with its own knobs, registers the subclass with
     ``@lmzoo.registry.register("<name>")`` and implements ``build``.
@@ -154,8 +154,11 @@ class MixerConfig:
     # The forms ``attn.method`` may name (``lmzoo.ops.common.Forms``) where the spec has a method; a class
     # attribute, not a config key.
     forms: ClassVar[tuple[str, ...]] = ()
+    # Whether the defaults alone make a variant, so the registry offers ``+attn=<mixer>`` without a YAML file
+    # (``lmzoo.config.options_made``); a class attribute, not a config key.
+    complete_by_default: ClassVar[bool] = True
 
-    name: str = MISSING  # the variant's name in logs and comparisons (its YAML file name)
+    name: str = MISSING  # the variant's name in logs and comparisons (+attn=<name>)
     mixer: str = MISSING  # registry key of the spec that builds it
 
     def check(self, model: ModelConfig) -> None:
@@ -177,13 +180,17 @@ class MixerConfig:
 
 @dataclass
 class DataConfig:
-    """The spec of a data source or synthetic task: fields every ``configs/data/*.yaml`` has, and what a spec does.
+    """The spec of a data source or synthetic task: fields every data option has, and what a spec does.
 
     A data module subclasses this with its own settings (and ``source`` defaulting to its name), registers
     the subclass with ``@lmzoo.registry.SOURCES.register("<name>")`` and implements ``build``.
     """
 
-    source: str = MISSING  # registry key of the spec that builds the data (its YAML file name)
+    # Whether the defaults alone make a data option, so the registry offers ``data=<source>`` without a YAML file
+    # (``lmzoo.config.options_made``); a class attribute, not a config key.
+    complete_by_default: ClassVar[bool] = True
+
+    source: str = MISSING  # registry key of the spec that builds the data
     seq_len: int = 256  # tokens per training sequence
     allow_changed: bool = False  # resume although the data differ from those the run trained on (recorded)
 

@@ -20,8 +20,8 @@ from typing import NoReturn
 import hydra
 
 from lmzoo.cli import (
-    Option, check_argv, exit_codes, fail, group_choices, interrupts_in_one_line, schema_options, show_help, wants_help,
-    with_defaults,
+    HelpLine, check_argv, exit_codes, fail, group_choices, interrupts_in_one_line, schema_options, show_help,
+    wants_help, with_defaults,
 )
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, data_spec, register_schemas, validate, variant_names
 from lmzoo.faults import EXIT_FINISHED, EXIT_INTERRUPTED, RunFault, check_unlocked, debugging, probe_writable
@@ -112,9 +112,10 @@ def show_usage() -> NoReturn:
         "python -m lmzoo.train +attn=<variant> [key=value ...]   "
         "(-m: a sweep over key=a,b; --hydra-help: Hydra's flags)",
         __doc__.splitlines()[0].split(": ", 1)[1],
-        [("required", [Option("+attn", "<variant>", f"the sequence mixer, one of: {', '.join(variant_names())}"),
-                       Option("attn.<key>", "<value>", "the variant's own settings (configs/attn/<variant>.yaml)")]),
-         ("config groups (group=option loads configs/<group>/<option>.yaml)", group_choices(TRAINING_GROUPS)),
+        [("required", [HelpLine("+attn", "<variant>", f"the sequence mixer, one of: {', '.join(variant_names())}"),
+                       HelpLine("attn.<key>", "<value>", "the variant's own settings (its spec in lmzoo/mixers/)")]),
+         ("config groups (group=option loads configs/<group>/<option>.yaml, or a registered spec's defaults)",
+          group_choices(TRAINING_GROUPS)),
          ("settings", with_defaults(settings, defaults)),
          (f"data settings of data={source} (another source has its own)",
           with_defaults(schema_options(data_spec(source), "data."), defaults)),

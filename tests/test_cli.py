@@ -1,11 +1,17 @@
 """The grammar every command shares (``lmzoo.cli``): ``--help`` lists the keys and exits 0, and a
-bad argument is one line with exit code 2, the same for every command."""
+bad argument is one line with exit code 2, the same for every command; every command but train reads its
+settings dataclass with one parser (``parse_settings``)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
 
 import pytest
 
 from lmzoo import compare, eval as lmzoo_eval, generate, train
+from lmzoo.cli import parse_settings, schema_options, shown_as
+from lmzoo.config import ConfigError
 from lmzoo.experiments import __main__ as experiments
 
 COMMANDS = {  # each command's main, and keys its --help must list
@@ -52,3 +58,60 @@ def test_bad_arguments_are_one_line_with_exit_code_2_in_every_command(command, a
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("lmzoo: error: ") and fragment in err, err
+
+
+# ----------------------------------------------------------------------------- the one parser of settings
+
+
+@dataclass
+class Inner:
+    depth: int = 1  # how deep
+
+
+@dataclass
+class Example:
+    """Settings of a made-up command, to test ``lmzoo.cli.parse_settings`` apart from any real one."""
+
+    name: Optional[str] = shown_as("<name>")  # who; taken verbatim
+    count: int = 3  # how many
+    ratio: Optional[float] = None  # a share; null: none
+    flag: bool = False  # a switch
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_settings_take_text_verbatim_and_other_values_by_their_type():
+    s = parse_settings(Example, ["name= a b ", "count=5", "ratio=0.5", "flag=true", "inner.depth=2"], "x").settings
+    assert s == Example(name=" a b ", count=5, ratio=0.5, flag=True, inner=Inner(2))
+    assert parse_settings(Example, ["name=null", "ratio=null"], "x").settings == Example()
+    assert parse_settings(Example, [], "x", defaults={"count": 7}).settings.count == 7  # defaults lie under arguments
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["count=x"], "count='x' must be a whole number"),
+    (["ratio=many"], "ratio='many' must be a number or null"),
+    (["ratio=inf"], "ratio=inf must be a finite number"),
+    (["flag=maybe"], "flag='maybe' must be true or false"),
+    (["colour=red"], "unknown key 'colour' (valid keys: name, count, ratio, flag, inner)"),
+    (["inner.width=2"], "unknown key 'inner.width' (valid keys here: depth)"),
+    (["oops"], "could not parse 'oops': arguments are key=value (python -m lmzoo.x --help lists them)"),
+])
+def test_a_bad_setting_is_one_line_naming_the_key(argv, message):
+    with pytest.raises(ConfigError) as error:
+        parse_settings(Example, argv, "x")
+    assert str(error.value) == message
+
+
+def test_other_keys_paths_and_dashes_where_a_command_takes_them():
+    parsed = parse_settings(Example, ["runs/a", "pos=ntk", "--count", "4", "--name=b"], "x", others=True, paths=True,
+                            dashes=True)
+    assert (parsed.settings.count, parsed.settings.name, parsed.others, parsed.paths) == (4, "b", ["pos=ntk"],
+                                                                                         ["runs/a"])
+    with pytest.raises(ConfigError, match="unknown option '--colour'"):
+        parse_settings(Example, ["--colour", "red"], "x", dashes=True)
+
+
+def test_help_lines_come_from_the_fields_defaults_and_comments():
+    lines = {o.key: (o.default, o.note) for o in schema_options(Example)}
+    assert lines == {"name": ("<name>", "who; taken verbatim"), "count": ("3", "how many"),
+                     "ratio": ("null", "a share; null: none"), "flag": ("false", "a switch"),
+                     "inner.depth": ("1", "how deep")}

@@ -108,17 +108,44 @@ def test_configs_cannot_name_code_to_run():
         assert "_target_" not in path.read_text(), path
 
 
-def test_each_registered_source_has_a_config_file_naming_it():
-    """Every source has its own configs/data/<source>.yaml; any other file there is a preset of a source
-    (a named corpus such as data=fineweb_edu, which is data=hf with its settings)."""
-    from lmzoo.config import CONFIG_DIR
+def test_each_registered_source_is_a_data_option_and_each_data_file_names_one():
+    """Every source is ``data=<source>``: made by the registry, or its own configs/data/<source>.yaml where that sets
+    more; any other file there is a preset of a source (a named corpus such as data=fineweb_edu, which is data=hf
+    with its settings)."""
+    from lmzoo.config import CONFIG_DIR, group_options
     from omegaconf import OmegaConf
     import pathlib
 
+    assert set(registry.SOURCES.names()) <= set(group_options("data"))
     sources = {f.stem: OmegaConf.load(f).source for f in pathlib.Path(CONFIG_DIR, "data").glob("*.yaml")}
-    assert set(registry.SOURCES.names()) <= set(sources)
     for name, source in sources.items():
         assert source == name if name in registry.SOURCES.names() else source in registry.SOURCES.names(), name
+
+
+@pytest.mark.parametrize("group", ["attn", "data"])
+def test_a_yaml_file_exists_only_where_it_sets_something(group):
+    """An option that would only name its schema is made by the registry (``lmzoo.config.options_made``), not
+    written as a file: each file of configs/attn and configs/data sets something besides its identity keys."""
+    from lmzoo.config import SPEC_GROUPS
+
+    identity = set(SPEC_GROUPS[group][1]) | {"defaults"}
+    for rel in (r for r in config_files() if r.startswith(f"{group}/")):
+        raw = load_config_file(rel)
+        section = raw.get(group, raw)  # a variant that also sets model.* (# @package _global_)
+        assert set(raw) - {group} - identity or set(section) - identity, f"{rel} only names its schema: delete it"
+
+
+def test_the_registry_makes_every_variant_a_file_does_not_and_no_incomplete_one():
+    """``+attn=<mixer>`` works for every registered mixer whose defaults make a variant, with or without a file;
+    a hybrid (its layers named in a file) is not offered alone."""
+    from lmzoo.config import options_made, variant_names
+
+    complete = {name for name in registry.names() if registry.lookup(name).complete_by_default}
+    assert complete <= set(variant_names()) and "hybrid" not in variant_names()
+    assert {"softmax", "gla", "mamba"} <= set(options_made("attn"))
+    cfg = tiny_config("gla")
+    assert (cfg.attn.name, cfg.attn.mixer) == ("gla", "gla") and cfg.attn == registry.lookup("gla")(name="gla",
+                                                                                                    mixer="gla")
 
 
 @pytest.mark.parametrize("overrides", [["data=mqar", "data.num_pairs=4"], ["data=induction"], ["data=selective_copy"]])
@@ -245,18 +272,17 @@ def test_sub_config_knobs_restate_their_defaults_unless_set_on_purpose():
 
 
 def test_every_config_file_composes_onto_its_schema_defaults():
-    """Each group option composes, its unset keys holding the dataclass's defaults (model=tiny sets none)."""
-    import pathlib
-
+    """Each group option (a file, or made by the registry) composes, its unset keys holding the dataclass's
+    defaults (model=tiny sets none)."""
     from hydra import compose, initialize_config_dir
-    from lmzoo.config import CONFIG_DIR, EvalConfig, register_schemas
+    from lmzoo.config import CONFIG_DIR, EvalConfig, group_options, register_schemas
     from lmzoo.measure.evaluation import eval_settings
     from lmzoo.schema import ModelConfig
 
     register_schemas()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         for group in ("model", "pos", "data", "optim"):
-            for option in sorted(p.stem for p in pathlib.Path(CONFIG_DIR, group).glob("*.yaml")):
+            for option in group_options(group):
                 cfg = compose("train", overrides=["+attn=softmax", f"{group}={option}"])
                 assert cfg.attn.name == "softmax" and cfg[group], (group, option)
         assert dict(compose("train", overrides=["+attn=softmax"]).model) == schema_defaults(ModelConfig)

@@ -11,7 +11,8 @@ A mix (``mix``, ``data=mix``) draws its rows from several named corpora and task
 one tokenizer. Batch sizes passed to ``Data`` are global; each process gets its own rows of every batch.
 
 Every module in this package is imported here, so a module holding a new source or task registers
-it just by existing: adding one is its registered spec and its ``configs/data/<name>.yaml``.
+it just by existing: adding one is its registered spec (``data=<name>`` is made from it; a
+``configs/data/<name>.yaml`` only where a file sets something, ``lmzoo.config.options_made``).
 """
 
 from __future__ import annotations

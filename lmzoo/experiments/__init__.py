@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from omegaconf import OmegaConf
-
+from lmzoo.cli import parse_settings
 from lmzoo.experiments.judging import OUTCOMES, RULES_VERSION, SMOKE, Check, familywise, outcome
 from lmzoo.record.directory import atomic_write_text
 from lmzoo.schema import ConfigError, one_of, to_dataclass
@@ -70,13 +69,10 @@ def load(name: str) -> ModuleType:
 
 
 def settings_for(module: ModuleType, overrides: list[str], *, quick: bool):
-    """The module's Settings with QUICK (when asked) and then ``key=value`` overrides applied."""
-    try:
-        given = OmegaConf.from_dotlist(overrides)
-    except Exception as error:  # a malformed override: say which, in one line
-        raise ConfigError(f"cannot read the overrides {overrides}: {str(error).splitlines()[0]}") from None
-    quick_values = OmegaConf.create(module.QUICK if quick else {})
-    return to_dataclass(module.Settings, OmegaConf.merge(quick_values, given))
+    """The module's Settings with QUICK (when asked) and then ``key=value`` overrides applied (``lmzoo.cli``'s
+    grammar: an unknown key or a value of the wrong type is one line naming it)."""
+    quick_values = dict(module.QUICK) if quick else {}
+    return parse_settings(module.Settings, list(overrides), "experiments", defaults=quick_values).settings
 
 
 def _plain(value):

@@ -12,32 +12,39 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 from lmzoo.cli import (
-    Option, errors_in_one_line, exit_codes, fail, key_values, run_command, schema_options, show_help, wants_help,
+    errors_in_one_line, exit_codes, fail, parse_settings, run_command, schema_options, show_help, wants_help,
 )
 from lmzoo.experiments import MODULES, SEED_GROUPS, load, rejudge, run_experiment
 from lmzoo.faults import EXIT_INTERRUPTED, probe_writable
-from lmzoo.schema import ConfigError, one_of
+from lmzoo.schema import one_of
 
-DEFAULT_OUT = "experiments"
-OPTIONS = [
-    Option("quick", "false",
-           "true: small settings that test the pipeline in about a minute, not the claim (no verdict)"),
-    Option("out_dir", DEFAULT_OUT,
-           "the experiment writes <out_dir>/<name>/ (verdict.json, figures, runs); a rerun resumes"),
-    Option("seed_groups", "auto", "an arm's seeds trained as one vmapped group: auto (on an accelerator), true, false "
-                                  "(one run per seed)"),
-]
+
+@dataclass
+class RunSettings:
+    """How ``python -m lmzoo.experiments <name>`` runs an experiment (its own settings are the module's Settings)."""
+
+    quick: bool = False  # true: small settings that test the pipeline in about a minute, not the claim (no verdict)
+    out_dir: str = "experiments"  # the experiment writes <out_dir>/<name>/ (verdict.json, figures, runs); a rerun
+                                  # resumes
+    seed_groups: str = "auto"  # an arm's seeds trained as one vmapped group: auto (on an accelerator), true, false
+                               # (one run per seed)
+
+    def check(self) -> None:
+        probe_writable(Path(self.out_dir), "out_dir")  # a file or a read-only folder: one line now, not after runs
+        self.seed_groups = self.seed_groups.lower()
+        one_of("seed_groups", self.seed_groups, SEED_GROUPS)
 
 
 def show_usage(name: str) -> NoReturn:
     module = load(name)
     quick = ", ".join(f"{k}={v}" for k, v in module.QUICK.items())
     show_help(f"python -m lmzoo.experiments {name} [key=value ...]", module.CLAIM,
-              [("run settings", OPTIONS),
+              [("run settings", schema_options(RunSettings)),
                (f"settings of {name} (quick=true sets {quick})", schema_options(module.Settings)),
                ("exit codes", exit_codes())])
 
@@ -82,21 +89,6 @@ def rejudge_all(paths: list[str]) -> None:
         print(f"{record['name']}: {record['verdict']} ({record['reason']}); was {record['rejudged']['verdict']}")
 
 
-def parse_args(rest: list[str]) -> tuple[dict, list[str]]:
-    """(run settings: quick, out_dir and seed_groups, the experiment's own ``key=value`` overrides)."""
-    pairs = key_values(rest, "experiments")
-    options = {key: value for key, value in pairs if key in ("out_dir", "quick", "seed_groups")}
-    overrides = [f"{key}={value}" for key, value in pairs if key not in options]
-    quick = options.get("quick", "false").lower()
-    if quick not in ("true", "false"):
-        raise ConfigError(f"quick={quick!r} is not valid (choose from: true, false)")
-    out_dir = Path(options.get("out_dir", DEFAULT_OUT))
-    probe_writable(out_dir, "out_dir")  # a file or a read-only folder: one line now, not a traceback after runs
-    seed_groups = options.get("seed_groups", "auto").lower()
-    one_of("seed_groups", seed_groups, SEED_GROUPS)
-    return {"quick": quick == "true", "out_dir": out_dir, "seed_groups": seed_groups}, overrides
-
-
 def main(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help", "list"):
         print(listing())
@@ -108,13 +100,13 @@ def main(argv: list[str]) -> None:
     with errors_in_one_line():  # a run stopped early (interrupted, diverged ...) writes no verdict
         if wants_help(rest):
             show_usage(name)
-        options, overrides = parse_args(rest)
+        run, overrides, _ = parse_settings(RunSettings, rest, "experiments", others=True)
         try:
-            record = run_experiment(name, options["out_dir"], quick=options["quick"], overrides=overrides,
-                                    seed_groups=options["seed_groups"])
+            record = run_experiment(name, Path(run.out_dir), quick=run.quick, overrides=overrides,
+                                    seed_groups=run.seed_groups)
         except KeyboardInterrupt:  # outside training, which saves and stops on its own
             fail("interrupted; no verdict was written: run the same command again to resume", EXIT_INTERRUPTED)
-    folder = options["out_dir"] / name
+    folder = Path(run.out_dir) / name
     if record["quick"]:
         print(f"{name}: smoke run (quick=true: tests the pipeline, not the claim; no verdict) "
               f"({record['seconds']:.0f} s); {folder / 'verdict.json'}")

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lmzoo.cli import shown_as
 from lmzoo.config import ConfigError
 from lmzoo.model import LM
 from lmzoo.record.checkpoints import split_model
@@ -27,13 +28,13 @@ from lmzoo.record.checkpoints import split_model
 class Sampling:
     """How to continue the prompt (the arguments besides run_dir and overrides of the run's config)."""
 
-    prompt: str = ""
-    max_new_tokens: int = 256
+    prompt: str = shown_as("<text>", "")  # the text to continue, taken verbatim
+    max_new_tokens: int = 256  # tokens added at most (fewer where the end-of-sequence token comes first)
     temperature: float = 0.8  # 0: greedy
     top_k: Optional[int] = None  # keep the k most likely tokens; None: all
     top_p: Optional[float] = None  # keep the fewest most likely tokens whose probability reaches p; None: all
-    seed: int = 0
-    num_samples: int = 1
+    seed: int = 0  # draws the sampling keys: the same seed gives the same text
+    num_samples: int = 1  # samples decoded together as one batch
 
     def check(self) -> None:
         if not self.prompt:
@@ -48,9 +49,6 @@ class Sampling:
             raise ConfigError(f"top_p={self.top_p} must lie in (0, 1]")
         if self.num_samples < 1:
             raise ConfigError(f"num_samples={self.num_samples} must be at least 1")
-
-
-SAMPLING_KEYS = tuple(Sampling.__dataclass_fields__)
 
 
 def sample(logits: jax.Array, key: jax.Array, s: Sampling) -> jax.Array:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import jax
@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from omegaconf import OmegaConf
-from omegaconf import errors as oc_errors
 from tqdm.auto import tqdm
 
-from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig, to_dataclass
+from lmzoo.cli import parse_settings
+from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig
 from lmzoo.measure.memory import compiled_bytes, largest_fitting_length, memory_budget
 from lmzoo.metrics.catalog import PROBES
 from lmzoo.metrics.probes import attention_stats
@@ -52,16 +52,25 @@ PROBE_COPIES = 4
 NOT_RESULT_SETTINGS = ("tag", "progress", "memory_budget_gb", "batch_tokens")
 
 
+@dataclass
+class EvalSettings:
+    """The measuring settings as a command line gives them (``eval.<key>=value``), over
+    ``configs/eval/default.yaml``."""
+
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def check(self) -> None:
+        self.eval.check()
+
+
+def eval_defaults() -> dict:
+    """``configs/eval/default.yaml``, nested under ``eval``: what ``eval_settings`` starts from."""
+    return {"eval": OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "eval" / "default.yaml")) or {}}
+
+
 def eval_settings(dotlist: list[str] = ()) -> EvalConfig:
     """``configs/eval/default.yaml`` with ``eval.<key>=value`` items applied, checked."""
-    try:
-        given = OmegaConf.from_dotlist(list(dotlist))
-    except oc_errors.OmegaConfBaseException as e:
-        raise ConfigError(f"could not parse the arguments: {str(e).splitlines()[0]}") from None
-    defaults = OmegaConf.load(Path(CONFIG_DIR) / "eval" / "default.yaml")
-    eval_cfg = to_dataclass(EvalConfig, OmegaConf.merge(defaults, given.get("eval", {})), prefix="eval.")
-    eval_cfg.check()
-    return eval_cfg
+    return parse_settings(EvalSettings, list(dotlist), "eval", defaults=eval_defaults()).settings.eval
 
 
 def result_settings(eval_cfg: EvalConfig, overrides: list[str]) -> dict:

@@ -27,6 +27,7 @@ from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, to_dataclass
 @registry.register("hybrid")
 @dataclass
 class HybridConfig(MixerConfig):
+    complete_by_default = False  # its layers and pattern are named in a configs/attn file (hwfa.yaml ...)
     layers: dict[str, Any] = field(default_factory=dict)  # name -> a mixer config ({mixer: ..., knobs})
     pattern: list[str] = field(default_factory=list)  # names from `layers`, cycled from the bottom layer up
     top: list[str] = field(default_factory=list)  # names for the top layers, replacing the pattern there

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from flax import nnx
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf import errors as oc_errors
 
-from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, validate
+from lmzoo.config import CONFIG_DIR, Config, ConfigError, explain, group_option, validate
 from lmzoo.data import build_data
 from lmzoo.data.corpus import with_saved_tokenizer
 from lmzoo.faults import RunFault, lock_holder
@@ -133,17 +133,6 @@ def is_group_choice(override: str) -> bool:
     """``pos=ntk`` (a config group and one of its files), not ``pos.kind=ntk`` or ``seed=1``."""
     key = override.split("=")[0].lstrip("+")
     return "=" in override and "." not in key and key in config_groups()
-
-
-def group_option(group: str, option: str) -> DictConfig:
-    """``configs/<group>/<option>.yaml`` without Hydra's defaults list (the schema fills the rest)."""
-    path = Path(CONFIG_DIR) / group / f"{option}.yaml"
-    if not path.exists():
-        options = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise ConfigError(f"unknown {group} config {group}={option!r} (available: {', '.join(options)})")
-    loaded = OmegaConf.load(path)
-    loaded.pop("defaults", None)
-    return loaded
 
 
 # ----------------------------------------------------------------------------- model

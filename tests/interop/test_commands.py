@@ -24,9 +24,9 @@ def test_help_lists_the_keys_and_exits_0(command, capsys):
 @pytest.mark.parametrize("command, argv, fragment", [
     ("export", ["run_dir=/nonexistent"], "out=<...> is required"),
     ("export", ["run_dir=/nonexistent", "out=x", "format=onnx"], "format='onnx' is not valid (choose from: hf, fla)"),
-    ("export", ["run_dir=/nonexistent", "out=x", "step=last"], "step='last' must be a checkpoint step"),
+    ("export", ["run_dir=/nonexistent", "out=x", "step=last"], "step='last' must be a whole number or null"),
     ("export", ["run_dir=/nonexistent", "out=x"], "holds no trained run"),
-    ("export", ["run_dir=/nonexistent", "out=x", "colour=red"], "unknown setting 'colour'"),
+    ("export", ["run_dir=/nonexistent", "out=x", "colour=red"], "unknown key 'colour'"),
     ("lm_eval", ["run_dir=/nonexistent", "tasks=x", "limit=many"], "limit='many' must be a number"),
     ("lm_eval", ["run_dir=/nonexistent", "tasks=x", "batch_size=two"], "batch_size='two' must be a whole number"),
     ("lm_eval", ["oops"], "could not parse 'oops': arguments are key=value"),

@@ -166,7 +166,7 @@ def test_export_to_fla_refuses_before_writing_anything(tmp_path):
 
 
 def test_format_fla_is_a_choice_of_export():
-    assert export.parse_args(["run_dir=r", "out=o", "format=fla"])["format"] == "fla"
+    assert export.parse_args(["run_dir=r", "out=o", "format=fla"]).format == "fla"
     with pytest.raises(ConfigError, match="hf, fla"):
         export.parse_args(["run_dir=r", "out=o", "format=gla"])
 

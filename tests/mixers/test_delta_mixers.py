@@ -1,5 +1,5 @@
 """Delta-rule mixers (deltanet, gated_deltanet): the knobs the generic protocol tests (which build
-every configs/attn YAML) leave out -- per-channel gates, the gates' form, the one-line config errors."""
+every variant) leave out -- per-channel gates, the gates' form, the one-line config errors."""
 
 from __future__ import annotations
 

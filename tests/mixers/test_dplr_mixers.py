@@ -1,5 +1,5 @@
 """The DPLR-era mixers (kda, gdn2, rwkv7): what the generic protocol tests (decoding equals the
-forward, documents, logical axes; they build every configs/attn YAML) leave out -- grouped value
+forward, documents, logical axes; they build every variant) leave out -- grouped value
 heads, the gates' ranges and shapes, the attention matrix against the op, the one-line config errors."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The Forgetting Transformer (fox): what the generic protocol tests (step == forward, causality,
-attention matrix, through configs/attn/fox.yaml) leave out."""
+attention matrix, through +attn=fox) leave out."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ retnet, gla, ...): what the generic protocol tests leave out.
 
 Each is a ``LinearFamilyMixer``: its forward is ``output(x, mix(*heads(x, positions))[0])``, where
 ``heads`` makes the op's inputs (v third), ``mix`` runs the op, ``output`` gates / normalises /
-projects. The family's variants are found through configs/attn; FAMILY adds cases for other knobs.
+projects. The family's variants are found through lmzoo.config.variant_names; FAMILY adds cases for other knobs.
 Computations run compiled (XLA backend optimisation off): op-by-op dispatch of scans is slow.
 """
 

@@ -1,4 +1,4 @@
-"""The mixer protocol, checked for every registered variant (found through configs/attn) and every
+"""The mixer protocol, checked for every registered variant (found through lmzoo.config.variant_names) and every
 layer of its model: a hybrid's model has enough layers to build each of its sub-configs."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """DeltaProduct, Comba and Mamba-3 mixers: the knobs the generic protocol tests (which build each
-configs/attn YAML as it is) leave out, the heads' ranges, the attention matrices against the op's
+variant as it is) leave out, the heads' ranges, the attention matrices against the op's
 mixing, and the one-line config errors."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from lmzoo.run.seeds import train as train_seeds
 
 pytest.importorskip("lm_eval")
 from lmzoo import lm_eval as command
-from lmzoo.interop.lm_eval import LmzooLM, padded_length
+from lmzoo.interop.eval_harness import LmzooLM, padded_length
 
 DOCS = [
     {"context": "def main():\n    return", "choices": [" 0", " None", " main()"], "answer": 0,
@@ -117,7 +117,7 @@ def test_padding_lengths_are_few_and_cover_every_sequence():
 def test_the_command_names_a_missing_model_or_task(capsys):
     for argv, message in [(["tasks=x"], "exactly one of run_dir"), (["run_dir=a", "hf=b", "tasks=x"], "exactly one"),
                           (["run_dir=a"], "tasks=<task,...> is required"), (["run_dir=a", "tasks=x", "batch=2"],
-                                                                            "unknown setting 'batch'")]:
+                                                                            "unknown key 'batch'")]:
         with pytest.raises(SystemExit) as exit:
             command.main(argv)
         assert exit.value.code == 2 and message in capsys.readouterr().err
@@ -190,7 +190,7 @@ def test_compare_shows_lm_eval_tasks_of_two_arms_of_two_seeds(tmp_path):
 def test_lm_evals_own_command_line_runs_the_lmzoo_model(run, tmp_path):
     """lm-eval reads no plugin entry points: its command line knows ``lmzoo`` when lmzoo's adapter module runs it."""
     tasks = write_tasks(tmp_path)
-    proc = run_lmzoo("-m", "lmzoo.interop.lm_eval", "--model", "lmzoo", "--model_args", f"run_dir={run}",
+    proc = run_lmzoo("-m", "lmzoo.interop.eval_harness", "--model", "lmzoo", "--model_args", f"run_dir={run}",
                      "--tasks", "lmzoo_choice", "--include_path", str(tasks), "--batch_size", "2",
                      "--output_path", str(tmp_path / "out"), check=True, timeout=900)
     [written] = (tmp_path / "out").rglob("results_*.json")

@@ -276,7 +276,7 @@ def json_safe(value: Any) -> Any:
 
 def harness_command_line() -> None:
     """lm-eval's own command line, with the ``lmzoo`` model registered in its process:
-    ``python -m lmzoo.interop.lm_eval run --model lmzoo --model_args run_dir=<run> --tasks <task> ...``.
+    ``python -m lmzoo.interop.eval_harness run --model lmzoo --model_args run_dir=<run> --tasks <task> ...``.
 
     lm-eval finds models by name in its registry, which it fills from a fixed table of its own models; it reads no
     plugin entry points, so its ``lm_eval`` command cannot know ``lmzoo`` unless this module is imported first."""
