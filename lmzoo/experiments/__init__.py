@@ -32,7 +32,7 @@ from types import ModuleType
 from lmzoo.cli import parse_settings
 from lmzoo.experiments.judging import OUTCOMES, RULES_VERSION, SMOKE, Check, familywise, outcome
 from lmzoo.record.directory import atomic_write_text
-from lmzoo.schema import ConfigError, one_of, to_dataclass
+from lmzoo.schema import one_of
 
 MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "sparsity_predicted", "decode_cache", "logn_entropy",
            "position_extrapolation", "mqar_state_size", "state_tracking", "state_passing")
