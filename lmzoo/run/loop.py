@@ -13,6 +13,11 @@ Each call takes and returns the state packed into a buffer per dtype (``train.pa
 so that its dispatch handles a few arrays rather than every leaf; the state is unpacked only when read.
 One trainer at a time holds a run directory (``lmzoo.faults.RunLock``).
 
+``train`` drives the ``Steps`` of ``lmzoo.run.base``: one run's ``Trainer``, or with ``train.seeds``/``train.lrs``
+a ``lmzoo.run.seeds.SeedGroup`` of Trainers stepped as one (``open_steps`` picks). A Trainer's step function and
+its source of training batches are constructor arguments (``jitted_call`` and ``training_batches`` by default;
+scripts/benchmark_loop.py gives others).
+
 A resume may change how training goes on; the learning-rate schedule is a function of the step alone
 (``lmzoo.run.optim``), so raising ``train.steps`` and setting ``optim.decay_start`` at a stable-phase
 checkpoint of a WSD (or constant) run continues it into a decay. Every check a resume passes is in
