@@ -27,7 +27,7 @@ from lmzoo.config import CONFIG_DIR, Config, ConfigError, data_spec, register_sc
 from lmzoo.faults import EXIT_FINISHED, EXIT_INTERRUPTED, RunFault, check_unlocked, debugging, probe_writable
 from lmzoo.mixers.hybrid import check_layers_used
 from lmzoo.record.directory import RunDir
-from lmzoo.run.seeds import train
+from lmzoo.run.loop import train
 
 log = logging.getLogger("lmzoo.train")
 

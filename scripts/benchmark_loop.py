@@ -24,7 +24,7 @@ the step of one step a call (a second trainer's, on the same batches). Both are 
 repeat times both on a fresh stretch of the data, and the medians over repeats are reported. The run directory
 is temporary.
 
-``--host``: the loop alone, on any machine. The trainer's jitted step is replaced by one that does no work (it
+``--host``: the loop alone, on any machine. The trainer is given a jitted step that does no work (it
 takes the same state, packed as the trainer packs it (``--pack-state``, ``train.pack_state``), and batches, and
 returns the same state and metrics of the same shapes, dtypes and shardings, every step finite), so the loop's
 time per optimizer step is the host's own: pulling and moving batches, dispatching, reading flags, keeping
@@ -58,8 +58,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jsonrows import JsonRows
 from lmzoo.cli import compose_and_validate
 from lmzoo.data import build_data
-from lmzoo.run.loop import Trainer, training_batches
-from lmzoo.run.seeds import SeedGroup
+from lmzoo.run.base import Steps
+from lmzoo.run.loop import Trainer, jitted_call, open_steps, training_batches
 
 MODELS = {
     "default": [],
@@ -69,15 +69,16 @@ NEVER = 10**9  # train.steps and every interval: no step of the benchmark logs, 
 
 
 def open_trainer(variant: str, overrides: list[str], run_dir: str, steps_per_call: int = 1,
-                 seeds: int = 1, pack: str = "auto") -> Trainer | SeedGroup:
-    """A trainer that never logs, validates or saves; with ``seeds`` > 1, a group of seeds 0 .. seeds - 1."""
+                 seeds: int = 1, pack: str = "auto", step_fn=jitted_call, batches=training_batches) -> Steps:
+    """A trainer that never logs, validates or saves, stepped by ``step_fn`` on ``batches`` (``Trainer``'s); with
+    ``seeds`` > 1, a group of seeds 0 .. seeds - 1, each reading ``batches`` (stepped by the group's own call)."""
     never = NEVER // steps_per_call * steps_per_call  # a multiple, as train.steps and every interval must be
     several = [f"train.seeds=[{','.join(map(str, range(seeds)))}]"] if seeds > 1 else []
     cfg = compose_and_validate([f"+attn={variant}", *overrides, f"train.steps={never}", f"train.log_every={never}",
                                 f"train.eval_every={never}", f"train.checkpoint_every={never}", *several,
                                 f"train.steps_per_call={steps_per_call}", "train.progress=false", f"run_dir={run_dir}",
                                 f"train.pack_state={pack}"])
-    return SeedGroup(cfg) if seeds > 1 else Trainer(cfg)
+    return open_steps(cfg, batches=batches) if seeds > 1 else Trainer(cfg, step_fn=step_fn, batches=batches)
 
 
 def next_batches(trainer: Trainer, data, n: int) -> list:
@@ -112,17 +113,17 @@ def time_loop(trainer: Trainer, steps: int) -> float:
     for _ in range(steps // trainer.steps_per_call):
         trainer.advance()
     trainer.settle()
-    jax.block_until_ready(trainer.arrays.packed)
+    jax.block_until_ready(trainer.packed)
     return (time.perf_counter() - start) / steps
 
 
 class NoWork:
-    """A jitted call in place of ``trainer.step_fn`` that does no work: the same state back, packed as the trainer
-    packs it (``train.pack_state``; donated, so no copy), and metrics shaped as the real step's (traced once, never
-    run), each step finite."""
+    """A trainer's step function (``Trainer(step_fn=NoWork)``) that does no work: the same state back, packed as the
+    trainer packs it (``train.pack_state``; donated, so no copy), and metrics shaped as its real step's
+    (``jitted_call``, traced once, never run), each step finite."""
 
     def __init__(self, trainer: Trainer):
-        self.trainer, self.real_step, self.call = trainer, trainer.step_fn, None
+        self.trainer, self.real_step, self.call = trainer, jitted_call(trainer), None
 
     def __call__(self, packed, batches):
         if self.call is None:
@@ -135,8 +136,8 @@ class NoWork:
 
 
 class Replay:
-    """The trainer's data iterator in place of its own: ``n`` batches read from it once, then served in turn (the
-    data's own cost to make batches left out)."""
+    """A trainer's training batches (``Trainer(batches=replayed)``): ``n`` batches read once from the iterator it
+    would read, then served in turn (the data's own cost to make batches left out)."""
 
     def __init__(self, iterator, n: int):
         self.batches, self.next_index = [next(iterator) for _ in range(n)], 0
@@ -151,6 +152,11 @@ class Replay:
 
     def set_state(self, state: dict) -> None:
         self.next_index = state["next_index"]
+
+
+def replayed(cfg, data) -> Replay:
+    """The batch source of a trainer on batches made beforehand: 16 of its own, in turn."""
+    return Replay(training_batches(cfg, data), 16)
 
 
 def profiled(run, top: int = 25) -> str:
@@ -170,16 +176,14 @@ def measure_host(name: str, variant: str, steps: int, repeats: int, steps_per_ca
     batches already made)."""
     with ExitStack() as held:
         run_dir = held.enter_context(tempfile.TemporaryDirectory(prefix="lmzoo-host-"))
-        trainer = open_trainer(variant, MODELS[name], run_dir, steps_per_call, pack=pack)
+        trainer = open_trainer(variant, MODELS[name], run_dir, steps_per_call, pack=pack, step_fn=NoWork,
+                               batches=replayed if ready_data else training_batches)
         held.callback(trainer.close)
-        trainer.step_fn = NoWork(trainer)
-        if ready_data:
-            trainer.train_iter = Replay(trainer.train_iter, 16)
         time_loop(trainer, 2 * steps_per_call)  # compiles the call that does nothing
         host = [time_loop(trainer, steps) for _ in range(repeats)]
         row = {"model": name, "variant": variant, "batch": trainer.cfg.train.batch_size,
                "seq_len": trainer.cfg.data.seq_len, "steps": steps, "steps_per_call": steps_per_call,
-               "ready_data": ready_data, "pack_state": pack, "arrays": len(trainer.arrays.packed),
+               "ready_data": ready_data, "pack_state": pack, "arrays": len(trainer.packed),
                "host_ms": 1e3 * statistics.median(host),
                "host_ms_each": [1e3 * t for t in host]}
         if profile:
@@ -193,11 +197,9 @@ def measure_seeds(name: str, variant: str, steps: int, repeats: int, steps_per_c
     the plain trainer), and per seed; with ``ready_data``, on batches made beforehand."""
     with ExitStack() as held:
         run_dir = held.enter_context(tempfile.TemporaryDirectory(prefix="lmzoo-seeds-"))
-        trainer = open_trainer(variant, MODELS[name], run_dir, steps_per_call, seeds)
+        trainer = open_trainer(variant, MODELS[name], run_dir, steps_per_call, seeds,
+                               batches=replayed if ready_data else training_batches)
         held.callback(trainer.close)
-        if ready_data:
-            for member in getattr(trainer, "members", [trainer]):
-                member.train_iter = Replay(member.train_iter, 16)
         time_loop(trainer, 2 * steps_per_call)  # compiles the step
         times = [time_loop(trainer, steps) for _ in range(repeats)]
         cfg = trainer.cfg

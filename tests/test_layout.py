@@ -160,7 +160,7 @@ BEGIN, END = "<!-- layout begin (tests/test_layout.py writes it) -->", "<!-- lay
 SHOWN = [
     ("configs/", "Hydra configs: train.yaml and groups attn/ model/ data/ optim/ pos/ eval/ hydra/launcher/"),
     "train.py", "eval.py", "compare.py", "generate.py", "export.py", "lm_eval.py", "experiments/", "interop/",
-    "run/", "run/loop.py", "run/steps.py", "run/optim.py", "run/logger.py",
+    "run/", "run/loop.py", "run/base.py", "run/steps.py", "run/optim.py", "run/logger.py",
     "record/", "record/directory.py", "record/checkpoints.py", "record/opening.py", "record/resuming.py",
     "record/migrate.py",
     "measure/", "metrics/", "stats/", "data/", "model.py", "mixers/", "ops/",

@@ -37,9 +37,9 @@ from lmzoo.measure.outputs import write_outputs
 from lmzoo.model import LM
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
+from lmzoo.run import loop
 from lmzoo.record.directory import RunDir, flat_settings
 from lmzoo.record.opening import open_trained
-from lmzoo.run import seeds
 from lmzoo.run.loop import train
 from lmzoo.stats.bootstrap import Interval, bootstrap, paired_difference_interval
 
@@ -88,7 +88,7 @@ def train_configs(configs: list[Config], steps: int) -> None:
     left = [cfg for cfg in configs if not reused(cfg, Path(cfg.run_dir))]
     for group in by_start(left, steps):
         for runs in stackable(group) if grouping(group[0]) else [[cfg] for cfg in group]:
-            finished(seeds.train_runs(runs) if len(runs) > 1 else train(runs[0]), runs)
+            finished(loop.train_runs(runs) if len(runs) > 1 else train(runs[0]), runs)
 
 
 def stackable(group: list[Config]) -> list[list[Config]]:

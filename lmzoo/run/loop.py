@@ -13,6 +13,11 @@ Each call takes and returns the state packed into a buffer per dtype (``train.pa
 so that its dispatch handles a few arrays rather than every leaf; the state is unpacked only when read.
 One trainer at a time holds a run directory (``lmzoo.faults.RunLock``).
 
+``train`` drives the ``Steps`` of ``lmzoo.run.base``: one run's ``Trainer``, or with ``train.seeds``/``train.lrs``
+a ``lmzoo.run.seeds.SeedGroup`` of Trainers stepped as one (``open_steps`` picks). A Trainer's step function and
+its source of training batches are constructor arguments (``jitted_call`` and ``training_batches`` by default;
+scripts/benchmark_loop.py gives others).
+
 A resume may change how training goes on; the learning-rate schedule is a function of the step alone
 (``lmzoo.run.optim``), so raising ``train.steps`` and setting ``optim.decay_start`` at a stable-phase
 checkpoint of a WSD (or constant) run continues it into a decay. Every check of the saved run a resume passes
@@ -30,8 +35,8 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -41,7 +46,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from omegaconf import OmegaConf
-from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from lmzoo.config import Config, ConfigError
@@ -58,10 +62,12 @@ from lmzoo.record.directory import RunDir, describe_changes
 from lmzoo.record.resuming import (
     check_checkpoints_fit, check_data, check_resume_step, prepare_run_dir, record_settings,
 )
+from lmzoo.run.base import StepCalls, Steps, released_on_failure
 from lmzoo.run.feed import BatchFeed
 from lmzoo.run.logger import MetricsLogger
 from lmzoo.run.optim import check_continuation, learning_rate_schedule
 from lmzoo.run.packing import StateArrays, choose_packing, step_on_packed
+from lmzoo.run.seeds import SeedGroup, group_config
 from lmzoo.run.steps import eval_step, init_train_state, train_step
 from lmzoo.schema import flatten
 from lmzoo.sharding import batch_sharding, make_mesh, state_shardings
@@ -116,13 +122,16 @@ class StopRequest:
 # ----------------------------------------------------------------------------- setup
 
 
-def open_data(cfg: Config, run: RunDir, resuming: bool):
-    """(data, training iterator, validation windows at the training length); bad data settings become ConfigErrors.
-    A resumed run tokenises with its own saved tokenizer."""
+BatchSource = Callable[[Config, object], Iterator]  # (config, data) -> the endless training batches, resumable
+
+
+def open_data(cfg: Config, run: RunDir, resuming: bool, batches: BatchSource):
+    """(data, training iterator (``batches``'), validation windows at the training length); bad data settings
+    become ConfigErrors. A resumed run tokenises with its own saved tokenizer."""
     spec = with_saved_tokenizer(cfg.data, run.tokenizer_path) if resuming else cfg.data
     try:
         data = build_data(spec, seed=cfg.seed, shard_index=jax.process_index(), shard_count=jax.process_count())
-        train_iter = training_batches(cfg, data)
+        train_iter = batches(cfg, data)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e).splitlines()[0]) from e
     try:
@@ -182,6 +191,22 @@ def write_run_info(run: RunDir, cfg: Config, data, model: LM, n_params: int) -> 
     })
 
 
+def check_and_record_start(run: RunDir, cfg: Config, data, model: LM, start: int) -> None:
+    """Check the step a run starts from (restored, or 0) against its record, then record this start: the data
+    it reads, its tokenizer, the settings a resume changed and the run info. Process 0 alone, where the hosts of
+    a multi-host run share the directory; ConfigError (or RunFault) where the resume is refused."""
+    check_resume_step(run, start, cfg.train.steps_per_call)
+    if jax.process_index() != 0:
+        return
+    check_data(run, data.fingerprint, step=start, allow_changed=cfg.data.allow_changed)
+    keep_tokenizer(run, cfg, data.tokenizer)
+    if start:
+        check_continuation(run, cfg, start)
+    if changes := record_settings(cfg, start):
+        log.info("resumed with changed settings: %s (recorded in %s)", describe_changes(changes), run.resumes_path)
+    write_run_info(run, cfg, data, model, count_params(model))
+
+
 def open_logger(run: RunDir, cfg: Config, n_params: int, start_step: int) -> MetricsLogger:
     logger = MetricsLogger(run, start_step=start_step, enabled=jax.process_index() == 0, logger=cfg.logger,
                            label=cfg.label)
@@ -211,23 +236,29 @@ def scan_steps(step, leaves: list, batches):
     return jax.lax.scan(step, leaves, batches)
 
 
-@contextmanager
-def released_on_failure(held: ExitStack):
-    """Give back what ``held`` holds if the block fails: a start that fails half way keeps no lock or file open."""
-    try:
-        yield
-    except BaseException:
-        held.close()
-        raise
+def jitted_call(trainer: Trainer) -> Callable:
+    """A ``Trainer``'s step function unless it is given another: its call (``make_call``) jitted, on the state as
+    the trainer keeps it (packed, ``train.pack_state``, or its leaves; donated), returning it laid out alike."""
+    call = trainer.call
+    if trainer.arrays.packing is not None:  # the call takes and returns the state as a few buffers
+        call = partial(step_on_packed, trainer.arrays.packing, call)
+    replicated = NamedSharding(trainer.mesh, P())
+    return jax.jit(call, donate_argnums=0, out_shardings=(trainer.packed_shardings, replicated))  # its layout
 
 
-class Trainer:
-    """One run: its training state on the devices, and the named steps of the loop in ``train``."""
+class Trainer(StepCalls):
+    """One run: its training state on the devices, and the ``Steps`` (``lmzoo.run.base``) of the loop in ``train``.
 
-    def __init__(self, cfg: Config, *, progress: bool | None = None):
+    ``step_fn``: given the trainer, the call that steps it ((packed state, batches) -> (packed state, metrics));
+    by default its jitted training steps. ``batches``: given the config and the data, the endless training
+    batches (an iterator with ``get_state``/``set_state``); by default ``training_batches``.
+    """
+
+    def __init__(self, cfg: Config, *, progress: bool | None = None,
+                 step_fn: Callable[[Trainer], Callable] = jitted_call, batches: BatchSource = training_batches):
         if cfg.train.seeds or cfg.train.lrs:
             raise ConfigError(f"train.seeds={cfg.train.seeds} train.lrs={cfg.train.lrs}: several runs train through "
-                              f"lmzoo.run.seeds.train (python -m lmzoo.train), not one Trainer")
+                              f"lmzoo.run.loop.train (python -m lmzoo.train), not one Trainer")
         self.progress = cfg.train.progress if progress is None else progress  # a group of seeds shows one bar
         self.name = ""  # what the console's lines start with: a seed of a group names itself
         if cfg.train.distributed:
@@ -239,9 +270,9 @@ class Trainer:
         if jax.process_index() == 0:  # the hosts of one multi-host run share its directory
             self.held.enter_context(RunLock(self.run.lock_path))
         with released_on_failure(self.held):
-            self._start(cfg)
+            self._start(cfg, step_fn, batches)
 
-    def _start(self, cfg: Config) -> None:
+    def _start(self, cfg: Config, step_fn: Callable[[Trainer], Callable], batches: BatchSource) -> None:
         self.mesh = training_mesh(cfg)
         replicated = NamedSharding(self.mesh, P())
         self.row_sharding = batch_sharding(self.mesh)
@@ -253,7 +284,7 @@ class Trainer:
         resuming = bool(self.checkpointer.all_steps()) and self.run.config_path.exists()
         if resuming:
             check_checkpoints_fit(self.run, cfg)
-        data, self.train_iter, self.val_windows = open_data(cfg, self.run, resuming)
+        data, self.train_iter, self.val_windows = open_data(cfg, self.run, resuming, batches)
         model = LM(cfg, data.tokenizer.vocab_size, rngs=nnx.Rngs(cfg.seed))
         self.n_params = n_params = count_params(model)
         log.info("run_dir %s: %s, %s parameters", self.run_dir, cfg.attn.name, f"{n_params:,}")
@@ -265,26 +296,15 @@ class Trainer:
         self.arrays = StateArrays()  # packed once the packing is chosen, below
         self.state = jax.device_put(state, self.shardings)
         start = self.resume()
-        check_resume_step(self.run, start, self.steps_per_call)
-        if jax.process_index() == 0:
-            check_data(self.run, data.fingerprint, step=start, allow_changed=cfg.data.allow_changed)
-            keep_tokenizer(self.run, cfg, data.tokenizer)
-            if start:
-                check_continuation(self.run, cfg, start)
-            if changes := record_settings(cfg, start):
-                log.info("resumed with changed settings: %s (recorded in %s)", describe_changes(changes),
-                         self.run.resumes_path)
-            write_run_info(self.run, cfg, data, model, n_params)
+        check_and_record_start(self.run, cfg, data, model, start)
 
         self.source_metrics = data.source_metrics(cfg.data.seq_len, cfg.train.eval_tokens)  # a mix's loss/<name>
         self.state_def = jax.tree.structure(self.state)
-        self.call = call = self.make_call(tx)
+        self.call = self.make_call(tx)
         leaf_shardings = jax.tree.leaves(self.shardings)
         self.arrays.packing = packing = choose_packing(cfg.train.pack_state, self.leaves, leaf_shardings, self.mesh)
-        if packing is not None:  # the call takes and returns the state as a few buffers
-            call = partial(step_on_packed, packing, call)
         self.packed_shardings = leaf_shardings if packing is None else packing.shardings  # what step_fn takes
-        self.step_fn = jax.jit(call, donate_argnums=0, out_shardings=(self.packed_shardings, replicated))  # its layout
+        self.step_fn = step_fn(self)
         self.eval_fn = jax.jit(partial(eval_step, self.graphdef), out_shardings=replicated)  # every host reads all
         rows = cfg.train.batch_size // jax.process_count()
         self.process_rows = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
@@ -304,9 +324,7 @@ class Trainer:
         self.nonfinite_in_a_row, self.window_nonfinite = 0, 0
         self.unread_flag = None  # (step, the flags of the call that ended there): the last call's, until ``settle``
         self.feed = None  # the next calls' batches, read ahead by a thread of their own (``lmzoo.run.feed``)
-        self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=cfg.attn.name,
-                        disable=not self.progress, dynamic_ncols=True)
-        self.held.callback(self.bar.close)
+        self.open_bar(cfg.attn.name, self.progress)
 
     def make_call(self, tx) -> Callable:
         """(leaves, batches) -> (leaves, metrics): one call's steps with the optimizer ``tx``, unjitted
@@ -381,35 +399,14 @@ class Trainer:
     def packed(self, packed: list) -> None:
         self.arrays.packed, self._state = packed, None
 
-    def due(self, every: int) -> bool:
-        """Whether the step just taken is a multiple of ``every``, or the last one."""
-        return self.step % every == 0 or self.step == self.cfg.train.steps
-
-    def advance(self) -> dict:
-        """One call of ``train.steps_per_call`` optimizer steps on the next training batches, dispatched without
-        waiting for the device: the host reads the call before's finiteness flags (done, or nearly) while this
-        call runs, and the feed's thread has the batches after on their way to the device. Its metrics stay on the
-        device (each stacked [k, ...] when a call takes k > 1 steps) until a log row reads them."""
-        batches = self.take_batches()
-        with jax.set_mesh(self.mesh):  # the model keeps activations split by rows (sharding.constrain_rows)
-            self.packed, metrics = self.step_fn(self.packed, batches)
-        self.step += self.steps_per_call
-        self.settle()  # the call before's flags: one read a call, one call late
-        metrics["finite"].copy_to_host_async()  # on its way to the host as soon as the call ends
-        self.unread_flag = (self.step, metrics["finite"])
+    def keep(self, metrics: dict) -> None:
+        """A call's losses for the next log row's mean, and a mix's per-source terms."""
         self.window_losses.append(metrics["loss"])
         self.source_metrics.add(metrics, self.steps_per_call)
-        self.bar.update(self.steps_per_call)
-        return metrics
 
-    def take_batches(self):
-        """The next call's training batches on the device (or on their way there), from the feed's thread, which
-        starts at the first call and reads exactly the calls left to train."""
-        if self.feed is None:
-            calls = (self.cfg.train.steps - self.step) // self.steps_per_call
-            self.feed = BatchFeed(self.pull_batches, self.train_iter.get_state, calls)
-            self.held.callback(self.feed.close)
-        return self.feed.take()
+    def read_position(self):
+        """The training iterator's state (the feed's thread reads batches ahead of it)."""
+        return self.train_iter.get_state()
 
     def pull_batches(self):
         """The next call's batches from the training iterator, on their way to the device (one transfer)."""
@@ -442,16 +439,11 @@ class Trainer:
         are not among them): what a checkpoint records, so that a resume reads the same batches."""
         return self.train_iter.get_state() if self.feed is None else self.feed.position()
 
-    def settle(self) -> None:
-        """Read the last call's finiteness flags if they are still unread (``check_finite``, each with its own
-        step, in order). ``advance`` reads them one call late; everything that reads the state or writes records
-        settles first, so divergence stops the run at the step, with the message and the kept checkpoint, of
-        reading every flag at once."""
-        if self.unread_flag is not None:
-            (last, flags), self.unread_flag = self.unread_flag, None
-            flags = np.atleast_1d(np.asarray(flags))  # one per step of the call
-            for step, finite in zip(range(last - len(flags) + 1, last + 1), flags):
-                self.check_finite(bool(finite), step)
+    def check_flags(self, last: int, flags: np.ndarray) -> None:
+        """``check_finite`` for each step of the call that ended at ``last``, in order."""
+        flags = np.atleast_1d(flags)  # one per step of the call
+        for step, finite in zip(range(last - len(flags) + 1, last + 1), flags):
+            self.check_finite(bool(finite), step)
 
     def check_finite(self, finite: bool, step: int | None = None) -> None:
         """Count a step (default: the last one taken) the jitted step skipped for a non-finite loss or gradient;
@@ -550,12 +542,8 @@ class Trainer:
         self.logger.flush()
         self.checkpointer.save(self.step, self.state, self.data_position())
 
-    def save_and_stop(self) -> dict:
-        """The run was asked to stop: checkpoint where it stands, so the same command resumes it."""
-        self.save()
-        # lmzoo.train says how to resume
-        log.info("interrupted: saved a checkpoint at step %d in %s", self.step, self.run_dir)
-        return self.summary(interrupted=True)
+    def saved_where(self) -> str:
+        return f"in {self.run_dir}"
 
     def report_end(self) -> None:
         """Where the finished run is, for eval and generate to be pointed at."""
@@ -563,19 +551,30 @@ class Trainer:
         log.info("run_dir %s: %s, %s parameters, trained to step %d", self.run_dir, self.cfg.attn.name,
                  f"{self.n_params:,}", self.step)
 
-    def summary(self, *, interrupted: bool = False) -> dict:
-        """What ``train`` returns: step reached, whether interrupted, last validation."""
-        return {"step": self.step, "interrupted": interrupted, **self.last_val}
-
-    def close(self) -> None:
-        """Flush and close the outputs and give the run directory back."""
-        self.held.close()
+    def outcome(self, interrupted: bool) -> dict:
+        return self.last_val
 
 
-def train(cfg: Config, trainer: Trainer | None = None) -> dict:
-    """Train (or resume) the run described by ``cfg`` (with the ``trainer`` opened for it, by default a
-    ``Trainer``); returns the last validation metrics."""
-    trainer = trainer or Trainer(cfg)
+def open_steps(cfg: Config, runs: list[Config] | None = None, *, batches: BatchSource = training_batches) -> Steps:
+    """What trains ``cfg``: its one run (a ``Trainer``), or with ``train.seeds``/``train.lrs`` (or the ``runs``
+    given) a ``SeedGroup`` of them stepped as one; ``batches``: each run's training batches (``Trainer``)."""
+    if runs is None and not (cfg.train.seeds or cfg.train.lrs):
+        return Trainer(cfg, batches=batches)
+    return SeedGroup(cfg, runs, open_run=partial(Trainer, progress=False, batches=batches))
+
+
+def train_runs(runs: list[Config]) -> dict:
+    """Train (or resume) single runs that differ only in their seeds, AdamW learning rates and run directories as
+    one group, each in its own directory (``lmzoo.run.seeds.group_config``); the summary of ``train``'s group."""
+    cfg = group_config(runs)
+    return train(cfg, open_steps(cfg, runs))
+
+
+def train(cfg: Config, trainer: Steps | None = None) -> dict:
+    """Train (or resume) the run described by ``cfg`` (with the ``trainer`` opened for it, by default
+    ``open_steps``': one run, or with ``train.seeds``/``train.lrs`` several as one group); returns the last
+    validation metrics (a group: each run's)."""
+    trainer = trainer or open_steps(cfg)
     try:
         with StopRequest() as stop, logging_redirect_tqdm():
             while trainer.step < cfg.train.steps:

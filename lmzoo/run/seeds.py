@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
@@ -39,15 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
-from tqdm.auto import tqdm
 
 from lmzoo.config import Config, ConfigError
 from lmzoo.faults import Diverged, check_unlocked
+from lmzoo.run.base import StepCalls, released_on_failure
 from lmzoo.record.checkpoints import Checkpointer
 from lmzoo.record.directory import RunDir
-from lmzoo.run import loop
-from lmzoo.run.feed import BatchFeed
-from lmzoo.run.loop import Trainer, released_on_failure
 from lmzoo.run.optim import make_optimizer
 from lmzoo.run.packing import StateArrays, choose_packing, step_on_packed
 
@@ -144,23 +142,24 @@ def take_seed(tree, index: int):
     return jax.tree.map(lambda x: x[index], tree)
 
 
-class SeedGroup:
+class SeedGroup(StepCalls):
     """The runs of ``cfg.train.seeds`` and ``train.lrs`` (or the ``runs`` given): each a ``Trainer`` of its own run
-    (its directory, data, records), and their states stacked and stepped as one. Offers ``train`` the same steps
-    as a ``Trainer``."""
+    (its directory, data, records), and their states stacked and stepped as one. Offers ``train`` the same
+    ``Steps`` (``lmzoo.run.base``) as a ``Trainer``."""
 
-    def __init__(self, cfg: Config, runs: list[Config] | None = None):
-        """``runs``: the group's single runs (by default ``member_configs``')."""
+    def __init__(self, cfg: Config, runs: list[Config] | None = None, *, open_run: Callable[[Config], StepCalls]):
+        """``runs``: the group's single runs (by default ``member_configs``'); ``open_run``: the ``Trainer`` of one
+        (without a progress bar of its own; ``lmzoo.run.loop.open_steps`` gives it)."""
         self.cfg = cfg
         self.held = ExitStack()
         with released_on_failure(self.held):
-            self._start(cfg, runs or member_configs(cfg))
+            self._start(cfg, runs or member_configs(cfg), open_run)
 
-    def _start(self, cfg: Config, configs: list[Config]) -> None:
+    def _start(self, cfg: Config, configs: list[Config], open_run: Callable[[Config], StepCalls]) -> None:
         align_checkpoints([RunDir(c.run_dir) for c in configs])
-        self.members: list[Trainer] = []
+        self.members: list[StepCalls] = []  # each a lmzoo.run.loop.Trainer
         for c in configs:
-            member = Trainer(c, progress=False)
+            member = open_run(c)
             self.held.callback(member.close)
             self.members.append(member)
         first = self.members[0]
@@ -190,14 +189,12 @@ class SeedGroup:
         self.unread_flag = None
         self.window: list[dict] = []  # each call's metrics since the last log row, on the device
         self.stopped: dict[int, Diverged] = {}  # seeds that diverged, by index
-        self.bar = tqdm(total=cfg.train.steps, initial=self.step, desc=f"{cfg.attn.name} x{len(self.members)} runs",
-                        disable=not cfg.train.progress, dynamic_ncols=True)
-        self.held.callback(self.bar.close)
+        self.open_bar(f"{cfg.attn.name} x{len(self.members)} runs", cfg.train.progress)
         self.window_start = time.perf_counter()  # of the steps since the last log row, as each seed's row reports
         for member in self.members:
             member.name = f"{self.label(member)}: "
 
-    def stacked_call(self, first: Trainer, configs: list[Config], state_shardings) -> tuple:
+    def stacked_call(self, first: StepCalls, configs: list[Config], state_shardings) -> tuple:
         """(the jitted call of every run's step, the arguments besides state and batches it takes): with one
         learning rate every run's own call, else the call at a learning rate given per run."""
         packing = self.arrays.packing
@@ -212,61 +209,33 @@ class SeedGroup:
         return (jax.jit(on_packed(jax.vmap(at_lr)), donate_argnums=0, out_shardings=out_shardings),
                 (jax.device_put(lrs, NamedSharding(self.mesh, P())),))
 
-    @property
-    def leaves(self) -> list:
-        """Every seed's state, each leaf stacked [seeds, ...]."""
-        return self.arrays.leaves
-
-    @leaves.setter
-    def leaves(self, leaves: list) -> None:
-        self.arrays.leaves = leaves
-
-    def label(self, member: Trainer) -> str:
+    def label(self, member: StepCalls) -> str:
         """How logs name a run of the group: its seed, and its learning rate where they vary."""
         return (f"lr {member.cfg.optim.lr:g} " if self.lrs_vary else "") + f"seed {member.cfg.seed}"
 
-    def live(self) -> list[tuple[int, Trainer]]:
+    def live(self) -> list[tuple[int, StepCalls]]:
         """The seeds still training, with their places in the stacked state."""
         return [(i, m) for i, m in enumerate(self.members) if i not in self.stopped]
-
-    def due(self, every: int) -> bool:
-        return self.step % every == 0 or self.step == self.cfg.train.steps
 
     def pull_batches(self):
         """Every seed's next call's batches from its own iterator, stacked [seeds, ...] and sent in one transfer."""
         per_seed = [m.host_batches() for m in self.members]
         return jax.device_put(jax.tree.map(lambda *xs: np.stack(xs), *per_seed), self.batch_sharding)
 
-    def positions(self) -> list:
+    def read_position(self) -> list:
         return [m.train_iter.get_state() for m in self.members]
 
-    def advance(self) -> dict:
-        """One call of every seed's next ``train.steps_per_call`` steps, dispatched without waiting (as
-        ``Trainer.advance``); the metrics stay on the device, stacked [seeds(, k), ...]."""
-        if self.feed is None:
-            calls = (self.cfg.train.steps - self.step) // self.steps_per_call
-            self.feed = BatchFeed(self.pull_batches, self.positions, calls)
-            self.held.callback(self.feed.close)
-        batches = self.feed.take()
-        with jax.set_mesh(self.mesh):
-            self.arrays.packed, metrics = self.step_fn(self.arrays.packed, batches, *self.call_args)
-        self.step += self.steps_per_call
+    def keep(self, metrics: dict) -> None:
+        """A call's metrics (stacked [seeds(, k), ...], on the device) for the seeds' next log rows; every seed
+        has taken the group's steps."""
         for member in self.members:
             member.step = self.step
-        self.settle()
-        metrics["finite"].copy_to_host_async()
-        self.unread_flag = (self.step, metrics["finite"])
         self.window.append(metrics)
-        self.bar.update(self.steps_per_call)
-        return metrics
 
-    def settle(self) -> None:
-        """Read the last call's flags, each seed's in order (``Trainer.check_finite``); a seed that diverges
-        stops, the others go on (``Diverged`` here once every seed has stopped)."""
-        if self.unread_flag is None:
-            return
-        (last, flags), self.unread_flag = self.unread_flag, None
-        flags = np.asarray(flags).reshape(len(self.members), -1)  # [seeds, steps of the call]
+    def check_flags(self, last: int, flags: np.ndarray) -> None:
+        """Each seed's flags in order (``Trainer.check_finite``); a seed that diverges stops, the others go on
+        (``Diverged`` here once every seed has stopped)."""
+        flags = flags.reshape(len(self.members), -1)  # [seeds, steps of the call]
         for i, member in self.live():
             try:
                 for step, finite in zip(range(last - flags.shape[1] + 1, last + 1), flags[i]):
@@ -280,7 +249,7 @@ class SeedGroup:
     def diverged_message(self) -> str:
         return "; ".join(f"{self.label(self.members[i])}: {e}" for i, e in sorted(self.stopped.items()))
 
-    def hand_state(self, index: int, member: Trainer) -> None:
+    def hand_state(self, index: int, member: StepCalls) -> None:
         """Give a seed its part of the stacked state, for its validation or checkpoint."""
         member.leaves = [x[index] for x in self.leaves]
 
@@ -311,11 +280,9 @@ class SeedGroup:
             self.hand_state(i, member)
             member.save()
 
-    def save_and_stop(self) -> dict:
-        self.save()
-        log.info("interrupted: saved a checkpoint at step %d of every seed (%s); run the same command to resume",
-                 self.step, ", ".join(str(m.run_dir) for m in self.members))
-        return self.summary(interrupted=True)
+    def saved_where(self) -> str:
+        return (f"of every seed ({', '.join(str(m.run_dir) for m in self.members)}); "
+                f"run the same command to resume")
 
     def report_end(self) -> None:
         """Where each finished seed's run is; ``Diverged`` naming the seeds that stopped, if any."""
@@ -324,23 +291,7 @@ class SeedGroup:
         if self.stopped:
             raise Diverged(self.diverged_message())
 
-    def summary(self, *, interrupted: bool = False) -> dict:
-        return {"step": self.step, "interrupted": interrupted,
-                "runs": {str(m.run_dir): m.summary(interrupted=interrupted) for _, m in self.live()},
+    def outcome(self, interrupted: bool) -> dict:
+        return {"runs": {str(m.run_dir): m.summary(interrupted=interrupted) for _, m in self.live()},
                 **({} if self.lrs_vary else
                    {"seeds": {m.cfg.seed: m.summary(interrupted=interrupted) for _, m in self.live()}})}
-
-    def close(self) -> None:
-        self.held.close()
-
-
-def train(cfg: Config) -> dict:
-    """Train (or resume) ``cfg``: its seeds as one group with ``train.seeds``, else its one run."""
-    return loop.train(cfg, SeedGroup(cfg) if cfg.train.seeds or cfg.train.lrs else None)
-
-
-def train_runs(runs: list[Config]) -> dict:
-    """Train (or resume) single runs that differ only in their seeds and run directories as one group, each in
-    its own directory (``group_config``); the summary of ``train``'s group."""
-    cfg = group_config(runs)
-    return loop.train(cfg, SeedGroup(cfg, runs))

@@ -22,8 +22,8 @@ def rows(run_dir) -> list[tuple]:
 @pytest.fixture
 def groups(monkeypatch) -> list[list[int]]:
     """The seeds of each group ``train_runs`` trained as one, in order."""
-    trained, group_train = [], runs.seeds.train_runs
-    monkeypatch.setattr(runs.seeds, "train_runs", lambda configs: trained.append([c.seed for c in configs])
+    trained, group_train = [], runs.loop.train_runs
+    monkeypatch.setattr(runs.loop, "train_runs", lambda configs: trained.append([c.seed for c in configs])
                         or group_train(configs))
     return trained
 

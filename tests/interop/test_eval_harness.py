@@ -15,7 +15,6 @@ from lmzoo.measure.comparison.reading import Group, Run
 from lmzoo.metrics.scoring import token_scores
 from lmzoo.record.opening import open_trained
 from lmzoo.run.loop import train
-from lmzoo.run.seeds import train as train_seeds
 
 pytest.importorskip("lm_eval")
 from lmzoo import lm_eval as command
@@ -165,7 +164,7 @@ def test_compare_pools_lm_eval_examples_over_seeds_with_intervals_that_count_bot
 def test_compare_shows_lm_eval_tasks_of_two_arms_of_two_seeds(tmp_path):
     tasks = write_tasks(tmp_path)
     for arm, lr in (("a", "0.003"), ("b", "0.01")):
-        train_seeds(tiny_config("softmax", "train.seeds=[0,1]", "train.steps=2", "train.eval_every=2",
+        train(tiny_config("softmax", "train.seeds=[0,1]", "train.steps=2", "train.eval_every=2",
                                 "train.checkpoint_every=2", f"optim.lr={lr}", f"label={arm}", run_dir=tmp_path / arm))
         for seed in (0, 1):
             command.main([f"run_dir={tmp_path / arm / f'seed{seed}'}", "tasks=lmzoo_choice,lmzoo_rolling",

@@ -43,9 +43,9 @@ if where.startswith("step"):  # after the given training step
 elif where == "build":  # while the trainer is being built (model, compile)
     from lmzoo.run import loop
     start = loop.Trainer._start
-    def signalled_start(self, cfg):
+    def signalled_start(self, *args):
         send()
-        return start(self, cfg)
+        return start(self, *args)
     loop.Trainer._start = signalled_start
 elif where == "evaluate":  # while an evaluation computes
     from lmzoo.measure import evaluation

@@ -16,9 +16,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from lmzoo.train import main as train_main
 from lmzoo.record.checkpoints import Checkpointer
-from lmzoo.run.loop import Trainer, train
+from lmzoo.run.loop import Trainer, open_steps, train
 from lmzoo.run.packing import StatePacking, choose_packing
-from lmzoo.run.seeds import SeedGroup
 
 from conftest import REPO, run_lmzoo, tiny_config
 
@@ -166,7 +165,7 @@ def test_a_group_of_seeds_packs_when_asked_and_steps_as_unpacked(tmp_path):
     float rounding (XLA fuses the vmapped step on buffers otherwise)."""
     runs = {}
     for pack in ("true", "auto"):
-        group = SeedGroup(tiny_config("softmax", *ONE_LAYER, "train.steps=2", "train.seeds=[0,1]",
+        group = open_steps(tiny_config("softmax", *ONE_LAYER, "train.steps=2", "train.seeds=[0,1]",
                                       f"train.pack_state={pack}", run_dir=tmp_path / pack))
         try:
             metrics = [group.advance() for _ in range(2)]

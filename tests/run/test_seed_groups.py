@@ -17,9 +17,7 @@ from lmzoo.cli import compose_and_validate
 from lmzoo.config import ConfigError
 from lmzoo.faults import Diverged
 from lmzoo.record.directory import RunDir
-from lmzoo.run import seeds
-from lmzoo.run.loop import Trainer
-from lmzoo.run.seeds import SeedGroup, train
+from lmzoo.run.loop import Trainer, open_steps, train
 
 from conftest import REPO, TINY, tiny_config
 
@@ -118,10 +116,10 @@ def test_one_seed_diverging_stops_only_that_seed(tmp_path, caplog):
     (nothing saved for it), while seed 0 trains to the end; then the run fails naming seed 1."""
     cfg = tiny_config("softmax", *SHORT, "train.steps=6", "train.checkpoint_every=3", "train.eval_every=6",
                       "train.max_nonfinite=2", "train.seeds=[0,1]", run_dir=tmp_path)
-    group = SeedGroup(cfg)
+    group = open_steps(cfg)
     group.leaves = [x.at[1].set(jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in group.leaves]
     with pytest.raises(Diverged, match=r"seed 1: diverged at step 2: 2 steps in a row .* none saved yet"):
-        seeds.loop.train(cfg, group)
+        train(cfg, group)
     assert [r["step"] for r in RunDir(tmp_path / "seed0").read_metrics()] == [1, 2, 3, 4, 5, 6]
     assert sorted(p.name for p in (tmp_path / "seed0" / "checkpoints").iterdir() if p.name.isdigit()) == ["3", "6"]
     assert not any(p.name.isdigit() for p in (tmp_path / "seed1" / "checkpoints").iterdir())
@@ -144,7 +142,7 @@ def test_bad_seeds_are_one_line(tmp_path, capsys, overrides, message):
 
 
 def test_a_trainer_is_one_seed(tmp_path):
-    with pytest.raises(ConfigError, match="several runs train through lmzoo.run.seeds.train"):
+    with pytest.raises(ConfigError, match="several runs train through lmzoo.run.loop.train"):
         Trainer(tiny_config("softmax", "train.seeds=[0,1]", run_dir=tmp_path))
 
 
