@@ -63,7 +63,6 @@ from lmzoo.record.resuming import (
     check_checkpoints_fit, check_data, check_resume_step, prepare_run_dir, record_settings,
 )
 from lmzoo.run.base import StepCalls, Steps, released_on_failure
-from lmzoo.run.feed import BatchFeed
 from lmzoo.run.logger import MetricsLogger
 from lmzoo.run.optim import check_continuation, learning_rate_schedule
 from lmzoo.run.packing import StateArrays, choose_packing, step_on_packed
