@@ -41,7 +41,7 @@ def test_listing_names_every_experiment_and_its_claim():
 @pytest.mark.parametrize("args, message", [
     (["no_such_experiment"], "experiment='no_such_experiment' is not valid (choose from: sparsity_closed_forms"),
     (["sparsity_closed_forms", "replicatez=3"], "unknown key 'replicatez'"),
-    (["sparsity_closed_forms", "quick=maybe"], "quick='maybe' is not valid"),
+    (["sparsity_closed_forms", "quick=maybe"], "quick='maybe' must be true or false"),
 ])
 def test_bad_settings_fail_in_one_line(args, message):
     result = cli(*args)

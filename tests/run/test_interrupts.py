@@ -61,7 +61,7 @@ elif where == "experiment":  # while an experiment sets itself up, outside any t
         time.sleep(30)
         raise AssertionError("the signal should have stopped the experiment")
     lmzoo.experiments.run_experiment = signalled_experiment
-runpy.run_module(module, run_name="__main__")
+runpy.run_module(module, run_name="__main__", alter_sys=True)  # as python -m: __main__ is the module
 """
 
 
