@@ -42,7 +42,7 @@ from flax import nnx
 
 from lmzoo.cli import compose_and_validate
 from lmzoo.data.tokenizers import ByteTokenizer
-from lmzoo.metrics.scoring import logit_scores
+from lmzoo.scoring.lengths import logit_scores
 from lmzoo.model import LM, count_params
 from lmzoo.record.directory import RunDir
 from lmzoo.run.loop import train

@@ -23,7 +23,7 @@ LAYERS = [
      "lmzoo.record.migrate"],  # old run directories read as today's: lmzoo.config uses it
     ["lmzoo.positions", "lmzoo.mixers"],
     ["lmzoo.data"],
-    ["lmzoo.metrics"],  # above the data: a source's validation is scored by the trainer's scorer, passed in
+    ["lmzoo.scoring"],  # above the data: a source's validation is scored by the trainer's scorer, passed in
     ["lmzoo.config"],
     ["lmzoo.model", "lmzoo.cli"],
     ["lmzoo.record"],  # a run on disk: its directory, checkpoints, opening a trained run, resume checks, tracking
@@ -163,11 +163,11 @@ SHOWN = [
     "run/", "run/loop.py", "run/base.py", "run/steps.py", "run/optim.py", "run/logger.py",
     "record/", "record/directory.py", "record/checkpoints.py", "record/opening.py", "record/resuming.py",
     "record/migrate.py",
-    "measure/", "metrics/", "stats/", "data/", "model.py", "mixers/", "ops/",
+    "measure/", "scoring/", "stats/", "data/", "model.py", "mixers/", "ops/",
     "positions.py", "sharding.py", "config.py", "schema.py", "registry.py", "cli.py", "faults.py", "plots.py",
     ("scripts/", ("Thin tools around the package: kernel and training benchmarks (figures in docs/benchmarks.md), "
                  "plots of metrics, the CPU recipe, SLURM, the GPU calls (wheels, offline install, CPU rehearsal)")),
-    ("tests/", ("Tests (pytest), one folder per room (ops/ mixers/ run/ record/ measure/ metrics/ stats/ data/ "
+    ("tests/", ("Tests (pytest), one folder per room (ops/ mixers/ run/ record/ measure/ scoring/ stats/ data/ "
                "experiments/), CPU only by default; shared helpers in conftest.py")),
 ]
 WIDTH, COLUMN = 120, 28

@@ -8,7 +8,7 @@ documents: each document weighs the smaller of its size and a common level, the 
 weights add up to ``N``, and the spans are evenly spaced in that weight. Short documents are scored
 whole, long ones in evenly spaced spans, and no document takes more than about an equal share, while a
 budget as large as the split scores all of it. Each scored target carries its document, the unit the
-bootstrap's blocks are made of (``lmzoo.metrics.scoring``); a split whose scored targets all lie in one
+bootstrap's blocks are made of (``lmzoo.scoring.lengths``); a split whose scored targets all lie in one
 document falls back to its spans as units. With a minimum document length (``eval.min_doc_tokens``,
 ``long_document_spans``) every span lies inside one document at least that long (and at least ``S``), so no
 window crosses a document boundary and every input at position ``p`` has ``p`` tokens of its own document

@@ -39,7 +39,7 @@ from lmzoo.experiments.judging import Check, measured
 from lmzoo.experiments.runs import (
     as_record, bucket_means, evaluate_run, over_windows, paired_over_windows, row_statistic, train_runs,
 )
-from lmzoo.metrics.sparsity import attention_entropy
+from lmzoo.scoring.sparsity import attention_entropy
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 from lmzoo.stats.bootstrap import ratio_to_reference
 

@@ -1,7 +1,7 @@
 """Monte Carlo of attention sparsity over random keys against the seed article's closed forms.
 
 For a query q and n keys k_j ~ N(mu, sigma^2 I), attention weights a_j = f(q . k_j) have the
-sparsity S(a) = E|a| / sqrt(E a^2) (``lmzoo.metrics.sparsity.l1_l2_sparsity``: 1 for uniform
+sparsity S(a) = E|a| / sqrt(E a^2) (``lmzoo.scoring.sparsity.l1_l2_sparsity``: 1 for uniform
 weights, 1/sqrt(n) for one-hot). As n grows S tends to a function of beta = q . mu and
 gamma = sigma ||q|| alone, since q . k_j = beta + gamma eps_j with eps_j ~ N(0, 1):
 
@@ -58,7 +58,7 @@ import numpy as np
 
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.judging import Check, Measured
-from lmzoo.metrics.sparsity import l1_l2_sparsity
+from lmzoo.scoring.sparsity import l1_l2_sparsity
 from lmzoo.plots import error_bars, new_axes, save_axes
 
 CLAIM = ("The sparsity S = E|a|/sqrt(E a^2) of attention over many random keys follows closed forms: "

@@ -41,7 +41,7 @@ from lmzoo.experiments import Outcome
 from lmzoo.experiments.judging import LEVEL, Check, Measured, measured
 from lmzoo.experiments.runs import train_runs
 from lmzoo.experiments.sparsity_closed_forms import closed_exp, closed_identity, closed_relu2
-from lmzoo.metrics.sparsity import l1_l2_sparsity
+from lmzoo.scoring.sparsity import l1_l2_sparsity
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import new_axes, save_axes, series_style
 from lmzoo.record.opening import open_trained

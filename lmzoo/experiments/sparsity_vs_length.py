@@ -37,7 +37,7 @@ from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import column, curve_metric, difference, estimate, window_run
 from lmzoo.experiments.judging import Check, measured
 from lmzoo.experiments.runs import bucket_means, over_windows, row_statistic, train_runs
-from lmzoo.metrics.sparsity import l1_l2_sparsity
+from lmzoo.scoring.sparsity import l1_l2_sparsity
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 from lmzoo.schema import one_of
 

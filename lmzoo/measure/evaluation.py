@@ -5,7 +5,7 @@ each with its 95% bootstrap interval (``lmzoo.measure.outputs`` writes them; ``l
 command).
 
 Every length scores the same ``eval.tokens`` validation targets, spread over every document
-(``lmzoo.metrics.scoring``); the training length is always among the lengths, since ratios are taken to it.
+(``lmzoo.scoring.lengths``); the training length is always among the lengths, since ratios are taken to it.
 Long windows are cut from the validation token stream, in which documents are concatenated with an EOS between
 them: a window longer than a document simply continues into the next one, the same packing as in training.
 ``eval.min_doc_tokens=n`` scores only windows inside one document of at least ``n`` tokens instead, so a
@@ -35,9 +35,9 @@ from tqdm.auto import tqdm
 from lmzoo.cli import parse_settings
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, EvalConfig
 from lmzoo.measure.memory import compiled_bytes, largest_fitting_length, memory_budget
-from lmzoo.metrics.catalog import PROBES
-from lmzoo.metrics.probes import attention_stats
-from lmzoo.metrics.scoring import Forward, LengthScores, score_length, token_scores, windows_per_batch
+from lmzoo.scoring.catalog import PROBES
+from lmzoo.scoring.probes import attention_stats
+from lmzoo.scoring.lengths import Forward, LengthScores, score_length, token_scores, windows_per_batch
 from lmzoo.model import LM
 from lmzoo.record.checkpoints import split_model
 from lmzoo.record.directory import RunDir

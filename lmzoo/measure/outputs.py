@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from lmzoo.faults import probe_writable
-from lmzoo.metrics.catalog import MEASUREMENTS, PROBES, SCORES, Measurement
+from lmzoo.scoring.catalog import MEASUREMENTS, PROBES, SCORES, Measurement
 from lmzoo.record.directory import RunDir, atomic_write_text, json_text
 from lmzoo.record.tracking import log_evaluation
 

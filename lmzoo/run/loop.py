@@ -53,9 +53,9 @@ from lmzoo.data import build_data
 from lmzoo.data.corpus import with_saved_tokenizer
 from lmzoo.data.tokenizers import BPE
 from lmzoo.faults import Diverged, RunLock
-from lmzoo.metrics.catalog import SCORES, measurement
-from lmzoo.metrics.probes import attention_stats, logged_probes
-from lmzoo.metrics.scoring import LengthScores, score_length
+from lmzoo.scoring.catalog import SCORES, measurement
+from lmzoo.scoring.probes import attention_stats, logged_probes
+from lmzoo.scoring.lengths import LengthScores, score_length
 from lmzoo.model import LM, count_params
 from lmzoo.record.checkpoints import Checkpointer
 from lmzoo.record.directory import RunDir, describe_changes
@@ -78,13 +78,13 @@ logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU fo
 
 
 def probe_metrics(model: LM, tokens, segment_ids=None) -> dict:
-    """The logged probes (``lmzoo.metrics.catalog.PROBES``): overall means, and per layer (mean over heads) for
+    """The logged probes (``lmzoo.scoring.catalog.PROBES``): overall means, and per layer (mean over heads) for
     TensorBoard."""
     return logged_probes(attention_stats(model, tokens, segment_ids))
 
 
 def validation_scores(scores: LengthScores, bits_per_byte: float) -> dict:
-    """The logged scores of the validation targets (``lmzoo.metrics.catalog.SCORES``), then bpb's 95% interval."""
+    """The logged scores of the validation targets (``lmzoo.scoring.catalog.SCORES``), then bpb's 95% interval."""
     summary = scores.summary(bits_per_byte)
     val = {m.logged: summary[m.name] for m in SCORES if m.logged}
     interval, bpb = scores.bpb_interval(bits_per_byte), measurement("bpb").logged

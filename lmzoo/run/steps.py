@@ -29,7 +29,7 @@ from flax import nnx
 from jax import lax
 
 from lmzoo.config import Config
-from lmzoo.metrics.scoring import logit_scores, token_scores
+from lmzoo.scoring.lengths import logit_scores, token_scores
 from lmzoo.mixers.base import AuxLoss
 from lmzoo.model import LM, restart_rows
 from lmzoo.record.checkpoints import split_model

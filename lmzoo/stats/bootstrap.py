@@ -27,7 +27,7 @@ two separate intervals suggest, and the ratio of a run against itself is exactly
 ``results.json`` (written by ``lmzoo.eval`` into ``<run_dir>/eval/<tag>/``; read by
 ``lmzoo.compare``, which also reads files without the keys marked *new*; a file without
 ``sampling`` scored the first ``N`` targets of the split in blocks of consecutive targets, and
-readers say so: ``lmzoo.metrics.scoring.sampling_note``)::
+readers say so: ``lmzoo.scoring.lengths.sampling_note``)::
 
     {
       "variant": str, "tag": str, "train_seq_len": int, "step": int,

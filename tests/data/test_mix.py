@@ -16,7 +16,7 @@ from lmzoo.data.base import DataDefaults, SourceMetrics
 from lmzoo.data.train_iterators import train_iterator
 from lmzoo.data.synthetic import TRAIN, TaskExamples, TaskTokenizer
 from lmzoo.faults import RunFault
-from lmzoo.metrics.scoring import score_length
+from lmzoo.scoring.lengths import score_length
 from lmzoo.record.directory import RunDir
 from lmzoo.record.resuming import check_data
 from lmzoo.run.loop import train

@@ -12,7 +12,7 @@ from conftest import run_lmzoo, tiny_config
 from lmzoo.measure import comparison
 from lmzoo.measure.comparison.harness import harness_difference_table, harness_table
 from lmzoo.measure.comparison.reading import Group, Run
-from lmzoo.metrics.scoring import token_scores
+from lmzoo.scoring.lengths import token_scores
 from lmzoo.record.opening import open_trained
 from lmzoo.run.loop import train
 
@@ -57,7 +57,7 @@ def run(tmp_path_factory):
 
 
 def own_log_prob(trained, context_ids, continuation_ids):
-    """lmzoo's own scoring of the continuation: minus its summed cross-entropy (lmzoo.metrics.scoring)."""
+    """lmzoo's own scoring of the continuation: minus its summed cross-entropy (lmzoo.scoring.lengths)."""
     tokens = np.asarray(context_ids + continuation_ids, np.int32)[None]
     loss = np.asarray(token_scores(trained.model, tokens[:, :-1], tokens[:, 1:])["loss"])[0]
     return -float(loss[-len(continuation_ids):].sum())

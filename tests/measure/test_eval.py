@@ -11,7 +11,7 @@ from flax import nnx
 from lmzoo import eval as lmzoo_eval
 from lmzoo.data import build_data
 from lmzoo.measure import evaluation as evaluation
-from lmzoo.metrics.scoring import sampling_note, score_length
+from lmzoo.scoring.lengths import sampling_note, score_length
 from lmzoo.model import LM
 from lmzoo.record import opening as trained
 from lmzoo.record.checkpoints import Checkpointer

@@ -14,7 +14,7 @@ from lmzoo.data.validation_spans import ValidationWindows, share_spans, spread_s
 from lmzoo.data.synthetic import MqarConfig
 from lmzoo.data.tokenizers import ByteTokenizer
 from lmzoo.measure.evaluation import eval_settings, validation_windows
-from lmzoo.metrics.scoring import sampling_note
+from lmzoo.scoring.lengths import sampling_note
 
 EOS = ByteTokenizer.eos_id
 SIZES = [5, 40, 17, 130, 64, 3, 90, 33, 200, 48, 70, 16]  # tokens of each document before its EOS

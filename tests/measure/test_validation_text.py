@@ -11,7 +11,7 @@ from lmzoo.data.token_windows import document_ids
 from lmzoo.data.validation_spans import ValidationWindows, spread_spans, spread_starts
 from lmzoo.data.synthetic import MqarConfig
 from lmzoo.data.text_files import TextFilesConfig
-from lmzoo.metrics.scoring import block_of_units, sampling_note, score_length
+from lmzoo.scoring.lengths import block_of_units, sampling_note, score_length
 from lmzoo.stats.bootstrap import block_starts
 
 EOS = 0

@@ -37,7 +37,7 @@ from lmzoo.measure.comparison.reading import (
     stale_evaluations,
 )
 from lmzoo.measure.comparison.tables import differences, find_baseline, table
-from lmzoo.metrics.scoring import sampling_note
+from lmzoo.scoring.lengths import sampling_note
 from lmzoo.record.directory import atomic_write_text
 from lmzoo.stats.uncertainty import adjusted_p_values
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from lmzoo.measure.comparison.estimates import arm_bpb, arm_ratio, bootstrap_settings
 from lmzoo.measure.comparison.reading import Group, Run, evaluated_lengths, probe_mean
-from lmzoo.metrics.catalog import PROBES, Measurement
+from lmzoo.scoring.catalog import PROBES, Measurement
 from lmzoo.stats.trained_models import over_seeds, seed_mean
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from lmzoo.metrics.scoring import sampling_note
+from lmzoo.scoring.lengths import sampling_note
 from lmzoo.record.directory import CONFIG, RunDir
 from lmzoo.schema import ConfigError, changes_trained_model, flatten
 from lmzoo.stats.bootstrap import bits_per_nat

@@ -7,7 +7,7 @@ import numpy as np
 
 from lmzoo.measure.comparison.estimates import arm_bpb, arm_ratio, bpb_difference, ratio_difference
 from lmzoo.measure.comparison.reading import Group, Run, evaluated_lengths, probe_mean
-from lmzoo.metrics.catalog import PROBES, SCORES, Measurement, measurement
+from lmzoo.scoring.catalog import PROBES, SCORES, Measurement, measurement
 from lmzoo.record.directory import describe_changes
 from lmzoo.stats.trained_models import Comparison, over_seeds, seed_difference
 from lmzoo.stats.uncertainty import adjusted_p_values

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmzoo.metrics import attention_entropy, first_key_share, l1_l2_sparsity
+from lmzoo.scoring import attention_entropy, first_key_share, l1_l2_sparsity
 
 
 def test_uniform_row_is_one_and_has_maximal_entropy():
@@ -80,7 +80,7 @@ def test_probes_report_each_layer_of_the_model():
     import jax
     from flax import nnx
 
-    from lmzoo.metrics.probes import attention_stats
+    from lmzoo.scoring.probes import attention_stats
     from lmzoo.model import LM
 
     from conftest import tiny_config

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lmzoo.metrics.catalog import PROBES
+from lmzoo.scoring.catalog import PROBES
 from lmzoo.ops.common import causal_mask, same_segment
 
 
@@ -35,7 +35,7 @@ def _row_stats(model, tokens, segment_ids, position_buckets: int):
 
 def attention_stats(model, tokens, segment_ids=None, *, position_buckets: int = 8) -> dict:
     """{<probe>: [layer][head], "<probe>_by_position": [layer][bucket], "positions": [bucket end]} for each of
-    ``lmzoo.metrics.catalog.PROBES`` (sparsity, entropy, first_key);
+    ``lmzoo.scoring.catalog.PROBES`` (sparsity, entropy, first_key);
     with ``segment_ids`` each document's rows over its own keys."""
     segment_ids = None if segment_ids is None else jnp.asarray(segment_ids)
     stats, ends = _row_stats(model, jnp.asarray(tokens), segment_ids, position_buckets)

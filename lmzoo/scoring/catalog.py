@@ -3,7 +3,7 @@
 A ``Measurement`` names its key in ``results.json`` (per evaluated length), its ``results.csv`` column, the key a
 training run logs to ``metrics.jsonl`` and TensorBoard, its column in the comparison's tables and its figure.
 ``lmzoo.measure.outputs``, ``lmzoo.measure.comparison`` and ``lmzoo.run.loop`` read these tuples instead of
-lists of their own, so a new attention probe is its row statistic (``lmzoo.metrics.sparsity``) and one entry of
+lists of their own, so a new attention probe is its row statistic (``lmzoo.scoring.sparsity``) and one entry of
 ``PROBES`` here.
 
 The tuples' order is the order of the columns: ``SCORES`` then ``PROBES`` in ``results.csv``; in the comparison
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from lmzoo.metrics.sparsity import attention_entropy, first_key_share, l1_l2_sparsity
+from lmzoo.scoring.sparsity import attention_entropy, first_key_share, l1_l2_sparsity
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Measurement:
         return self.row_statistic is not None
 
 
-# What the scorer sums per block (``lmzoo.metrics.scoring``): ``LengthScores.summary`` and ``length_intervals``.
+# What the scorer sums per block (``lmzoo.scoring.lengths``): ``LengthScores.summary`` and ``length_intervals``.
 SCORES = (
     Measurement("loss", csv="loss", logged="val_loss", tensorboard=True),
     Measurement("bpb", csv="bpb", interval=True, logged="val_bpb", tensorboard=True),
@@ -62,7 +62,7 @@ SCORES = (
     Measurement("accuracy", csv="accuracy", logged="val_accuracy", table="accuracy"),
 )
 
-# The attention probes (``lmzoo.metrics.probes``), on the first windows of each length.
+# The attention probes (``lmzoo.scoring.probes``), on the first windows of each length.
 PROBES = (
     Measurement("sparsity", csv="mean_sparsity", logged="val_sparsity", per_layer=True, tensorboard=True,
                 table="mean S", difference="mean S", difference_by_length=True, row_statistic=l1_l2_sparsity,

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from lmzoo.measure import outputs
 from lmzoo.measure.comparison import compare, write_report
-from lmzoo.metrics.catalog import MEASUREMENTS, PROBES, SCORES, measurement
+from lmzoo.scoring.catalog import MEASUREMENTS, PROBES, SCORES, measurement
 from lmzoo.record.directory import RunDir
 
 from conftest import REPO

@@ -1,9 +1,0 @@
-"""Model measures, in JAX, shared by training and measuring: the scorer, the attention probes, and the catalog that
-defines each measurement once (its names in results, tables, figures and logs).
-
-The statistics of what they measure (intervals, comparisons over seeds) are ``lmzoo.stats``.
-"""
-
-from lmzoo.metrics.sparsity import attention_entropy, first_key_share, l1_l2_sparsity
-
-__all__ = ["attention_entropy", "first_key_share", "l1_l2_sparsity"]
