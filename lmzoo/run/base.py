@@ -95,6 +95,7 @@ class StepCalls(ABC):
     @leaves.setter
     def leaves(self, leaves: list) -> None:
         self.arrays.leaves = leaves
+        self.arrays_changed()
 
     @property
     def packed(self) -> list:
@@ -105,6 +106,10 @@ class StepCalls(ABC):
     @packed.setter
     def packed(self, packed: list) -> None:
         self.arrays.packed = packed
+        self.arrays_changed()
+
+    def arrays_changed(self) -> None:
+        """The state's arrays were replaced: drop whatever was made from the old ones."""
 
     def open_bar(self, desc: str, show: bool) -> None:
         """The progress bar, from the step reached to ``train.steps``."""

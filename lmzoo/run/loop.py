@@ -379,24 +379,9 @@ class Trainer(StepCalls):
         self._state = state
         self.arrays.leaves = jax.tree.leaves(state)
 
-    @property
-    def leaves(self) -> list:
-        """The training state's arrays, in the pytree's order."""
-        return self.arrays.leaves
-
-    @leaves.setter
-    def leaves(self, leaves: list) -> None:
-        self.arrays.leaves, self._state = leaves, None
-
-    @property
-    def packed(self) -> list:
-        """The training state as ``step_fn`` takes and returns it: packed into buffers (``train.pack_state``), or
-        its leaves."""
-        return self.arrays.packed
-
-    @packed.setter
-    def packed(self, packed: list) -> None:
-        self.arrays.packed, self._state = packed, None
+    def arrays_changed(self) -> None:
+        """The pytree made from the old arrays is stale: ``state`` remakes it when read."""
+        self._state = None
 
     def keep(self, metrics: dict) -> None:
         """A call's losses for the next log row's mean, and a mix's per-source terms."""
