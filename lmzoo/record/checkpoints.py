@@ -37,6 +37,21 @@ OTHER_SHAPES = re.compile(r"Requested shape: (\(.*?\)) is not compatible with th
 ROTATION_RETRIES = 20  # listings of a live run's steps before giving up on reading one
 
 
+def while_rotating(list_steps: Callable[[], Any]) -> Any:
+    """``list_steps()`` (making or reloading a manager), listed again when a step it found vanished before it was read.
+
+    Orbax lists the step directories and then reads each one's time; a trainer keeping its newest checkpoints can
+    delete one in between, and the listing then fails on a step that no longer matters.
+    """
+    for attempt in range(ROTATION_RETRIES):
+        try:
+            return list_steps()
+        except FileNotFoundError:
+            if attempt == ROTATION_RETRIES - 1:
+                raise
+            time.sleep(0.05)
+
+
 class CorruptCheckpoint(RunFault):
     """A checkpoint that restores with an error, or whose values do not match its digest."""
 
@@ -155,7 +170,7 @@ class Checkpointer:
     def __init__(self, directory: Path | str, *, keep: int = 3):
         self.directory = Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.manager = while_rotating(lambda: ocp.CheckpointManager(self.directory, options=options))
 
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()
@@ -238,7 +253,7 @@ class Checkpointer:
         afresh and a checkpoint that vanished while it was read is a rotated one, not a damaged one.
         """
         for _ in range(ROTATION_RETRIES):
-            self.manager.reload()  # the steps on disk now, not when the manager was made
+            while_rotating(self.manager.reload)  # the steps on disk now, not when the manager was made
             steps, damaged = self.all_steps(), []
             for step in reversed(steps):
                 try:

@@ -100,6 +100,25 @@ def test_a_checkpoint_rotated_away_while_read_is_not_called_damaged(run_copy, mo
     assert not any("damaged" in r.getMessage() or "older checkpoint" in r.getMessage() for r in caplog.records)
 
 
+def test_a_checkpoint_rotated_away_while_the_steps_are_listed_is_listed_again(run_copy, monkeypatch):
+    """Orbax lists the step folders, then reads each one's time: a step deleted in between fails the listing."""
+    from lmzoo.record import checkpoints
+
+    real, calls = checkpoints.ocp.CheckpointManager, []
+
+    def listing_raced(directory, **kwargs):
+        calls.append(directory)
+        if len(calls) == 1:  # the trainer deletes its oldest while this lists them
+            shutil.rmtree(run_copy / "checkpoints" / "2")
+            raise FileNotFoundError(2, "No such file or directory", str(run_copy / "checkpoints" / "2"))
+        return real(directory, **kwargs)
+
+    monkeypatch.setattr(checkpoints.ocp, "CheckpointManager", listing_raced)
+    with RunLock(RunDir(run_copy).lock_path):
+        results = evaluate(run_copy)
+    assert len(calls) == 2 and results["step"] == 6
+
+
 def unreadable(self, step, model):
     raise CorruptCheckpoint(f"checkpoint {step} cannot be restored (ValueError: half there)")
 
