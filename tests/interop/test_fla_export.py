@@ -114,11 +114,11 @@ def test_the_weight_table_round_trips_and_fills_every_fla_tensor(tied):
     assert back.keys() == params.keys()
     for path, value in params.items():
         np.testing.assert_array_equal(back[path], value)
-    torch, fla = pytest.importorskip("torch"), pytest.importorskip("fla")  # no forward here: no kernel runs
+    torch, fla_models = pytest.importorskip("torch"), pytest.importorskip("fla.models")  # no forward: no kernel runs
     hf = fla_gla.hf_config(cfg, 259, bos_id=256, eos_id=257, pad_id=258)
-    config = fla.models.GLAConfig(**{k: v for k, v in hf.items()
+    config = fla_models.GLAConfig(**{k: v for k, v in hf.items()
                                      if k not in ("architectures", "model_type", "torch_dtype")})
-    model = fla.models.GLAForCausalLM(config)
+    model = fla_models.GLAForCausalLM(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()
                 if not (tied and name == "lm_head.weight")}
     assert {name: a.shape for name, a in weights.items()} == expected
@@ -184,13 +184,13 @@ def test_an_fla_gla_config_lmzoo_lacks_is_refused_in_one_line_naming_each():
 
 @pytest.mark.slow
 def test_a_random_fla_gla_opens_in_lmzoo_with_the_same_log_probs(tmp_path):
-    torch, fla = pytest.importorskip("torch"), pytest.importorskip("fla")  # no forward in this process
+    torch, fla_models = pytest.importorskip("torch"), pytest.importorskip("fla.models")  # no forward in this process
     from lmzoo.interop.hf import open_hf, write_tokenizer
 
     torch.manual_seed(0)
-    config = fla.models.GLAConfig(hidden_size=32, num_hidden_layers=2, num_heads=4, vocab_size=259, norm_eps=1e-5,
+    config = fla_models.GLAConfig(hidden_size=32, num_hidden_layers=2, num_heads=4, vocab_size=259, norm_eps=1e-5,
                                   hidden_ratio=2, bos_token_id=256, eos_token_id=257, pad_token_id=258)
-    model = fla.models.GLAForCausalLM(config)
+    model = fla_models.GLAForCausalLM(config)
     with torch.no_grad():  # far from the initialisation, so that every weight shows in the log-probabilities
         for name, p in model.named_parameters():
             p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
