@@ -35,6 +35,7 @@ from lmzoo.measure.comparison.reading import (
     on_the_same_data,
     reference_run,
     stale_evaluations,
+    validation_budgets,
 )
 from lmzoo.measure.comparison.tables import differences, find_baseline, table
 from lmzoo.scoring.lengths import sampling_note
@@ -106,6 +107,7 @@ def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = N
         markdown += "\n\n" + harness
     notes += harness_notes
     notes += missing_evaluations(groups, tag) + kernel_differences(groups) + stale_evaluations(kept)
+    notes += validation_budgets(groups)
     record["kernels"] = {g.label: [list(s) for s in g.kernels] for g in groups}
     if reference.results:
         markdown += f"\n\nScored text: {sampling_note(reference.results)}."
