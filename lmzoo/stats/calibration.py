@@ -84,8 +84,8 @@ REGIMES = {"3 seeds": DEFAULT, "5 seeds": replace(DEFAULT, seeds=5), "2 vs 5 see
 # Ten arms equal to one baseline, stars adjusted by Holm's method: the family-wise rate of at least one star.
 # ``seeds``: the baseline's runs, ``seeds_b``: each arm's.
 FAMILY_ARMS = 10
-FAMILIES = {"10 arms, 3 vs 3 seeds": DEFAULT, "10 arms of 2 seeds vs 5": UNEQUAL,
-            "10 arms of 5 seeds vs 2": replace(DEFAULT, seeds=2, seeds_b=5),
+FAMILIES = {"10 arms, 3 vs 3 seeds": DEFAULT, "10 arms of 2 seeds vs 5": replace(DEFAULT, seeds=5, seeds_b=2),
+            "10 arms of 5 seeds vs 2": UNEQUAL,
             "10 arms, 2 vs 2 seeds": replace(DEFAULT, seeds=2),
             "10 arms, document interaction": INTERACTION}
 
