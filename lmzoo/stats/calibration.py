@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 from scipy import stats
 
-from lmzoo.stats.trained_models import Comparison, arm_difference, text_only_difference
+from lmzoo.stats.trained_models import Comparison, arm_difference, paired_by_seed_difference, text_only_difference
 from lmzoo.stats.uncertainty import adjusted_p_values
 
 
@@ -43,6 +43,7 @@ class Scenario:
     shift: float = 0.0  # arm B minus arm A, nats per token
     seeds_b: int | None = None  # runs of arm B where the arms differ in size (None: ``seeds``)
     interaction_sd: float = 0.0  # how arm B as a whole copes with each document, beyond arm A (mean 0 over documents)
+    shared_seed_sd: float = 0.0  # the part of a run's shift its seed number gives every arm (the data order)
 
     def draw(self, rng: np.random.Generator) -> tuple[list, list]:
         """Arm A's ``seeds`` runs and arm B's ``seeds_b``, each run ``(loss sums [documents], token counts
@@ -50,25 +51,29 @@ class Scenario:
         text = self.draw_text(rng)
         return self.draw_arm(rng, text, self.seeds, 0.0), self.draw_arm(rng, text, self.seeds_b or self.seeds)
 
-    def draw_text(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """One validation text: (tokens per document, each document's difficulty)."""
+    def draw_text(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One validation text and seed numbers: (tokens per document, each document's difficulty, the shift each
+        seed number gives a run of any arm)."""
         tokens = np.maximum(1, np.round(rng.lognormal(np.log(self.mean_tokens) - 0.5, 1.0, self.documents)))
-        return tokens, rng.normal(0, self.text_sd, self.documents)
+        difficulty = rng.normal(0, self.text_sd, self.documents)
+        seeds = max(self.seeds, self.seeds_b or 0)
+        shared = rng.normal(0, self.shared_seed_sd, seeds) if self.shared_seed_sd else np.zeros(seeds)
+        return tokens, difficulty, shared
 
     def draw_arm(self, rng: np.random.Generator, text: tuple, runs: int, shift: float | None = None) -> list:
         """``runs`` runs of one arm on ``text``, ``shift`` nats worse than arm A (``self.shift`` when None; an arm B
         also draws its own reaction to each document, ``interaction_sd``)."""
-        tokens, difficulty = text
+        tokens, difficulty, shared = text
         own_scale = self.own_sd * np.sqrt(tokens.mean() / tokens)
         if shift is None:
             shift = self.shift + rng.normal(0, self.interaction_sd, self.documents) * np.sqrt(tokens.mean() / tokens)
 
-        def run():
-            seed_shift = rng.normal(0, self.seed_sd)  # drawn before the documents' own noise, as always
+        def run(seed_number):
+            seed_shift = rng.normal(0, self.seed_sd) + shared[seed_number]  # before the documents' own noise
             per_token = self.mean + shift + difficulty + seed_shift + rng.normal(0, 1, self.documents) * own_scale
             return tokens * per_token, tokens
 
-        return [run() for _ in range(runs)]
+        return [run(i) for i in range(runs)]
 
 
 DEFAULT = Scenario()
@@ -78,9 +83,12 @@ TEXT_HEAVY = Scenario(seed_sd=0.002, own_sd=0.03)
 # all documents), with little training noise: the shared text term carries the interval, on few effective documents.
 INTERACTION = Scenario(seed_sd=0.002, own_sd=0.005, interaction_sd=0.05)
 UNEQUAL = Scenario(seeds=2, seeds_b=5)  # arms of 2 and 5 seeds
+# A seed number shares the data order across arms: 16.5% of the variance between seeds (as across the frontier arms)
+# comes with the seed number, the rest is each run's own. For the paired-by-seed analysis.
+SHARED_SEEDS = Scenario(seed_sd=0.024 * np.sqrt(0.835), shared_seed_sd=0.024 * np.sqrt(0.165))
 REGIMES = {"3 seeds": DEFAULT, "5 seeds": replace(DEFAULT, seeds=5), "2 vs 5 seeds": UNEQUAL,
            "5 vs 2 seeds": replace(DEFAULT, seeds=5, seeds_b=2), "2 vs 2 seeds": replace(DEFAULT, seeds=2),
-           "text-dominated": TEXT_HEAVY, "document interaction": INTERACTION}
+           "text-dominated": TEXT_HEAVY, "document interaction": INTERACTION, "seeds shared across arms": SHARED_SEEDS}
 # Ten arms equal to one baseline, stars adjusted by Holm's method: the family-wise rate of at least one star.
 # ``seeds``: the baseline's runs, ``seeds_b``: each arm's.
 FAMILY_ARMS = 10
@@ -94,6 +102,11 @@ Method = Callable[[list, list], Comparison]
 
 def seeds_and_text(runs: list, baselines: list, resamples: int) -> Comparison:
     return arm_difference(baselines, runs, resamples=resamples)
+
+
+def paired_by_seed(runs: list, baselines: list, resamples: int) -> Comparison:
+    """Runs of one seed number paired across the arms (``compare pair=seed``)."""
+    return paired_by_seed_difference(baselines, runs, resamples=resamples)
 
 
 def text_only(runs: list, baselines: list, resamples: int) -> Comparison:

@@ -273,12 +273,34 @@ def switch_difference(with_switch: Sequence[Run], without: Sequence[Run], metric
     trained this way, not only for these; with one checkpoint, the text only."""
     if len(with_switch) != len(without):
         raise ValueError(f"a switch pairs each checkpoint with itself: got {len(with_switch)} and {len(without)} runs")
-    if len(with_switch) < 2:
-        return text_only_difference(with_switch, without, metric, (1,), **bootstrap_args).scaled(scale)
-    width = len(with_switch[0])
-    paired = [(*a, *b) for a, b in zip(with_switch, without)]
+    return pair_effects(with_switch, without, metric, (len(with_switch),), scale=scale, **bootstrap_args)
+
+
+def paired_by_seed_difference(runs: Sequence[Run], baselines: Sequence[Run], metric: Callable = ratio_of_sums, *,
+                              scale: float = 1.0, **bootstrap_args) -> Comparison:
+    """Mean over pairs of ``metric(runs[i]) - metric(baselines[i])``, each pair two arms' runs of one seed number.
+
+    A seed sets both the initial weights and the order of the training data, so runs of one seed number in two arms
+    share that order: pairing them takes what they share out of the difference. The seed term is the spread of
+    the pairs' differences (``n - 1`` degrees of freedom over ``n`` pairs), the text term the jackknife of the
+    mean paired difference less each pair's own reaction to the text (``arm_estimate`` of the per-pair
+    differences); with one pair, the text only (never significant)."""
+    if len(runs) != len(baselines):
+        raise ValueError(f"pairing by seed needs as many runs in each arm: got {len(runs)} and {len(baselines)}")
+    return pair_effects(runs, baselines, metric, (len(runs), len(baselines)), scale=scale, **bootstrap_args)
+
+
+def pair_effects(runs: Sequence[Run], others: Sequence[Run], metric: Callable, seeds: tuple[int, ...], *,
+                 scale: float = 1.0, **bootstrap_args) -> Comparison:
+    """The mean over pairs ``(runs[i], others[i])`` of each pair's difference in ``metric``, with ``arm_estimate``'s
+    interval of the differences (text only for one pair), recorded with ``seeds``."""
+    _check_arms(runs, others)
+    if len(runs) < 2:
+        return text_only_difference(runs, others, metric, seeds, **bootstrap_args).scaled(scale)
+    width = len(runs[0])
+    paired = [(*a, *b) for a, b in zip(runs, others)]
     effect = lambda *arrays: metric(*arrays[:width]) - metric(*arrays[width:])  # noqa: E731
-    return arm_estimate(paired, effect, scale=scale, **bootstrap_args)
+    return replace(arm_estimate(paired, effect, scale=scale, **bootstrap_args), seeds=seeds)
 
 
 def over_seeds(values: Sequence[float | None]) -> SeedSummary:

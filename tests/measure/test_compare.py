@@ -365,6 +365,26 @@ def test_arms_split_by_a_change_on_resuming_are_labelled_by_it(sweep):
                          "gla"}
 
 
+def test_pair_seed_pairs_the_runs_of_one_seed_number_and_says_where_it_cannot(sweep, tmp_path, capsys):
+    paired = comparison.compare([sweep], baseline="softmax", pair="seed")
+    unpaired = comparison.compare([sweep], baseline="softmax")
+    [gla] = paired.record["differences"]
+    assert gla["paired_by_seed"] and paired.record["pair"] == "seed" and unpaired.record["pair"] == "none"
+    assert gla["bpb"]["estimate"] == pytest.approx(unpaired.record["differences"][0]["bpb"]["estimate"])
+    assert gla["bpb"]["lo"] != pytest.approx(unpaired.record["differences"][0]["bpb"]["lo"])  # another interval
+    assert rows_of(paired.markdown.split("Difference to softmax")[1])[1]["gla"]["seeds"] == "2 vs 2 paired"
+    write_run(sweep, "gla-5", variant="gla", seed=5, growth=FLAT, shift=1)
+    notes = comparison.compare([sweep], baseline="softmax", pair="seed").notes
+    assert [n for n in notes if "not paired" in n] == [
+        "arm gla is not paired by seed (its seeds 0, 1, 5, softmax's 0, 1: pairing needs the same two or more seed "
+        "numbers in both arms); its differences are unpaired"]
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(sweep), "baseline=softmax", "pair=seeds", f"out={tmp_path / 'out'}"])
+    assert exit_info.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "pair='seeds' is not valid (choose from: none, seed)" in line
+
+
 def test_settings_that_cannot_change_the_model_do_not_split_arms(sweep, tmp_path):
     write_run(sweep, "softmax-2", variant="softmax", seed=2, growth=DEGRADES,
               train={"progress": False, "log_every": 1, "checkpoint_every": 7})

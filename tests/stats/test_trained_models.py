@@ -92,6 +92,25 @@ def test_two_blocks_give_the_text_term_one_degree_of_freedom_not_the_normal_quan
     assert text_degrees_of_freedom([runs], [1.0], ratio_of_sums) == 1.0
 
 
+def test_pairing_by_seed_holds_its_rate_and_takes_out_what_a_seed_number_shares():
+    """Runs of one seed number share their data order across arms; paired by seed, that shared part leaves the
+    difference: the A/A rate stays at the level, and where the shared part is large the interval is far narrower
+    than the unpaired one (which counts it, cautiously, as if the arms were independent)."""
+    from lmzoo.stats.trained_models import paired_by_seed_difference
+
+    assert 0.02 <= calibration.rejection_rate(calibration.SHARED_SEEDS, calibration.paired_by_seed,
+                                              replicates=400, seed=1) <= 0.06
+    mostly_shared = replace(calibration.SHARED_SEEDS, seed_sd=0.002, shared_seed_sd=0.05)
+    a, b = arms(mostly_shared, seed=2)
+    paired, unpaired = paired_by_seed_difference(b, a), arm_difference(b, a)
+    assert paired.estimate == pytest.approx(unpaired.estimate) and paired.seeds == (3, 3)
+    assert paired.uncertainty == SEEDS_AND_TEXT and paired.df == pytest.approx(2, abs=0.5)
+    assert paired.hi - paired.lo < (unpaired.hi - unpaired.lo) / 3
+    with pytest.raises(ValueError, match="as many runs"):
+        paired_by_seed_difference(b[:2], a)
+    assert paired_by_seed_difference(b[:1], a[:1]).uncertainty == TEXT  # one pair: text only
+
+
 def test_the_text_only_interval_calls_most_copies_different():
     scenario = replace(calibration.DEFAULT, seeds=3)
     assert calibration.rejection_rate(scenario, calibration.text_only, replicates=100, resamples=200) > 0.5
