@@ -13,7 +13,8 @@ an arm of one seed shows its text-only interval and says so. With a baseline, a 
 each arm's difference to it in bpb at the training length and in the extrapolation ratio at every
 other length; ``*`` marks a significant difference (never for a one-seed arm), adjusted for the number of arms
 compared with the baseline (Holm's method, each column one family; ``adjust=none`` for each arm on its own at 95%;
-``comparison.json`` records both). Runs on other data
+``comparison.json`` records both; ``pair=seed`` pairs each arm's runs with the baseline's of the same seed
+number). Runs on other data
 or other scored tokens than the reference run are left out, each named in one line. Run
 ``python -m lmzoo.eval`` on each run first. ``--baseline ARM`` is accepted for ``baseline=ARM``;
 ``--help`` lists the settings.

@@ -300,7 +300,20 @@ def pair_effects(runs: Sequence[Run], others: Sequence[Run], metric: Callable, s
     width = len(runs[0])
     paired = [(*a, *b) for a, b in zip(runs, others)]
     effect = lambda *arrays: metric(*arrays[:width]) - metric(*arrays[width:])  # noqa: E731
-    return replace(arm_estimate(paired, effect, scale=scale, **bootstrap_args), seeds=seeds)
+    estimate = replace(arm_estimate(paired, effect, scale=scale, **bootstrap_args), seeds=seeds)
+    if len(runs) < FEWEST_SEEDS_FOR_WELCH:  # one degree of freedom in the pairs' spread: the text term must not add
+        return at_degrees_of_freedom(estimate, len(runs) - 1)  # to it when that spread came out small by chance
+    return estimate
+
+
+def at_degrees_of_freedom(estimate: Comparison, df: float) -> Comparison:
+    """The same standard error at ``df`` degrees of freedom, where fewer than the interval has (else unchanged)."""
+    if estimate.degrees_of_freedom <= df:
+        return estimate
+    se = (estimate.hi - estimate.lo) / (2 * estimate.quantile(estimate.level))
+    fewer = replace(estimate, df=float(df))
+    half = se * fewer.quantile(estimate.level)
+    return replace(fewer, lo=estimate.estimate - half, hi=estimate.estimate + half)
 
 
 def over_seeds(values: Sequence[float | None]) -> SeedSummary:

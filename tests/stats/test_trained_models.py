@@ -100,6 +100,8 @@ def test_pairing_by_seed_holds_its_rate_and_takes_out_what_a_seed_number_shares(
 
     assert 0.02 <= calibration.rejection_rate(calibration.SHARED_SEEDS, calibration.paired_by_seed,
                                               replicates=400, seed=1) <= 0.06
+    two_pairs = replace(calibration.DEFAULT, seeds=2)  # one degree of freedom, which the text term may not raise
+    assert calibration.rejection_rate(two_pairs, calibration.paired_by_seed, replicates=400, seed=1) <= 0.05
     mostly_shared = replace(calibration.SHARED_SEEDS, seed_sd=0.002, shared_seed_sd=0.05)
     a, b = arms(mostly_shared, seed=2)
     paired, unpaired = paired_by_seed_difference(b, a), arm_difference(b, a)
