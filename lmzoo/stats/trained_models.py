@@ -39,6 +39,12 @@ With one seed in an arm its training noise cannot be estimated: the interval is 
 percentile bootstrap, ``uncertainty`` says ``"text"``, and the difference is never called
 significant, however narrow its interval.
 
+A seed sets the training data's order as well as the initial weights, so runs of one seed number in two arms
+share something: ``paired_by_seed_difference`` pairs them (``compare pair=seed``), the interval over the pairs'
+differences with ``n - 1`` degrees of freedom (one with two pairs, whatever the text term). ``arm_difference``
+treats the arms as independent, which overstates the variance of a difference where runs of one seed number are
+alike: cautious, not wrong.
+
 ``over_seeds`` is the plain mean ± sample sd of one number over an arm's runs.
 """
 
