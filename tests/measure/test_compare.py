@@ -490,4 +490,4 @@ def test_all_the_frontier_records_with_a_copy_of_themselves_give_the_same_tables
     alone = comparison.compare([records], baseline="softmax")
     doubled = comparison.compare([records, tmp_path / "copy"], baseline="softmax")
     assert tables_of(doubled) == tables_of(alone) and len(doubled.record["counted_once"]) == 48
-    assert "kda | 3 vs 3 | -0.082 [-0.143, -0.022] |" in "\n".join(tables_of(doubled))  # not "6 vs 6"
+    assert "kda | 3 vs 3 | -0.082 [-0.144, -0.021] |" in "\n".join(tables_of(doubled))  # not "6 vs 6"
