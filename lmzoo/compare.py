@@ -13,7 +13,8 @@ an arm of one seed shows its text-only interval and says so. With a baseline, a 
 each arm's difference to it in bpb at the training length and in the extrapolation ratio at every
 other length; ``*`` marks a significant difference (never for a one-seed arm), adjusted for the number of arms
 compared with the baseline (Holm's method, each column one family; ``adjust=none`` for each arm on its own at 95%;
-``comparison.json`` records both). Runs on other data
+``comparison.json`` records both; ``pair=seed`` pairs each arm's runs with the baseline's of the same seed
+number). Runs on other data
 or other scored tokens than the reference run are left out, each named in one line. Run
 ``python -m lmzoo.eval`` on each run first. ``--baseline ARM`` is accepted for ``baseline=ARM``;
 ``--help`` lists the settings.
@@ -52,6 +53,9 @@ class CompareSettings:
                           # compared: holm, or none (each arm on its own at 95%)
     same_seed: str = "refuse"  # two runs of one arm with the same seed: refuse, or distinct (they are different
                                # runs, e.g. a nondeterministic rerun: each counts)
+    pair: str = "none"  # differences to the baseline: none (arms independent), or seed (each run paired with the
+                        # baseline's run of the same seed number, which shares its data order, where both arms hold
+                        # the same seeds)
 
 
 def show_usage() -> NoReturn:
@@ -79,7 +83,8 @@ def main(argv: list[str] | None = None) -> str:
     with errors_in_one_line():
         paths, s = parse_args(argv)
         try:
-            report = compare(paths, tag=s.tag, baseline=s.baseline, same_seed=s.same_seed, adjust=s.adjust)
+            report = compare(paths, tag=s.tag, baseline=s.baseline, same_seed=s.same_seed, adjust=s.adjust,
+                             pair=s.pair)
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(str(e)) from None
         out = Path(s.out) if s.out else Path(os.path.commonpath([p.resolve() for p in paths]))  # not in one run

@@ -43,7 +43,7 @@ def test_help_lists_the_keys_with_defaults_and_exits_0(command, flag, capsys):
     ("experiments", ["decode_cache", "oops"], "could not parse 'oops': arguments are key=value"),
     ("train", ["+attn=softmax", "oops"], "could not parse 'oops': arguments are key=value"),
     ("compare", ["/nonexistent", "colour=red"],
-     "unknown key 'colour' (valid keys: baseline, tag, out, adjust, same_seed)"),
+     "unknown key 'colour' (valid keys: baseline, tag, out, adjust, same_seed, pair)"),
     ("compare", ["/nonexistent", "--colour", "red"], "unknown option '--colour'"),
     ("compare", [], "no run given"),
     ("generate", ["run_dir=/nonexistent", "prompt=a", "temperature=nan"], "temperature=nan must be a finite number"),

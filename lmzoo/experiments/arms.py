@@ -50,7 +50,9 @@ def difference(runs: list, baselines: list, metric: Callable, scale: float = 1.0
 
 
 def switch(with_switch: list, without: list, metric: Callable, scale: float = 1.0) -> dict:
-    """An evaluation-time switch on the same checkpoints: paired, text only (no training noise enters)."""
+    """An evaluation-time switch on the same checkpoints, each checkpoint paired with itself: with two checkpoints
+    or more, seeds+text over each checkpoint's effect (how much the effect differs between checkpoints, and the
+    text); with one, text only (``lmzoo.stats.trained_models.switch_difference``)."""
     from lmzoo.stats.trained_models import switch_difference
 
     return switch_difference(with_switch, without, metric=metric, scale=scale).record()

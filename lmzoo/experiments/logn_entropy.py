@@ -18,7 +18,8 @@ Judged (``judge``; ``lmzoo.experiments.judging``):
 - bpb ratio at 8T of the log-n models minus the softmax models' below -``min_effect`` = -0.02
   (separately trained models: undecided with one seed per arm);
 - bpb ratio at 8T with log-n switched on at evaluation minus without below -0.02 (the same
-  checkpoints: a paired, text-only interval decides it).
+  checkpoints, each paired with itself: the interval over the checkpoints' effects, seeds+text, decides it;
+  text only with one checkpoint).
 The entropy comparisons are reported, not judged: multiplying logits by a factor above 1 lowers
 the entropy of any row that is not uniform, so the switched-on condition flattens the growth by
 construction (an 8-step untrained model shows it too), and a trained log-n model is that same

@@ -12,7 +12,8 @@ Judged (``judge``; ``lmzoo.experiments.judging``), each effect by at least ``min
 - positive control: plain RoPE degrades, its ratio bpb@8T / bpb@T above ``degrades`` = 1.1:
   where it does not, no scheme has anything to fix;
 - each training-free extension but PI: bpb at 8T minus plain RoPE's below -0.05, on the same checkpoints
-  (an evaluation-time switch: the paired, text-only interval decides it);
+  (an evaluation-time switch, each checkpoint paired with itself: the interval over the checkpoints' effects,
+  seeds+text, decides it; text only with one checkpoint);
 - PI is an expected negative, reported and not judged (``EXPECTED_NEGATIVE``): its article interpolates
   positions for fine-tuning; switched on alone at factor 8 it divides every position by 8 and breaks the
   model at every length, T included, so its check could only fail and would vote against the claim by

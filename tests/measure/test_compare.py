@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,8 @@ def write_run(root, name, *, variant, seed, growth, shift=0, lr=1e-3, new_keys=T
     (run_dir / "data_fingerprint.json").write_text(json.dumps({"source": "stdlib", "sha256": corpus}))
     row = {"step": 10, "val_bpb": 2.9 + 0.01 * seed, "tokens_per_s": 100.0}
     (run_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
-    noise = {n: np.random.default_rng([seed, n]).normal(1.0, 0.01, BLOCKS) for n in LENGTHS}  # seed and context effects
+    # each model's own effects of its seed and context: two runs (two folders) never score every block alike
+    noise = {n: np.random.default_rng([seed, n, zlib.crc32(name.encode())]).normal(1.0, 0.01, BLOCKS) for n in LENGTHS}
     loss = {n: np.roll(TEXT, shift) * COUNT * noise[n] * growth[n] * level for n in LENGTHS}  # (blocks,) per length
     results = {"variant": variant, "tag": "default", "train_seq_len": TRAIN_LEN, "step": 10}
     results.update(lengths={}, per_position={})
@@ -329,6 +331,60 @@ def test_two_runs_of_one_seed_in_an_arm_are_refused_unless_said_distinct(sweep, 
     assert rows["softmax"]["n"] == "3"
 
 
+def test_identical_content_counts_once_whatever_the_config_says(sweep, tmp_path):
+    """A copy whose run_dir was edited records another config, and same_seed=distinct lets two runs of one seed
+    through: its block sums, the same to the bit, still make it one model, named in a note."""
+    copy = tmp_path / "edited"
+    shutil.copytree(sweep / "softmax-1", copy)
+    config = OmegaConf.load(copy / "config.yaml")
+    config.run_dir = str(copy)
+    OmegaConf.save(config, copy / "config.yaml")
+    report = comparison.compare([sweep, copy], baseline="gla", same_seed="distinct")
+    _, rows = rows_of(report.markdown.split("Difference")[0])
+    assert rows["softmax"]["n"] == "2"
+    assert report.notes[0] == (f"counted once: {copy} scored the same block sums as (one model's evaluation, whatever "
+                               f"its config says: a copy with an edited config, or one evaluation twice) "
+                               f"{sweep / 'softmax-1'}")
+    assert tables_of(report) == tables_of(comparison.compare([sweep], baseline="gla"))
+
+
+def test_an_arm_pooling_validation_budgets_says_so(sweep):
+    write_run(sweep, "softmax-2", variant="softmax", seed=2, growth=DEGRADES, train={"eval_tokens": 65536})
+    notes = comparison.compare([sweep]).notes
+    assert [n for n in notes if "train.eval_tokens" in n] == [
+        "arm softmax pools runs validated on different budgets (train.eval_tokens 65536, None): its val bpb column "
+        "mixes texts, its evaluation columns do not"]
+
+
+def test_arms_split_by_a_change_on_resuming_are_labelled_by_it(sweep):
+    write_run(sweep, "softmax-lr", variant="softmax", seed=2, growth=DEGRADES)
+    (sweep / "softmax-lr" / "resumes.jsonl").write_text(
+        json.dumps({"step": 5, "key": "optim.lr", "old": 0.001, "new": 0.0005}) + "\n")
+    _, rows = rows_of(comparison.compare([sweep]).markdown)
+    assert set(rows) == {"softmax (not changed on resuming)", "softmax (resumed at step 5: optim.lr 0.001 -> 0.0005)",
+                         "gla"}
+
+
+def test_pair_seed_pairs_the_runs_of_one_seed_number_and_says_where_it_cannot(sweep, tmp_path, capsys):
+    paired = comparison.compare([sweep], baseline="softmax", pair="seed")
+    unpaired = comparison.compare([sweep], baseline="softmax")
+    [gla] = paired.record["differences"]
+    assert gla["paired_by_seed"] and paired.record["pair"] == "seed" and unpaired.record["pair"] == "none"
+    assert gla["bpb"]["estimate"] == pytest.approx(unpaired.record["differences"][0]["bpb"]["estimate"])
+    assert gla["bpb"]["lo"] != pytest.approx(unpaired.record["differences"][0]["bpb"]["lo"])  # another interval
+    assert rows_of(paired.markdown.split("Difference to softmax")[1])[1]["gla"]["seeds"] == "2 vs 2 paired"
+    write_run(sweep, "gla-5", variant="gla", seed=5, growth=FLAT, shift=1)
+    notes = comparison.compare([sweep], baseline="softmax", pair="seed").notes
+    assert [n for n in notes if "not paired" in n] == [
+        "arm gla is not paired by seed (its seeds 0, 1, 5, softmax's 0, 1: pairing needs the same two or more seed "
+        "numbers in both arms); its differences are unpaired"]
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(sweep), "baseline=softmax", "pair=seeds", f"out={tmp_path / 'out'}"])
+    assert exit_info.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "pair='seeds' is not valid (choose from: none, seed)" in line
+
+
 def test_settings_that_cannot_change_the_model_do_not_split_arms(sweep, tmp_path):
     write_run(sweep, "softmax-2", variant="softmax", seed=2, growth=DEGRADES,
               train={"progress": False, "log_every": 1, "checkpoint_every": 7})
@@ -434,4 +490,4 @@ def test_all_the_frontier_records_with_a_copy_of_themselves_give_the_same_tables
     alone = comparison.compare([records], baseline="softmax")
     doubled = comparison.compare([records, tmp_path / "copy"], baseline="softmax")
     assert tables_of(doubled) == tables_of(alone) and len(doubled.record["counted_once"]) == 48
-    assert "kda | 3 vs 3 | -0.082 [-0.143, -0.022] |" in "\n".join(tables_of(doubled))  # not "6 vs 6"
+    assert "kda | 3 vs 3 | -0.082 [-0.144, -0.021] |" in "\n".join(tables_of(doubled))  # not "6 vs 6"

@@ -5,12 +5,11 @@ A run is read from its run directory (config, run info, data fingerprint, metric
 ``comparison.harness``). Runs form one *arm* when they set the same ``label``, or, without
 labels, when their configs differ only in ``seed`` (and ``run_dir``): the seeds of one experiment.
 
-Every interval between arms counts both sources of uncertainty (``lmzoo.stats.trained_models``):
-training noise, from the spread of the seeds inside each arm, and text, from resampling the
-scored blocks jointly across all runs. An arm of one seed gives a text-only interval, said so in
-its row and never marked significant. Runs are only compared on the same data and the same
-scored tokens: a run whose data fingerprint or scored tokens differ from the reference run's is
-left out, with one line saying which and why.
+Every interval between arms counts both sources of uncertainty (``lmzoo.stats.trained_models``): training noise,
+from the spread of the seeds inside each arm, and text, from leaving out each scored block in turn, the same block
+for every run (the jackknife). An arm of one seed gives a text-only interval, said so in its row and never marked
+significant. Runs are only compared on the same data and the same scored tokens: a run whose data fingerprint or
+scored tokens differ from the reference run's is left out, with one line saying which and why.
 
 ``compare(...)`` returns a ``Report`` (markdown tables and the ``comparison.json`` record);
 ``write_report`` writes them with the plots. ``python -m lmzoo.compare`` is the command around it.
@@ -22,7 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmzoo.measure.comparison.estimates import bootstrap_settings
+from lmzoo.measure.comparison.estimates import PAIRINGS, bootstrap_settings, unpaired_notes
 from lmzoo.measure.comparison.figures import plot
 from lmzoo.measure.comparison.harness import harness_difference_table, harness_table
 from lmzoo.measure.comparison.reading import (
@@ -35,6 +34,7 @@ from lmzoo.measure.comparison.reading import (
     on_the_same_data,
     reference_run,
     stale_evaluations,
+    validation_budgets,
 )
 from lmzoo.measure.comparison.tables import differences, find_baseline, table
 from lmzoo.scoring.lengths import sampling_note
@@ -70,11 +70,14 @@ def kernel_differences(groups: list[Group]) -> list[str]:
 
 
 def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = None,
-            same_seed: str = "refuse", adjust: str = "holm") -> Report:
+            same_seed: str = "refuse", adjust: str = "holm", pair: str = "none") -> Report:
     """Read, group and compare the runs at or below ``paths``, each run once; ValueError in one line for a bad
     baseline, for two runs of one seed in an arm (unless ``same_seed="distinct"``) or a bad ``adjust``. The stars of
-    the differences to the baseline are adjusted for the number of arms (``adjust``: holm, or none)."""
+    the differences to the baseline are adjusted for the number of arms (``adjust``: holm, or none); ``pair="seed"``
+    pairs each arm's runs with the baseline's of the same seed number where both arms hold the same seeds."""
     adjusted_p_values([], adjust)  # a bad setting is refused before any run is read
+    if pair not in PAIRINGS:
+        raise ValueError(f"pair={pair!r} is not valid (choose from: {', '.join(PAIRINGS)})")
     runs, unreadable = load_runs(find_runs(paths), tag)
     runs, duplicates = distinct_runs(runs)
     if not runs:
@@ -88,8 +91,8 @@ def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = N
     check_distinct_seeds(groups, same_seed)
     settings = bootstrap_settings(kept)
     markdown, rows = table(groups, settings)
-    record = {"tag": tag, "level": 0.95, "adjust": adjust, "bootstrap": settings, "rows": rows, "differences": [],
-              "baseline": None,
+    record = {"tag": tag, "level": 0.95, "adjust": adjust, "pair": pair, "bootstrap": settings, "rows": rows,
+              "differences": [], "baseline": None,
               "left_out": [{"run": str(path), "reason": why} for path, why in unreadable]
               + [{"run": str(run.path), "reason": why} for run, why in left_out],
               "counted_once": duplicates}
@@ -97,7 +100,8 @@ def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = N
     record["lm_eval_differences"] = []
     if baseline:
         base = find_baseline(groups, baseline)
-        text, record["differences"] = differences(groups, base, settings, adjust)
+        text, record["differences"] = differences(groups, base, settings, adjust, pair)
+        notes += unpaired_notes(groups, base, pair)
         markdown += "\n\n" + text
         record["baseline"] = base.label
         harness_diffs, record["lm_eval_differences"] = harness_difference_table(groups, base, settings, adjust)
@@ -106,6 +110,7 @@ def compare(paths: list[Path], *, tag: str = "default", baseline: str | None = N
         markdown += "\n\n" + harness
     notes += harness_notes
     notes += missing_evaluations(groups, tag) + kernel_differences(groups) + stale_evaluations(kept)
+    notes += validation_budgets(groups)
     record["kernels"] = {g.label: [list(s) for s in g.kernels] for g in groups}
     if reference.results:
         markdown += f"\n\nScored text: {sampling_note(reference.results)}."

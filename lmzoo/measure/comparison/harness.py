@@ -1,10 +1,10 @@
 """lm-evaluation-harness results in a comparison: each task's metrics per arm, with seeds+text intervals over examples.
 
-``python -m lmzoo.lm_eval`` writes every example's score beside a task's metric (``per_example``). The examples
-play the part the scored text's blocks play for bits per byte (``lmzoo.stats.trained_models``): every run scored the
-same examples, so they are resampled jointly across runs, and the spread of the seeds inside an arm gives the
-training noise. A metric lm-eval takes as a mean over examples (accuracy, exact match) is a ratio of sums of
-(score, 1); one it aggregates as a ratio (bits per byte, word and byte perplexity) is made of each example's
+``python -m lmzoo.lm_eval`` writes every example's score beside a task's metric (``per_example``). The examples play
+the part the scored text's blocks play for bits per byte (``lmzoo.stats.trained_models``): every run scored the same
+examples, so each is left out in turn for every run alike (the jackknife), and the spread of the seeds inside an arm
+gives the training noise. A metric lm-eval takes as a mean over examples (accuracy, exact match) is a ratio of sums
+of (score, 1); one it aggregates as a ratio (bits per byte, word and byte perplexity) is made of each example's
 (log-likelihood, bytes or words), as lm-eval makes it. A task whose runs scored different examples (another
 ``limit`` or task version) is left out of the table, with a line saying so.
 """
@@ -114,7 +114,8 @@ def harness_table(groups, settings: dict) -> tuple[str, list[dict], list[str]]:
         return "", [], notes
     header = ["variant", "n", *(f"{task} {metric}" for task, metric, _ in columns), "interval"]
     lines = ["lm-evaluation-harness (python -m lmzoo.lm_eval): each arm's mean over its seeds; 95% intervals count "
-             "training noise (the spread of the seeds) and the examples (resampled jointly across runs).", "",
+             "training noise (the spread of the seeds) and the examples (each left out in turn, for every run "
+             "alike).", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     records = []
     for group, row in zip(groups, rows):

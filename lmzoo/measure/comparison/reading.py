@@ -3,6 +3,7 @@ by the settings that can change the trained model, and only runs on the same dat
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from lmzoo.scoring.lengths import sampling_note
-from lmzoo.record.directory import CONFIG, RunDir
+from lmzoo.record.directory import CONFIG, RunDir, describe_changes
 from lmzoo.schema import ConfigError, changes_trained_model, flatten
 from lmzoo.stats.bootstrap import bits_per_nat
 
@@ -54,8 +55,7 @@ class Run:
         arms (``lmzoo.schema.CANNOT_CHANGE_TRAINED_MODEL``)."""
         if self.label is not None:
             return json.dumps(["label", self.label])
-        changes = [c for c in self.changes if changes_trained_model(str(c.get("key")))]
-        return json.dumps([arm_settings(self.config), changes], sort_keys=True, default=str)
+        return json.dumps([arm_settings(self.config), self.model_changes], sort_keys=True, default=str)
 
     @property
     def recorded_as(self) -> str:
@@ -63,6 +63,20 @@ class Run:
         fingerprint. A copy of a run folder records the same; another run, even of the same seed, another
         ``run_dir``."""
         return json.dumps([self.config, self.fingerprint, self.changes], sort_keys=True, default=str)
+
+    @property
+    def content(self) -> str | None:
+        """What its evaluation measured, to the bit: a digest of its block sums at every length (None without them).
+        Two trained models never score every block alike, so equal content is one model's evaluation, whatever the
+        two configs say."""
+        if not self.has_blocks:
+            return None
+        return hashlib.sha256(json.dumps(self.results["block_sums"], sort_keys=True).encode()).hexdigest()
+
+    @property
+    def model_changes(self) -> list[dict]:
+        """The settings changed on resuming that can change the trained model (they split arms)."""
+        return [c for c in self.changes if changes_trained_model(str(c.get("key")))]
 
     @property
     def budget(self) -> tuple[int | None, int | None]:
@@ -222,18 +236,41 @@ def load_runs(paths: list[Path], tag: str) -> tuple[list[Run], list[tuple[Path, 
 
 
 def distinct_runs(runs: list[Run]) -> tuple[list[Run], list[str]]:
-    """(each run once, a line per duplicate naming it): a symlink to a run, or a copy of its folder (the same
-    real path, or the same recorded config, run directory, seed and data), is one run, not another seed."""
+    """(each run once, a line per duplicate naming it): a symlink to a run, a copy of its folder (the same real
+    path, or the same recorded config, run directory, seed and data), or any run whose evaluation has the same block
+    sums (a copy whose config was edited, ``same_seed=distinct`` or not) is one run, not another seed."""
     kept, seen, notes = [], {}, []
     for run in runs:
-        original = seen.get(run.path.resolve()) or seen.get(run.recorded_as)
+        keys = [run.path.resolve(), run.recorded_as] + ([run.content] if run.content else [])
+        original = next((seen[key] for key in keys if key in seen), None)
         if original is not None:
-            how = "a link to" if run.path.resolve() == original.path.resolve() else "a copy of"
-            notes.append(f"counted once: {run.path} is {how} {original.path}")
+            notes.append(f"counted once: {run.path} {duplicate_of(run, original)} {original.path}")
             continue
-        seen[run.path.resolve()] = seen[run.recorded_as] = run
+        seen.update(dict.fromkeys(keys, run))
         kept.append(run)
     return kept, notes
+
+
+def duplicate_of(run: Run, original: Run) -> str:
+    """How ``run`` repeats ``original``, in the words of the note that leaves it out."""
+    if run.path.resolve() == original.path.resolve():
+        return "is a link to"
+    if run.recorded_as == original.recorded_as:
+        return "is a copy of"
+    return ("scored the same block sums as (one model's evaluation, whatever its config says: a copy with an "
+            "edited config, or one evaluation twice)")
+
+
+def validation_budgets(groups: list[Group]) -> list[str]:
+    """A line per arm whose runs validated during training on different budgets (``train.eval_tokens``): its val
+    bpb column pools numbers measured on different text (its evaluation columns do not)."""
+    notes = []
+    for group in groups:
+        budgets = sorted({str(r.config.get("train", {}).get("eval_tokens")) for r in group.runs})
+        if len(budgets) > 1:
+            notes.append(f"arm {group.label} pools runs validated on different budgets (train.eval_tokens "
+                         f"{', '.join(budgets)}): its val bpb column mixes texts, its evaluation columns do not")
+    return notes
 
 
 def check_distinct_seeds(groups: list[Group], same_seed: str = "refuse") -> None:
@@ -272,11 +309,26 @@ def group_runs(runs: list[Run]) -> list[Group]:
 
 
 def distinguishing(group: Group, siblings: list[Group]) -> str:
-    """The settings in which ``group`` differs from other groups of the same variant, as key=value."""
+    """The settings in which ``group`` differs from other groups of the same variant, as key=value, and the
+    changes made on resuming where those differ (two arms split only by a resumed change name it)."""
     flat = [arm_settings(g.runs[0].config) for g in siblings]
     mine = arm_settings(group.runs[0].config)
     keys = sorted(k for k in set().union(*flat) if len({str(f.get(k)) for f in flat}) > 1)
-    return ", ".join(f"{k}={mine.get(k)}" for k in keys)
+    parts = [f"{k}={mine.get(k)}" for k in keys]
+    resumes = [json.dumps(g.runs[0].model_changes, sort_keys=True, default=str) for g in siblings]
+    if len(set(resumes)) > 1:
+        parts.append(resumed_as(group.runs[0].model_changes))
+    return ", ".join(parts)
+
+
+def resumed_as(changes: list[dict]) -> str:
+    """``resumed at step 5: optim.lr 0.001 -> 0.0005``, or ``not changed on resuming``."""
+    if not changes:
+        return "not changed on resuming"
+    by_step: dict = {}
+    for change in changes:
+        by_step.setdefault(change.get("step"), []).append(change)
+    return "; ".join(f"resumed at step {step}: {describe_changes(found)}" for step, found in by_step.items())
 
 
 # ----------------------------------------------------------------------------- same data or no comparison

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lmzoo.measure.comparison.estimates import arm_bpb, arm_ratio, bpb_difference, ratio_difference
+from lmzoo.measure.comparison.estimates import arm_bpb, arm_ratio, bpb_difference, ratio_difference, seed_pairs
 from lmzoo.measure.comparison.reading import Group, Run, evaluated_lengths, probe_mean
 from lmzoo.scoring.catalog import PROBES, SCORES, Measurement, measurement
 from lmzoo.record.directory import describe_changes
@@ -147,12 +147,12 @@ def probe_difference(group: Group, baseline: Group, length: int | None, name: st
     return seed_difference(values(group), values(baseline))
 
 
-def difference_columns(group: Group, baseline: Group, lengths: list[int], settings: dict) -> dict:
+def difference_columns(group: Group, baseline: Group, lengths: list[int], settings: dict, pair: str = "none") -> dict:
     """One arm's differences to ``baseline``, by column: ``bpb``, ``ratio@<n>``, then per difference probe
     ``<probe>`` (and ``<probe>@<n>`` where it is compared by length), e.g. ``sparsity``, ``sparsity@<n>``,
     ``first_key`` (None where they cannot be had)."""
-    columns = {"bpb": bpb_difference(group, baseline, settings)}
-    columns.update({f"ratio@{n}": ratio_difference(group, baseline, n, settings) for n in lengths})
+    columns = {"bpb": bpb_difference(group, baseline, settings, pair)}
+    columns.update({f"ratio@{n}": ratio_difference(group, baseline, n, settings, pair) for n in lengths})
     for probe in DIFFERENCE_PROBES:
         columns[probe.name] = probe_difference(group, baseline, None, probe.name)
         if probe.difference_by_length:
@@ -202,6 +202,11 @@ def adjusted_record(comparison: Comparison | None, p_adjusted: float | None) -> 
             "significant_adjusted": comparison.counts_training_noise and p_adjusted < 1 - comparison.level}
 
 
+PAIRED_CAPTION = (". Paired by seed (pair=seed): where an arm holds the baseline's seed numbers, each run is paired "
+                  "with the baseline's run of the same seed (the same data order) and the interval is over the pairs' "
+                  "differences, n - 1 degrees of freedom for n pairs (seeds marked paired)")
+
+
 def stars_caption(adjust: str, arms: int) -> str:
     if adjust == "none" or arms < 2:
         return f"* = significant at 95% for each arm on its own (not adjusted for the {arms} arms compared)"
@@ -209,20 +214,23 @@ def stars_caption(adjust: str, arms: int) -> str:
             "one family; comparison.json records the unadjusted p-values too)")
 
 
-def differences(groups: list[Group], baseline: Group, settings: dict, adjust: str = "holm") -> tuple[str, list[dict]]:
+def differences(groups: list[Group], baseline: Group, settings: dict, adjust: str = "holm",
+                pair: str = "none") -> tuple[str, list[dict]]:
     """Markdown table of each arm's difference to ``baseline`` (bpb at the training length, ratios, probes), stars
-    adjusted for the number of arms (``adjust``: holm or none), and its records."""
+    adjusted for the number of arms (``adjust``: holm or none), each arm's runs paired with the baseline's by seed
+    number where ``pair="seed"`` and their seeds allow, and its records."""
     lengths = other_lengths([r for g in groups for r in g.runs])
     header = ["variant", "seeds", "Δ bpb@train"] + [f"Δ bpb@{n} / bpb@train" for n in lengths] + ["interval"]
     longest = lengths[-1:]  # where the arms are furthest from training: the one other length of a probe by length
     header += [probe_difference_header(key) for key in probe_difference_keys(longest)]
     others = [g for g in groups if g is not baseline]
-    rows = [difference_columns(group, baseline, lengths, settings) for group in others]
+    rows = [difference_columns(group, baseline, lengths, settings, pair) for group in others]
     adjusted = adjusted_columns(rows, adjust)
     lines = [
         f"Difference to {baseline.label}: the mean over each arm's seeds, minus the baseline's; 95% intervals "
-        "count training noise (a t interval on the spread of each arm's seeds) and the text (blocks, resampled "
-        f"jointly); {stars_caption(adjust, len(others))}. An arm of one seed gives a text-only interval, never "
+        "count training noise (a t interval on the spread of each arm's seeds) and the text (each block left out "
+        f"in turn, for every run alike){PAIRED_CAPTION if pair == 'seed' else ''}; "
+        f"{stars_caption(adjust, len(others))}. An arm of one seed gives a text-only interval, never "
         "significant. Mean S (the attention probe's sparsity over layers and heads, on the same windows for every "
         "run; at the training length and at the longest evaluated) and the first-key share (a row's weight on its "
         "first key, where attention sinks form) have Welch's interval over the seeds alone, and none with one seed "
@@ -236,12 +244,14 @@ def differences(groups: list[Group], baseline: Group, settings: dict, adjust: st
         recorded = {key: adjusted_record(c, p_adjusted.get(key)) for key, c in columns.items()}
         cells = {key: interval_cell(c, "+.3f") + (" *" if c and recorded[key]["significant_adjusted"] else "")
                  for key, c in columns.items()}
-        row = [group.label, seeds_cell(columns["bpb"], group, baseline), cells["bpb"]]
+        paired = pair == "seed" and seed_pairs(group, baseline) is not None
+        row = [group.label, seeds_cell(columns["bpb"], group, baseline) + (" paired" if paired else ""), cells["bpb"]]
         row += [cells[f"ratio@{n}"] for n in lengths]
         row.append(interval_note([columns["bpb"], *(columns[f"ratio@{n}"] for n in lengths)]))
         row += [cells[key] for key in probe_difference_keys(longest)]
         lines.append("| " + " | ".join(row) + " |")
-        records.append({"label": group.label, "baseline": baseline.label, "bpb": recorded["bpb"],
+        records.append({"label": group.label, "baseline": baseline.label, "paired_by_seed": paired,
+                        "bpb": recorded["bpb"],
                         "ratio": {str(n): recorded[f"ratio@{n}"] for n in lengths if recorded[f"ratio@{n}"]},
                         **probe_difference_records(recorded, lengths)})
     return "\n".join(lines), records
