@@ -57,7 +57,7 @@ def ssd(x, dt, A, B, C, *, D=None, initial_state=None, method="chunk", chunk_siz
     """
     method = check_form(method, METHODS, chunk_size)
     form, mapped = kernels.resolve("ssd", method, BEST, lambda: jla_call(x, dt, A, B, C, initial_state, segment_ids))
-    if form != kernels.JLA:
+    if mapped is None:
         return _ssd(x, dt, A, B, C, D=D, initial_state=initial_state, method=form, chunk_size=chunk_size,
                     segment_ids=segment_ids)
     y, state = kernels.run(mapped)
