@@ -11,7 +11,8 @@ arguments onto it, so it has GLA's forms except the per-dimension ones (``method
 - "chunk":  GLA's chunk form, whose one-gate-per-head path is the [C, C] decay matrix per chunk;
 - "pallas": GLA's Pallas kernels (one gate per head);
 - "jla", "auto": jax-linear-attention's ``simple_gla`` on the same mapping, inputs in x's dtype
-  (``lmzoo.ops.kernels``); ``auto`` runs "chunk" where jla's Hopper kernel does not take the call.
+  (``lmzoo.ops.kernels``); ``auto`` runs "chunk" where jla's Hopper kernel does not take the call (on a TPU:
+  deltanet-tpu's kernels, the same ``simple_gla`` as a case of GDN-2, where they take it).
 
 Documents: with ``segment_ids [B,T]`` the state restarts at each document start: the op adds
 ``RESET_LOG_DECAY`` to the log decay ``dt A`` there (exp(-40): nothing of the old state survives in
