@@ -230,3 +230,18 @@ def test_mappings_from_no_state_in_one_document(tpu_auto):
     """As a training step calls them: no initial state (the kernels then read none), no documents."""
     for case in ("gla_channel", "delta_head", "gdn2"):
         _compare(case, jnp.float32, F32_TOLERANCE, with_state=False, documents=False)
+
+
+def test_the_run_record_names_deltanet_tpu_or_why_not(backend):
+    """What run_info.json keeps (``LM.mixer_kernels``) on a TPU: deltanet-tpu at heads of 128, the reason below."""
+    from conftest import tiny_config
+    from flax import nnx
+
+    from lmzoo.model import LM
+
+    backend("tpu")
+    for width, expected in ((256, "deltanet_tpu:gated_deltanet"), (32, "lmzoo:chunk")):
+        cfg = tiny_config("gated_deltanet", f"model.d_model={width}", "model.n_heads=2", "model.n_layers=1")
+        [[choice]] = LM(cfg, 256, rngs=nnx.Rngs(0)).mixer_kernels(2, 40, documents=True)
+        assert choice["implementation"] == expected, choice
+        assert ("K = V = 128, not K = 16, V = 16" in choice["reason"]) if width == 32 else "reason" not in choice
