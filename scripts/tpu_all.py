@@ -20,6 +20,7 @@ minimum no longer fits not started.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -98,6 +99,15 @@ def main() -> None:
     budget = args.budget_s or BUDGET_S * (gpu_all.DRY_SLOWER if args.dry_run else 1)
     runner = gpu_all.Runner(out, budget, args.dry_run, "steps " + ",".join(s.name for s in chosen), packed)
     runner.summary[0] = "# TPU measurements"
+
+    def stop(signum, frame):  # ^C or the VM's shutdown: kill the running step's group, keep what was measured
+        runner.kill()
+        runner.summary.append(f"| (interrupted by signal {signum}) | interrupted | |")
+        runner.write()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     runner.run(chosen)
     runner.write()
     print("\n".join(runner.summary))
