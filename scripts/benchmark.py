@@ -449,6 +449,33 @@ for _kind, _gate in (("gla", "channel"), ("simple_gla", "head"), ("deltanet", "n
     case(f"jla_{_kind}/own")(jla_own_case(_kind, _gate))
 
 
+def tpu_own_case(function: str, gate: str):
+    """deltanet-tpu's own call (``chunk_gla``, ``chunk_gdn``, ...; its Pallas TPU kernels, interpreted off a TPU),
+    with the delta rule's inputs: the time lmzoo's ``method="auto"`` rows should match on a TPU."""
+    def build(shape, dtype, key):
+        try:
+            import deltanet_tpu
+        except ImportError:
+            raise Unavailable("deltanet-tpu is not installed (pip install -e '.[tpu]', Python >= 3.12)") from None
+        if shape.dim != 128:
+            raise Unavailable("deltanet-tpu's kernels take D = 128")
+        q, k, v, beta, log_g = delta_args(shape, dtype, key, gate=gate)
+        precision = "fp32" if dtype == jnp.float32 else "bf16"
+        run = getattr(deltanet_tpu, function)
+        if function == "chunk_delta_rule":
+            return (lambda q, k, v, beta: run(q, k, v, beta, precision=precision)), (q, k, v, beta)
+        if function == "chunk_gla":
+            return (lambda q, k, v, g: run(q, k, v, g, precision=precision)), (q, k, v, log_g)
+        return (lambda q, k, v, g, beta: run(q, k, v, g, beta, precision=precision)), (q, k, v, log_g, beta)
+
+    return build
+
+
+for _function, _gate in (("chunk_gla", "channel"), ("chunk_gdn", "head"), ("chunk_delta_rule", "none"),
+                         ("chunk_kda", "channel")):
+    case(f"tpu_{_function}/own")(tpu_own_case(_function, _gate))
+
+
 def fox_case(shape, dtype, key):
     """Softmax attention with FoX's forget-gate bias c_i - c_j (a [B, H, T, T] bias through the fused path)."""
     q, k, v = qkv(shape, dtype, key)

@@ -87,7 +87,8 @@ def delta_rule(q, k, v, beta, log_g=None, *, scale=None, initial_state=None, met
     ``hv // (HV / H)``; each value head has its own state, beta and gates.
     ``segment_ids`` [B,T]: the state restarts at each segment start, as a forget gate of zero
     (``RESET_LOG_DECAY``), which every form already runs exactly however strong.
-    ``method="auto"`` runs jla's Hopper kernel where it takes the call and ``"chunk"`` otherwise.
+    ``method="auto"`` runs jla's Hopper kernel, or deltanet-tpu's on a TPU, where it takes the call and ``"chunk"``
+    otherwise.
 
     Returns (o [B, T, HV, Dv] in v's dtype, S_T [B, HV, Dk, Dv] float32).
     """

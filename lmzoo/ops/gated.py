@@ -64,7 +64,8 @@ def gla(q, k, v, log_g=None, *, scale=None, initial_state=None, method="chunk", 
 
     ``segment_ids`` [B,T] (equal within a document): the state restarts at each segment start, a
     forget gate of zero (``RESET_LOG_DECAY``) that every form, the Pallas kernels too, already runs.
-    ``method="auto"`` runs jla's Hopper kernel where it takes the call and ``"chunk"`` otherwise.
+    ``method="auto"`` runs jla's Hopper kernel, or deltanet-tpu's on a TPU, where it takes the call and ``"chunk"``
+    otherwise.
     Returns (o [B, T, H, Dv] in v's dtype, S_T [B, H, Dk, Dv] float32).
     """
     method = check_form(method, METHODS, chunk_size)

@@ -19,6 +19,16 @@ An op's mapping onto jla is a ``JlaCall``: jla's kind, q, k, v, gates by jla's n
 (scale, initial_state, segment_ids), built by the op so that jla computes the op's own contract
 (scales, gate layouts, which state a read sees); ``tests/ops/test_kernels.py`` checks each mapping against
 the op's reference form.
+
+On a TPU, ``auto`` runs deltanet-tpu (the ``tpu`` extra; Python >= 3.12) instead: Pallas TPU kernels of the
+GDN-2 rule ``S' = diag(exp(g)) S;  S = S' + k (w * v - S'^T (b * k))^T;  o = scale S^T q``, of which GLA
+(b = 0, w = 1), DeltaNet (g = 0, b = w = beta), Gated DeltaNet (g per head) and KDA (g per key channel) are
+the cases. An op's jla mapping already states its algebra in one of these kinds (gla, simple_gla, deltanet,
+gated_deltanet, kda, gdn2), so ``tpu_gates`` turns it into GDN-2's (g, b, w) and one jitted call runs every
+kind. Its kernels take K = V = 128 (chunk 128, any length), q, k, v in float32 or bfloat16 and a concrete
+scale; a call outside that runs the op's own best form, recorded with the reason, as for jla. The kernels'
+matmuls follow the inputs' dtype (``"fp32"`` precision for float32, ``"bf16"`` for bfloat16) and their state
+recurrence is float32 either way. Off a TPU its kernels run in Pallas interpret mode, which the tests use.
 """
 
 from __future__ import annotations
@@ -26,20 +36,22 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import numbers
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import jax
 import jax.numpy as jnp
 
-AUTO, JLA = "auto", "jla"
+AUTO, JLA, TPU = "auto", "jla", "deltanet_tpu"
 PROVIDER_FORMS = (AUTO, JLA)
 
 
 @dataclass(frozen=True)
 class Choice:
-    """Which implementation an op ran: ``"jla.mosaic_gpu:<kind>"``, ``"jla.<impl>:<kind>"`` or
-    ``"lmzoo:<form>"``, and, for a fallback under ``auto``, why jla's kernel did not run."""
+    """Which implementation an op ran: ``"jla.mosaic_gpu:<kind>"``, ``"jla.<impl>:<kind>"``,
+    ``"deltanet_tpu:<kind>"`` or ``"lmzoo:<form>"``, and, for a fallback under ``auto``, why the provider's
+    kernel did not run."""
 
     op: str
     implementation: str
@@ -52,7 +64,8 @@ class Choice:
 
 @dataclass
 class JlaCall:
-    """One call of ``jla.ops.linear_attention``: the kind, q, k, v, the gates by jla's names, options."""
+    """One call of ``jla.ops.linear_attention``: the kind, q, k, v, the gates by jla's names, options; and the
+    provider that runs it (``JLA``, or ``TPU`` where ``resolve`` gives it to deltanet-tpu)."""
 
     kind: str
     q: jax.Array
@@ -60,6 +73,7 @@ class JlaCall:
     v: jax.Array
     gates: dict
     options: dict = field(default_factory=dict)
+    provider: str = JLA
 
     def describe(self) -> str:
         return f"{self.q.dtype} q {list(self.q.shape)}, v {list(self.v.shape)}"
@@ -165,11 +179,11 @@ def _platform_refusal() -> str:
 
 
 def resolve(op: str, method: str, best: str, call: Callable[[], JlaCall]) -> tuple[str, JlaCall | None]:
-    """The form ``op`` runs for ``method`` (``"jla"`` or one of lmzoo's forms) and, for ``"jla"``, the op's jla
-    mapping; records the choice.
+    """The form ``op`` runs for ``method`` (``"jla"``, ``"deltanet_tpu"`` or one of lmzoo's forms) and, for a
+    provider, the op's mapping (None for lmzoo's forms); records the choice.
 
-    ``best`` is the op's own form for ``auto`` when jla's kernel does not run; ``call`` builds the
-    op's jla mapping, only where jla could run it. Runs at trace time, so every trace records what it ran."""
+    ``best`` is the op's own form for ``auto`` when no provider's kernel runs; ``call`` builds the
+    op's jla mapping, only where a provider could run it. Runs at trace time, so every trace records what it ran."""
     if method == JLA:
         if jla_ops() is None:
             raise ValueError(f"method='jla' needs jax-linear-attention: pip install -e '.[gpu]' (Python >= 3.12); "
@@ -181,6 +195,8 @@ def resolve(op: str, method: str, best: str, call: Callable[[], JlaCall]) -> tup
     if method != AUTO:
         note(op, method)
         return method, None
+    if on_tpu():
+        return _resolve_tpu(op, best, call)
     refusal = _platform_refusal()
     mapped = None if refusal else call()
     refusal = refusal or _kernel_refusal(mapped)
@@ -197,9 +213,9 @@ def note(op: str, form: str, reason: str = "") -> None:
 
 
 def dispatch(op: str, method: str, best: str, call: Callable[[], JlaCall], own: Callable[[str], tuple], dtype):
-    """(o, final state) of ``op``: through jla where ``resolve`` says so (o in ``dtype``), else ``own(form)``."""
+    """(o, final state) of ``op``: through a provider where ``resolve`` says so (o in ``dtype``), else ``own(form)``."""
     form, mapped = resolve(op, method, best, call)
-    if form != JLA:
+    if mapped is None:
         return own(form)
     out, state = run(mapped)
     return out.astype(dtype), state
@@ -211,6 +227,109 @@ def state_or_none(initial_state):
 
 
 def run(call: JlaCall):
-    """(o, final_state) of ``call`` through jla, its implementation chosen by jla (Mosaic where its kernel
-    takes the call, chunked JAX otherwise)."""
+    """(o, final_state) of ``call`` through its provider: deltanet-tpu's GDN-2 kernels, or jla with its own
+    choice of implementation (Mosaic where its kernel takes the call, chunked JAX otherwise)."""
+    if call.provider == TPU:
+        return run_tpu(call)
     return jla_ops().linear_attention(call.kind, call.q, call.k, call.v, impl="auto", **call.gates, **_options(call))
+
+
+# ----------------------------------------------------------------------------- deltanet-tpu (on a TPU)
+
+# The ops whose jla kinds are cases of GDN-2 (linear_attention and delta_product run as gla and delta_rule); dplr,
+# comba, mamba3 and selective_scan map onto rwkv7, mamba3 and mamba1, whose updates GDN-2 cannot state.
+TPU_OPS = ("gla", "delta_rule", "gdn2", "ssd")
+TPU_WIDTH = 128  # the kernels' K, V and chunk
+TPU_DTYPES = ("float32", "bfloat16")
+
+
+@functools.cache
+def tpu_kernel():
+    """deltanet-tpu's ``chunk_gdn2``, or None where deltanet-tpu is not installed."""
+    try:
+        from deltanet_tpu import chunk_gdn2
+    except ImportError:
+        return None
+    return chunk_gdn2
+
+
+def on_tpu() -> bool:
+    """True when the default backend is a TPU, where ``auto`` offers calls to deltanet-tpu."""
+    return jax.default_backend() == "tpu"
+
+
+def _resolve_tpu(op: str, best: str, call: Callable[[], JlaCall]) -> tuple[str, JlaCall | None]:
+    """``auto`` on a TPU: deltanet-tpu where it takes the op's mapping, else ``best``, recorded with the reason."""
+    if tpu_kernel() is None:
+        refusal = "deltanet-tpu is not installed (the tpu extra, Python >= 3.12)"
+    elif op not in TPU_OPS:
+        refusal = f"deltanet-tpu has no kernel for {op}"
+    else:
+        mapped = call()
+        refusal = tpu_refusal(mapped)
+    if refusal:
+        note(op, best, refusal)
+        return best, None
+    _record(Choice(op, f"{TPU}:{mapped.kind}"))
+    return TPU, replace(mapped, provider=TPU)
+
+
+def tpu_refusal(call: JlaCall) -> str:
+    """Why deltanet-tpu's kernels would not run ``call`` ("" when they would)."""
+    if call.kind not in _TPU_GATES:
+        return f"deltanet-tpu has no kernel for jla's {call.kind}"
+    d_key, d_value = call.k.shape[-1], call.v.shape[-1]
+    if (d_key, d_value) != (TPU_WIDTH, TPU_WIDTH):
+        return f"deltanet-tpu's kernels take K = V = {TPU_WIDTH}, not K = {d_key}, V = {d_value}"
+    dtypes = sorted({str(jnp.dtype(x.dtype)) for x in (call.q, call.k, call.v)})
+    if len(dtypes) > 1 or dtypes[0] not in TPU_DTYPES:
+        return f"deltanet-tpu's kernels take q, k, v in one of {', '.join(TPU_DTYPES)}, not {', '.join(dtypes)}"
+    if not isinstance(call.options.get("scale"), numbers.Real):
+        return "deltanet-tpu's kernels take a Python float scale, not a traced one"
+    extra = sorted(name for name, value in call.options.items()
+                   if name not in _TPU_OPTIONS and value is not None and value is not False)
+    return f"deltanet-tpu's kernels take no {', '.join(extra)}" if extra else ""
+
+
+_TPU_OPTIONS = ("scale", "initial_state", "segment_ids")  # use_qk_l2norm=False is taken too: it normalises nothing
+
+
+def _per_channel(x, shape) -> jax.Array:
+    """A gate (a number, [B,T,H], [B,T,H,1] or [B,T,H,D]) as [B,T,H,D] float32."""
+    x = jnp.asarray(x, jnp.float32)
+    return jnp.broadcast_to(x[..., None] if x.ndim == 3 else x, shape)
+
+
+# jla kind -> GDN-2's (log decay g, erase gate b, write gate w): each kind is GDN-2 with these gates
+_TPU_GATES = {
+    "gla": lambda gates: (gates["g"], 0.0, 1.0),
+    "simple_gla": lambda gates: (gates["g"], 0.0, 1.0),
+    "deltanet": lambda gates: (0.0, gates["beta"], gates["beta"]),
+    "gated_deltanet": lambda gates: (gates["g"], gates["beta"], gates["beta"]),
+    "kda": lambda gates: (gates["g"], gates["beta"], gates["beta"]),
+    "gdn2": lambda gates: (gates["g"], gates["b"], gates["w"]),
+}
+
+
+def tpu_gates(call: JlaCall) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """GDN-2's (g, b, w) for ``call``'s kind: g and b [B,T,H,K], w [B,T,H,V], float32."""
+    g, b, w = _TPU_GATES[call.kind](call.gates)
+    return _per_channel(g, call.k.shape), _per_channel(b, call.k.shape), _per_channel(w, call.v.shape)
+
+
+def run_tpu(call: JlaCall):
+    """(o in v's dtype, final state [B,H,K,V] float32) of ``call`` through deltanet-tpu's ``chunk_gdn2``."""
+    g, b, w = tpu_gates(call)
+    precision = "fp32" if call.v.dtype == jnp.float32 else "bf16"
+    return _chunk_gdn2(call.q, call.k, call.v, g, b, w, call.options.get("initial_state"),
+                       call.options.get("segment_ids"), scale=float(call.options["scale"]), precision=precision)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "precision"))
+def _chunk_gdn2(q, k, v, g, b, w, initial_state, segment_ids, *, scale, precision):
+    """One jitted call for every kind (a kind only changes the gates' values), so each shape compiles once.
+    ``mask_lambda_by_doc`` keeps a strongly decayed document from costing the next one in its chunk precision
+    (lmzoo's forms are exact however strong the gates); the state's matmuls stay float32 in bf16 precision."""
+    return tpu_kernel()(q, k, v, g, b, w, initial_state=initial_state, segment_ids=segment_ids,
+                        output_final_state=True, chunk_size=TPU_WIDTH, precision=precision, scale=scale,
+                        mask_lambda_by_doc=segment_ids is not None, state_fp32_matmul=True)

@@ -273,7 +273,11 @@ def _chunk(q, k, v, log_g, lam, positions, ids, s0, start, chunk_size, empty_slo
     kept = slice(empty_slots, None)  # the slots carried between chunks
     added = jnp.einsum("bncm,bnchd,bnche->nbhmde", key_slot[:, :-1, :, kept], keys[:, :-1], vc[:, :-1])
     steps = (moved[:, :-1, kept, kept].swapaxes(0, 1), total[:, :-1].swapaxes(0, 1), added)
-    into_last, entering = lax.scan(carry, s0[:, :, kept], steps)  # entering chunks 0..N-2, then N-1
+    if len(chunks) > 1:
+        into_last, entering = lax.scan(carry, s0[:, :, kept], steps)  # entering chunks 0..N-2, then N-1
+    else:  # one chunk: the empty scan's result written out, since kernels.traced_choices runs ops with jit disabled,
+        # where an empty scan cannot tell its output type
+        into_last, entering = s0[:, :, kept], jnp.zeros((0, *s0[:, :, kept].shape), s0.dtype)
     entering = jnp.concatenate([entering, into_last[None]], axis=0)  # (N, B, H, slots kept, Dk, Dv)
     into_last = jnp.pad(into_last, [(0, 0), (0, 0), (empty_slots, 0), (0, 0), (0, 0)])
     final, _ = carry(into_last, (moved[:, -1], total[:, -1], jnp.einsum("bcm,bchd,bche->bhmde", key_slot[:, -1],

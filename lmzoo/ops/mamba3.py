@@ -94,7 +94,7 @@ def mamba3(x, dt, A, B, C, lam, theta, *, D=None, initial_state=None, method="ch
         raise ValueError(f"theta has shape {theta.shape}; expected {x.shape[:3]} + (R,) with R <= N/2 = {d_state // 2}")
     prepared = functools.cache(lambda: _prepare(x, dt, A, B, C, lam, theta, initial_state, segment_ids))
     form, mapped = kernels.resolve("mamba3", method, BEST, lambda: jla_call(prepared(), x, initial_state, segment_ids))
-    if form != kernels.JLA:
+    if mapped is None:
         return _mamba3(x, dt, A, B, C, lam, theta, D=D, initial_state=initial_state, method=form, chunk_size=chunk_size,
                        segment_ids=segment_ids)
     return _from_jla(kernels.run(mapped), prepared(), x, D)

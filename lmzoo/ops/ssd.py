@@ -11,7 +11,8 @@ arguments onto it, so it has GLA's forms except the per-dimension ones (``method
 - "chunk":  GLA's chunk form, whose one-gate-per-head path is the [C, C] decay matrix per chunk;
 - "pallas": GLA's Pallas kernels (one gate per head);
 - "jla", "auto": jax-linear-attention's ``simple_gla`` on the same mapping, inputs in x's dtype
-  (``lmzoo.ops.kernels``); ``auto`` runs "chunk" where jla's Hopper kernel does not take the call.
+  (``lmzoo.ops.kernels``); ``auto`` runs "chunk" where jla's Hopper kernel does not take the call (on a TPU:
+  deltanet-tpu's kernels, the same ``simple_gla`` as a case of GDN-2, where they take it).
 
 Documents: with ``segment_ids [B,T]`` the state restarts at each document start: the op adds
 ``RESET_LOG_DECAY`` to the log decay ``dt A`` there (exp(-40): nothing of the old state survives in
@@ -57,7 +58,7 @@ def ssd(x, dt, A, B, C, *, D=None, initial_state=None, method="chunk", chunk_siz
     """
     method = check_form(method, METHODS, chunk_size)
     form, mapped = kernels.resolve("ssd", method, BEST, lambda: jla_call(x, dt, A, B, C, initial_state, segment_ids))
-    if form != kernels.JLA:
+    if mapped is None:
         return _ssd(x, dt, A, B, C, D=D, initial_state=initial_state, method=form, chunk_size=chunk_size,
                     segment_ids=segment_ids)
     y, state = kernels.run(mapped)
