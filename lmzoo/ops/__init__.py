@@ -83,6 +83,8 @@ MIXER_OPS = {
     "linear": ("linear",),
     "gla": ("gated",),
     "retnet": ("gated",),
+    "hgrn2": ("gated",),
+    "lightning": ("gated",),
     "deltanet": ("delta",),
     "gated_deltanet": ("delta",),
     "kda": ("delta",),

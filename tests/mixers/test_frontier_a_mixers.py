@@ -51,7 +51,40 @@ def test_rwkv6_token_shift_reads_the_previous_token():
         np.testing.assert_array_equal(before[:, 7:], after[:, 7:])
 
 
-NEW_VARIANTS = ["rwkv6"]
+def test_hgrn2_ties_the_key_to_the_forget_gate():
+    """k = 1 - f channel by channel, q = swish(x W_q), gates per key channel in (0, 1); the output is one RMSNorm over
+    the width, projected (no gate)."""
+    mixer = first_mixer("hgrn2")
+    x = inputs(9, seed=7)
+
+    def everything(m, x):
+        q, k, v, log_f = m.heads(x)
+        o = m.mix(q, k, v, log_f)[0]
+        return q, k, log_f, m.o_proj(m.norm(o.reshape(2, 9, -1))), m(x), jax.nn.silu(m.q_proj(x))
+
+    q, k, log_f, by_hand, forward, swished = compiled(everything, mixer)(x)
+    assert k.shape == log_f.shape == (2, 9, 4, 8)
+    np.testing.assert_allclose(k + jnp.exp(log_f), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(q.reshape(2, 9, -1), swished, rtol=1e-6)
+    np.testing.assert_allclose(forward, by_hand, rtol=1e-5, atol=1e-6)
+
+
+def test_lightning_decays_follow_minimax_schedule():
+    """log lambda_h = -2^(-8 (h + 1) / H) (1 - l / (L - 1) + 1e-5): the first head of the bottom layer forgets
+    fastest, every head slower in higher layers, the top layer almost not at all."""
+    from lmzoo.mixers.lightning import lightning_log_decays
+
+    bottom, top = lightning_log_decays(4, 0, 8), lightning_log_decays(4, 7, 8)
+    np.testing.assert_allclose(bottom, -(2.0 ** (-2.0 * np.arange(1, 5))) * (1 + 1e-5), rtol=1e-6)
+    assert bool(jnp.all(jnp.diff(bottom) > 0)) and bool(jnp.all(lightning_log_decays(4, 3, 8) > bottom))
+    assert bool(jnp.all((top < 0) & (top > -1e-5)))
+    mixer = first_mixer("lightning")
+    q, k, v, log_g = compiled(lambda m, x: m.heads(x), mixer)(inputs(9, seed=8))
+    np.testing.assert_allclose(log_g, jnp.broadcast_to(lightning_log_decays(4, 0, 2), (2, 9, 4)), rtol=1e-6)
+    assert bool(jnp.all(q >= -0.2785)) and bool(jnp.all(k >= -0.2785))  # silu's minimum: q, k, v activated
+
+
+NEW_VARIANTS = ["rwkv6", "hgrn2", "lightning"]
 
 
 @pytest.mark.slow

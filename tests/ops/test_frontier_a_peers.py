@@ -79,3 +79,62 @@ def test_rwkv6_equals_the_peer_recurrence(method):
         return rwkv6(q, k, v, log_w, u, scale=0.7, initial_state=s0, method=method, chunk_size=8)
 
     assert_equal_to_peer(lmzoo_pullback(ours, inputs, cotangents), torch_pullback(theirs, inputs, cotangents), names)
+
+
+# ----------------------------------------------------------------------------- HGRN2 (on lmzoo's GLA op)
+
+
+@pytest.mark.parametrize("method", ["naive", "chunk"])
+def test_hgrn2_equals_the_peer_gla_with_its_tied_gates(method):
+    """HGRN2's layer on fla's ``naive_recurrent_gla``: q = swish(q'), log f = logsigmoid(z), k = 1 - f (scale
+    K^-1/2); lmzoo's ``tied_gates`` and ``gla``. Gradients w.r.t. q', z, v and the state: the tie included."""
+    import torch
+
+    from lmzoo.mixers.hgrn2 import tied_gates
+    from lmzoo.ops.gated import gla
+
+    reference = fla_reference("gla")
+    rng = np.random.default_rng(1)
+    inputs = (random(rng, B, T, H, DK), random(rng, B, T, H, DK) + 2.0, random(rng, B, T, H, DV),
+              random(rng, B, H, DK, DV))
+    cotangents = (random(rng, B, T, H, DV), random(rng, B, H, DK, DV))
+
+    def theirs(q_raw, logits, v, s0):
+        log_f = torch.nn.functional.logsigmoid(logits)
+        return reference.naive_recurrent_gla(torch.nn.functional.silu(q_raw), 1 - log_f.exp(), v, log_f,
+                                             initial_state=s0, output_final_state=True)
+
+    def ours(q_raw, logits, v, s0):
+        k, log_f = tied_gates(logits)
+        return gla(jax.nn.silu(q_raw), k, v, log_f, initial_state=s0, method=method, chunk_size=8)
+
+    assert_equal_to_peer(lmzoo_pullback(ours, inputs, cotangents), torch_pullback(theirs, inputs, cotangents),
+                         ("q", "forget logits", "v", "state"))
+
+
+# ----------------------------------------------------------------------------- Lightning attention (lmzoo's GLA op)
+
+
+@pytest.mark.parametrize("method", ["naive", "chunk"])
+def test_lightning_equals_the_peer_simple_gla_with_its_decays(method):
+    """Lightning attention's recurrence (a constant log decay per head, MiniMax-01's schedule, scale 1) on fla's
+    ``naive_chunk_simple_gla`` and on lmzoo's ``gla``, the decays an input too."""
+    from lmzoo.mixers.lightning import lightning_log_decays
+    from lmzoo.ops.gated import gla
+
+    reference = fla_reference("simple_gla")
+    rng = np.random.default_rng(2)
+    decays = np.broadcast_to(np.asarray(lightning_log_decays(H, 1, 4)), (B, T, H)).copy()
+    inputs = (random(rng, B, T, H, DK), random(rng, B, T, H, DK), random(rng, B, T, H, DV), decays,
+              random(rng, B, H, DK, DV))
+    cotangents = (random(rng, B, T, H, DV), random(rng, B, H, DK, DV))
+
+    def theirs(q, k, v, g, s0):
+        return reference.naive_chunk_simple_gla(q, k, v, g, initial_state=s0, output_final_state=True, chunk_size=8,
+                                                scale=1.0)
+
+    def ours(q, k, v, g, s0):
+        return gla(q, k, v, g, scale=1.0, initial_state=s0, method=method, chunk_size=8)
+
+    assert_equal_to_peer(lmzoo_pullback(ours, inputs, cotangents), torch_pullback(theirs, inputs, cotangents),
+                         ("q", "k", "v", "log decays", "state"))
