@@ -84,7 +84,7 @@ def test_lightning_decays_follow_minimax_schedule():
     assert bool(jnp.all(q >= -0.2785)) and bool(jnp.all(k >= -0.2785))  # silu's minimum: q, k, v activated
 
 
-NEW_VARIANTS = ["rwkv6", "hgrn2", "lightning"]
+NEW_VARIANTS = ["rwkv6", "hgrn2", "lightning", "qwen3_next_like", "kimi_linear_like", "minimax_like", "mlstm"]
 
 
 @pytest.mark.slow
