@@ -18,8 +18,10 @@ Forms (``method``): ``"naive"`` the recurrence step by step (the reference); ``"
 materialised ([T, T] per head, the initial state a column of its own); ``"assoc"`` an associative scan over
 (log decay, m, C, n), whose operator carries the stabiliser: combining an earlier span with a later one,
 ``m = max(a_2 + m_1, m_2)`` and ``C = exp(a_2 + m_1 - m) C_1 + exp(m_2 - m) C_2`` (n alike), ``a = a_1 + a_2``.
-The state is the tuple (C [B,H,Dk,Dv], n [B,H,Dk], m [B,H]), float32. Documents (``segment_ids``): the states
-restart from zeros at each segment start (the scan's operator stops at a start).
+The state is the tuple (C [B,H,Dk,Dv], n [B,H,Dk], m [B,H]), float32; a sequence starts from the empty state
+(``zero_state``: zeros and m = ``EMPTY_M``, so its first m is its first input gate), as jax-linear-attention's
+reference does. Documents (``segment_ids``): the states restart from the empty state at each segment start (the
+scan's operator stops at a start).
 """
 
 from __future__ import annotations
@@ -48,10 +50,13 @@ def mlstm(q, k, v, log_i, log_f, *, scale=None, initial_state=None, method="asso
                   segment_ids=segment_ids)
 
 
+EMPTY_M = -1e30  # the empty state's stabiliser: every real contribution outweighs it (finite: no inf - inf)
+
+
 def zero_state(batch: int, heads: int, d_key: int, d_value: int):
-    """(C, n, m) at the start of a sequence, float32."""
+    """(C, n, m) at the start of a sequence (and of every segment), float32: zero memories, m = ``EMPTY_M``."""
     return (jnp.zeros((batch, heads, d_key, d_value), jnp.float32), jnp.zeros((batch, heads, d_key), jnp.float32),
-            jnp.zeros((batch, heads), jnp.float32))
+            jnp.full((batch, heads), EMPTY_M, jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "method"))
@@ -103,7 +108,9 @@ def _naive(q, k, v, log_i, log_f, starts, state):
     def step(carry, inputs):
         c, n, m = carry
         q_t, k_t, v_t, i_t, f_t, start = inputs  # (B, H, Dk), (B, H, Dk), (B, H, Dv), (B, H), (B, H), (B,)
-        c, n, m = (jnp.where(start.reshape(-1, *[1] * (s.ndim - 1)), 0.0, s) for s in (c, n, m))  # a new document
+        reset = start.reshape(-1, 1)  # a new document starts from the empty state
+        c, n, m = jnp.where(reset[..., None, None], 0.0, c), jnp.where(reset[..., None], 0.0, n), jnp.where(
+            reset, EMPTY_M, m)
         m_new = jnp.maximum(f_t + m, i_t)
         kept, written = jnp.exp(f_t + m - m_new), jnp.exp(i_t - m_new)  # (B, H)
         c = kept[..., None, None] * c + written[..., None, None] * k_t[..., :, None] * v_t[..., None, :]
@@ -138,12 +145,8 @@ def _assoc(q, k, v, log_i, log_f, starts, state):
 
 
 def _spans(k, v, log_i, log_f, starts):
-    """Each step as a span, time first. A segment start's span holds the zero state the naive form restarts from
-    (C = n = 0, m = 0), so both carry the same stabiliser."""
-    m = jnp.where(starts[..., None], jnp.maximum(log_f, log_i), log_i)  # (B, T, H)
-    written = jnp.exp(log_i - m)
-    spans = (log_f, m, written[..., None, None] * k[..., :, None] * v[..., None, :], written[..., None] * k,
-             starts[..., None])
+    """Each step as a span, time first: its own stabiliser is its input gate (the empty state's m adds nothing)."""
+    spans = (log_f, log_i, k[..., :, None] * v[..., None, :], k, starts[..., None])
     return tuple(x.swapaxes(0, 1) for x in spans)
 
 
@@ -167,13 +170,13 @@ def _with_state(spans, state):
 
 def _final_state(k, v, log_i, log_f, starts, state):
     """(C, n, m) after the last step in closed form, as the recurrence leaves them: keys decayed to the end, those
-    before the last segment start forgotten, and the initial state (the zero state after a start) decayed too."""
+    before the last segment start forgotten, and the initial state decayed too (the empty state after a start)."""
     c0, n0, m0 = state
     after = jnp.flip(jnp.cumsum(jnp.flip(starts, 1), axis=1), 1) - starts  # segment starts after each step
     last_document = (after == 0)[..., None]  # (B, T, 1)
     exponent = jnp.where(last_document, log_i + decay_until_end(log_f, axis=1), -jnp.inf)  # (B, T, H)
     restarted = jnp.any(starts, axis=1)[:, None]  # (B, 1)
-    from_state = jnp.sum(jnp.where(last_document, log_f, 0.0), axis=1) + jnp.where(restarted, 0.0, m0)  # (B, H)
+    from_state = jnp.where(restarted, EMPTY_M, m0 + jnp.sum(log_f, axis=1))  # (B, H)
     m = jnp.maximum(jnp.max(exponent, axis=1), from_state)
     kept = jnp.where(restarted, 0.0, jnp.exp(from_state - m))  # the initial state's share; none after a restart
     keys = k * jnp.exp(exponent - m[:, None])[..., None]  # (B, T, H, Dk)

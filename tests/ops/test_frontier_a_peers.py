@@ -1,5 +1,6 @@
 """The frontier ops of issue 57 (part A: RWKV-6, HGRN2, Lightning attention, mLSTM) against flash-linear-attention
-0.6.0's PyTorch references, loaded by path (``fla_reference``; skipped without torch or fla-core).
+0.6.0's PyTorch references, loaded by path (``fla_reference``; skipped without torch or fla-core), and mLSTM, which
+fla lacks, against jax-linear-attention's reference (skipped without jla).
 
 Each check runs both sides in float32 at an odd length from an initial state where the reference takes one, and
 compares the outputs, the final states and the gradients of every input for one random cotangent of (o, S)
@@ -138,3 +139,46 @@ def test_lightning_equals_the_peer_simple_gla_with_its_decays(method):
 
     assert_equal_to_peer(lmzoo_pullback(ours, inputs, cotangents), torch_pullback(theirs, inputs, cotangents),
                          ("q", "k", "v", "log decays", "state"))
+
+
+# ----------------------------------------------------------------------------- mLSTM (jax-linear-attention's reference)
+
+
+# The normaliser's division amplifies float32 rounding in rows where |n . q| is small: two step-by-step recurrences
+# that sum in another order already differ by ~1.5e-5 there.
+MLSTM_TOL = 3e-5
+
+
+@pytest.mark.parametrize("method", ["naive", "parallel", "assoc"])
+@pytest.mark.parametrize("documents", [False, True])
+def test_mlstm_equals_the_peer_reference(method, documents):
+    """flash-linear-attention 0.6.0 has no mLSTM; jax-linear-attention's ``reference.mlstm`` (g = log f, i = log i~,
+    the state (c, n, m) with the same empty-state stabiliser, its eps set to 0) is the peer: outputs, final states
+    and every gradient, from an initial state, with and without packed documents. Skips without jla (Python 3.12)."""
+    reference = pytest.importorskip("jla.ops.reference")
+    from lmzoo.ops.mlstm import mlstm
+
+    rng = np.random.default_rng(3)
+    log_f = np.asarray(jax.nn.log_sigmoid(random(rng, B, T, H) + 2.0))
+    inputs = (random(rng, B, T, H, DK), random(rng, B, T, H, DK), random(rng, B, T, H, DV), random(rng, B, T, H),
+              log_f, (random(rng, B, H, DK, DV), random(rng, B, H, DK), random(rng, B, H)))
+    ids = jnp.asarray(np.stack([np.repeat([0, 1, 2], [6, 5, 8]), np.zeros(T, int)])) if documents else None
+
+    def theirs(q, k, v, log_i, log_f, state):
+        out, final = reference.mlstm(q, k, v, log_f, log_i, scale=0.5, eps=0.0, output_final_state=True,
+                                     initial_state=reference.MLSTMState(*state), segment_ids=ids)
+        return out, tuple(final)
+
+    def ours(q, k, v, log_i, log_f, state):
+        return mlstm(q, k, v, log_i, log_f, scale=0.5, initial_state=state, method=method, segment_ids=ids)
+
+    inputs = jax.tree.map(jnp.asarray, inputs)
+    cotangent = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32),
+                             jax.eval_shape(ours, *inputs))
+    pulled = [jax.vjp(fn, *inputs) for fn in (ours, theirs)]
+    (out, vjp), (out_ref, vjp_ref) = pulled
+    for name, a, b in zip(("output", "C", "n", "m"), jax.tree.leaves(out), jax.tree.leaves(out_ref)):
+        assert rel_err(a, b) <= MLSTM_TOL, f"{name}: {rel_err(a, b):.2e}"
+    names = ("q", "k", "v", "log_i", "log_f", "C0", "n0", "m0")
+    for name, g, g_ref in zip(names, jax.tree.leaves(vjp(cotangent)), jax.tree.leaves(vjp_ref(cotangent))):
+        assert rel_err(g, g_ref) <= MLSTM_TOL, f"gradient w.r.t. {name}: {rel_err(g, g_ref):.2e}"
