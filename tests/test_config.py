@@ -172,7 +172,10 @@ IDENTITY = {"name", "mixer", "source", "kind"}
 # The knobs a sub-config lists (a hybrid's ``layers.<n>``, a mix's ``components.<n>``) stay, so that
 # ``attn.layers.<n>.<key>=`` overrides them without a ``+``; they restate the sub-spec's default except
 # these, which each file sets on purpose.
-SUB_CONFIG_SETTINGS = {"attn/hwfa.yaml": {"layers.window.window", "layers.full.nope", "layers.full.logn"}}
+SUB_CONFIG_SETTINGS = {"attn/hwfa.yaml": {"layers.window.window", "layers.full.nope", "layers.full.logn"},
+                       "attn/qwen3_next_like.yaml": {"layers.gated_attention.output_gate",
+                                                     "layers.gated_attention.qk_norm"},
+                       "attn/kimi_linear_like.yaml": {"layers.mla.nope"}}
 
 
 def schema_defaults(spec) -> dict:

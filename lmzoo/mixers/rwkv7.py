@@ -34,8 +34,8 @@ from flax import nnx
 
 from lmzoo.mixers.base import MixerContext, dense
 from lmzoo.mixers.family.delta import l2_normalize
-from lmzoo.mixers.family.linear import LinearFamilyConfig, LinearFamilyMixer
-from lmzoo.ops.common import segment_starts
+from lmzoo.mixers.family.linear import LinearFamilyConfig
+from lmzoo.mixers.family.rwkv import LoRA, ShiftedMixer, group_norm, lora_rank, token_shift
 from lmzoo.ops.dplr import METHODS, STEP_FORM, dplr, dplr_weights
 from lmzoo.registry import register
 from lmzoo.schema import ModelConfig, positive
@@ -66,36 +66,6 @@ class RWKV7Config(LinearFamilyConfig):
         return RWKV7(self, ctx, rngs=rngs)
 
 
-def lora_rank(d_model: int, fraction: float) -> int:
-    """RWKV-7's default LoRA ranks: a fraction of the width, a multiple of 32, at least 32."""
-    return max(32, int(round(fraction * d_model / 32)) * 32)
-
-
-def token_shift(x, last=None, segment_ids=None):
-    """x_{t-1} for every t (``last`` [B, D] before the first, zeros by default; zero at segment starts)."""
-    last = jnp.zeros_like(x[:, 0]) if last is None else last.astype(x.dtype)
-    shifted = jnp.concatenate([last[:, None], x[:, :-1]], axis=1)
-    if segment_ids is not None:
-        shifted = jnp.where(segment_starts(segment_ids)[..., None], 0.0, shifted).astype(x.dtype)
-    return shifted
-
-
-class LoRA(nnx.Module):
-    """``bias + act(x W_1) W_2``: a low-rank projection from the model width into the layer's."""
-
-    def __init__(self, ctx: MixerContext, rank: int, *, bias: Optional[jax.Array], activation=None, rngs: nnx.Rngs):
-        d = ctx.d_model
-        self.down = dense(ctx, d, rank, rngs=rngs, axes=(EMBED, None))
-        self.up = dense(ctx, rank, d, rngs=rngs, axes=(None, INNER))
-        self.bias = None if bias is None else param(bias, INNER)
-        self.activation = activation
-
-    def __call__(self, x):
-        h = self.down(x)
-        h = self.up(h if self.activation is None else self.activation(h)).astype(jnp.float32)
-        return h if self.bias is None else h + self.bias[...]
-
-
 def shift_mix_init(layer: int, n_layers: int, d: int) -> jax.Array:
     """RWKV-7's token-shift weights [6, d]: lower layers and later channels lean more on the
     previous token (ratio 1 at the bottom layer, ~0 at the top)."""
@@ -116,12 +86,12 @@ def decay_bias_init(layer: int, n_layers: int, d: int) -> jax.Array:
     return -7.0 + 5.0 * channel ** (0.85 + 1.0 * high**0.5) + 0.5
 
 
-class RWKV7(LinearFamilyMixer):
+class RWKV7(ShiftedMixer):
     matrix_acts_on_values = False  # the weights are the DPLR op's on v, before the group norm and the bonus term
     step_form = STEP_FORM  # of lmzoo.ops.dplr
     def __init__(self, cfg: RWKV7Config, ctx: MixerContext, *, rngs: nnx.Rngs):
         d, layer, layers = ctx.d_model, ctx.layer, ctx.n_layers
-        self.n_heads = ctx.n_heads
+        self.n_heads, self.d_model = ctx.n_heads, d
         self.key_dim = self.value_dim = d // ctx.n_heads
         self.method, self.chunk_size, self.dtype = cfg.method, cfg.chunk_size, ctx.dtype
         self.shift_mix = param(shift_mix_init(layer, layers, d), None, EMBED)
@@ -166,12 +136,8 @@ class RWKV7(LinearFamilyMixer):
         return dplr_weights(r, k, alpha, beta, log_w, scale=1.0, segment_ids=segment_ids)
 
     def group_norm(self, o):
-        """Per head: o minus its mean over the head's channels, over their standard deviation; then a
-        per-channel affine map. o [..., H, Dv] -> [..., H * Dv] float32."""
-        o = o.astype(jnp.float32)
-        centred = o - jnp.mean(o, axis=-1, keepdims=True)
-        normed = centred * jax.lax.rsqrt(jnp.mean(centred**2, axis=-1, keepdims=True) + self.norm_eps)
-        return normed.reshape(*o.shape[:-2], -1) * self.norm_scale[...] + self.norm_bias[...]
+        """o [..., H, Dv] -> [..., H * Dv] float32, normalised per head (``lmzoo.mixers.family.rwkv.group_norm``)."""
+        return group_norm(o, self.norm_scale[...], self.norm_bias[...], self.norm_eps)
 
     def finish(self, x, o, v, gate, bonus):
         own = jnp.sum(bonus, axis=-1, keepdims=True) * v.astype(jnp.float32)  # (B, T, H, Dv): the token's own value
@@ -182,26 +148,3 @@ class RWKV7(LinearFamilyMixer):
         heads, gate, bonus = self.project(x, last, segment_ids)
         o, s = self.mix(*heads, state=state, method=method, segment_ids=segment_ids)
         return self.finish(x, o, heads[2], gate, bonus), s
-
-    def __call__(self, x, *, positions=None, segment_ids=None):
-        return self.run(x, segment_ids=segment_ids)[0]
-
-    def prefill(self, x, max_len=None, *, positions=None):
-        return self.carry(x, None)
-
-    def carry(self, x, state, *, positions=None, segment_ids=None):
-        """(y, {"S", "last"} after x) from ``state`` (None: zeros); x's last token is its last document's."""
-        state = state or {}
-        y, s = self.run(x, state.get("S"), state.get("last"), segment_ids=segment_ids)
-        return y, {"S": s, "last": x[:, -1]}
-
-    def init_state(self, batch_size, max_len):
-        return {"S": self.recurrent_state(batch_size),
-                "last": jnp.zeros((batch_size, self.shift_mix.shape[1]), self.dtype or jnp.float32)}
-
-    def step(self, x_t, state):
-        y, s = self.run(x_t[:, None], state["S"], state["last"], method=self.step_form)
-        return y[:, 0], {"S": s, "last": x_t.astype(state["last"].dtype)}
-
-    def state_size(self, max_len):
-        return self.n_heads * self.key_dim * self.value_dim + self.shift_mix.shape[1]

@@ -12,7 +12,9 @@ K key/value heads, D head dim. Per-head tensors are laid out ``[B, T, H, D]``.
 Linear-attention family: Dk / Dv key / value head dims (state ``[B, H, Dk, Dv]``), N chunks of C steps;
 the delta rule's ``delta_rule`` has a step size beta ``[B, T, HV]`` over HV value heads (a multiple of the H query/key
 heads: grouped value heads, as KDA); ``dplr`` is the diagonal-plus-low-rank transition of RWKV-7, of which the delta
-rule, KDA and GDN-2 are special cases.
+rule, KDA and GDN-2 are special cases; ``rwkv6`` is GLA read before each step's decay and write, with a bonus ``u
+[H, Dk]`` on the token's own key; ``mlstm`` (xLSTM) has an exponential input gate, a normaliser state n [B, H, Dk]
+and a stabiliser m [B, H] beside C.
 Log-linear attention: L levels (``level_scales [B, T, H, L]``), state ``[B, H, L-1, Dk, Dv]`` (one matrix per
 Fenwick level), ``start`` the first token's position in its document.
 PaTH: w unit Householder directions ``[B, T, H, D]``, beta ``[B, T, H]`` in (0, 2).
@@ -35,8 +37,10 @@ from lmzoo.ops.dsa import dsa, dsa_indexer, dsa_weights
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
 from lmzoo.ops.mamba3 import mamba3, mamba3_attention
+from lmzoo.ops.mlstm import mlstm, mlstm_weights
 from lmzoo.ops.log_linear import log_linear_attention, log_linear_step, log_linear_weights
 from lmzoo.ops.path import path_attention, path_matrix, reflect_keys
+from lmzoo.ops.rwkv6 import rwkv6, rwkv6_weights
 from lmzoo.ops.nsa import nsa, nsa_block_means, nsa_compression, nsa_selection, nsa_topk, nsa_weights
 from lmzoo.ops.lti import causal_conv1d, diagonal_ssm, diagonal_ssm_kernel, fft_conv
 from lmzoo.ops.selective_scan import selective_attention, selective_scan
@@ -53,7 +57,7 @@ __all__ += ["nsa", "nsa_block_means", "nsa_compression", "nsa_selection", "nsa_t
 __all__ += ["path_attention", "path_matrix", "reflect_keys"]
 __all__ += ["stick_breaking_attention", "stick_breaking_matrix", "stick_breaking_weights"]
 __all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
-__all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights"]
+__all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights", "rwkv6", "rwkv6_weights", "mlstm", "mlstm_weights"]
 __all__ += ["comba", "comba_weights", "delta_product", "delta_product_weights", "mamba3", "mamba3_attention"]
 
 # The op modules (lmzoo/ops/<name>.py) each mixer module (lmzoo/mixers/<name>.py, registered under the same name)
@@ -66,6 +70,7 @@ MIXER_OPS = {
     "family.linear": ("gated",),
     "family.delta": ("delta",),
     "family.ssm": ("ssd", "lti"),  # lti: the short causal conv before the SSM
+    "family.rwkv": (),  # token shift and the shared projections: no op of its own
     # the softmax family
     "softmax": ("attention",),
     "fox": ("attention",),
@@ -80,6 +85,8 @@ MIXER_OPS = {
     "linear": ("linear",),
     "gla": ("gated",),
     "retnet": ("gated",),
+    "hgrn2": ("gated",),
+    "lightning": ("gated",),
     "deltanet": ("delta",),
     "gated_deltanet": ("delta",),
     "kda": ("delta",),
@@ -87,6 +94,8 @@ MIXER_OPS = {
     "deltaproduct": ("delta_product",),
     "gdn2": ("dplr",),
     "rwkv7": ("dplr",),
+    "rwkv6": ("rwkv6",),
+    "mlstm": ("mlstm",),
     # the state-space family
     "mamba": ("selective_scan",),
     "mamba2": ("ssd",),

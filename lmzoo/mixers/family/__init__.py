@@ -5,6 +5,8 @@
   for ``__call__`` and ``prefill``);
 - ``linear``: the linear-attention family's base (``LinearFamilyMixer``: heads / mix / output over
   a matrix state per head), its gated form (``GatedMixer``) and the gated head norm;
+- ``rwkv``: the RWKV time-mixing family's token shift, low-rank projections, per-head group norm and its
+  base (``ShiftedMixer``: decoding carries the previous token beside the state);
 - ``ssm``: the state-space family's causal conv block and the initialisation and checks of Δ.
 
 A variant module imports from here (and from ``base``, ops, schema, registry, positions), never from

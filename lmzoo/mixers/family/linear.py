@@ -182,7 +182,8 @@ def gated_head_norm(norm: nnx.RMSNorm, o, gate, activation, dtype, *, recompute:
 
 class GatedMixer(LinearFamilyMixer):
     """A family mixer on ``lmzoo.ops.gla`` (heads give q, k, v and log gates, per key dim or per
-    head) whose output is ``W_o (swish(x W_g) * headnorm(o))``, as in RetNet and GLA."""
+    head) whose output is ``W_o (swish(x W_g) * headnorm(o))``, as in RetNet and GLA (a variant with another output,
+    HGRN2's or Lightning attention's, writes its own ``output`` and skips ``init_output``)."""
 
     def init_output(self, ctx: MixerContext, *, rngs: nnx.Rngs) -> None:
         """The output gate, norm and projection; made after the heads' projections, as the
@@ -190,12 +191,14 @@ class GatedMixer(LinearFamilyMixer):
         self.out_gate = GatedHeadNorm(ctx, self.n_heads, self.value_dim, rngs=rngs)
         self.o_proj = dense(ctx, self.n_heads * self.value_dim, ctx.d_model, rngs=rngs, residual=True)
 
+    scale = None  # the op's scale on q; None: Dk^-1/2
+
     def mix(self, q, k, v, log_g, state=None, method=None, segment_ids=None):
-        return gla(q, k, v, log_g, initial_state=state, method=method or self.method, chunk_size=self.chunk_size,
-                   segment_ids=segment_ids)
+        return gla(q, k, v, log_g, scale=self.scale, initial_state=state, method=method or self.method,
+                   chunk_size=self.chunk_size, segment_ids=segment_ids)
 
     def mix_weights(self, q, k, v, log_g, segment_ids=None):
-        return gla_weights(q, k, log_g, segment_ids=segment_ids)  # scale * (q_i * decay from j to i) . k_j
+        return gla_weights(q, k, log_g, scale=self.scale, segment_ids=segment_ids)  # scale * (q_i * decay) . k_j
 
     def output(self, x, o):
         return self.o_proj(self.out_gate(x, o))
