@@ -12,7 +12,9 @@ TensorBoard scalars in the run's ``tb/eval/<tag>/`` (``lmzoo.measure.outputs``).
 evaluates each run in it with the same settings; one that cannot be evaluated is named and passed over, and ends
 the command with its exit code once the others are done.
 
-``--help`` lists the settings. The tag is named after the overrides (``default`` without any). results.json
+``--help`` lists the settings. The tag is named after the overrides of the run's config (``default`` without any),
+not after the ``eval.*`` settings: it names the model measured, so comparisons meet every run's plain evaluation
+under ``default`` however it was measured (docs/guide.md, "Evaluating a checkpoint"). results.json
 records the settings that made it; evaluating a tag again with other measuring settings (``eval.step``, ``eval.lengths``
 ...) is refused in one line rather than replacing those results, unless ``eval.tag`` names the tag.
 The folders are checked for writing before anything is computed. A damaged newest checkpoint is

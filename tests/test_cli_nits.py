@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmzoo import compare, generate, train
+from lmzoo import compare, generate, lm_eval, train
 from lmzoo.experiments import __main__ as experiments
 
 
@@ -36,6 +36,7 @@ def test_training_help_spells_out_constants_and_describes_the_mesh(capsys):
 
 @pytest.mark.parametrize("main, codes", [(compare.main, ["0", "2", "5", "7", "130"]),
                                          (generate.main, ["0", "2", "4", "7", "75", "130"]),
+                                         (lm_eval.main, ["0", "2", "4", "5", "7", "75", "130"]),  # never 3: no training
                                          (train.main, ["0", "2", "3", "4", "5", "6", "7", "75", "130"])])
 def test_each_command_lists_the_exit_codes_it_can_end_with(main, codes, capsys):
     help_of(main)
