@@ -103,3 +103,60 @@ def test_a_readme_block_runs_as_written(heading, block, tmp_path):
     proc = subprocess.run(["bash", "-c", prelude() + runnable(block)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=1500)
     assert proc.returncode == 0, f"{heading}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+# ----------------------------------------------------------------------------- the kernel table of "Why lmzoo"
+
+KERNEL_TABLE = "| variants | CPU (any device) |"
+
+
+def kernel_rows() -> list[tuple[dict[str, list[str]], set[str]]]:
+    """({each variant of the row: the settings its first cell gives it}, the jla kinds its GPU cell names) per row;
+    a setting (``attn.normalize=false``) belongs to the variant named before it."""
+    text = README.read_text()
+    lines = text[text.index(KERNEL_TABLE):].split("\n\n")[0].splitlines()[2:]
+    rows = []
+    for line in lines:
+        first, _, gpu = [cell.strip() for cell in line.strip("|").split("|")]
+        variants: dict[str, list[str]] = {}
+        for name in re.findall(r"`([\w.=]+)`", first):
+            if "=" in name:
+                variants[list(variants)[-1]].append(name)
+            else:
+                variants[name] = []
+        rows.append((variants, set(re.findall(r"jla `(\w+)`", gpu))))
+    return rows
+
+
+def traced_kinds(variant: str, settings: list[str]) -> set[str]:
+    """The jla kinds ``variant``'s layers call under ``attn.method=jla`` (traced, not run)."""
+    from flax import nnx
+
+    from conftest import tiny_config
+    from lmzoo.model import LM
+
+    cfg = tiny_config(variant, "attn.method=jla", "model.n_layers=1", *settings)
+    kernels = LM(cfg, 259, rngs=nnx.Rngs(0)).mixer_kernels(1, 32)
+    return {op["implementation"].split(":")[1] for layer in kernels for op in layer}
+
+
+@pytest.mark.slow  # traces a model of each of 15 variants
+def test_the_kernel_table_names_what_each_mapped_variant_calls():
+    pytest.importorskip("jla")
+    mapped = [(variants, kinds) for variants, kinds in kernel_rows() if kinds]
+    assert len(mapped) >= 8
+    for variants, kinds in mapped:
+        for variant, settings in variants.items():
+            assert traced_kinds(variant, settings) == kinds, variant
+
+
+def test_the_variants_the_kernel_table_leaves_to_lmzoo_offer_no_provider(capsys):
+    from conftest import tiny_config
+
+    [(rest, kinds)] = [row for row in kernel_rows() if "log_linear_mamba2" in row[0]]
+    assert not kinds and len(rest) >= 5
+    for variant in rest:
+        for method in ("auto", "jla", "cudnn"):
+            with pytest.raises(SystemExit):
+                tiny_config(variant, f"attn.method={method}")
+    capsys.readouterr()
