@@ -8,7 +8,13 @@ bootstrap interval (``lmzoo.measure.evaluation``). Results go to ``<run_dir>/eva
 ``results.json`` (its layout: ``lmzoo.stats.bootstrap``), ``results.csv``, PNG plots, and
 TensorBoard scalars in the run's ``tb/eval/<tag>/`` (``lmzoo.measure.outputs``).
 
-``--help`` lists the settings. The tag is named after the overrides (``default`` without any). results.json
+``run_dir=`` a folder that holds runs (a sweep's, ``runs/sweep-<date>-<time>``, beside Hydra's ``multirun.yaml``)
+evaluates each run in it with the same settings; one that cannot be evaluated is named and passed over, and ends
+the command with its exit code once the others are done.
+
+``--help`` lists the settings. The tag is named after the overrides of the run's config (``default`` without any),
+not after the ``eval.*`` settings: it names the model measured, so comparisons meet every run's plain evaluation
+under ``default`` however it was measured (docs/guide.md, "Evaluating a checkpoint"). results.json
 records the settings that made it; evaluating a tag again with other measuring settings (``eval.step``, ``eval.lengths``
 ...) is refused in one line rather than replacing those results, unless ``eval.tag`` names the tag.
 The folders are checked for writing before anything is computed. A damaged newest checkpoint is
@@ -22,6 +28,7 @@ import json
 import logging
 import sys
 from dataclasses import dataclass
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import NoReturn, Optional
@@ -38,6 +45,7 @@ from lmzoo.faults import (
     EXIT_WRITE_FAILED, RunFault, RunLock,
 )
 from lmzoo.interop.hf import open_hf
+from lmzoo.measure.comparison.reading import folders_below
 from lmzoo.measure.evaluation import (
     EvalSettings, check_request, eval_defaults, evaluate, result_settings, warn_inert_overrides,
 )
@@ -54,7 +62,7 @@ EVAL_LOCK = ".lock"  # in eval/<tag>/: held while an evaluation computes and wri
 class EvalCommand(EvalSettings):
     """The settings of ``python -m lmzoo.eval``: the run, and how to measure it (``eval.*``)."""
 
-    run_dir: Optional[str] = shown_as("<dir>")  # the trained run to evaluate
+    run_dir: Optional[str] = shown_as("<dir>")  # the trained run to evaluate, or a folder of runs (a sweep's): each
     hf: Optional[str] = shown_as("<folder>")  # or a local Hugging Face Llama folder (lmzoo.interop.hf)
 
     def check(self) -> None:
@@ -109,11 +117,48 @@ def tag_in_use(tag: str, lock: Path, holder: str) -> RunFault:
                     f"or add eval.tag=<name> other than {tag!r} to keep both")
 
 
+def runs_in(folder: Path) -> list[RunDir]:
+    """The trained runs below a folder that is not a run itself (a sweep's, say), in order; [] if none."""
+    if not folder.is_dir() or RunDir(folder).is_run():
+        return []
+    return [RunDir(p) for p in folders_below(folder) if RunDir(p).is_trained()]
+
+
 def main(argv: list[str] | None = None) -> dict:
+    """The results written (one run's; for a folder holding runs, ``{run directory: its results}``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if wants_help(argv):
         show_usage()
     with errors_in_one_line():
+        settings, _, _ = parse_settings(EvalCommand, argv, "eval", others=True, defaults=eval_defaults())
+        runs = runs_in(Path(settings.run_dir)) if settings.run_dir is not None else []
+    if runs:
+        return evaluate_each(runs, argv)
+    return evaluate_one(argv)
+
+
+def evaluate_each(runs: list[RunDir], argv: list[str]) -> dict:
+    """Every run of a folder evaluated with the same settings: one that cannot be is named and passed over, and the
+    first such failure ends the command with its exit code once the others are done."""
+    folder = next(a.split("=", 1)[1] for a in argv if a.startswith("run_dir="))
+    others = [a for a in argv if not a.startswith("run_dir=")]
+    results, failed = {}, []
+    for i, run in enumerate(runs, 1):
+        print(f"[{i}/{len(runs)}] {run.path}")
+        try:
+            results[str(run.path)] = evaluate_one([f"run_dir={run.path}", *others], fail_in_one_line=False)
+        except (ConfigError, RunFault) as e:
+            log.warning("warning: %s was not evaluated: %s", run.path, e)
+            failed.append(e)
+    if failed:
+        with errors_in_one_line():
+            raise type(failed[0])(f"{len(failed)} of the {len(runs)} runs in {folder} were not evaluated "
+                                  f"(the first: {failed[0]}); the others' results were written")
+    return results
+
+
+def evaluate_one(argv: list[str], *, fail_in_one_line: bool = True) -> dict:
+    with errors_in_one_line() if fail_in_one_line else nullcontext():
         run, settings, overrides = parse_args(argv)
         eval_cfg, hf = settings.eval, settings.hf is not None
         tag = eval_cfg.tag or default_tag(overrides)

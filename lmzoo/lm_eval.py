@@ -16,8 +16,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NoReturn, Optional
 
-from lmzoo.cli import errors_in_one_line, exit_codes, parse_settings, schema_options, show_help, shown_as, wants_help
+from lmzoo.cli import (
+    errors_in_one_line, exit_codes, parse_settings, run_command, schema_options, show_help, shown_as, wants_help,
+)
 from lmzoo.config import ConfigError
+from lmzoo.faults import (
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_INTERRUPTED, EXIT_RUN_FAULT, EXIT_UNPARSABLE, EXIT_WRITE_FAILED,
+)
 from lmzoo.record.directory import RunDir, atomic_write_text, json_text
 
 
@@ -60,7 +65,9 @@ class HarnessSettings:
 def show_usage() -> NoReturn:
     show_help("python -m lmzoo.lm_eval run_dir=<dir> tasks=<task,...> [key=value ...]",
               "Run lm-evaluation-harness tasks on a trained run (or a Hugging Face folder).",
-              [("settings", schema_options(HarnessSettings)), ("exit codes", exit_codes())])
+              [("settings", schema_options(HarnessSettings)),
+               ("exit codes", exit_codes(EXIT_FINISHED, EXIT_CONFIG, EXIT_RUN_FAULT, EXIT_WRITE_FAILED, EXIT_UNPARSABLE,
+                                         EXIT_INTERRUPTED, EXIT_ABORTED))])
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -91,4 +98,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main, "nothing was written (results are replaced whole: earlier ones are intact)")

@@ -21,7 +21,7 @@ import hydra
 
 from lmzoo.cli import (
     HelpLine, check_argv, exit_codes, fail, group_choices, interrupts_in_one_line, schema_options, show_help,
-    wants_help, with_defaults,
+    use_compilation_cache, wants_help, with_defaults,
 )
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, data_spec, register_schemas, validate, variant_names
 from lmzoo.faults import EXIT_FINISHED, EXIT_INTERRUPTED, RunFault, check_unlocked, debugging, probe_writable
@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     """Exits with the largest of the runs' exit codes (``lmzoo.faults``) unless every run finished."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.raiseExceptions = False  # a log file on a full disk: no traceback per line; the write's own fault says it
+    use_compilation_cache()
     register_schemas()
     if wants_help(argv):
         show_usage()

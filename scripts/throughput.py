@@ -20,8 +20,11 @@ attn spec's ``flops_per_token`` counts for the token-token mixing the 6N rule mi
 backward): softmax attention's causal scores and values, 6 x T x d_model per layer without a
 window; the recurrent mixers' chunked matmuls (``lmzoo.mixers.family.linear.chunked_mixing_flops``). GiB is
 what the compiled step holds at once on one device (XLA's memory analysis: train state, batch,
-outputs and temporaries), comparable across variants, layouts and devices; ``--steps 0`` only compiles (compile
-seconds and GiB, e.g. on a CPU as a proxy for a GPU's memory). Each row names the kernels its mixers ran
+outputs and temporaries), comparable across variants, layouts and devices. ``compile s`` is the seconds XLA takes to
+compile the step, with the persistent compilation cache off (the first step of a run waits that long; a later run
+of the same shapes loads it from the cache). ``--steps 0`` only compiles (compile seconds and GiB, e.g. on a CPU as a
+proxy for a GPU's memory); the default run's figures, per variant: ``--model tiny --lengths 256 --batch-tokens 4096
+--steps 0``. Each row names the kernels its mixers ran
 (``lmzoo.ops.kernels``). A variant that fails (out of memory, a method the device lacks) prints one line and
 the sweep goes on.
 """
@@ -129,6 +132,7 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, help="the device's peak dense bf16 TFLOP/s (for MFU)")
     parser.add_argument("--json", help="also write the rows to this JSON file (rewritten after every row)")
     args = parser.parse_args()
+    jax.config.update("jax_enable_compilation_cache", False)  # compile seconds time compiling, not a cache's load
 
     device = jax.devices()[0]
     peak = peak_tflops(device.device_kind, args.peak_tflops)

@@ -4,6 +4,9 @@ settings dataclass with one parser (``parse_settings``)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -13,6 +16,8 @@ from lmzoo import compare, eval as lmzoo_eval, generate, train
 from lmzoo.cli import parse_settings, schema_options, shown_as
 from lmzoo.config import ConfigError
 from lmzoo.experiments import __main__ as experiments
+
+from conftest import REPO
 
 COMMANDS = {  # each command's main, and keys its --help must list
     "train": (train.main, [],
@@ -115,3 +120,37 @@ def test_help_lines_come_from_the_fields_defaults_and_comments():
     assert lines == {"name": ("<name>", "who; taken verbatim"), "count": ("3", "how many"),
                      "ratio": ("null", "a share; null: none"), "flag": ("false", "a switch"),
                      "inner.depth": ("1", "how deep")}
+
+
+# ----------------------------------------------------------------------------- the compilation cache
+
+CACHED_PROGRAM = ("import sys; from lmzoo.cli import use_compilation_cache; print(use_compilation_cache()); "
+                  "import jax; jax.config.update('jax_persistent_cache_min_compile_time_secs', 0); "
+                  "jax.jit(lambda x: x * 2 + 1)(1.0).block_until_ready(); "
+                  "print(jax.config.jax_compilation_cache_max_size)")
+
+
+def cache_env(**env) -> dict:
+    """The environment without the suite's own cache folder, plus ``env``."""
+    return {**{k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}, "JAX_PLATFORMS": "cpu",
+            "PYTHONPATH": str(REPO), **env}
+
+
+def test_commands_keep_compiled_programs_in_lmzoo_s_cache_folder(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", CACHED_PROGRAM], env=cache_env(LMZOO_CACHE=str(tmp_path)),
+                          capture_output=True, text=True, timeout=300)
+    folder, max_size = proc.stdout.split()
+    assert proc.returncode == 0 and folder == str(tmp_path / "xla") and int(max_size) == 4 * 2**30, proc.stderr
+    assert any((tmp_path / "xla").iterdir())  # the program was written there
+
+
+@pytest.mark.parametrize("setting", ["off", "a_file"])
+def test_the_compilation_cache_can_be_turned_off_and_a_bad_folder_only_warns(tmp_path, setting):
+    (tmp_path / "a_file").write_text("")
+    env = cache_env(LMZOO_CACHE=str(tmp_path / "cache"),
+                    LMZOO_COMPILATION_CACHE=setting if setting == "off" else str(tmp_path / "a_file"))
+    proc = subprocess.run([sys.executable, "-c", CACHED_PROGRAM], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split()[0] == "None", proc.stderr
+    assert not (tmp_path / "cache").exists()
+    assert ("no compilation cache" in proc.stderr) == (setting == "a_file")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmzoo import compare, generate, train
+from lmzoo import compare, generate, lm_eval, train
 from lmzoo.experiments import __main__ as experiments
 
 
@@ -36,6 +36,7 @@ def test_training_help_spells_out_constants_and_describes_the_mesh(capsys):
 
 @pytest.mark.parametrize("main, codes", [(compare.main, ["0", "2", "5", "7", "130"]),
                                          (generate.main, ["0", "2", "4", "7", "75", "130"]),
+                                         (lm_eval.main, ["0", "2", "4", "5", "7", "75", "130"]),  # never 3: no training
                                          (train.main, ["0", "2", "3", "4", "5", "6", "7", "75", "130"])])
 def test_each_command_lists_the_exit_codes_it_can_end_with(main, codes, capsys):
     help_of(main)
@@ -43,10 +44,14 @@ def test_each_command_lists_the_exit_codes_it_can_end_with(main, codes, capsys):
     assert [line.split()[0] for line in listed] == codes
 
 
-def test_the_experiments_list_names_the_seed_article(capsys):
+def test_the_experiments_list_names_the_source_article(capsys):
+    """Each experiment's source article by number and title, or that it goes beyond them, as docs/claims.md
+    says; never "seed", which is a random seed here."""
     experiments.main(["list"])
     out = capsys.readouterr().out
-    assert "(seed 0" not in out and "(from seed article 001)" in out
+    assert "seed" not in out.replace("seed_groups", "").replace("seeds", "").lower()
+    assert "sparsity_closed_forms  (from source article 001: Can attention really concentrate?" in out
+    assert "state_tracking  (beyond the source articles" in out and "state_passing  (beyond the source articles" in out
 
 
 def test_an_experiment_out_dir_that_is_a_file_is_one_line(tmp_path, capsys):

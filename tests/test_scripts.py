@@ -45,7 +45,8 @@ def test_throughput_runs_variants_with_their_own_overrides(tmp_path):
     rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
     assert [row["variant"] for row in rows] == [f"softmax {two_layers}", gla_variant]
     assert all(row["tokens_per_s"] > 0 and row["batch"] == 2 and row["memory_gib"] > 0 and row["mesh"] == "1x1x1"
-               for row in rows)
+               and row["compile_s"] > 0 for row in rows)
+    assert "compile s" in out.splitlines()[1]  # the header names the column every row fills
     assert "gla attn.method=pallas" in out
     assert "softmax attn.method=cudnn" in out and "failed" in out  # no cuDNN on a CPU: one line, the rest still runs
     softmax, gla = rows

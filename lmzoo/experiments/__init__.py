@@ -1,8 +1,9 @@
-"""The seed articles' claims as experiments: ``python -m lmzoo.experiments [name] [key=value ...]``.
+"""The source articles' claims as experiments: ``python -m lmzoo.experiments [name] [key=value ...]``.
 
 An experiment is a module of this package that defines
 
-- ``CLAIM``: the claim in one sentence, and ``SEED``: the article it comes from (``../seeds``' number);
+- ``CLAIM``: the claim in one sentence, and ``SOURCE``: the number of the source article it comes from (``ARTICLES``,
+  docs/seeds.md), None for a claim beyond them;
 - ``Settings``: a dataclass of the full run's settings, each overridable as ``key=value``;
   ``QUICK``: the overrides that shrink it to about a minute on a CPU (``quick=true``);
 - ``run(settings, out_dir) -> Outcome``: measures and plots into ``out_dir``;
@@ -36,6 +37,13 @@ from lmzoo.schema import one_of
 
 MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "sparsity_predicted", "decode_cache", "logn_entropy",
            "position_extrapolation", "mqar_state_size", "state_tracking", "state_passing")
+# The source articles (docs/seeds.md): number -> title. "Source", not "seed": a seed here is a random seed.
+ARTICLES = {
+    "000": "Can attention really concentrate? (PaperWeekly's copy of 001)",
+    "001": "Can attention really concentrate? (Su Jianlin, 2023)",
+    "002": "Linearizing attention (Shitanshu Bhushan, 2024)",
+    "003": "Su Jianlin's posts on attention and length extrapolation (kexue.fm)",
+}
 VERDICTS = (*OUTCOMES, SMOKE)  # what verdict.json may say; SMOKE only for quick runs
 SEED_GROUPS = ("auto", "true", "false")  # when an arm's seeds train as one group (lmzoo.experiments.runs)
 _seed_groups = contextvars.ContextVar("seed_groups", default="auto")
@@ -111,7 +119,7 @@ def run_experiment(name: str, out_dir: Path, *, quick: bool = False, overrides: 
         result = module.run(settings, folder)
     relative = lambda paths: [str(Path(p).relative_to(folder)) for p in paths]  # noqa: E731
     record = {
-        "name": name, "claim": module.CLAIM, "seed_article": module.SEED,
+        "name": name, "claim": module.CLAIM, "seed_article": module.SOURCE,  # the key older records have
         **judged(module, as_json(result.evidence), settings, quick=quick),
         "evidence": result.evidence, "figures": relative(result.figures), "runs": relative(result.runs),
         "settings": dataclasses.asdict(settings), "quick": quick, "seconds": round(time.perf_counter() - start, 1),

@@ -19,7 +19,7 @@ from typing import NoReturn
 from lmzoo.cli import (
     errors_in_one_line, exit_codes, fail, parse_settings, run_command, schema_options, show_help, wants_help,
 )
-from lmzoo.experiments import MODULES, SEED_GROUPS, load, rejudge, run_experiment
+from lmzoo.experiments import ARTICLES, MODULES, SEED_GROUPS, load, rejudge, run_experiment
 from lmzoo.faults import EXIT_INTERRUPTED, probe_writable
 from lmzoo.schema import one_of
 
@@ -49,12 +49,18 @@ def show_usage(name: str) -> NoReturn:
                ("exit codes", exit_codes())])
 
 
+def source_of(module) -> str:
+    if module.SOURCE is None:
+        return "beyond the source articles: a frontier they point to (docs/claims.md)"
+    return f"from source article {module.SOURCE}: {ARTICLES[module.SOURCE]}"
+
+
 def listing() -> str:
     lines = ["experiments (python -m lmzoo.experiments <name> [quick=true] [out_dir=<dir>] [key=value ...]):"]
     for name in MODULES:
         module = load(name)
         claim = textwrap.fill(module.CLAIM, 96, initial_indent=" " * 4, subsequent_indent=" " * 4)
-        lines += [f"  {name}  (from seed article {module.SEED})", claim]  # SEED numbers an article, not a random seed
+        lines += [f"  {name}  ({source_of(module)})", claim]
     return "\n".join(lines)
 
 

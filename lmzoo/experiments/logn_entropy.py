@@ -46,7 +46,7 @@ from lmzoo.stats.bootstrap import ratio_to_reference
 
 CLAIM = ("Scaling attention logits by log n / log T keeps attention entropy nearly constant as the context "
          "grows past the training length T, and so helps length extrapolation.")
-SEED = "003"
+SOURCE = "003"  # the source article whose claim this reruns (docs/seeds.md)
 FACTORS = (1, 2, 4, 8)  # evaluation lengths, in training lengths
 SWITCH_AT_EVAL = ["attn.logn=true", "attn.logn_clamp=true"]
 

@@ -10,7 +10,7 @@ chosen runs are reported on a held-out *test* split: examples drawn from another
 Accuracy is over the answer tokens, with a 95% interval counting seeds and examples
 (``lmzoo.stats.trained_models``).
 
-Expected from the literature (zoology's MQAR figure; seed 002's rank argument, seed 001's
+Expected from the literature (zoology's MQAR figure; source article 002's fixed-size state, 001's
 sparsity): attention recalls at any width, while a recurrent state must grow with the number of
 pairs. Judged (``judge``; ``lmzoo.experiments.judging``):
 - positive control: softmax solves every setting, test accuracy above ``solved`` = 0.9 at the
@@ -51,7 +51,7 @@ from lmzoo.stats.bootstrap import ratio_of_sums
 
 CLAIM = ("Softmax attention solves multi-query associative recall at any width, while recurrent variants need "
          "a larger state as the number of key-value pairs grows.")
-SEED = "002"
+SOURCE = "002"  # the source article whose claim this reruns (docs/seeds.md)
 
 
 @dataclass

@@ -41,7 +41,7 @@ from lmzoo.stats.bootstrap import bits_per_nat, ratio_of_sums
 CLAIM = ("RoPE alone degrades past its training length; training-free extensions (PI, NTK, YaRN, ReRoPE) "
          "extrapolate at the price of exactness inside it, and schemes trained in (ALiBi, NoPE, KeyNorm, HWFA) "
          "extrapolate by themselves.")
-SEED = "003"
+SOURCE = "003"  # the source article whose claim this reruns (docs/seeds.md)
 FACTORS = (1, 2, 4, 8)  # evaluation lengths, in training lengths
 STRETCHED = ("pi", "ntk", "yarn")  # extensions that take pos.factor
 WINDOWED = ("rerope", "leaky_rerope")  # extensions that keep distances up to pos.window exact

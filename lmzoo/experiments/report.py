@@ -88,15 +88,20 @@ def text_only_switch(check: dict) -> bool:
     return check["uncertainty"] == "text" and max(check["seeds"]) > 1
 
 
+def source(name: str) -> str:
+    """The source article an experiment reruns (docs/seeds.md), or — beyond them."""
+    return load(name).SOURCE or "—"
+
+
 def summary_table(records: dict) -> str:
-    lines = ["| experiment | seed | verdict | checks | seeds per arm | how judged | wall time | to do |",
+    lines = ["| experiment | source article | verdict | checks | seeds per arm | how judged | wall time | to do |",
              "|---|---|---|---|---:|---|---:|---|"]
     for name, record in records.items():
         link = f"[`{name}`](#{name})"
         if record is None:
-            lines.append(f"| {link} | {load(name).SEED} | — | — | — | — | — | {next_step(name, record)} |")
+            lines.append(f"| {link} | {source(name)} | — | — | — | — | — | {next_step(name, record)} |")
             continue
-        lines.append(f"| {link} | {record['seed_article']} | **{record['verdict']}** | {counts(record)} | "
+        lines.append(f"| {link} | {source(name)} | **{record['verdict']}** | {counts(record)} | "
                      f"{seeds_per_arm(record)} | {provenance(record)} | {record['seconds']:.0f} s | "
                      f"{next_step(name, record)} |")
     return "\n".join(lines) + "\n"

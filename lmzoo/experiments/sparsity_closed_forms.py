@@ -1,4 +1,4 @@
-"""Monte Carlo of attention sparsity over random keys against the seed article's closed forms.
+"""Monte Carlo of attention sparsity over random keys against the source article's closed forms.
 
 For a query q and n keys k_j ~ N(mu, sigma^2 I), attention weights a_j = f(q . k_j) have the
 sparsity S(a) = E|a| / sqrt(E a^2) (``lmzoo.scoring.sparsity.l1_l2_sparsity``: 1 for uniform
@@ -64,7 +64,7 @@ from lmzoo.plots import error_bars, new_axes, save_axes
 CLAIM = ("The sparsity S = E|a|/sqrt(E a^2) of attention over many random keys follows closed forms: "
          "softmax can become arbitrarily sparse (exp(-gamma^2/2)), relu^2 only with a negative bias, "
          "linear attention without decay has a floor above zero, and an exponential decay tends to zero as n grows.")
-SEED = "001"
+SOURCE = "001"  # the source article whose claim this reruns (docs/seeds.md)
 
 
 @dataclass
@@ -104,7 +104,7 @@ def closed_relu2(gamma: float, beta: float) -> float:
 
 
 def closed_relu2_as_published(gamma: float, beta: float) -> float:
-    """The seed article's expression, term for term (tests check it equals ``closed_relu2``)."""
+    """The source article's expression, term for term (tests check it equals ``closed_relu2``)."""
     e, erf1 = math.exp(-(beta**2) / (2 * gamma**2)), math.erf(beta / (math.sqrt(2) * gamma)) + 1
     top = e * (math.sqrt(2) * beta * gamma + math.sqrt(math.pi) / e * (beta**2 + gamma**2) * erf1)
     bottom = math.pi**0.25 * math.sqrt(

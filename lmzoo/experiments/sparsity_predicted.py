@@ -5,7 +5,7 @@ For every layer and head of a trained softmax, GAU (relu^2) and identity-linear 
 validation windows of the training length: the keys' mean mu and isotropic spread sigma
 (sigma^2 = the mean over dimensions of each dimension's variance over the window), and each
 query's vector, give beta_i = scale q_i . mu and gamma_i = scale sigma ||q_i|| (``scored_vectors``:
-the vectors whose dot products times ``scale`` are the layer's logits). The seed article's closed
+the vectors whose dot products times ``scale`` are the layer's logits). The source article's closed
 form for that weighting (``sparsity_closed_forms``: exp for softmax, relu^2, identity) turns them
 into a predicted S for row i; the measured S is that row's own S = E|a| / sqrt(E a^2). Both are
 averaged over the rows that see at least half the window (the closed forms describe many keys),
@@ -51,7 +51,7 @@ from lmzoo.stats.trained_models import t_interval
 
 CLAIM = ("The closed forms of attention sparsity, fed with the mean and spread of a trained layer's keys and the "
          "norms of its queries (isotropic Gaussian keys), predict the sparsity of its attention rows.")
-SEED = "001"
+SOURCE = "001"  # the source article whose claim this reruns (docs/seeds.md)
 # name: (+attn variant, training overrides, the closed form of its weighting)
 MODELS = {
     "softmax": ("softmax", [], closed_exp),

@@ -8,7 +8,7 @@ mean S of the rows whose query sees n keys, in octaves n in (2^k, 2^(k+1)], give
 exponent alpha is the least-squares slope of log S against log n over the octaves from n > 8 on
 (S ∝ n^alpha: 0 for rows that stay as spread as they are, -1/2 for rows that keep one key).
 
-The seed article predicts from closed forms that softmax attention can keep getting sparser as n
+The source article predicts from closed forms that softmax attention can keep getting sparser as n
 grows, that linear attention with a fixed feature map tends to a floor, and that decayed
 recurrences get sparser only by forgetting. Each variant trains once per seed in ``seeds``;
 intervals count training noise and the windows (``lmzoo.experiments.arms``). Judged by:
@@ -43,7 +43,7 @@ from lmzoo.schema import one_of
 
 CLAIM = ("Softmax attention rows can keep getting sparser as the context grows, linear attention's tend to a floor, "
          "and decayed recurrences get sparser only by forgetting.")
-SEED = "001"
+SOURCE = "001"  # the source article whose claim this reruns (docs/seeds.md)
 # name: (what the article predicts for it, +attn variant, training overrides)
 VARIANTS = {
     "softmax": ("softmax", "softmax", []),

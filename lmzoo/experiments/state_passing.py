@@ -39,7 +39,7 @@ from lmzoo.schema import ConfigError
 CLAIM = ("Recurrent models trained on windows of T tokens degrade past T; training with state passing (each "
          "window continuing from the final state of the window before it in the same documents, truncated "
          "backpropagation through time) removes the degradation.")
-SEED = "003"
+SOURCE = None  # beyond the source articles (docs/seeds.md): the frontier they point to
 ARMS = {"windows": [], "passing": ["train.state_passing=true"]}  # arm: its training overrides
 TAG = "state_passing"
 

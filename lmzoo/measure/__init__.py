@@ -1,1 +1,2 @@
-"""Measuring trained runs: evaluation at many lengths, its memory plan and what it writes, comparison, decoding."""
+"""Measuring trained runs: evaluation at many lengths, its memory plan and what it writes, comparison, decoding, and a
+run opened in Python (lmzoo.load)."""

@@ -24,6 +24,7 @@ group of seeds or learning rates stepped as one (``lmzoo.run.seeds.SeedGroup``) 
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
@@ -111,6 +112,8 @@ class StepCalls(ABC):
     def arrays_changed(self) -> None:
         """The state's arrays were replaced: drop whatever was made from the old ones."""
 
+    called = False  # whether step_fn has run in this process (its first call compiles it)
+
     def open_bar(self, desc: str, show: bool) -> None:
         """The progress bar, from the step reached to ``train.steps``."""
         self.bar = tqdm(total=self.cfg.train.steps, initial=self.step, desc=desc, disable=not show, dynamic_ncols=True)
@@ -126,8 +129,16 @@ class StepCalls(ABC):
         call runs, and the feed's thread has the batches after on their way to the device. Its metrics stay on the
         device (each stacked [k, ...] when a call takes k > 1 steps) until a log row reads them."""
         batches = self.take_batches()
+        first = not self.called
+        if first:
+            log.info("compiling the training step: the first step waits for it (seconds to minutes on a CPU, by "
+                     "variant and model; a later run of the same shapes loads it from the compilation cache)")
+            started = time.perf_counter()
         with jax.set_mesh(self.mesh):  # the model keeps activations split by rows (sharding.constrain_rows)
             self.packed, metrics = self.step_fn(self.packed, batches, *self.call_args)
+        if first:  # a jitted call compiles before it dispatches, so this is the compile (or the cache's load)
+            log.info("compiled the training step in %.1f s", time.perf_counter() - started)
+            self.called = True
         self.step += self.steps_per_call
         self.settle()  # the call before's flags: one read a call, one call late
         metrics["finite"].copy_to_host_async()  # on its way to the host as soon as the call ends

@@ -491,3 +491,22 @@ def test_all_the_frontier_records_with_a_copy_of_themselves_give_the_same_tables
     doubled = comparison.compare([records, tmp_path / "copy"], baseline="softmax")
     assert tables_of(doubled) == tables_of(alone) and len(doubled.record["counted_once"]) == 48
     assert "kda | 3 vs 3 | -0.082 [-0.144, -0.021] |" in "\n".join(tables_of(doubled))  # not "6 vs 6"
+
+
+def test_the_table_explains_its_spread_cells_and_an_unevaluated_arm(sweep):
+    """Arms of two seeds give ``mean ± sd`` cells, which the table's legend explains; an arm whose runs have no
+    results at the tag counts 0 seeds, and the differences' note says to evaluate them first."""
+    for seed in (0, 1):
+        shutil.rmtree(sweep / f"gla-{seed}" / "eval")
+    markdown = comparison.compare([sweep], baseline="softmax").markdown
+    assert " ± " in markdown and "the mean ± the standard deviation over the arm's runs" in markdown
+    _, rows = rows_of(markdown.split("Difference to softmax")[1])
+    assert rows["gla"]["seeds"] == "0 vs 2" and "0 (and — for its differences): none has" in markdown
+
+
+def test_a_table_of_single_runs_and_evaluated_arms_has_no_legend(sweep):
+    for seed in (1,):
+        for variant in ("softmax", "gla"):
+            shutil.rmtree(sweep / f"{variant}-{seed}")
+    markdown = comparison.compare([sweep], baseline="softmax").markdown
+    assert "standard deviation" not in markdown and "none has" not in markdown

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -20,7 +21,13 @@ from lmzoo.record.opening import trained_config
 from lmzoo.run.loop import train
 from lmzoo.run.steps import init_train_state
 
-from conftest import read_events, tiny_config
+from lmzoo.faults import EXIT_RUN_FAULT
+
+from conftest import REPO, read_events, tiny_config
+
+SAVED_RUN = REPO / "tests" / "fixtures" / "run_v4_gla"  # a tiny trained run committed with the tests
+SAVED_RUN_EVAL = ["eval.tokens=2048", "eval.batch_tokens=512", "eval.blocks=8", "eval.resamples=50",
+                  "eval.lengths=[32,64]", "eval.probe_batch=1", "eval.probe_max_len=64", "eval.progress=false"]
 
 
 @pytest.fixture(scope="module")
@@ -263,3 +270,23 @@ def test_a_config_group_is_an_evaluation_override_as_in_training(trained_run):
     ntk = evaluate(trained_run, "pos=ntk", "pos.factor=4")
     assert ntk["tag"] == "pos.factor=4,pos=ntk"
     assert ntk["lengths"]["64"]["loss"] != evaluate(trained_run)["lengths"]["64"]["loss"]
+
+
+@pytest.mark.slow
+def test_a_sweep_folder_evaluates_each_run_in_it_and_names_one_it_cannot(tmp_path, monkeypatch, capsys):
+    """``run_dir=<sweep folder>``: Hydra's multirun.yaml beside the runs is no run; a run without a checkpoint is
+    named and passed over, the others are evaluated, and the command ends with that run's exit code."""
+    monkeypatch.chdir(REPO)  # the saved run names its corpus relative to the checkout
+    sweep = tmp_path / "sweep-20261128-120000"
+    for job in ("0-gla", "1-gla"):
+        shutil.copytree(SAVED_RUN, sweep / job)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    shutil.copytree(SAVED_RUN, sweep / "2-gla", ignore=shutil.ignore_patterns("[0-9]*", "eval"))  # no checkpoint
+    with pytest.raises(SystemExit) as stopped:
+        lmzoo_eval.main([f"run_dir={sweep}", *SAVED_RUN_EVAL])
+    assert stopped.value.code == EXIT_RUN_FAULT
+    err = capsys.readouterr().err
+    assert "1 of the 3 runs" in err and "2-gla' has no checkpoint" in err
+    for job in ("0-gla", "1-gla"):
+        assert json.loads((sweep / job / "eval" / "default" / "results.json").read_text())["step"] == 4
+    assert not (sweep / "2-gla" / "eval" / "default").exists()

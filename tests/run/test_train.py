@@ -248,10 +248,14 @@ def test_grad_accum_must_divide_the_batch(capsys):
 
 
 @pytest.mark.slow
-def test_training_names_its_run_directory_and_parameter_count_at_start_and_end(tmp_path, caplog):
+def test_training_names_its_run_directory_parameter_count_and_first_compile(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="lmzoo.train")
     train(tiny_config("softmax", "model.n_layers=1", "train.steps=1", "train.probe_batch=0", run_dir=tmp_path))
     params = RunDir(tmp_path).read_run_info()["params"]
     named = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"run_dir {tmp_path}: softmax")]
     assert len(named) == 2 and all(f"{params:,} parameters" in m for m in named), named
     assert named[1].endswith("trained to step 1")
+    messages = [r.getMessage() for r in caplog.records]
+    compiling = next(i for i, m in enumerate(messages) if m.startswith("compiling the training step"))
+    compiled = next(i for i, m in enumerate(messages) if m.startswith("compiled the training step in "))
+    assert compiling < compiled and float(messages[compiled].split(" in ")[1].removesuffix(" s")) > 0

@@ -110,7 +110,16 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
                         "seeds": [r.seed for r in group.runs],
                         "budget": [dict(zip(("steps", "tokens"), r.budget)) for r in group.runs],
                         **record})
-    return "\n".join(lines + resumed_with_changes(runs)), records
+    return "\n".join(lines + spread_note(groups) + resumed_with_changes(runs)), records
+
+
+def spread_note(groups: list[Group]) -> list[str]:
+    """The legend of ``mean ± sd`` cells, where an arm of several runs makes them."""
+    if all(len(g.runs) == 1 for g in groups):
+        return []
+    return ["", "n: an arm's runs (its seeds). A cell without an interval is one run's value, or for several the mean "
+                "± the standard deviation over the arm's runs (no interval: these numbers have no scored blocks "
+                "behind them)."]
 
 
 def resumed_with_changes(runs: list[Run]) -> list[str]:
@@ -239,7 +248,7 @@ def differences(groups: list[Group], baseline: Group, settings: dict, adjust: st
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
-    records = []
+    records, unevaluated = [], not baseline.evaluated
     for group, columns, p_adjusted in zip(others, rows, adjusted):
         recorded = {key: adjusted_record(c, p_adjusted.get(key)) for key, c in columns.items()}
         cells = {key: interval_cell(c, "+.3f") + (" *" if c and recorded[key]["significant_adjusted"] else "")
@@ -250,8 +259,13 @@ def differences(groups: list[Group], baseline: Group, settings: dict, adjust: st
         row.append(interval_note([columns["bpb"], *(columns[f"ratio@{n}"] for n in lengths)]))
         row += [cells[key] for key in probe_difference_keys(longest)]
         lines.append("| " + " | ".join(row) + " |")
+        unevaluated |= not group.evaluated
         records.append({"label": group.label, "baseline": baseline.label, "paired_by_seed": paired,
                         "bpb": recorded["bpb"],
                         "ratio": {str(n): recorded[f"ratio@{n}"] for n in lengths if recorded[f"ratio@{n}"]},
                         **probe_difference_records(recorded, lengths)})
+    if unevaluated:
+        lines += ["", "seeds: the runs of the arm and of the baseline that have evaluation results at this tag; 0 (and "
+                      "— for its differences): none has, so evaluate them first (python -m lmzoo.eval run_dir=<run or "
+                      "sweep folder>)."]
     return "\n".join(lines), records
