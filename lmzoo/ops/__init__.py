@@ -35,6 +35,7 @@ from lmzoo.ops.dsa import dsa, dsa_indexer, dsa_weights
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
 from lmzoo.ops.mamba3 import mamba3, mamba3_attention
+from lmzoo.ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_weights
 from lmzoo.ops.log_linear import log_linear_attention, log_linear_step, log_linear_weights
 from lmzoo.ops.path import path_attention, path_matrix, reflect_keys
 from lmzoo.ops.nsa import nsa, nsa_block_means, nsa_compression, nsa_selection, nsa_topk, nsa_weights
@@ -55,6 +56,7 @@ __all__ += ["stick_breaking_attention", "stick_breaking_matrix", "stick_breaking
 __all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
 __all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights"]
 __all__ += ["comba", "comba_weights", "delta_product", "delta_product_weights", "mamba3", "mamba3_attention"]
+__all__ += ["momentum_delta_rule", "momentum_delta_rule_weights"]
 
 # The op modules (lmzoo/ops/<name>.py) each mixer module (lmzoo/mixers/<name>.py, registered under the same name)
 # computes with: those it imports, or, where it imports none, those of the family base whose mixer it builds or extends
@@ -84,6 +86,7 @@ MIXER_OPS = {
     "gated_deltanet": ("delta",),
     "kda": ("delta",),
     "comba": ("comba",),
+    "momentum_deltanet": ("momentum_delta",),
     "deltaproduct": ("delta_product",),
     "gdn2": ("dplr",),
     "rwkv7": ("dplr",),

@@ -1,4 +1,5 @@
-"""Gated DeltaProduct, Comba and Mamba-3's recurrence: every fast form against the op's reference form.
+"""Gated DeltaProduct, Comba, the momentum delta rule and Mamba-3's recurrence: every fast form against the
+op's reference form.
 
 Outputs, final states and the gradients of every input (initial state included; ``jax.vjp`` with
 random cotangents on both outputs) agree to a norm-relative 1e-5 in float32 at an odd length (19:
@@ -24,6 +25,7 @@ from lmzoo.ops import delta_rule, ssd
 from lmzoo.ops.comba import comba, comba_weights
 from lmzoo.ops.delta_product import delta_product, delta_product_weights
 from lmzoo.ops.mamba3 import mamba3, mamba3_attention
+from lmzoo.ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_weights
 
 B, H, DK, DV, STEPS = 2, 2, 8, 8, 2  # STEPS: DeltaProduct's n_h
 G, N, R = 1, 8, 2  # Mamba-3: B/C groups, state size, rotating pairs
@@ -59,6 +61,15 @@ def comba_args(rng, length):
             "beta": sigmoid(n(B, length, H)), "log_g": np.log(sigmoid(n(B, length, H) + 2)), "state": n(B, H, DK, DV)}
 
 
+def momentum_args(rng, length):
+    n = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    k = unit(n(B, length, H, DK))
+    return {"q": n(B, length, H, DK), "k": k, "v": n(B, length, H, DV), "p": 0.7 * k + 0.3 * unit(n(B, length, H, DK)),
+            "beta": sigmoid(n(B, length, H)), "eta": sigmoid(n(B, length, H)),
+            "log_alpha": np.log(sigmoid(n(B, length, H) + 2)), "log_mu": np.log(sigmoid(n(B, length, H))),
+            "state": (n(B, H, DK, DV), n(B, H, DK, DV))}
+
+
 def mamba3_args(rng, length):
     n = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     state = {"h": n(B, H, DV, N), "x": n(B, H, DV), "B": n(B, H, N), "phase": n(B, H, R)}
@@ -77,6 +88,12 @@ def run_comba(method, a, segment_ids=None, chunk_size=CHUNK):
                  method=method, chunk_size=chunk_size, segment_ids=segment_ids)
 
 
+def run_momentum(method, a, segment_ids=None, chunk_size=CHUNK):
+    return momentum_delta_rule(a["q"], a["k"], a["v"], a["p"], a["beta"], a["eta"], a["log_alpha"], a["log_mu"],
+                               initial_state=a.get("state"), method=method, chunk_size=chunk_size,
+                               segment_ids=segment_ids)
+
+
 def run_mamba3(method, a, segment_ids=None, chunk_size=CHUNK):
     return mamba3(a["x"], a["dt"], a["A"], a["B"], a["C"], a["lam"], a["theta"], D=a["D"], initial_state=a.get("state"),
                   method=method, chunk_size=chunk_size, segment_ids=segment_ids)
@@ -86,6 +103,7 @@ OPS = {  # name: (run, inputs, reference form, fast forms)
     "delta_product": (run_product, product_args, "naive", ("chunk", "parallel")),
     "comba": (run_comba, comba_args, "naive", ("chunk", "parallel")),
     "mamba3": (run_mamba3, mamba3_args, "naive", ("scan", "chunk")),
+    "momentum_delta": (run_momentum, momentum_args, "naive", ("chunk", "parallel")),
 }
 
 
@@ -111,6 +129,9 @@ def reference(op, documents):
         args = {name: x for name, x in args.items() if name != "state"}
         if op == "comba":
             args["log_g"] = -jnp.exp(random_like(args["log_g"], seed=6) + 2.0)
+        if op == "momentum_delta":  # both decays strong: ~12 nats a step each
+            args["log_alpha"] = -jnp.exp(random_like(args["log_alpha"], seed=6) + 2.0)
+            args["log_mu"] = -jnp.exp(random_like(args["log_mu"], seed=5) + 2.0)
     ids = packed_ids() if documents else None
     cotangent = random_like(jax.eval_shape(lambda a: OPS[op][0](OPS[op][2], a), inputs(op)), seed=7)
     return args, ids, cotangent, pull_back(op, OPS[op][2], args, cotangent, ids)
@@ -121,7 +142,8 @@ def reference(op, documents):
 # same mapping as its chunk form), so every op runs both with and without an initial state.
 CASES = [("delta_product", "chunk", True), ("delta_product", "parallel", False),
          ("comba", "chunk", True), ("comba", "parallel", False),
-         ("mamba3", "chunk", True), ("mamba3", "scan", False)]
+         ("mamba3", "chunk", True), ("mamba3", "scan", False),
+         ("momentum_delta", "chunk", True), ("momentum_delta", "parallel", False)]
 
 
 @pytest.mark.parametrize("op, method, documents", CASES,
@@ -130,6 +152,8 @@ def test_form_matches_reference(op, method, documents):
     args, ids, cotangent, expected = reference(op, documents)
     if op == "comba" and not documents:
         assert float(jnp.sum(args["log_g"], axis=1).max()) < -100
+    if op == "momentum_delta" and not documents:
+        assert float(jnp.sum(args["log_alpha"], axis=1).max()) < -100
     assert_trees_close(pull_back(op, method, args, cotangent, ids), expected)
 
 
@@ -186,6 +210,22 @@ def loop_comba(a, scale):
     return out, s
 
 
+def loop_momentum(a, scale):
+    q, k, v, p, beta, eta = (np.asarray(a[n], np.float64) for n in ("q", "k", "v", "p", "beta", "eta"))
+    alpha, mu = (np.exp(np.asarray(a[n], np.float64)) for n in ("log_alpha", "log_mu"))
+    s, m = (np.asarray(x, np.float64).copy() for x in a["state"])
+    out = np.zeros(v.shape)
+    for b, h in np.ndindex(B, H):
+        state, momentum = s[b, h].copy(), m[b, h].copy()
+        for t in range(q.shape[1]):
+            error = v[b, t, h] - state.T @ p[b, t, h]  # the state before the decay
+            momentum = mu[b, t, h] * momentum - eta[b, t, h] * np.outer(k[b, t, h], error)
+            state = alpha[b, t, h] * state - beta[b, t, h] * momentum
+            out[b, t, h] = scale * state.T @ q[b, t, h]
+        s[b, h], m[b, h] = state, momentum
+    return out, (s, m)
+
+
 def loop_mamba3(a, scale):
     """The docstring's equations with explicit 2 x 2 rotations of the pairs (2i, 2i + 1)."""
     f = {n: np.asarray(x, np.float64) for n, x in a.items() if n != "state"}
@@ -214,7 +254,7 @@ def loop_mamba3(a, scale):
     return out, st
 
 
-LOOPS = {"delta_product": loop_product, "comba": loop_comba, "mamba3": loop_mamba3}
+LOOPS = {"delta_product": loop_product, "comba": loop_comba, "mamba3": loop_mamba3, "momentum_delta": loop_momentum}
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -259,6 +299,40 @@ def test_mamba3_euler_step_without_rotation_is_mamba2():
     assert rel_err(got, expected) < TOLERANCE
 
 
+def test_momentum_without_momentum_is_comba():
+    """mu = 0 (a log decay of -60) keeps no momentum: S_t = alpha_t S_{t-1} + beta_t eta_t k_t (v_t - S_{t-1}^T p_t)^T,
+    Comba's rule with the step size beta eta."""
+    a = inputs("momentum_delta", seed=5)
+    a = {**a, "log_mu": jnp.full_like(a["log_mu"], -60.0), "state": (a["state"][0], jnp.zeros_like(a["state"][1]))}
+
+    @compiled
+    def both(a):
+        o, (s, _) = run_momentum("chunk", a)
+        expected = comba(a["q"], a["k"], a["v"], a["p"], a["beta"] * a["eta"], a["log_alpha"],
+                         initial_state=a["state"][0], method="naive")
+        return (o, s), expected
+
+    got, expected = both(a)
+    assert_trees_close(got, expected)
+
+
+def test_momentum_weights_reproduce_the_outputs():
+    """With documents and zero states: the momentum delta rule's weights applied to v give its output."""
+    ids, a = packed_ids(), inputs("momentum_delta", seed=9)
+
+    @compiled
+    def weighted_and_output(a):
+        w = momentum_delta_rule_weights(a["q"], a["k"], a["p"], a["beta"], a["eta"], a["log_alpha"], a["log_mu"],
+                                        segment_ids=ids)
+        return jnp.einsum("bhts,bshd->bthd", w, a["v"]), run_momentum("naive", {**a, "state": None}, ids)[0], w
+
+    mixed, out, w = weighted_and_output(a)
+    assert rel_err(mixed, out) < TOLERANCE
+    across = ~np.asarray(ids[:, :, None] == ids[:, None, :])[:, None]  # (B, 1, T, S)
+    assert np.all(np.asarray(w)[np.broadcast_to(across, w.shape)] == 0)
+    assert np.all(np.triu(np.asarray(w), 1) == 0)
+
+
 def test_effective_weights_reproduce_the_outputs():
     """With documents and no initial state: W applied to the values gives each op's output."""
     ids = packed_ids()
@@ -293,5 +367,10 @@ def test_bad_shapes_and_methods_fail_in_one_line():
         delta_product(p["q"], p["k"], p["v"], p["beta"][..., :1])
     with pytest.raises(ValueError, match="p has shape"):
         comba(c["q"], c["k"], c["v"], c["p"][..., :3], c["beta"])
+    d = inputs("momentum_delta")
+    with pytest.raises(ValueError, match="eta has shape"):
+        momentum_delta_rule(d["q"], d["k"], d["v"], d["p"], d["beta"], d["eta"][..., :1], d["log_alpha"], d["log_mu"])
+    with pytest.raises(ValueError, match="naive, chunk, parallel"):
+        run_momentum("pallas", d)
     with pytest.raises(ValueError, match="theta"):
         mamba3(m["x"], m["dt"], m["A"], m["B"], m["C"], m["lam"], jnp.zeros((B, LENGTH, H, N)))
