@@ -1,4 +1,4 @@
-"""The momentum delta rule, the preconditioned delta rule (Gated DeltaNet's and KDA's), checked against the
+"""The momentum delta rule and the preconditioned delta rule (Gated DeltaNet's and KDA's) checked against the
 peer: flash-linear-attention 0.6.0's PyTorch references (``fla/ops/<op>/naive.py``, loaded by path through
 ``tests/fla_reference.py``; skipped without torch or fla-core).
 
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from lmzoo.ops.momentum_delta import momentum_delta_rule
+from lmzoo.ops.precond_delta import precond_delta_rule
 
 from fla_reference import fla_reference, to_numpy, to_torch
 from op_checks import compiled, rel_err
@@ -89,3 +90,63 @@ def test_momentum_delta_rule_equals_the_peer(method):
         return o, final[0], final[1]
 
     assert_agree_with_peer(ours, theirs, momentum_inputs())
+
+
+# ----------------------------------------------------------------------------- the preconditioned delta rule
+
+
+def precond_inputs(value_heads, gate_shape, seed=1):
+    rng = np.random.default_rng(seed)
+    n = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    return {"q": n(B, T, H, DK), "k": n(B, T, H, DK), "v": n(B, T, value_heads, DV),
+            "beta": sigmoid(n(B, T, value_heads)), "g": np.log(sigmoid(n(B, T, value_heads, *gate_shape) + 2)),
+            "beta_atk": sigmoid(n(B, T, H)),
+            "g_atk": np.log(sigmoid(n(B, T, H) + 2)), "S": n(B, value_heads, DK, DV), "A": np.abs(n(B, H, DK))}
+
+
+def l2_normalized(x):
+    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("method", ["naive", "chunk"])
+def test_precond_gated_delta_rule_equals_the_peer(method):
+    """Gated DeltaNet's decay (one per value head) over grouped value heads (two per key head); the peer normalises
+    q and k inside its op, lmzoo's mixer before it: here lmzoo's op runs on q, k normalised the same way."""
+    peer = fla_reference("precond_gated_delta_rule")
+
+    def ours(a):
+        o, (s, second) = precond_delta_rule(l2_normalized(a["q"]), l2_normalized(a["k"]), a["v"], a["beta"], a["g"],
+                                            a["beta_atk"], a["g_atk"], initial_state=(a["S"], a["A"]), method=method,
+                                            chunk_size=CHUNK)
+        return o, s, second
+
+    def theirs(a):
+        return peer.naive_recurrent_precond_gated_delta_rule(
+            a["q"], a["k"], a["v"], a["g_atk"], a["g"], a["beta_atk"], a["beta"], initial_state=a["S"],
+            initial_A_state=a["A"], output_final_state=True)
+
+    assert_agree_with_peer(ours, theirs, precond_inputs(2 * H, ()))
+
+
+@pytest.mark.parametrize("method", ["naive", "chunk"])
+def test_precond_kda_equals_the_peer(method):
+    """KDA's decay (one per key channel), with a centre of its own per head."""
+    peer = fla_reference("precond_kda")
+    center = np.array([-0.2, 0.4], np.float32)
+
+    def ours(a):
+        q, k = l2_normalized(a["q"]), l2_normalized(a["k"])
+        o, (s, second) = precond_delta_rule(q, k, a["v"], a["beta"], a["g"], a["beta_atk"], a["g_atk"],
+                                            center=jnp.asarray(center), initial_state=(a["S"], a["A"]),
+                                            method=method, chunk_size=CHUNK)
+        return o, s, second
+
+    def theirs(a):
+        import torch
+
+        q, k = (torch.nn.functional.normalize(a[n], dim=-1) for n in ("q", "k"))
+        return peer.naive_recurrent_precond_kda(
+            q, k, a["v"], a["g"], a["g_atk"], a["beta_atk"], a["beta"], initial_state=a["S"], initial_A_state=a["A"],
+            output_final_state=True, log_atk_scale=to_torch(center))
+
+    assert_agree_with_peer(ours, theirs, precond_inputs(H, (DK,)))
