@@ -35,6 +35,7 @@ from lmzoo.ops.dsa import dsa, dsa_indexer, dsa_weights
 from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
 from lmzoo.ops.mamba3 import mamba3, mamba3_attention
+from lmzoo.ops.mesa import mesa_net, mesa_net_weights
 from lmzoo.ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_weights
 from lmzoo.ops.log_linear import log_linear_attention, log_linear_step, log_linear_weights
 from lmzoo.ops.path import path_attention, path_matrix, reflect_keys
@@ -57,6 +58,7 @@ __all__ += ["stick_breaking_attention", "stick_breaking_matrix", "stick_breaking
 __all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
 __all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights"]
 __all__ += ["comba", "comba_weights", "delta_product", "delta_product_weights", "mamba3", "mamba3_attention"]
+__all__ += ["mesa_net", "mesa_net_weights"]
 __all__ += ["momentum_delta_rule", "momentum_delta_rule_weights", "precond_delta_rule", "precond_delta_rule_weights"]
 
 # The op modules (lmzoo/ops/<name>.py) each mixer module (lmzoo/mixers/<name>.py, registered under the same name)
@@ -89,6 +91,7 @@ MIXER_OPS = {
     "kda": ("delta",),
     "comba": ("comba",),
     "momentum_deltanet": ("momentum_delta",),
+    "mesanet": ("mesa",),
     "precond_gated_deltanet": ("precond_delta",),
     "precond_kda": ("precond_delta",),
     "deltaproduct": ("delta_product",),

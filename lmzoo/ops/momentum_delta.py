@@ -62,7 +62,7 @@ from jax import lax
 from lmzoo.ops.common import (
     Forms, check_form, from_chunks, gates_float32, same_segment, segment_starts, state_float32, to_chunks,
 )
-from lmzoo.ops.ut import decayed_pairs, invert_unit_lower
+from lmzoo.ops.ut import decay_matrix, invert_unit_lower
 
 METHODS = Forms("naive", "chunk", "parallel")
 STEP_FORM = "naive"  # the form mixers decode one token with (their ``step``): its one token-by-token form
@@ -146,13 +146,6 @@ def momentum_paths(beta, log_alpha, log_mu) -> Paths:
     through = state_decay @ (beta[..., :, None] * momentum_decay)
     from_start = (state_decay @ (beta * jnp.exp(jnp.cumsum(log_mu, axis=-1)))[..., None])[..., 0]
     return Paths(through, from_start, jnp.exp(jnp.cumsum(log_alpha, axis=-1)), momentum_decay)
-
-
-def decay_matrix(log_g) -> jax.Array:
-    """[..., C] -> [..., C, C]: ``exp(sum_{j<m<=t} log_g_m)`` for j <= t, 0 above (the delta rule's decayed
-    pairs of unit vectors: built by halving, every exponent <= 0)."""
-    ones = jnp.ones(log_g.shape + (1,), log_g.dtype)
-    return decayed_pairs(ones, ones, log_g[..., None], diagonal=True)
 
 
 def shifted(x, axis: int, first: float = 0.0) -> jax.Array:

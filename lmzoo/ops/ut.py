@@ -111,6 +111,13 @@ def decayed_pairs(x, y, log_g, *, diagonal: bool, before_decay: bool = False) ->
     return blocks[..., 0, :size, :size]
 
 
+def decay_matrix(log_g) -> jax.Array:
+    """[..., C] -> [..., C, C]: ``exp(sum_{j<m<=t} log_g_m)`` for j <= t, 0 above: the decayed pairs of unit
+    vectors under one gate per step (built by halving, every exponent <= 0)."""
+    ones = jnp.ones(log_g.shape + (1,), log_g.dtype)
+    return decayed_pairs(ones, ones, log_g[..., None], diagonal=True)
+
+
 def decay_before(log_g, axis: int) -> jax.Array:
     """Exclusive cumulative log decay along ``axis``: sum_{m<t} log_g_m (0 at the first step),
     summed directly rather than as an inclusive sum minus log_g_t, which would round like the sum."""

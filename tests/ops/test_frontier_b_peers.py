@@ -1,4 +1,4 @@
-"""The momentum delta rule and the preconditioned delta rule (Gated DeltaNet's and KDA's) checked against the
+"""The momentum delta rule, the preconditioned delta rule (Gated DeltaNet's and KDA's) and MesaNet checked against the
 peer: flash-linear-attention 0.6.0's PyTorch references (``fla/ops/<op>/naive.py``, loaded by path through
 ``tests/fla_reference.py``; skipped without torch or fla-core).
 
@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lmzoo.ops.mesa import mesa_net
 from lmzoo.ops.momentum_delta import momentum_delta_rule
 from lmzoo.ops.precond_delta import precond_delta_rule
 
@@ -150,3 +151,30 @@ def test_precond_kda_equals_the_peer(method):
             output_final_state=True, log_atk_scale=to_torch(center))
 
     assert_agree_with_peer(ours, theirs, precond_inputs(H, (DK,)))
+
+
+# ----------------------------------------------------------------------------- MesaNet
+
+
+@pytest.mark.parametrize("method", ["naive", "chunk"])
+def test_mesa_net_equals_the_peer(method):
+    """The peer's conjugate-gradient reference (``naive_mesa_net_CG``, 30 steps from x = 0), run as one chunk of the
+    odd length (its chunking needs a multiple of the chunk; its value width equals the key width)."""
+    peer = fla_reference("mesa_net")
+    rng = np.random.default_rng(2)
+    n = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    past = unit(n(B, 4, H, DK))
+    inputs = {"q": unit(n(B, T, H, DK)), "k": unit(n(B, T, H, DK)), "v": n(B, T, H, DK), "beta": sigmoid(n(B, T, H)),
+              "g": np.log(sigmoid(n(B, T, H) + 2)), "lamb": 0.5 + np.abs(n(H, DK)),
+              "H": np.einsum("bthd,bthe->bhde", past, past), "G": n(B, H, DK, DK)}
+
+    def ours(a):
+        o, (h, g) = mesa_net(a["q"], a["k"], a["v"], a["beta"], a["g"], a["lamb"], cg_steps=30,
+                             initial_state=(a["H"], a["G"]), method=method, chunk_size=CHUNK)
+        return o, h, g
+
+    def theirs(a):
+        return peer.naive_mesa_net_CG(a["q"], a["k"], a["v"], a["g"], a["lamb"], a["beta"], chunk_size=T,
+                                      max_CG_iteration=30, h_kk_init=a["H"], h_kv_init=a["G"])
+
+    assert_agree_with_peer(ours, theirs, inputs)
