@@ -19,16 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from lmzoo.mixers.base import MixerContext, dense
-from lmzoo.mixers.family.delta import DecayConfig, DeltaRuleMixer
-from lmzoo.mixers.family.linear import gated_head_norm
+from lmzoo.mixers.family.delta import DecayConfig, DeltaRuleMixer, SigmoidGatedHeadNorm, check_value_heads
 from lmzoo.registry import register
-from lmzoo.schema import ConfigError, ModelConfig, positive
-from lmzoo.sharding import EMBED, INNER, partitioned
+from lmzoo.schema import ModelConfig, positive
 
 
 @register("kda")
@@ -41,29 +37,10 @@ class KDAConfig(DecayConfig):
         super().check(model)
         if self.out_gate_rank is not None:
             positive("attn.out_gate_rank", self.out_gate_rank)
-        if self.value_heads is not None:
-            positive("attn.value_heads", self.value_heads)
-            if self.value_heads % model.n_heads:
-                raise ConfigError(f"attn.value_heads={self.value_heads} must be a multiple of "
-                                  f"model.n_heads={model.n_heads}")
+        check_value_heads(self.value_heads, model)
 
     def build(self, ctx, *, rngs):
         return KDA(self, ctx, rngs=rngs)
-
-
-class SigmoidGatedHeadNorm(nnx.Module):
-    """``sigmoid(x W_up W_down + b) * headnorm(o)``: each head RMS-normalised in float32, gated through a low rank."""
-
-    def __init__(self, ctx: MixerContext, heads: int, head_dim: int, rank: int, *, rngs: nnx.Rngs, eps: float = 1e-5):
-        self.gate = nnx.Sequential(dense(ctx, ctx.d_model, rank, rngs=rngs, axes=(EMBED, None)),
-                                   dense(ctx, rank, heads * head_dim, rngs=rngs, bias=True, axes=(None, INNER)))
-        self.norm = nnx.RMSNorm(head_dim, epsilon=eps, dtype=jnp.float32,
-                                scale_init=partitioned(nnx.initializers.ones, None), rngs=rngs)
-        self.recompute = ctx.remat_light
-
-    def __call__(self, x, o):
-        """x [..., d_model], o [..., H, Dv] -> [..., H * Dv] in x's dtype."""
-        return gated_head_norm(self.norm, o, self.gate(x), jax.nn.sigmoid, x.dtype, recompute=self.recompute)
 
 
 class KDA(DeltaRuleMixer):

@@ -41,6 +41,9 @@ from lmzoo.ops.mlstm import mlstm, mlstm_weights
 from lmzoo.ops.log_linear import log_linear_attention, log_linear_step, log_linear_weights
 from lmzoo.ops.path import path_attention, path_matrix, reflect_keys
 from lmzoo.ops.rwkv6 import rwkv6, rwkv6_weights
+from lmzoo.ops.mesa import mesa_net, mesa_net_weights
+from lmzoo.ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_weights
+from lmzoo.ops.precond_delta import precond_delta_rule, precond_delta_rule_weights
 from lmzoo.ops.nsa import nsa, nsa_block_means, nsa_compression, nsa_selection, nsa_topk, nsa_weights
 from lmzoo.ops.lti import causal_conv1d, diagonal_ssm, diagonal_ssm_kernel, fft_conv
 from lmzoo.ops.selective_scan import selective_attention, selective_scan
@@ -59,6 +62,8 @@ __all__ += ["stick_breaking_attention", "stick_breaking_matrix", "stick_breaking
 __all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
 __all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights", "rwkv6", "rwkv6_weights", "mlstm", "mlstm_weights"]
 __all__ += ["comba", "comba_weights", "delta_product", "delta_product_weights", "mamba3", "mamba3_attention"]
+__all__ += ["mesa_net", "mesa_net_weights"]
+__all__ += ["momentum_delta_rule", "momentum_delta_rule_weights", "precond_delta_rule", "precond_delta_rule_weights"]
 
 # The op modules (lmzoo/ops/<name>.py) each mixer module (lmzoo/mixers/<name>.py, registered under the same name)
 # computes with: those it imports, or, where it imports none, those of the family base whose mixer it builds or extends
@@ -69,6 +74,7 @@ MIXER_OPS = {
     "family.attention": ("attention",),
     "family.linear": ("gated",),
     "family.delta": ("delta",),
+    "family.precond": ("precond_delta",),
     "family.ssm": ("ssd", "lti"),  # lti: the short causal conv before the SSM
     "family.rwkv": (),  # token shift and the shared projections: no op of its own
     # the softmax family
@@ -91,6 +97,10 @@ MIXER_OPS = {
     "gated_deltanet": ("delta",),
     "kda": ("delta",),
     "comba": ("comba",),
+    "momentum_deltanet": ("momentum_delta",),
+    "mesanet": ("mesa",),
+    "precond_gated_deltanet": ("precond_delta",),
+    "precond_kda": ("precond_delta",),
     "deltaproduct": ("delta_product",),
     "gdn2": ("dplr",),
     "rwkv7": ("dplr",),

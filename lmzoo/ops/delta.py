@@ -72,7 +72,7 @@ from lmzoo.ops.common import (
 )
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.delta import delta_rule_pallas
-from lmzoo.ops.ut import chunk_terms, decayed_pairs, invert_unit_lower, unit_lower
+from lmzoo.ops.ut import decayed_pairs, invert_unit_lower, unit_lower, ut_chunks
 
 METHODS = Forms("naive", "parallel", "chunk", "chunk_recompute", "pallas", *PROVIDER_FORMS)
 BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not (``lmzoo.ops.kernels``)
@@ -194,26 +194,6 @@ def _chunk(q, k, v, beta, log_g, s0, chunk_size):
 def _parallel(q, k, v, beta, log_g, s0, chunk_size):
     """The whole sequence as one chunk: the UT representation with no recurrence."""
     return _chunk(q, k, v, beta, log_g, s0, q.shape[1])
-
-
-def ut_chunks(q, k, v, beta, log_g, s0):
-    """q, k [B,N,H,C,Dk], v [B,N,H,C,Dv], beta [B,N,H,C], log_g [B,N,H,C,Dg] or None, s0 [B,H,Dk,Dv].
-
-    Returns (o [B,N,H,C,Dv], S after the last chunk).
-    """
-    terms = chunk_terms(k, v, beta, log_g)
-
-    def carry(s, chunk):  # S before a chunk -> S after it, and the values the chunk writes
-        w_v, w_k, keys_to_end, decay = chunk  # (B, H, C, Dv), (B, H, C, Dk), (B, H, C, Dk), (B, H, Dg)
-        u = w_v - w_k @ s  # (B, H, C, Dv)
-        return decay[..., None] * s + jnp.swapaxes(keys_to_end, -1, -2) @ u, (s, u)
-
-    # chunk axis first
-    chunks = tuple(a.swapaxes(0, 1) for a in (terms.w_v, terms.w_k, terms.keys_to_end, terms.across))
-    final, (starts, u) = lax.scan(carry, s0, chunks)
-    starts, u = starts.swapaxes(0, 1), u.swapaxes(0, 1)  # (B, N, H, Dk, Dv), (B, N, H, C, Dv)
-    out = (q * terms.from_start) @ starts + decayed_pairs(q, k, log_g, diagonal=True) @ u
-    return out, final
 
 
 def _pallas(q, k, v, beta, log_g, s0, chunk_size):

@@ -29,8 +29,12 @@ class ChunkTerms(NamedTuple):
     from_start: jax.Array  # [..., C, Dg]: the decay from the chunk's start to each step
 
 
-def chunk_terms(k, v, beta, log_g) -> ChunkTerms:
-    """k [..., C, Dk], v [..., C, Dv], beta [..., C], log_g [..., C, Dg] or None (no decay)."""
+def chunk_terms(k, v, beta, log_g, written=None) -> ChunkTerms:
+    """k [..., C, Dk], v [..., C, Dv], beta [..., C], log_g [..., C, Dg] or None (no decay).
+
+    ``written`` [..., C, Dk]: the keys each step writes its value under, where they differ from the keys k it
+    erases under (the preconditioned delta rule's, ``lmzoo.ops.precond_delta``); None: k."""
+    written = k if written is None else written
     steps = k.ndim - 2
     if log_g is None:
         from_start = to_end = jnp.ones_like(k[..., :1])
@@ -41,8 +45,29 @@ def chunk_terms(k, v, beta, log_g) -> ChunkTerms:
         across = jnp.exp(jnp.sum(log_g, axis=steps))
     d_value = v.shape[-1]
     weighted = beta[..., None] * jnp.concatenate([v, k * from_start], axis=-1)  # (..., C, Dv + Dk)
-    solved = invert_unit_lower(unit_lower(k, beta, log_g)) @ weighted
-    return ChunkTerms(solved[..., :d_value], solved[..., d_value:], k * to_end, across, from_start)
+    solved = invert_unit_lower(unit_lower(k, beta, log_g, written)) @ weighted
+    return ChunkTerms(solved[..., :d_value], solved[..., d_value:], written * to_end, across, from_start)
+
+
+def ut_chunks(q, k, v, beta, log_g, s0, written=None):
+    """q, k [B,N,H,C,Dk], v [B,N,H,C,Dv], beta [B,N,H,C], log_g [B,N,H,C,Dg] or None, s0 [B,H,Dk,Dv]; ``written``
+    the keys written under where they differ from k (``chunk_terms``).
+
+    Returns (o [B,N,H,C,Dv], S after the last chunk).
+    """
+    terms = chunk_terms(k, v, beta, log_g, written)
+
+    def carry(s, chunk):  # S before a chunk -> S after it, and the values the chunk writes
+        w_v, w_k, keys_to_end, decay = chunk  # (B, H, C, Dv), (B, H, C, Dk), (B, H, C, Dk), (B, H, Dg)
+        u = w_v - w_k @ s  # (B, H, C, Dv)
+        return decay[..., None] * s + jnp.swapaxes(keys_to_end, -1, -2) @ u, (s, u)
+
+    # chunk axis first
+    chunks = tuple(a.swapaxes(0, 1) for a in (terms.w_v, terms.w_k, terms.keys_to_end, terms.across))
+    final, (starts, u) = lax.scan(carry, s0, chunks)
+    starts, u = starts.swapaxes(0, 1), u.swapaxes(0, 1)  # (B, N, H, Dk, Dv), (B, N, H, C, Dv)
+    reads = decayed_pairs(q, k if written is None else written, log_g, diagonal=True)
+    return (q * terms.from_start) @ starts + reads @ u, final
 
 
 def decayed_pairs(x, y, log_g, *, diagonal: bool, before_decay: bool = False) -> jax.Array:
@@ -86,6 +111,13 @@ def decayed_pairs(x, y, log_g, *, diagonal: bool, before_decay: bool = False) ->
     return blocks[..., 0, :size, :size]
 
 
+def decay_matrix(log_g) -> jax.Array:
+    """[..., C] -> [..., C, C]: ``exp(sum_{j<m<=t} log_g_m)`` for j <= t, 0 above: the decayed pairs of unit
+    vectors under one gate per step (built by halving, every exponent <= 0)."""
+    ones = jnp.ones(log_g.shape + (1,), log_g.dtype)
+    return decayed_pairs(ones, ones, log_g[..., None], diagonal=True)
+
+
 def decay_before(log_g, axis: int) -> jax.Array:
     """Exclusive cumulative log decay along ``axis``: sum_{m<t} log_g_m (0 at the first step),
     summed directly rather than as an inclusive sum minus log_g_t, which would round like the sum."""
@@ -93,10 +125,10 @@ def decay_before(log_g, axis: int) -> jax.Array:
     return jnp.concatenate([jnp.zeros_like(lax.slice_in_dim(log_g, 0, 1, axis=axis)), before], axis=axis)
 
 
-def unit_lower(k, beta, log_g) -> jax.Array:
-    """``I + diag(beta) P_<(k, k)`` [..., C, C]: k [..., C, Dk], beta [..., C]."""
+def unit_lower(k, beta, log_g, written=None) -> jax.Array:
+    """``I + diag(beta) P_<(k, w)`` [..., C, C]: k [..., C, Dk], beta [..., C], the written keys w = k where None."""
     eye = jnp.eye(k.shape[-2], dtype=k.dtype)
-    return eye + beta[..., :, None] * decayed_pairs(k, k, log_g, diagonal=False)
+    return eye + beta[..., :, None] * decayed_pairs(k, k if written is None else written, log_g, diagonal=False)
 
 
 def invert_unit_lower(lower) -> jax.Array:

@@ -1,4 +1,5 @@
-"""Gated DeltaProduct, Comba and Mamba-3's recurrence: every fast form against the op's reference form.
+"""Gated DeltaProduct, Comba, the momentum and preconditioned delta rules and Mamba-3's recurrence: every fast
+form against the op's reference form.
 
 Outputs, final states and the gradients of every input (initial state included; ``jax.vjp`` with
 random cotangents on both outputs) agree to a norm-relative 1e-5 in float32 at an odd length (19:
@@ -24,6 +25,8 @@ from lmzoo.ops import delta_rule, ssd
 from lmzoo.ops.comba import comba, comba_weights
 from lmzoo.ops.delta_product import delta_product, delta_product_weights
 from lmzoo.ops.mamba3 import mamba3, mamba3_attention
+from lmzoo.ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_weights
+from lmzoo.ops.precond_delta import precond_delta_rule, precond_delta_rule_weights
 
 B, H, DK, DV, STEPS = 2, 2, 8, 8, 2  # STEPS: DeltaProduct's n_h
 G, N, R = 1, 8, 2  # Mamba-3: B/C groups, state size, rotating pairs
@@ -59,6 +62,24 @@ def comba_args(rng, length):
             "beta": sigmoid(n(B, length, H)), "log_g": np.log(sigmoid(n(B, length, H) + 2)), "state": n(B, H, DK, DV)}
 
 
+def momentum_args(rng, length):
+    n = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    k = unit(n(B, length, H, DK))
+    return {"q": n(B, length, H, DK), "k": k, "v": n(B, length, H, DV), "p": 0.7 * k + 0.3 * unit(n(B, length, H, DK)),
+            "beta": sigmoid(n(B, length, H)), "eta": sigmoid(n(B, length, H)),
+            "log_alpha": np.log(sigmoid(n(B, length, H) + 2)), "log_mu": np.log(sigmoid(n(B, length, H))),
+            "state": (n(B, H, DK, DV), n(B, H, DK, DV))}
+
+
+def precond_args(rng, length):
+    """Grouped value heads (two per key head) and one decay per key channel, as preconditioned KDA's."""
+    n = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    return {"q": n(B, length, H, DK), "k": unit(n(B, length, H, DK)), "v": n(B, length, 2 * H, DV),
+            "beta": sigmoid(n(B, length, 2 * H)), "log_g": np.log(sigmoid(n(B, length, 2 * H, DK) + 2)),
+            "beta_atk": sigmoid(n(B, length, H)), "log_g_atk": np.log(sigmoid(n(B, length, H) + 2)),
+            "state": (n(B, 2 * H, DK, DV), np.abs(n(B, H, DK)))}
+
+
 def mamba3_args(rng, length):
     n = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     state = {"h": n(B, H, DV, N), "x": n(B, H, DV), "B": n(B, H, N), "phase": n(B, H, R)}
@@ -77,6 +98,18 @@ def run_comba(method, a, segment_ids=None, chunk_size=CHUNK):
                  method=method, chunk_size=chunk_size, segment_ids=segment_ids)
 
 
+def run_momentum(method, a, segment_ids=None, chunk_size=CHUNK):
+    return momentum_delta_rule(a["q"], a["k"], a["v"], a["p"], a["beta"], a["eta"], a["log_alpha"], a["log_mu"],
+                               initial_state=a.get("state"), method=method, chunk_size=chunk_size,
+                               segment_ids=segment_ids)
+
+
+def run_precond(method, a, segment_ids=None, chunk_size=CHUNK):
+    return precond_delta_rule(a["q"], a["k"], a["v"], a["beta"], a["log_g"], a["beta_atk"], a["log_g_atk"],
+                              initial_state=a.get("state"), method=method, chunk_size=chunk_size,
+                              segment_ids=segment_ids)
+
+
 def run_mamba3(method, a, segment_ids=None, chunk_size=CHUNK):
     return mamba3(a["x"], a["dt"], a["A"], a["B"], a["C"], a["lam"], a["theta"], D=a["D"], initial_state=a.get("state"),
                   method=method, chunk_size=chunk_size, segment_ids=segment_ids)
@@ -86,6 +119,8 @@ OPS = {  # name: (run, inputs, reference form, fast forms)
     "delta_product": (run_product, product_args, "naive", ("chunk", "parallel")),
     "comba": (run_comba, comba_args, "naive", ("chunk", "parallel")),
     "mamba3": (run_mamba3, mamba3_args, "naive", ("scan", "chunk")),
+    "momentum_delta": (run_momentum, momentum_args, "naive", ("chunk", "parallel")),
+    "precond_delta": (run_precond, precond_args, "naive", ("chunk", "parallel")),
 }
 
 
@@ -111,6 +146,11 @@ def reference(op, documents):
         args = {name: x for name, x in args.items() if name != "state"}
         if op == "comba":
             args["log_g"] = -jnp.exp(random_like(args["log_g"], seed=6) + 2.0)
+        if op == "momentum_delta":  # both decays strong: ~12 nats a step each
+            args["log_alpha"] = -jnp.exp(random_like(args["log_alpha"], seed=6) + 2.0)
+            args["log_mu"] = -jnp.exp(random_like(args["log_mu"], seed=5) + 2.0)
+        if op == "precond_delta":
+            args["log_g"] = -jnp.exp(random_like(args["log_g"], seed=6) + 2.0)
     ids = packed_ids() if documents else None
     cotangent = random_like(jax.eval_shape(lambda a: OPS[op][0](OPS[op][2], a), inputs(op)), seed=7)
     return args, ids, cotangent, pull_back(op, OPS[op][2], args, cotangent, ids)
@@ -121,7 +161,9 @@ def reference(op, documents):
 # same mapping as its chunk form), so every op runs both with and without an initial state.
 CASES = [("delta_product", "chunk", True), ("delta_product", "parallel", False),
          ("comba", "chunk", True), ("comba", "parallel", False),
-         ("mamba3", "chunk", True), ("mamba3", "scan", False)]
+         ("mamba3", "chunk", True), ("mamba3", "scan", False),
+         ("momentum_delta", "chunk", True), ("momentum_delta", "parallel", False),
+         ("precond_delta", "chunk", True), ("precond_delta", "parallel", False)]
 
 
 @pytest.mark.parametrize("op, method, documents", CASES,
@@ -130,6 +172,8 @@ def test_form_matches_reference(op, method, documents):
     args, ids, cotangent, expected = reference(op, documents)
     if op == "comba" and not documents:
         assert float(jnp.sum(args["log_g"], axis=1).max()) < -100
+    if op == "momentum_delta" and not documents:
+        assert float(jnp.sum(args["log_alpha"], axis=1).max()) < -100
     assert_trees_close(pull_back(op, method, args, cotangent, ids), expected)
 
 
@@ -186,6 +230,39 @@ def loop_comba(a, scale):
     return out, s
 
 
+def loop_momentum(a, scale):
+    q, k, v, p, beta, eta = (np.asarray(a[n], np.float64) for n in ("q", "k", "v", "p", "beta", "eta"))
+    alpha, mu = (np.exp(np.asarray(a[n], np.float64)) for n in ("log_alpha", "log_mu"))
+    s, m = (np.asarray(x, np.float64).copy() for x in a["state"])
+    out = np.zeros(v.shape)
+    for b, h in np.ndindex(B, H):
+        state, momentum = s[b, h].copy(), m[b, h].copy()
+        for t in range(q.shape[1]):
+            error = v[b, t, h] - state.T @ p[b, t, h]  # the state before the decay
+            momentum = mu[b, t, h] * momentum - eta[b, t, h] * np.outer(k[b, t, h], error)
+            state = alpha[b, t, h] * state - beta[b, t, h] * momentum
+            out[b, t, h] = scale * state.T @ q[b, t, h]
+        s[b, h], m[b, h] = state, momentum
+    return out, (s, m)
+
+
+def loop_precond(a, scale, squash=1.5, center=-0.2, eps=1e-6):
+    q, k, v, beta, beta_atk = (np.asarray(a[n], np.float64) for n in ("q", "k", "v", "beta", "beta_atk"))
+    gates, atk_gates = (np.exp(np.asarray(a[n], np.float64)) for n in ("log_g", "log_g_atk"))
+    s, second = (np.asarray(x, np.float64).copy() for x in a["state"])
+    out, group = np.zeros(v.shape), v.shape[2] // H
+    for b, h in np.ndindex(B, H):
+        for t in range(q.shape[1]):
+            second[b, h] = atk_gates[b, t, h] * second[b, h] + beta_atk[b, t, h] * k[b, t, h] ** 2
+            r = np.log(second[b, h] + eps) - center
+            written = k[b, t, h] * squash ** (-r / (1 + np.abs(r)))
+            for hv in range(h * group, (h + 1) * group):
+                state = gates[b, t, hv][:, None] * s[b, hv]
+                state = state + beta[b, t, hv] * np.outer(written, v[b, t, hv] - state.T @ k[b, t, h])
+                out[b, t, hv], s[b, hv] = scale * state.T @ q[b, t, h], state
+    return out, (s, second)
+
+
 def loop_mamba3(a, scale):
     """The docstring's equations with explicit 2 x 2 rotations of the pairs (2i, 2i + 1)."""
     f = {n: np.asarray(x, np.float64) for n, x in a.items() if n != "state"}
@@ -214,7 +291,8 @@ def loop_mamba3(a, scale):
     return out, st
 
 
-LOOPS = {"delta_product": loop_product, "comba": loop_comba, "mamba3": loop_mamba3}
+LOOPS = {"delta_product": loop_product, "comba": loop_comba, "mamba3": loop_mamba3, "momentum_delta": loop_momentum,
+         "precond_delta": loop_precond}
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -259,6 +337,75 @@ def test_mamba3_euler_step_without_rotation_is_mamba2():
     assert rel_err(got, expected) < TOLERANCE
 
 
+def test_momentum_without_momentum_is_comba():
+    """mu = 0 (a log decay of -60) keeps no momentum: S_t = alpha_t S_{t-1} + beta_t eta_t k_t (v_t - S_{t-1}^T p_t)^T,
+    Comba's rule with the step size beta eta."""
+    a = inputs("momentum_delta", seed=5)
+    a = {**a, "log_mu": jnp.full_like(a["log_mu"], -60.0), "state": (a["state"][0], jnp.zeros_like(a["state"][1]))}
+
+    @compiled
+    def both(a):
+        o, (s, _) = run_momentum("chunk", a)
+        expected = comba(a["q"], a["k"], a["v"], a["p"], a["beta"] * a["eta"], a["log_alpha"],
+                         initial_state=a["state"][0], method="naive")
+        return (o, s), expected
+
+    got, expected = both(a)
+    assert_trees_close(got, expected)
+
+
+def test_momentum_weights_reproduce_the_outputs():
+    """With documents and zero states: the momentum delta rule's weights applied to v give its output."""
+    ids, a = packed_ids(), inputs("momentum_delta", seed=9)
+
+    @compiled
+    def weighted_and_output(a):
+        w = momentum_delta_rule_weights(a["q"], a["k"], a["p"], a["beta"], a["eta"], a["log_alpha"], a["log_mu"],
+                                        segment_ids=ids)
+        return jnp.einsum("bhts,bshd->bthd", w, a["v"]), run_momentum("naive", {**a, "state": None}, ids)[0], w
+
+    mixed, out, w = weighted_and_output(a)
+    assert rel_err(mixed, out) < TOLERANCE
+    across = ~np.asarray(ids[:, :, None] == ids[:, None, :])[:, None]  # (B, 1, T, S)
+    assert np.all(np.asarray(w)[np.broadcast_to(across, w.shape)] == 0)
+    assert np.all(np.triu(np.asarray(w), 1) == 0)
+
+
+def test_precond_at_the_center_is_the_delta_rule():
+    """A second moment that stays at exp(center) (no decay, no step, eps = 0) makes the preconditioner 1: the delta
+    rule itself."""
+    a = inputs("precond_delta", seed=5)
+    a = {**a, "beta_atk": jnp.zeros_like(a["beta_atk"]), "log_g_atk": jnp.zeros_like(a["log_g_atk"]),
+         "state": (a["state"][0], jnp.full_like(a["state"][1], np.exp(-0.2)))}
+
+    @compiled
+    def both(a):
+        o, (s, _) = precond_delta_rule(a["q"], a["k"], a["v"], a["beta"], a["log_g"], a["beta_atk"], a["log_g_atk"],
+                                       eps=0.0, initial_state=a["state"], chunk_size=CHUNK)
+        return (o, s), delta_rule(a["q"], a["k"], a["v"], a["beta"], a["log_g"], initial_state=a["state"][0],
+                                  method="naive")
+
+    got, expected = both(a)
+    assert_trees_close(got, expected)
+
+
+def test_precond_weights_reproduce_the_outputs():
+    """With documents and zero states: the preconditioned delta rule's weights applied to v give its output."""
+    ids, a = packed_ids(), inputs("precond_delta", seed=9)
+
+    @compiled
+    def weighted_and_output(a):
+        w = precond_delta_rule_weights(a["q"], a["k"], a["beta"], a["log_g"], a["beta_atk"], a["log_g_atk"],
+                                       segment_ids=ids)
+        return jnp.einsum("bhts,bshd->bthd", w, a["v"]), run_precond("naive", {**a, "state": None}, ids)[0], w
+
+    mixed, out, w = weighted_and_output(a)
+    assert rel_err(mixed, out) < TOLERANCE
+    across = ~np.asarray(ids[:, :, None] == ids[:, None, :])[:, None]  # (B, 1, T, S)
+    assert np.all(np.asarray(w)[np.broadcast_to(across, w.shape)] == 0)
+    assert np.all(np.triu(np.asarray(w), 1) == 0)
+
+
 def test_effective_weights_reproduce_the_outputs():
     """With documents and no initial state: W applied to the values gives each op's output."""
     ids = packed_ids()
@@ -293,5 +440,15 @@ def test_bad_shapes_and_methods_fail_in_one_line():
         delta_product(p["q"], p["k"], p["v"], p["beta"][..., :1])
     with pytest.raises(ValueError, match="p has shape"):
         comba(c["q"], c["k"], c["v"], c["p"][..., :3], c["beta"])
+    d = inputs("momentum_delta")
+    with pytest.raises(ValueError, match="eta has shape"):
+        momentum_delta_rule(d["q"], d["k"], d["v"], d["p"], d["beta"], d["eta"][..., :1], d["log_alpha"], d["log_mu"])
+    with pytest.raises(ValueError, match="naive, chunk, parallel"):
+        run_momentum("pallas", d)
+    c = inputs("precond_delta")
+    with pytest.raises(ValueError, match="beta_atk has shape"):
+        precond_delta_rule(c["q"], c["k"], c["v"], c["beta"], c["log_g"], c["beta_atk"][..., :1], c["log_g_atk"])
+    with pytest.raises(ValueError, match="squash=1.0 must exceed 1"):
+        precond_delta_rule(c["q"], c["k"], c["v"], c["beta"], c["log_g"], c["beta_atk"], c["log_g_atk"], squash=1.0)
     with pytest.raises(ValueError, match="theta"):
         mamba3(m["x"], m["dt"], m["A"], m["B"], m["C"], m["lam"], jnp.zeros((B, LENGTH, H, N)))

@@ -33,11 +33,11 @@ from flax import nnx
 from jax import lax
 
 from lmzoo.mixers.base import MixerContext, dense
-from lmzoo.mixers.family.linear import GatedHeadNorm, LinearFamilyConfig, LinearFamilyMixer
+from lmzoo.mixers.family.linear import GatedHeadNorm, LinearFamilyConfig, LinearFamilyMixer, gated_head_norm
 from lmzoo.mixers.family.ssm import CausalConv, check_dt_range, dt_bias_init
 from lmzoo.ops.delta import METHODS, STEP_FORM, delta_rule, delta_rule_weights
-from lmzoo.schema import ModelConfig, positive
-from lmzoo.sharding import EMBED, INNER, param
+from lmzoo.schema import ConfigError, ModelConfig, positive
+from lmzoo.sharding import EMBED, INNER, param, partitioned
 
 
 @dataclass
@@ -72,6 +72,14 @@ class DecayConfig(DeltaRuleConfig):
         if self.gate_rank is not None:
             positive("attn.gate_rank", self.gate_rank)
         check_dt_range(self.dt_min, self.dt_max)
+
+
+def check_value_heads(value_heads: Optional[int], model: ModelConfig) -> None:
+    """``attn.value_heads`` (HV, grouped value heads): None, or a positive multiple of model.n_heads."""
+    if value_heads is not None:
+        positive("attn.value_heads", value_heads)
+        if value_heads % model.n_heads:
+            raise ConfigError(f"attn.value_heads={value_heads} must be a multiple of model.n_heads={model.n_heads}")
 
 
 def l2_normalize(x, eps: float = 1e-12, *, added: Optional[float] = None) -> jax.Array:
@@ -205,3 +213,18 @@ class DeltaRuleMixer(LinearFamilyMixer):
     def state_size(self, max_len):
         conv_window = (self.conv.width - 1) * self.conv.weight.shape[1]
         return (self.value_heads or self.n_heads) * self.key_dim * self.value_dim + conv_window
+
+
+class SigmoidGatedHeadNorm(nnx.Module):
+    """``sigmoid(x W_up W_down + b) * headnorm(o)``: each head RMS-normalised in float32, gated through a low rank."""
+
+    def __init__(self, ctx: MixerContext, heads: int, head_dim: int, rank: int, *, rngs: nnx.Rngs, eps: float = 1e-5):
+        self.gate = nnx.Sequential(dense(ctx, ctx.d_model, rank, rngs=rngs, axes=(EMBED, None)),
+                                   dense(ctx, rank, heads * head_dim, rngs=rngs, bias=True, axes=(None, INNER)))
+        self.norm = nnx.RMSNorm(head_dim, epsilon=eps, dtype=jnp.float32,
+                                scale_init=partitioned(nnx.initializers.ones, None), rngs=rngs)
+        self.recompute = ctx.remat_light
+
+    def __call__(self, x, o):
+        """x [..., d_model], o [..., H, Dv] -> [..., H * Dv] in x's dtype."""
+        return gated_head_norm(self.norm, o, self.gate(x), jax.nn.sigmoid, x.dtype, recompute=self.recompute)
