@@ -160,3 +160,13 @@ def test_the_variants_the_kernel_table_leaves_to_lmzoo_offer_no_provider(capsys)
             with pytest.raises(SystemExit):
                 tiny_config(variant, f"attn.method={method}")
     capsys.readouterr()
+
+
+def test_the_kernel_table_names_every_registered_mixer():
+    """A new mixer gets its row (or its place among the rest); the softmax family shares one row by its op."""
+    from lmzoo.ops import MIXER_OPS
+    from lmzoo.registry import MIXERS
+
+    named = {variant for variants, _ in kernel_rows() for variant in variants}
+    by_op = {name for name in MIXERS.names() if MIXER_OPS.get(name) == ("attention",)} | {"hybrid"}
+    assert set(MIXERS.names()) - by_op - named == set()
