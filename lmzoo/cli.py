@@ -37,7 +37,8 @@ from lmzoo.config import (
     CONFIG_DIR, Config, ConfigError, explain, group_options, register_schemas, to_dataclass, validate, variant_names,
 )
 from lmzoo.faults import (
-    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, unparsable,
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, redeliver_swallowed_interrupts,
+    unparsable,
 )
 
 MAX_CHECKED_COMBINATIONS = 256
@@ -75,9 +76,12 @@ def errors_in_one_line():
 def interrupts_in_one_line(after: str):
     """A command's body, stopped by Ctrl-C (exit 130) or SIGTERM (exit 75, the code a requeue waits for) with one
     line: which signal, then ``after`` (what is on disk, how to go on). The process ends at once, as an
-    interrupted interpreter tearing down its native threads can crash on the way out."""
+    interrupted interpreter tearing down its native threads can crash on the way out. An interrupt that lands where
+    Python ignores exceptions (JAX's garbage-collection callback) is sent again, not lost
+    (``lmzoo.faults.redeliver_swallowed_interrupts``)."""
     handled = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if handled else None
+    previous_hook, sys.unraisablehook = sys.unraisablehook, redeliver_swallowed_interrupts
     try:
         yield
     except KeyboardInterrupt as e:
@@ -90,6 +94,7 @@ def interrupts_in_one_line(after: str):
         sys.stderr.flush()
         os._exit(code)
     finally:
+        sys.unraisablehook = previous_hook
         if handled:
             signal.signal(signal.SIGTERM, previous)
 

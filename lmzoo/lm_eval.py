@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NoReturn, Optional
 
-from lmzoo.cli import errors_in_one_line, exit_codes, parse_settings, schema_options, show_help, shown_as, wants_help
+from lmzoo.cli import (
+    errors_in_one_line, exit_codes, parse_settings, run_command, schema_options, show_help, shown_as, wants_help,
+)
 from lmzoo.config import ConfigError
 from lmzoo.record.directory import RunDir, atomic_write_text, json_text
 
@@ -91,4 +93,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main, "nothing was written (results are replaced whole: earlier ones are intact)")

@@ -570,6 +570,9 @@ def train(cfg: Config, trainer: Steps | None = None) -> dict:
                     trainer.save()
             trainer.settle()  # the last step's flag, if nothing after it read it
         trainer.report_end()
-        return trainer.summary()
+        if stop.requested:  # asked during the last step's save: the run is whole, but what follows it must stop
+            log.info("interrupted: the run had finished (checkpoint at step %d %s)", trainer.step,
+                     trainer.saved_where())
+        return trainer.summary(interrupted=stop.requested)
     finally:
         trainer.close()

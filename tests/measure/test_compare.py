@@ -435,3 +435,27 @@ def test_all_the_frontier_records_with_a_copy_of_themselves_give_the_same_tables
     doubled = comparison.compare([records, tmp_path / "copy"], baseline="softmax")
     assert tables_of(doubled) == tables_of(alone) and len(doubled.record["counted_once"]) == 48
     assert "kda | 3 vs 3 | -0.082 [-0.143, -0.022] |" in "\n".join(tables_of(doubled))  # not "6 vs 6"
+
+
+# ----------------------------------------------------------------------------- files that are not what they should be
+
+
+@pytest.mark.parametrize("out, code, fragment", [("afile", 2, "is a file, not a folder"),
+                                                 ("afile/below", 5, "cannot make the folder")])
+def test_compare_into_a_file_is_one_line(sweep, tmp_path, capsys, out, code, fragment):
+    (tmp_path / "afile").write_text("not a folder")
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(sweep), f"out={tmp_path / out}"])
+    assert exit_info.value.code == code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err, err
+
+
+def test_results_of_another_layout_are_named_and_left_out_of_a_comparison(sweep, caplog):
+    odd = sweep / "gla-1" / "eval" / "default" / "results.json"
+    odd.write_text(json.dumps({"lengths": [32, 64], "train_seq_len": 32}))  # valid JSON of another layout
+    (sweep / "gla-0" / "lm_eval" / "default").mkdir(parents=True)
+    (sweep / "gla-0" / "lm_eval" / "default" / "results.json").write_text(json.dumps({"results": [1]}))
+    compare.main([str(sweep), f"out={sweep}"])  # exits 0: the two files are left out, the rest compared
+    err = caplog.text
+    assert f"{odd} is not laid out as lmzoo writes it" in err and "lm_eval/default/results.json" in err, err

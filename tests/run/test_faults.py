@@ -516,6 +516,37 @@ def test_torn_run_info_and_results_are_left_out_with_a_warning(tmp_path, caplog)
     assert len([r for r in caplog.records if "cannot be read" in r.getMessage()]) == 2
 
 
+def test_results_of_another_layout_are_named_and_left_out(tmp_path, caplog):
+    run = RunDir(tmp_path)
+    run.write_results("default", {"lengths": [1, 2], "train_seq_len": 64})  # valid JSON, not an evaluation's
+    run.write_json("lm_eval/default/results.json", ["a", "list"])
+    run.write_results("block", {"lengths": {"64": {"bpb": 1.0}}, "train_seq_len": 64, "block_sums": {"64": [1]}})
+    assert run.read_results("default") is None and run.read_harness_results("default") is None
+    assert run.read_results("block") is None
+    warned = [r.getMessage() for r in caplog.records if "is not laid out as lmzoo writes it" in r.getMessage()]
+    assert len(warned) == 3 and str(run.results_path("default")) in warned[0], warned
+    run.write_results("good", {"lengths": {"64": {"bpb": 1.0}}, "train_seq_len": 64,
+                               "block_sums": {"64": {"loss": [1.0], "count": [2]}}})
+    assert run.read_results("good")["train_seq_len"] == 64
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["rejudge", "{binary}"], "is not a verdict.json file (UnicodeDecodeError"),
+    (["rejudge", "{other}"], "is not a verdict.json file (no name, verdict"),
+])
+def test_rejudging_a_file_that_is_no_verdict_is_one_line(tmp_path, capsys, argv, fragment):
+    from lmzoo.experiments import __main__ as experiments
+
+    files = {"binary": tmp_path / "binary.json", "other": tmp_path / "other.json"}
+    files["binary"].write_bytes(bytes(range(256)))
+    files["other"].write_text('{"a": 1}')
+    with pytest.raises(SystemExit) as exit_info:
+        experiments.main([arg.format(**files) for arg in argv])
+    assert exit_info.value.code == EXIT_CONFIG
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err, err
+
+
 # ----------------------------------------------------------------------------- 11. experiments stop with their runs
 
 
