@@ -41,7 +41,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from lmzoo.config import Config, ConfigError
+from lmzoo.config import Config, ConfigError, lr_folder
 from lmzoo.faults import Diverged, check_unlocked
 from lmzoo.run.base import StepCalls, released_on_failure
 from lmzoo.record.checkpoints import Checkpointer
@@ -65,7 +65,7 @@ def member_configs(cfg: Config) -> list[Config]:
         return [seed_config(cfg, seed) for seed in cfg.train.seeds]
     runs = []
     for lr in cfg.train.lrs:
-        at_lr = dataclasses.replace(cfg, run_dir=str(Path(cfg.run_dir) / f"lr{lr:g}"),
+        at_lr = dataclasses.replace(cfg, run_dir=str(Path(cfg.run_dir) / lr_folder(lr)),
                                     optim=dataclasses.replace(cfg.optim, lr=lr),
                                     train=dataclasses.replace(cfg.train, lrs=[]))
         runs += [seed_config(at_lr, seed) for seed in cfg.train.seeds] if cfg.train.seeds else [at_lr]
