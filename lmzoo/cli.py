@@ -378,10 +378,11 @@ def check_argv(argv: list[str], *, config_name: str = "train", require_attn: boo
 
     if bad := [a for a in argv if not a.startswith(("-", "~")) and "=" not in a]:
         fail(f"could not parse {bad[0]!r}: arguments are key=value (python -m lmzoo.train --help lists them)")
+    parser = OverridesParser.create()
     try:
-        overrides = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+        overrides = parser.parse_overrides([a for a in argv if not a.startswith("-")])
     except HydraException as e:
-        fail(str(e).strip().splitlines()[0])
+        fail(unparsed_override(parser, [a for a in argv if not a.startswith("-")], e))
     ours = [o for o in overrides if not o.key_or_group.startswith("hydra")]
     for o in ours:
         if o.key_or_group in NOT_IN_DEFAULTS and not o.is_add() and not o.is_delete() and not o.is_force_add():
@@ -398,6 +399,21 @@ def check_argv(argv: list[str], *, config_name: str = "train", require_attn: boo
             also and also(cfg)
         except ConfigError as e:
             fail(str(e))
+
+
+def unparsed_override(parser, args: list[str], error: Exception) -> str:
+    """One line for overrides Hydra's grammar refuses: the argument, why, and how to quote its value (Hydra reads
+    a value with non-ASCII letters or characters of its grammar only between quotes)."""
+    from hydra.errors import HydraException
+
+    for arg in args:
+        try:
+            parser.parse_overrides([arg])
+        except HydraException as e:
+            key, _, value = arg.partition("=")
+            return (f"could not parse {arg!r} ({str(e).strip().splitlines()[0]}): quote the value for Hydra, "
+                    f"as \"{key}='{value}'\" (the double quotes for the shell)")
+    return str(error).strip().splitlines()[0]
 
 
 def _check_group_choice(override) -> None:

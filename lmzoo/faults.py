@@ -127,8 +127,17 @@ def first_line(error: BaseException, limit: int = 160) -> str:
 
 def probe_writable(directory: Path, what: str) -> None:
     """Create ``directory`` and write a file in it, so a bad path fails now rather than after training steps."""
-    if directory.exists() and not directory.is_dir():
+    try:
+        exists = directory.exists()
+        is_file, dangling = exists and not directory.is_dir(), directory.is_symlink() and not exists
+    except OSError as e:  # a name longer than the file system takes
+        raise RunFault(f"{what} {str(directory)!r} cannot be a directory ({e.strerror or first_line(e)}); "
+                       f"pick another {what}") from None
+    if is_file:
         raise RunFault(f"{what} {str(directory)!r} is a file, not a directory; pick another {what}")
+    if dangling:  # a link to itself, or to a place that is gone
+        raise RunFault(f"{what} {str(directory)!r} is a symbolic link that leads to no directory "
+                       f"({os.readlink(directory)!r}); pick another {what}")
     probe = directory / f".write-probe-{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -138,10 +147,17 @@ def probe_writable(directory: Path, what: str) -> None:
             os.fsync(f.fileno())
         probe.unlink()
     except OSError as e:
-        if probe.parent.is_dir():
-            probe.unlink(missing_ok=True)
+        remove_quietly(probe)
         fault = WriteFault if e.errno == errno.ENOSPC else RunFault
         raise fault(f"{what} {str(directory)!r} is not writable ({e.strerror or first_line(e)})") from None
+
+
+def remove_quietly(path: Path) -> None:
+    """Remove ``path`` if it can be: on a read-only mount even removing a file that is not there fails (EROFS)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 class RunLock:
@@ -184,8 +200,8 @@ def lock_holder(path: Path) -> str | None:
     """Who holds the lock at ``path`` ("pid 12 on host"), or None when nobody does; creates and writes nothing."""
     try:
         file = open(path)
-    except (FileNotFoundError, NotADirectoryError, PermissionError):  # no run there yet, or no folder: nobody holds it
-        return None
+    except OSError:  # no run there yet, no folder, or a path that cannot be one (too long, a link loop): nobody
+        return None  # holds it, and the write probe says what is wrong with it
     with file:
         try:
             fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a shared lock: it conflicts only with a trainer's

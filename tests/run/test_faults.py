@@ -369,6 +369,49 @@ def test_an_unusable_run_dir_fails_in_one_line_before_any_step(tmp_path):
     assert time.perf_counter() - started < 60
 
 
+@pytest.mark.parametrize("name, fragment", [("a" * 300, "cannot be a directory (File name too long)"),
+                                            ("loop", "is a symbolic link that leads to no directory")])
+def test_a_run_dir_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, name, fragment):
+    from lmzoo.train import refuse_a_held_run
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")  # a link to itself
+    with pytest.raises(SystemExit) as exit_info:
+        refuse_a_held_run(str(tmp_path / name))
+    assert exit_info.value.code == EXIT_RUN_FAULT
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err, err
+
+
+def read_only_mount(monkeypatch, mount: Path) -> None:
+    """Files below ``mount`` as on a read-only mount: creating, writing and removing one (even one that is not there)
+    fail with EROFS, for root too (chmod stops no root, and the tests run as root)."""
+    import builtins
+    import errno
+
+    def below(path) -> bool:
+        return Path(path).is_relative_to(mount)
+
+    def refused():
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    real_open, real_unlink = builtins.open, Path.unlink
+    monkeypatch.setattr(builtins, "open", lambda file, mode="r", *a, **k: refused()
+                        if below(file) and ("w" in mode or "a" in mode) else real_open(file, mode, *a, **k))
+    monkeypatch.setattr(Path, "unlink", lambda self, missing_ok=False: refused() if below(self)
+                        else real_unlink(self, missing_ok=missing_ok))
+
+
+@pytest.mark.parametrize("mount, fragment", [("", "run_dir"), ("checkpoints", "checkpoints folder")])
+def test_a_read_only_run_or_checkpoints_folder_on_resume_is_one_line(tmp_path, monkeypatch, mount, fragment):
+    from lmzoo.record.directory import check_run_dir
+
+    (tmp_path / "checkpoints").mkdir()
+    read_only_mount(monkeypatch, tmp_path / mount)
+    with pytest.raises(RunFault, match=r"is not writable \(Read-only file system\)$") as fault:
+        check_run_dir(RunDir(tmp_path))  # what resuming checks before anything is compiled
+    assert str(fault.value).startswith(fragment)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_an_unwritable_checkpoints_folder_fails_in_one_line(tmp_path):
