@@ -37,8 +37,7 @@ from lmzoo.config import (
     CONFIG_DIR, Config, ConfigError, explain, group_options, register_schemas, to_dataclass, validate, variant_names,
 )
 from lmzoo.faults import (
-    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, redeliver_swallowed_interrupts,
-    unparsable,
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, redelivering, unparsable,
 )
 
 MAX_CHECKED_COMBINATIONS = 256
@@ -78,10 +77,11 @@ def interrupts_in_one_line(after: str):
     line: which signal, then ``after`` (what is on disk, how to go on). The process ends at once, as an
     interrupted interpreter tearing down its native threads can crash on the way out. An interrupt that lands where
     Python ignores exceptions (JAX's garbage-collection callback) is sent again, not lost
-    (``lmzoo.faults.redeliver_swallowed_interrupts``)."""
+    (``lmzoo.faults.redelivering``)."""
     handled = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if handled else None
-    previous_hook, sys.unraisablehook = sys.unraisablehook, redeliver_swallowed_interrupts
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = redelivering(previous_hook)
     try:
         yield
     except KeyboardInterrupt as e:

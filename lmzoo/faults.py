@@ -72,26 +72,30 @@ class Interrupted(RunFault):
 REDELIVERY_DELAY_S = 0.05  # after a swallowed interrupt: long enough for the callback it landed in to return
 
 
-def redeliver_swallowed_interrupts(unraisable) -> None:
+def redelivering(previous=None):
     """A ``sys.unraisablehook``: Ctrl-C or SIGTERM raised inside code whose exceptions Python only prints ("Exception
     ignored in: <function _xla_gc_callback ...>": JAX's garbage-collection callback, a ``__del__``) would be lost, and
     the command would go on. Such an interrupt is sent again a moment later, from a thread of its own, so that it
-    lands in the code running then (a hook that sent it at once would only meet it inside itself)."""
-    if not issubclass(unraisable.exc_type, KeyboardInterrupt):
-        sys.__unraisablehook__(unraisable)
-        return
-    signum = signal.SIGTERM if issubclass(unraisable.exc_type, Stopped) else signal.SIGINT
-    # a real signal to the main thread: it also wakes a sleep or a wait there, as the first one did
-    timer = threading.Timer(REDELIVERY_DELAY_S, signal.pthread_kill, (threading.main_thread().ident, signum))
-    timer.daemon = True
-    timer.start()
+    lands in the code running then (a hook that sent it at once would only meet it inside itself). Every other
+    unraisable error goes on to ``previous`` (Python's own hook by default)."""
+    def hook(unraisable) -> None:
+        if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+            (previous or sys.__unraisablehook__)(unraisable)
+            return
+        signum = signal.SIGTERM if issubclass(unraisable.exc_type, Stopped) else signal.SIGINT
+        # a real signal to the main thread: it also wakes a sleep or a wait there, as the first one did
+        timer = threading.Timer(REDELIVERY_DELAY_S, signal.pthread_kill, (threading.main_thread().ident, signum))
+        timer.daemon = True
+        timer.start()
+
+    return hook
 
 
 def stop_in_one_line_while_starting() -> None:
     """What ``python -m lmzoo.<command>`` sets first (``lmzoo/__init__``), before the command's module imports JAX:
     Ctrl-C while it starts ends in one line and exit 130, not a traceback (nor, landing in JAX's garbage-collection
     callback, lost). The command's own wrapper (``lmzoo.cli.interrupts_in_one_line``) takes over once it runs."""
-    sys.unraisablehook = redeliver_swallowed_interrupts
+    sys.unraisablehook = redelivering(sys.unraisablehook)
     previous = sys.excepthook
 
     def one_line(kind, value, traceback) -> None:

@@ -314,6 +314,27 @@ def test_a_changed_setting_on_resume_is_recorded_and_compare_marks_the_run(tmp_p
     assert not (changed / "comparison.md").exists()
 
 
+@pytest.mark.slow
+def test_a_resume_may_change_how_the_model_is_computed_and_records_it(tmp_path):
+    short = [*ONE_LAYER, "train.eval_every=4", "train.probe_batch=0"]
+    train(tiny_config("softmax", "train.steps=2", *short, run_dir=tmp_path))
+    train(tiny_config("softmax", "train.steps=4", *short, "model.remat=light", "attn.method=naive", run_dir=tmp_path))
+    assert final_params(tmp_path)[0] == 4
+    changes = {(r["step"], r["key"], r["old"], r["new"]) for r in RunDir(tmp_path).read_resumes()}
+    assert {(2, "model.remat", "none", "light"), (2, "attn.method", "auto", "naive")} <= changes
+
+
+def test_checkpoints_of_another_model_name_the_parameters_that_differ(tmp_path):
+    softmax, gla = tiny_config("softmax", *ONE_LAYER), tiny_config("gla", *ONE_LAYER)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(2, init_train_state(softmax, LM(softmax, 259, rngs=nnx.Rngs(0)))[1], {"next_index": 0})
+    with pytest.raises(RunFault, match=r"checkpoint 2 in .* holds other parameters than these settings build "
+                                       r"\(built, not stored: blocks\.0\.mixer\.gate_down") as fault:
+        ckpt.restore_model(2, LM(gla, 259, rngs=nnx.Rngs(0)))
+    ckpt.close()
+    assert not isinstance(fault.value, CorruptCheckpoint) and "resume with the settings" in str(fault.value)
+
+
 # ----------------------------------------------------------------------------- 6. one trainer per run
 
 HOLDER = """
