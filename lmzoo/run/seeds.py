@@ -261,12 +261,9 @@ class SeedGroup(StepCalls):
         self.settle()
         now = time.perf_counter()
         last = jax.device_get(metrics)
-        window, self.window = (jax.device_get(self.window), []) if log_due else ([], self.window)
+        if log_due:
+            self.hand_window()
         for i, member in self.live():
-            for call in window:
-                member.window_losses.append(call["loss"][i])
-                mine = take_seed(call, i)
-                member.source_metrics.add(mine, self.steps_per_call)
             if eval_due:
                 self.hand_state(i, member)
             member.window_start = self.window_start + (time.perf_counter() - now)  # every seed's row: the group's time
@@ -274,8 +271,18 @@ class SeedGroup(StepCalls):
         if log_due:
             self.window_start = now
 
+    def hand_window(self) -> None:
+        """Give each seed its part of the calls since the last log row (losses, a mix's per-source terms): for its
+        row, or for its checkpoint to keep (``Trainer.log_window``)."""
+        window, self.window = jax.device_get(self.window), []
+        for i, member in self.live():
+            for call in window:
+                member.window_losses.append(call["loss"][i])
+                member.source_metrics.add(take_seed(call, i), self.steps_per_call)
+
     def save(self) -> None:
         self.settle()
+        self.hand_window()
         for i, member in self.live():
             self.hand_state(i, member)
             member.save()

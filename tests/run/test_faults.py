@@ -279,6 +279,40 @@ def test_a_kill_inside_a_save_resumes_to_the_whole_run_without_doubled_or_lost_l
     assert_same_params(params, whole_run[1])
 
 
+LOGGED = [*ONE_LAYER, "train.steps=8", "train.log_every=4", "train.eval_every=8", "train.checkpoint_every=8",
+          "train.probe_batch=0"]
+
+
+def logged_rows(run_dir: Path) -> list[dict]:
+    """The numbers of each logged row that do not depend on the clock."""
+    return [{k: row[k] for k in ("step", "loss", "bpb", "ppl", "nonfinite_steps", "val_loss") if k in row}
+            for row in RunDir(run_dir).read_metrics()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group, seeds", [([], [""]), (["train.seeds=[0,1]"], ["seed0", "seed1"])])
+def test_a_resume_between_two_log_rows_logs_the_rows_of_an_uninterrupted_run(tmp_path, monkeypatch, group, seeds):
+    from lmzoo.run.base import StepCalls
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train(tiny_config("softmax", *LOGGED, *group, run_dir=whole))
+    advance = StepCalls.advance
+
+    def advance_then_stop_at_6(self):  # between the rows of steps 4 and 8: the checkpoint keeps steps 5 and 6
+        metrics = advance(self)
+        if self.step == 6:
+            signal.raise_signal(signal.SIGTERM)
+        return metrics
+
+    monkeypatch.setattr(StepCalls, "advance", advance_then_stop_at_6)
+    assert train(tiny_config("softmax", *LOGGED, *group, run_dir=cut))["interrupted"]
+    monkeypatch.undo()
+    train(tiny_config("softmax", *LOGGED, *group, run_dir=cut))
+    for seed in seeds:
+        assert [r["step"] for r in logged_rows(cut / seed)] == [4, 8]
+        assert logged_rows(cut / seed) == logged_rows(whole / seed)  # the row of step 8 averages steps 5 to 8
+
+
 @pytest.mark.slow
 def test_starting_afresh_cuts_the_logs_back_to_step_zero(tmp_path, whole_run):
     run_dir = copy_run(whole_run[0], tmp_path / "run")
