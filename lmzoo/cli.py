@@ -37,7 +37,8 @@ from lmzoo.config import (
     CONFIG_DIR, Config, ConfigError, explain, group_options, register_schemas, to_dataclass, validate, variant_names,
 )
 from lmzoo.faults import (
-    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, redelivering, unparsable,
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, exit_at_once, redelivering,
+    unparsable,
 )
 
 MAX_CHECKED_COMBINATIONS = 256
@@ -80,6 +81,8 @@ def interrupts_in_one_line(after: str):
     (``lmzoo.faults.redelivering``)."""
     handled = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if handled else None
+    if handled and signal.getsignal(signal.SIGINT) is exit_at_once:  # the command has started: Ctrl-C is now a
+        signal.signal(signal.SIGINT, signal.default_int_handler)     # KeyboardInterrupt that it handles
     previous_hook = sys.unraisablehook
     sys.unraisablehook = redelivering(previous_hook)
     try:

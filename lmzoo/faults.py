@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 PROBE_BYTES = 1 << 16  # what a write probe writes: about what a run writes before its first step (configs, logs)
 
@@ -91,22 +92,20 @@ def redelivering(previous=None):
     return hook
 
 
+def exit_at_once(signum, frame) -> NoReturn:
+    """Ctrl-C while a command starts (``stop_in_one_line_while_starting``): one line, exit 130, at once."""
+    print("lmzoo: error: stopped by Ctrl-C while starting; nothing was done", file=sys.stderr, flush=True)
+    os._exit(EXIT_ABORTED)
+
+
 def stop_in_one_line_while_starting() -> None:
-    """What ``python -m lmzoo.<command>`` sets first (``lmzoo/__init__``), before the command's module imports JAX:
-    Ctrl-C while it starts ends in one line and exit 130, not a traceback (nor, landing in JAX's garbage-collection
-    callback, lost). The command's own wrapper (``lmzoo.cli.interrupts_in_one_line``) takes over once it runs."""
-    sys.unraisablehook = redelivering(sys.unraisablehook)
-    previous = sys.excepthook
-
-    def one_line(kind, value, traceback) -> None:
-        if not issubclass(kind, KeyboardInterrupt) or debugging():
-            previous(kind, value, traceback)
-            return
-        by, code = ("SIGTERM", EXIT_INTERRUPTED) if issubclass(kind, Stopped) else ("Ctrl-C", EXIT_ABORTED)
-        print(f"lmzoo: error: stopped by {by} while starting; nothing was done", file=sys.stderr, flush=True)
-        os._exit(code)
-
-    sys.excepthook = one_line
+    """What ``python -m lmzoo.<command>`` sets first (``lmzoo/__init__``), before the command's modules import JAX:
+    Ctrl-C ends the process at once with one line and exit 130, raising nothing. A KeyboardInterrupt raised while
+    JAX's native modules load can crash the interpreter (SIGSEGV), one raised in its garbage-collection callback is
+    lost, and either way a traceback would be printed. The command's own wrapper
+    (``lmzoo.cli.interrupts_in_one_line``) takes over once it runs; ``LMZOO_DEBUG=1`` keeps Python's handling."""
+    if not debugging() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, exit_at_once)
 
 
 def unparsable(error) -> UnparsableConfig:
