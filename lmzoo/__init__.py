@@ -3,7 +3,14 @@
 ``lmzoo.load(run_dir)`` opens a trained run in Python (``lmzoo.measure.loaded``; docs/api.md).
 """
 
+import sys as _sys
+
 __version__ = "0.1.0"
+
+if _sys.argv[:1] == ["-m"]:  # python -m lmzoo.<command>: Python loads the package before it finds the command
+    from lmzoo.faults import stop_in_one_line_while_starting
+
+    stop_in_one_line_while_starting()  # Ctrl-C while JAX and the command load: one line, not a traceback or a crash
 
 
 def __getattr__(name: str):

@@ -37,7 +37,8 @@ from lmzoo.config import (
     CONFIG_DIR, Config, ConfigError, explain, group_options, register_schemas, to_dataclass, validate, variant_names,
 )
 from lmzoo.faults import (
-    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, unparsable,
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, exit_at_once, redelivering,
+    unparsable,
 )
 
 MAX_CHECKED_COMBINATIONS = 256
@@ -75,9 +76,15 @@ def errors_in_one_line():
 def interrupts_in_one_line(after: str):
     """A command's body, stopped by Ctrl-C (exit 130) or SIGTERM (exit 75, the code a requeue waits for) with one
     line: which signal, then ``after`` (what is on disk, how to go on). The process ends at once, as an
-    interrupted interpreter tearing down its native threads can crash on the way out."""
+    interrupted interpreter tearing down its native threads can crash on the way out. An interrupt that lands where
+    Python ignores exceptions (JAX's garbage-collection callback) is sent again, not lost
+    (``lmzoo.faults.redelivering``)."""
     handled = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if handled else None
+    if handled and signal.getsignal(signal.SIGINT) is exit_at_once:  # the command has started: Ctrl-C is now a
+        signal.signal(signal.SIGINT, signal.default_int_handler)     # KeyboardInterrupt that it handles
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = redelivering(previous_hook)
     try:
         yield
     except KeyboardInterrupt as e:
@@ -90,6 +97,7 @@ def interrupts_in_one_line(after: str):
         sys.stderr.flush()
         os._exit(code)
     finally:
+        sys.unraisablehook = previous_hook
         if handled:
             signal.signal(signal.SIGTERM, previous)
 
@@ -410,10 +418,11 @@ def check_argv(argv: list[str], *, config_name: str = "train", require_attn: boo
 
     if bad := [a for a in argv if not a.startswith(("-", "~")) and "=" not in a]:
         fail(f"could not parse {bad[0]!r}: arguments are key=value (python -m lmzoo.train --help lists them)")
+    parser = OverridesParser.create()
     try:
-        overrides = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+        overrides = parser.parse_overrides([a for a in argv if not a.startswith("-")])
     except HydraException as e:
-        fail(str(e).strip().splitlines()[0])
+        fail(unparsed_override(parser, [a for a in argv if not a.startswith("-")], e))
     ours = [o for o in overrides if not o.key_or_group.startswith("hydra")]
     for o in ours:
         if o.key_or_group in NOT_IN_DEFAULTS and not o.is_add() and not o.is_delete() and not o.is_force_add():
@@ -430,6 +439,21 @@ def check_argv(argv: list[str], *, config_name: str = "train", require_attn: boo
             also and also(cfg)
         except ConfigError as e:
             fail(str(e))
+
+
+def unparsed_override(parser, args: list[str], error: Exception) -> str:
+    """One line for overrides Hydra's grammar refuses: the argument, why, and how to quote its value (Hydra reads
+    a value with non-ASCII letters or characters of its grammar only between quotes)."""
+    from hydra.errors import HydraException
+
+    for arg in args:
+        try:
+            parser.parse_overrides([arg])
+        except HydraException as e:
+            key, _, value = arg.partition("=")
+            return (f"could not parse {arg!r} ({str(e).strip().splitlines()[0]}): quote the value for Hydra, "
+                    f"as \"{key}='{value}'\" (the double quotes for the shell)")
+    return str(error).strip().splitlines()[0]
 
 
 def _check_group_choice(override) -> None:

@@ -34,7 +34,9 @@ from lmzoo.cli import (
     wants_help,
 )
 from lmzoo.config import ConfigError
-from lmzoo.faults import EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_UNPARSABLE, EXIT_WRITE_FAILED
+from lmzoo.faults import (
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_UNPARSABLE, EXIT_WRITE_FAILED, WriteFault, first_line,
+)
 from lmzoo.measure.comparison import another_comparison, compare, write_report
 
 
@@ -82,19 +84,30 @@ def main(argv: list[str] | None = None) -> str:
         show_usage()
     with errors_in_one_line():
         paths, s = parse_args(argv)
+        out = Path(s.out) if s.out else Path(os.path.commonpath([p.resolve() for p in paths]))  # not in one run
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"out={str(out)!r} is a file, not a folder: give out=<folder> for the report's files")
         try:
             report = compare(paths, tag=s.tag, baseline=s.baseline, same_seed=s.same_seed, adjust=s.adjust,
                              pair=s.pair)
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(str(e)) from None
-        out = Path(s.out) if s.out else Path(os.path.commonpath([p.resolve() for p in paths]))  # not in one run
         if not s.out and another_comparison(report, out):
             raise ConfigError(f"{out / 'comparison.md'} holds a comparison of other runs (or another baseline or tag): "
                               f"give out=<folder> for this one, or out={out} to replace it")
         print(report.markdown)
+        make_folder(out)
         for path in write_report(report, out):  # a WriteFault (full disk, read-only folder): one line, exit 5
             print(f"wrote {path}")
     return report.markdown
+
+
+def make_folder(out: Path) -> None:
+    """The report's folder, made where it is missing; a WriteFault (one line, exit 5) where it cannot be."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file on its path, a read-only parent
+        raise WriteFault(f"cannot make the folder out={str(out)!r} ({e.strerror or first_line(e)})") from None
 
 
 if __name__ == "__main__":

@@ -171,12 +171,22 @@ def check_seeds(train: TrainConfig) -> None:
                           f"supported with it (train each seed as a run of its own)")
 
 
+def lr_folder(lr: float) -> str:
+    """The folder a rate of ``train.lrs`` trains in, below run_dir: ``lr0.001`` (6 significant digits)."""
+    return f"lr{lr:g}"
+
+
 def check_lrs(train: TrainConfig, optim_name: str) -> None:
     """``train.lrs``: distinct positive learning rates of AdamW, trained by one process (lmzoo.run.seeds)."""
     lrs = list(train.lrs)
     if len(set(lrs)) != len(lrs) or any(not (math.isfinite(lr) and lr > 0) for lr in lrs):
         raise ConfigError(f"train.lrs={lrs} must be distinct positive learning rates (each trains its own run in "
                           f"run_dir/lr<lr>)")
+    folders = [lr_folder(lr) for lr in lrs]
+    if clash := next((name for name in folders if folders.count(name) > 1), None):
+        same = " and ".join(f"{lr!r}" for lr, name in zip(lrs, folders) if name == clash)
+        raise ConfigError(f"train.lrs={lrs}: {same} would both train in run_dir/{clash} (a folder is named by 6 "
+                          f"significant digits of its rate); give rates that differ within those")
     if lrs and train.distributed:
         raise ConfigError(f"train.lrs={lrs} trains its runs in one process: train.distributed=true is not supported "
                           f"with it (train each learning rate as a run of its own)")

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import NoReturn, Optional
 
 from lmzoo.cli import (
-    errors_in_one_line, exit_codes, field_notes, parse_settings, schema_options, show_help, shown_as, wants_help,
+    errors_in_one_line, exit_codes, field_notes, parse_settings, run_command, schema_options, show_help, shown_as,
+    wants_help,
 )
 from lmzoo.config import ConfigError, one_of
 from lmzoo.interop import fla, llama
@@ -68,4 +69,4 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main, "the export was not finished (its folder is written whole: an earlier export is intact)")

@@ -11,8 +11,12 @@ import errno
 import fcntl
 import json
 import os
+import signal
 import socket
+import sys
+import threading
 from pathlib import Path
+from typing import NoReturn
 
 PROBE_BYTES = 1 << 16  # what a write probe writes: about what a run writes before its first step (configs, logs)
 
@@ -66,6 +70,44 @@ class Interrupted(RunFault):
     exit_code = EXIT_INTERRUPTED
 
 
+REDELIVERY_DELAY_S = 0.05  # after a swallowed interrupt: long enough for the callback it landed in to return
+
+
+def redelivering(previous=None):
+    """A ``sys.unraisablehook``: Ctrl-C or SIGTERM raised inside code whose exceptions Python only prints ("Exception
+    ignored in: <function _xla_gc_callback ...>": JAX's garbage-collection callback, a ``__del__``) would be lost, and
+    the command would go on. Such an interrupt is sent again a moment later, from a thread of its own, so that it
+    lands in the code running then (a hook that sent it at once would only meet it inside itself). Every other
+    unraisable error goes on to ``previous`` (Python's own hook by default)."""
+    def hook(unraisable) -> None:
+        if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+            (previous or sys.__unraisablehook__)(unraisable)
+            return
+        signum = signal.SIGTERM if issubclass(unraisable.exc_type, Stopped) else signal.SIGINT
+        # a real signal to the main thread: it also wakes a sleep or a wait there, as the first one did
+        timer = threading.Timer(REDELIVERY_DELAY_S, signal.pthread_kill, (threading.main_thread().ident, signum))
+        timer.daemon = True
+        timer.start()
+
+    return hook
+
+
+def exit_at_once(signum, frame) -> NoReturn:
+    """Ctrl-C while a command starts (``stop_in_one_line_while_starting``): one line, exit 130, at once."""
+    print("lmzoo: error: stopped by Ctrl-C while starting; nothing was done", file=sys.stderr, flush=True)
+    os._exit(EXIT_ABORTED)
+
+
+def stop_in_one_line_while_starting() -> None:
+    """What ``python -m lmzoo.<command>`` sets first (``lmzoo/__init__``), before the command's modules import JAX:
+    Ctrl-C ends the process at once with one line and exit 130, raising nothing. A KeyboardInterrupt raised while
+    JAX's native modules load can crash the interpreter (SIGSEGV), one raised in its garbage-collection callback is
+    lost, and either way a traceback would be printed. The command's own wrapper
+    (``lmzoo.cli.interrupts_in_one_line``) takes over once it runs; ``LMZOO_DEBUG=1`` keeps Python's handling."""
+    if not debugging() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, exit_at_once)
+
+
 def unparsable(error) -> UnparsableConfig:
     """One line for a YAML file that does not parse (a ``yaml.YAMLError``): the file, the place and the problem."""
     mark = getattr(error, "problem_mark", None)
@@ -88,8 +130,17 @@ def first_line(error: BaseException, limit: int = 160) -> str:
 
 def probe_writable(directory: Path, what: str) -> None:
     """Create ``directory`` and write a file in it, so a bad path fails now rather than after training steps."""
-    if directory.exists() and not directory.is_dir():
+    try:
+        exists = directory.exists()
+        is_file, dangling = exists and not directory.is_dir(), directory.is_symlink() and not exists
+    except OSError as e:  # a name longer than the file system takes
+        raise RunFault(f"{what} {str(directory)!r} cannot be a directory ({e.strerror or first_line(e)}); "
+                       f"pick another {what}") from None
+    if is_file:
         raise RunFault(f"{what} {str(directory)!r} is a file, not a directory; pick another {what}")
+    if dangling:  # a link to itself, or to a place that is gone
+        raise RunFault(f"{what} {str(directory)!r} is a symbolic link that leads to no directory "
+                       f"({os.readlink(directory)!r}); pick another {what}")
     probe = directory / f".write-probe-{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -99,10 +150,17 @@ def probe_writable(directory: Path, what: str) -> None:
             os.fsync(f.fileno())
         probe.unlink()
     except OSError as e:
-        if probe.parent.is_dir():
-            probe.unlink(missing_ok=True)
+        remove_quietly(probe)
         fault = WriteFault if e.errno == errno.ENOSPC else RunFault
         raise fault(f"{what} {str(directory)!r} is not writable ({e.strerror or first_line(e)})") from None
+
+
+def remove_quietly(path: Path) -> None:
+    """Remove ``path`` if it can be: on a read-only mount even removing a file that is not there fails (EROFS)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 class RunLock:
@@ -145,8 +203,8 @@ def lock_holder(path: Path) -> str | None:
     """Who holds the lock at ``path`` ("pid 12 on host"), or None when nobody does; creates and writes nothing."""
     try:
         file = open(path)
-    except (FileNotFoundError, NotADirectoryError, PermissionError):  # no run there yet, or no folder: nobody holds it
-        return None
+    except OSError:  # no run there yet, no folder, or a path that cannot be one (too long, a link loop): nobody
+        return None  # holds it, and the write probe says what is wrong with it
     with file:
         try:
             fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a shared lock: it conflicts only with a trainer's

@@ -47,6 +47,7 @@ def test_help_lists_the_keys_with_defaults_and_exits_0(command, flag, capsys):
     ("generate", ["oops"], "could not parse 'oops': arguments are key=value"),
     ("experiments", ["decode_cache", "oops"], "could not parse 'oops': arguments are key=value"),
     ("train", ["+attn=softmax", "oops"], "could not parse 'oops': arguments are key=value"),
+    ("train", ["+attn=softmax", "run_dir=runs/données"], "quote the value for Hydra, as \"run_dir='runs/données'\""),
     ("compare", ["/nonexistent", "colour=red"],
      "unknown key 'colour' (valid keys: baseline, tag, out, adjust, same_seed, pair)"),
     ("compare", ["/nonexistent", "--colour", "red"], "unknown option '--colour'"),

@@ -71,6 +71,13 @@ class SourceMetrics:
         """The log row's terms over the calls added since the last ``pop``."""
         return {}
 
+    def held(self) -> Any:
+        """The calls added since the last ``pop`` as JSON values (exactly), for a checkpoint between two log rows."""
+        return None
+
+    def hold(self, held: Any) -> None:
+        """Take back what ``held`` gave, on resuming from such a checkpoint."""
+
     def validation(self, score_windows, *, scored: Optional[tuple] = None) -> dict[str, float]:
         """Terms scored on the source's own validation windows by ``score_windows`` (windows -> their
         ``LengthScores``, the trainer's scorer); ``scored`` = (windows, their scores) already scored by the trainer,

@@ -13,11 +13,13 @@ an uncached one fails at once in one line (``NetworkFault``, exit code 6).
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
@@ -110,6 +112,27 @@ def innermost(error: BaseException) -> BaseException:
     return error
 
 
+def first_bad_json_line(files: list[str]) -> str | None:
+    """Where the first line of JSON-lines ``files`` that does not parse is, counted from 1 as an editor counts
+    (the JSON builder's own message counts rows from 0, within a block of the file), or None."""
+    for file in files:
+        try:
+            text = Path(file).read_text()
+        except (OSError, ValueError):
+            continue
+        try:
+            json.loads(text)  # a whole JSON document, not lines
+            continue
+        except ValueError:
+            pass
+        for number, line in enumerate(text.splitlines(), 1):
+            try:
+                line.strip() and json.loads(line)
+            except ValueError as e:
+                return f"{file}, line {number}: {first_line(e)}"
+    return None
+
+
 def jsonable_files(data_files: Any) -> list[str]:
     if isinstance(data_files, dict):
         return [f for files in data_files.values() for f in files]
@@ -156,8 +179,10 @@ def hf_documents(
                                "in the local Hugging Face cache; connect to the network, or use data=text_files"
                                ) from None
         except datasets.exceptions.DatasetGenerationError as e:  # a local file that does not parse, deep inside
-            raise ValueError(f"data.hf_data_files={jsonable_files(data_files)} could not be read by the {name!r} "
-                             f"builder ({first_line(innermost(e))}); fix that file") from None
+            files = jsonable_files(data_files)
+            why = (name == "json" and first_bad_json_line(files)) or first_line(innermost(e))
+            raise ValueError(f"data.hf_data_files={files} could not be read by the {name!r} builder ({why}); "
+                             f"fix that file") from None
         return _hf_texts(dataset, text_field, what, max_rows)
 
     train_rows = load(train_split)

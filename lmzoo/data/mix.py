@@ -454,6 +454,14 @@ class ComponentMetrics(SourceMetrics):
         window, self.window = self.window, []
         return component_losses(jax.device_get(window), self.names)
 
+    def held(self) -> list[dict]:
+        import jax
+
+        return [{k: np.asarray(v).tolist() for k, v in terms.items()} for terms in jax.device_get(self.window)]
+
+    def hold(self, held) -> None:
+        self.window = [{k: np.asarray(v) for k, v in terms.items()} for terms in held or []]
+
     def validation(self, score_windows, *, scored: Optional[tuple] = None) -> dict[str, float]:
         return component_validation(score_windows, self.windows, scored=scored)
 

@@ -31,7 +31,9 @@ from pathlib import Path
 from types import ModuleType
 
 from lmzoo.cli import parse_settings
+from lmzoo.config import ConfigError
 from lmzoo.experiments.judging import OUTCOMES, RULES_VERSION, SMOKE, Check, familywise, outcome
+from lmzoo.faults import first_line
 from lmzoo.record.directory import atomic_write_text
 from lmzoo.schema import one_of
 
@@ -144,10 +146,23 @@ def settings_of(module: ModuleType, record: dict):
     return module.Settings(**{k: v for k, v in record["settings"].items() if k in names})
 
 
+def read_verdict(path: Path) -> dict:
+    """A verdict.json's record; ConfigError naming the file where it is not one (not JSON, not text, other keys)."""
+    try:
+        record = json.loads(path.read_text())
+    except (ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError: a binary file
+        raise ConfigError(f"rejudge: {path} is not a verdict.json file ({first_line(e)})") from None
+    missing = [] if isinstance(record, dict) else ["name"]
+    missing = missing or [key for key in ("name", "verdict", "evidence", "settings") if key not in record]
+    if missing:
+        raise ConfigError(f"rejudge: {path} is not a verdict.json file (no {', '.join(missing)})")
+    return record
+
+
 def rejudge(path: Path) -> dict:
     """Apply the current rules to a verdict.json's evidence, without rerunning, and rewrite it, recording
     that it was re-judged, from which verdict and under which rules."""
-    record = json.loads(Path(path).read_text())
+    record = read_verdict(Path(path))
     module = load(record["name"])
     earlier = record.get("rejudged") or {"verdict": record["verdict"], "rules_version": record.get("rules_version", 1)}
     fields = judged(module, record["evidence"], settings_of(module, record), quick=record.get("quick", False))

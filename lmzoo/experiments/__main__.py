@@ -91,7 +91,8 @@ def rejudge_all(paths: list[str]) -> None:
     for path in paths:
         if not Path(path).is_file():
             fail(f"rejudge: {path} is not a verdict.json file")
-        record = rejudge(Path(path))
+        with errors_in_one_line():  # a file that is not a verdict (binary, other JSON), a write that fails
+            record = rejudge(Path(path))
         print(f"{record['name']}: {record['verdict']} ({record['reason']}); was {record['rejudged']['verdict']}")
 
 

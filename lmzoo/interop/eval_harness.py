@@ -282,8 +282,13 @@ def harness_command_line() -> None:
     plugin entry points, so its ``lm_eval`` command cannot know ``lmzoo`` unless this module is imported first."""
     from lm_eval.__main__ import cli_evaluate
 
-    cli_evaluate()
+    from lmzoo.cli import errors_in_one_line
+
+    with errors_in_one_line():  # the adapter's faults (a missing run_dir, no intact checkpoint): one line
+        cli_evaluate()
 
 
 if __name__ == "__main__":
-    harness_command_line()
+    from lmzoo.cli import run_command
+
+    run_command(harness_command_line, "lm-eval was stopped; it writes its results only at the end")

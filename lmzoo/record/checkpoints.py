@@ -10,6 +10,7 @@ never saved.
 
 from __future__ import annotations
 
+import ast
 import errno
 import hashlib
 import json
@@ -97,6 +98,35 @@ def digest(tree: Any) -> str:
 def data_digest(data_state: dict) -> str:
     """SHA-256 of the data position as JSON with sorted keys (how it is saved, whatever its key order)."""
     return hashlib.sha256(json.dumps(data_state, sort_keys=True).encode()).hexdigest()
+
+
+def stored_parameters(step_dir: Path) -> set[str] | None:
+    """The names of the parameter arrays a checkpoint holds ("blocks.0.mixer.q_proj.kernel"), from Orbax's
+    metadata file; None where that cannot be read (a damaged checkpoint)."""
+    try:
+        tree = json.loads((step_dir / "train" / "_METADATA").read_text())["tree_metadata"]
+        paths = [ast.literal_eval(key) for key in tree]
+    except (OSError, ValueError, KeyError, TypeError, SyntaxError):
+        return None
+    return {parameter_name(path[1:]) for path in paths if isinstance(path, tuple) and path[:1] == ("params",)}
+
+
+def parameter_name(path: tuple) -> str:
+    names = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+    return ".".join(names[:-1] if names[-1:] == ["value"] else names)  # an nnx Variable's array is its value
+
+
+def other_parameters(step_dir: Path, like: Any) -> str | None:
+    """How the parameters a checkpoint holds differ from those of ``like`` (a training state or a model's, whose
+    ``params`` are built by the current settings), in a few words; None where they are the same or unknown."""
+    stored = stored_parameters(step_dir)
+    built = {parameter_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(like["params"])[0]}
+    if stored is None or stored == built:
+        return None
+    sample = lambda names: ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")  # noqa: E731
+    said = [f"stored, not built: {sample(stored - built)}" if stored - built else "",
+            f"built, not stored: {sample(built - stored)}" if built - stored else ""]
+    return "; ".join(part for part in said if part)
 
 
 def all_finite(tree: Any) -> bool:
@@ -202,16 +232,17 @@ class Checkpointer:
     def restore(self, step: int, like: Any) -> tuple[Any, dict]:
         """(train pytree shaped and sharded like ``like``, data state) saved at ``step``, verified."""
         items = {"train": restore_args(like), "data": ocp.args.JsonRestore()}
-        restored = self._restore_verified(step, items, parts=list(like))
+        restored = self._restore_verified(step, items, parts=list(like), like=like)
         return restored["train"], restored["data"]
 
     def restore_model(self, step: int, model: nnx.Module) -> nnx.Module:
         """``model`` with the parameters and state saved at ``step``, verified; the optimizer state is never read."""
         graphdef, like = split_model(model)
-        restored = self._restore_verified(step, {"train": restore_args(like, partial=True)}, parts=MODEL_PARTS)
+        restored = self._restore_verified(step, {"train": restore_args(like, partial=True)}, parts=MODEL_PARTS,
+                                          like=like)
         return nnx.merge(graphdef, restored["train"]["params"], restored["train"]["extra"])
 
-    def _restore_verified(self, step: int, items: dict, parts) -> dict:
+    def _restore_verified(self, step: int, items: dict, parts, like: Any) -> dict:
         """Restore ``items`` of ``step``; CorruptCheckpoint if Orbax fails, the digest is missing, or a part
         (or the data position, when restored) differs from its digest.
 
@@ -227,6 +258,11 @@ class Checkpointer:
         except Exception as e:  # Orbax and TensorStore raise many types for damaged files; LMZOO_DEBUG=1 shows them
             if debugging():
                 raise
+            if other := other_parameters(self.directory / str(step), like):  # intact, but of another model
+                raise RunFault(f"checkpoint {step} in {self.directory} holds other parameters than these settings "
+                               f"build ({other}): the model settings (or the run's config.yaml) changed since it was "
+                               "saved; the checkpoints are intact, resume with the settings they were trained with"
+                               ) from None
             if shapes := OTHER_SHAPES.search(str(e)):  # intact, but made by other model settings
                 raise RunFault(f"checkpoint {step} in {self.directory} holds arrays of other shapes than these "
                                f"settings build (stored {shapes[2]}, built {shapes[1]}): the model settings (or the "

@@ -31,7 +31,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -280,16 +280,21 @@ class RunDir:
                 OmegaConf.update(config, change["key"], change.get("new"), force_add=True)
         return config
 
-    def read_json(self, relative: str | Path) -> Any:
-        """A JSON file of the run, or None when absent or unreadable (named in a warning)."""
+    def read_json(self, relative: str | Path, layout: Callable[[Any], str | None] | None = None) -> Any:
+        """A JSON file of the run, or None when absent, unreadable or (``layout`` says what is wrong with its content)
+        of another layout: named in a warning and left out, so one such file leaves out that file, not the run."""
         path = self.path / relative
         if not path.exists():
             return None
         try:
-            return json.loads(path.read_text())
+            content = json.loads(path.read_text())
         except (ValueError, OSError) as e:
             log.warning("warning: %s cannot be read (%s); it is left out", path, first_line(e))
             return None
+        if layout is not None and (problem := layout(content)) is not None:
+            log.warning("warning: %s is not laid out as lmzoo writes it (%s); it is left out", path, problem)
+            return None
+        return content
 
     def read_run_info(self) -> dict:
         info = self.read_json(RUN_INFO)
@@ -302,12 +307,12 @@ class RunDir:
         return read_jsonl(self.metrics_path)
 
     def read_results(self, tag: str) -> dict | None:
-        return self.read_json(Path(EVAL) / tag / RESULTS)
+        return self.read_json(Path(EVAL) / tag / RESULTS, evaluation_layout)
 
     def read_harness_results(self, tag: str) -> dict | None:
         """The run's lm-eval results of ``tag`` (None when absent, or unreadable and named in a warning, as
         ``read_results``: one damaged file leaves out that file, not the run)."""
-        return self.read_json(self.harness_results_path(tag).relative_to(self.path))
+        return self.read_json(self.harness_results_path(tag).relative_to(self.path), harness_layout)
 
     # writing
     def write_text(self, relative: str | Path, text: str) -> Path:
@@ -352,6 +357,42 @@ class RunDir:
 
 
 # ----------------------------------------------------------------------------- checks before training
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def maps_to(value, test: Callable[[Any], bool]) -> bool:
+    """Whether ``value`` is a JSON object whose every value passes ``test``."""
+    return isinstance(value, dict) and all(test(v) for v in value.values())
+
+
+def evaluation_layout(results) -> str | None:
+    """What keeps ``results`` from being an evaluation's results.json as readers take it, or None: the training
+    length, each length's scores, and the block sums (loss and count lists) where present."""
+    if not isinstance(results, dict):
+        return f"a JSON {type(results).__name__}, not an object"
+    if not isinstance(results.get("train_seq_len"), int):
+        return "no train_seq_len"
+    if not maps_to(results.get("lengths"), lambda r: isinstance(r, dict) and is_number(r.get("bpb"))):
+        return "no lengths with their bpb"
+    if not maps_to(results.get("block_sums", {}),
+                   lambda s: isinstance(s, dict) and all(isinstance(s.get(k), list) for k in ("loss", "count"))):
+        return "block_sums without loss and count lists"
+    return None
+
+
+def harness_layout(results) -> str | None:
+    """What keeps ``results`` from being an lm_eval results.json as readers take it, or None: each task's metrics,
+    and each task's per-example scores by metric where present."""
+    if not isinstance(results, dict):
+        return f"a JSON {type(results).__name__}, not an object"
+    if not maps_to(results.get("results"), lambda metrics: isinstance(metrics, dict)):
+        return "no results by task"
+    if not maps_to(results.get("per_example", {}), lambda task: maps_to(task, lambda v: isinstance(v, list))):
+        return "per_example is not lists of scores by task and metric"
+    return None
 
 
 def check_run_dir(run: RunDir) -> None:

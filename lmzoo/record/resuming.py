@@ -25,13 +25,14 @@ from lmzoo.config import Config, ConfigError
 from lmzoo.faults import RunFault
 from lmzoo.record.directory import DATA_CHANGED, RunDir, check_run_dir, flat_settings
 from lmzoo.record.migrate import VALUES_BEFORE_ADDED
+from lmzoo.schema import changes_trained_model
 
 log = logging.getLogger("lmzoo.train")
 
-# Sections that define what a run is; resuming with any of them changed would be a different run.
+# Sections that define what a run is; resuming with any of them changed would be a different run. Keys inside
+# them that cannot change the trained model (``lmzoo.schema.CANNOT_CHANGE_TRAINED_MODEL``: ``model.remat``,
+# ``attn.method``, ``data.allow_changed``) say how to go on, not what the run is: a resume may change them, recorded.
 IDENTITY_SECTIONS = ("model", "attn", "pos", "data", "seed")
-# Keys inside those sections that say how to go on, not what the run is.
-NOT_IDENTITY = ("data.allow_changed",)
 
 
 # ----------------------------------------------------------------------------- before anything is built
@@ -40,8 +41,7 @@ NOT_IDENTITY = ("data.allow_changed",)
 def identity(config: DictConfig) -> dict:
     """The settings that define what a run is, flattened; keys that only say how to go on left out."""
     flat = flat_settings(config)
-    return {k: v for k, v in flat.items()
-            if k.split(".")[0] in IDENTITY_SECTIONS and k not in NOT_IDENTITY}
+    return {k: v for k, v in flat.items() if k.split(".")[0] in IDENTITY_SECTIONS and changes_trained_model(k)}
 
 
 def prepare_run_dir(cfg: Config) -> RunDir:

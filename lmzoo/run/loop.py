@@ -245,6 +245,29 @@ def jitted_call(trainer: Trainer) -> Callable:
     return jax.jit(call, donate_argnums=0, out_shardings=(trainer.packed_shardings, replicated))  # its layout
 
 
+LOG_WINDOW = "lmzoo_log_window"  # the key of a checkpoint's data state that keeps the steps since the last log row
+
+
+def window_values(window: list) -> np.ndarray:
+    """The losses of a log window's calls (each a scalar, k stacked steps, or a window taken back), in order."""
+    return np.concatenate([np.ravel(x) for x in jax.device_get(window)])
+
+
+def with_log_window(position, window: dict | None):
+    """The data state a checkpoint saves: the data position, and the log window where one is open."""
+    if window is None or not isinstance(position, dict):
+        return position
+    return {**position, LOG_WINDOW: window}
+
+
+def split_log_window(data_state) -> tuple:
+    """(the data position, the log window or None) of a restored data state (``with_log_window``)."""
+    if not isinstance(data_state, dict) or LOG_WINDOW not in data_state:
+        return data_state, None
+    position = dict(data_state)
+    return position, position.pop(LOG_WINDOW)
+
+
 class Trainer(StepCalls):
     """One run: its training state on the devices, and the ``Steps`` (``lmzoo.run.base``) of the loop in ``train``.
 
@@ -321,6 +344,8 @@ class Trainer(StepCalls):
         self.step, self.last_val = int(self.state["step"]), {}
         self.window_losses, self.window_start = [], time.perf_counter()  # each call's losses since the last log row
         self.nonfinite_in_a_row, self.window_nonfinite = 0, 0
+        self.untimed_steps = 0  # steps of the window taken before a resume: in its losses, not in its time
+        self.take_back_window(self.restored_window)
         self.unread_flag = None  # (step, the flags of the call that ended there): the last call's, until ``settle``
         self.feed = None  # the next calls' batches, read ahead by a thread of their own (``lmzoo.run.feed``)
         self.open_bar(cfg.attn.name, self.progress)
@@ -342,7 +367,7 @@ class Trainer(StepCalls):
         Damaged newer checkpoints are named, passed over and moved to ``damaged_checkpoints/``
         (the run will save those steps anew); with none intact the run stops (RunFault).
         """
-        damaged = []
+        damaged, self.restored_window = [], None
 
         def pass_over(step: int, message: str) -> None:
             damaged.append(step)
@@ -356,6 +381,7 @@ class Trainer(StepCalls):
                             "(the logs are cut back to it)", self.run_dir)
             return 0
         step, (self.state, data_state) = found
+        data_state, self.restored_window = split_log_window(data_state)
         self.train_iter.set_state(data_state)
         if jax.process_index() == 0:
             for bad in damaged:
@@ -382,6 +408,24 @@ class Trainer(StepCalls):
     def arrays_changed(self) -> None:
         """The pytree made from the old arrays is stale: ``state`` remakes it when read."""
         self._state = None
+
+    def log_window(self) -> dict | None:
+        """The steps since the last log row (their losses, exactly; the non-finite ones among them; a mix's
+        per-source terms), or None when a row was just logged. A checkpoint between two rows keeps them, so that
+        the first row after resuming from it averages the steps an uninterrupted run's row does."""
+        if not self.window_losses:
+            return None
+        return {"losses": window_values(self.window_losses).tolist(), "nonfinite": self.window_nonfinite,
+                "sources": self.source_metrics.held()}
+
+    def take_back_window(self, window: dict | None) -> None:
+        """The window a checkpoint kept (``log_window``), as if its steps had been taken by this process."""
+        if window is None:
+            return
+        self.window_losses = [np.asarray(window["losses"], np.float32)]
+        self.window_nonfinite = window["nonfinite"]
+        self.source_metrics.hold(window["sources"])
+        self.untimed_steps = len(window["losses"])
 
     def keep(self, metrics: dict) -> None:
         """A call's losses for the next log row's mean, and a mix's per-source terms."""
@@ -451,11 +495,11 @@ class Trainer(StepCalls):
         """Loss and throughput over the steps since the last row; the other metrics of the last step."""
         self.settle()
         metrics = self.last_step(metrics)
-        losses = np.asarray(jax.device_get(self.window_losses)).ravel()  # waits for the steps to finish
+        losses = window_values(self.window_losses)  # waits for the steps to finish
         finite_losses = losses[np.isfinite(losses)]  # the steps that updated the model
         loss = float(np.mean(finite_losses)) if len(finite_losses) else float("nan")
         elapsed = time.perf_counter() - self.window_start
-        steps = losses.size
+        steps = losses.size - self.untimed_steps  # those this process took (and timed)
         row = {
             "loss": loss, "bpb": loss * self.bits_per_byte, "ppl": math.exp(min(loss, 50.0)),
             **{name: float(schedule(self.step - 1)) for name, schedule in self.schedules.items()},
@@ -468,6 +512,7 @@ class Trainer(StepCalls):
             **self.source_metrics.pop(),
         }
         self.window_losses, self.window_start, self.window_nonfinite = [], time.perf_counter(), 0
+        self.untimed_steps = 0
         self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
         log.info("%sstep %d: loss %.4f  lr %.3g  grad_norm %.3g  tokens/s %.0f", self.name, self.step, loss, row["lr"],
                  row["grad_norm"], row["tokens_per_s"])
@@ -524,7 +569,7 @@ class Trainer(StepCalls):
         at least the newest checkpoint, and a resume cuts them back to it. A step that diverged saves nothing."""
         self.settle()
         self.logger.flush()
-        self.checkpointer.save(self.step, self.state, self.data_position())
+        self.checkpointer.save(self.step, self.state, with_log_window(self.data_position(), self.log_window()))
 
     def saved_where(self) -> str:
         return f"in {self.run_dir}"
@@ -570,6 +615,9 @@ def train(cfg: Config, trainer: Steps | None = None) -> dict:
                     trainer.save()
             trainer.settle()  # the last step's flag, if nothing after it read it
         trainer.report_end()
-        return trainer.summary()
+        if stop.requested:  # asked during the last step's save: the run is whole, but what follows it must stop
+            log.info("interrupted: the run had finished (checkpoint at step %d %s)", trainer.step,
+                     trainer.saved_where())
+        return trainer.summary(interrupted=stop.requested)
     finally:
         trainer.close()

@@ -41,7 +41,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from lmzoo.config import Config, ConfigError
+from lmzoo.config import Config, ConfigError, lr_folder
 from lmzoo.faults import Diverged, check_unlocked
 from lmzoo.run.base import StepCalls, released_on_failure
 from lmzoo.record.checkpoints import Checkpointer
@@ -65,7 +65,7 @@ def member_configs(cfg: Config) -> list[Config]:
         return [seed_config(cfg, seed) for seed in cfg.train.seeds]
     runs = []
     for lr in cfg.train.lrs:
-        at_lr = dataclasses.replace(cfg, run_dir=str(Path(cfg.run_dir) / f"lr{lr:g}"),
+        at_lr = dataclasses.replace(cfg, run_dir=str(Path(cfg.run_dir) / lr_folder(lr)),
                                     optim=dataclasses.replace(cfg.optim, lr=lr),
                                     train=dataclasses.replace(cfg.train, lrs=[]))
         runs += [seed_config(at_lr, seed) for seed in cfg.train.seeds] if cfg.train.seeds else [at_lr]
@@ -261,12 +261,9 @@ class SeedGroup(StepCalls):
         self.settle()
         now = time.perf_counter()
         last = jax.device_get(metrics)
-        window, self.window = (jax.device_get(self.window), []) if log_due else ([], self.window)
+        if log_due:
+            self.hand_window()
         for i, member in self.live():
-            for call in window:
-                member.window_losses.append(call["loss"][i])
-                mine = take_seed(call, i)
-                member.source_metrics.add(mine, self.steps_per_call)
             if eval_due:
                 self.hand_state(i, member)
             member.window_start = self.window_start + (time.perf_counter() - now)  # every seed's row: the group's time
@@ -274,8 +271,18 @@ class SeedGroup(StepCalls):
         if log_due:
             self.window_start = now
 
+    def hand_window(self) -> None:
+        """Give each seed its part of the calls since the last log row (losses, a mix's per-source terms): for its
+        row, or for its checkpoint to keep (``Trainer.log_window``)."""
+        window, self.window = jax.device_get(self.window), []
+        for i, member in self.live():
+            for call in window:
+                member.window_losses.append(call["loss"][i])
+                member.source_metrics.add(take_seed(call, i), self.steps_per_call)
+
     def save(self) -> None:
         self.settle()
+        self.hand_window()
         for i, member in self.live():
             self.hand_state(i, member)
             member.save()

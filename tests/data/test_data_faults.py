@@ -36,6 +36,16 @@ def test_a_bad_jsonl_file_read_by_the_json_builder_is_one_line(tmp_path, capsys)
     assert capsys.readouterr().err == ""  # no error logged by the library, no progress bar
 
 
+def test_the_json_builder_names_the_bad_line_counted_from_one(tmp_path):
+    pytest.importorskip("datasets")
+    path = tmp_path / "docs.jsonl"
+    lines = [f'{{"text": "document {i} {"word " * 20}"}}' for i in range(1, 21)]
+    lines[17] = '{"text": "cut short'  # line 18 (the builder's own message says "row 17")
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=rf"\({path}, line 18: JSONDecodeError: Unterminated string"):
+        hf_documents("json", data_files=[str(path)])
+
+
 def test_a_corrupt_cached_tokenizer_says_to_delete_its_cache_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("LMZOO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

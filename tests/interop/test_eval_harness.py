@@ -197,3 +197,11 @@ def test_lm_evals_own_command_line_runs_the_lmzoo_model(run, tmp_path):
     ours = command.main([f"run_dir={run}", "tasks=lmzoo_choice", f"include_path={tasks}", "batch_size=2",
                          "tag=own"])["results"]["lmzoo_choice"]["acc,none"]
     assert theirs == ours and "lmzoo_choice" in proc.stdout
+
+
+@pytest.mark.slow
+def test_lm_evals_own_command_line_names_a_missing_run_in_one_line(tmp_path):
+    proc = run_lmzoo("-m", "lmzoo.interop.eval_harness", "--model", "lmzoo", "--model_args",
+                     f"run_dir={tmp_path / 'missing'}", "--tasks", "lambada_openai", timeout=900)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("lmzoo: error: run_dir=")  # lm-eval's own log lines above

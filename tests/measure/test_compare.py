@@ -510,3 +510,27 @@ def test_a_table_of_single_runs_and_evaluated_arms_has_no_legend(sweep):
             shutil.rmtree(sweep / f"{variant}-{seed}")
     markdown = comparison.compare([sweep], baseline="softmax").markdown
     assert "standard deviation" not in markdown and "none has" not in markdown
+
+
+# ----------------------------------------------------------------------------- files that are not what they should be
+
+
+@pytest.mark.parametrize("out, code, fragment", [("afile", 2, "is a file, not a folder"),
+                                                 ("afile/below", 5, "cannot make the folder")])
+def test_compare_into_a_file_is_one_line(sweep, tmp_path, capsys, out, code, fragment):
+    (tmp_path / "afile").write_text("not a folder")
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(sweep), f"out={tmp_path / out}"])
+    assert exit_info.value.code == code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err, err
+
+
+def test_results_of_another_layout_are_named_and_left_out_of_a_comparison(sweep, caplog):
+    odd = sweep / "gla-1" / "eval" / "default" / "results.json"
+    odd.write_text(json.dumps({"lengths": [32, 64], "train_seq_len": 32}))  # valid JSON of another layout
+    (sweep / "gla-0" / "lm_eval" / "default").mkdir(parents=True)
+    (sweep / "gla-0" / "lm_eval" / "default" / "results.json").write_text(json.dumps({"results": [1]}))
+    compare.main([str(sweep), f"out={sweep}"])  # exits 0: the two files are left out, the rest compared
+    err = caplog.text
+    assert f"{odd} is not laid out as lmzoo writes it" in err and "lm_eval/default/results.json" in err, err

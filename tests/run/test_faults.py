@@ -279,6 +279,40 @@ def test_a_kill_inside_a_save_resumes_to_the_whole_run_without_doubled_or_lost_l
     assert_same_params(params, whole_run[1])
 
 
+LOGGED = [*ONE_LAYER, "train.steps=8", "train.log_every=4", "train.eval_every=8", "train.checkpoint_every=8",
+          "train.probe_batch=0"]
+
+
+def logged_rows(run_dir: Path) -> list[dict]:
+    """The numbers of each logged row that do not depend on the clock."""
+    return [{k: row[k] for k in ("step", "loss", "bpb", "ppl", "nonfinite_steps", "val_loss") if k in row}
+            for row in RunDir(run_dir).read_metrics()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group, seeds", [([], [""]), (["train.seeds=[0,1]"], ["seed0", "seed1"])])
+def test_a_resume_between_two_log_rows_logs_the_rows_of_an_uninterrupted_run(tmp_path, monkeypatch, group, seeds):
+    from lmzoo.run.base import StepCalls
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train(tiny_config("softmax", *LOGGED, *group, run_dir=whole))
+    advance = StepCalls.advance
+
+    def advance_then_stop_at_6(self):  # between the rows of steps 4 and 8: the checkpoint keeps steps 5 and 6
+        metrics = advance(self)
+        if self.step == 6:
+            signal.raise_signal(signal.SIGTERM)
+        return metrics
+
+    monkeypatch.setattr(StepCalls, "advance", advance_then_stop_at_6)
+    assert train(tiny_config("softmax", *LOGGED, *group, run_dir=cut))["interrupted"]
+    monkeypatch.undo()
+    train(tiny_config("softmax", *LOGGED, *group, run_dir=cut))
+    for seed in seeds:
+        assert [r["step"] for r in logged_rows(cut / seed)] == [4, 8]
+        assert logged_rows(cut / seed) == logged_rows(whole / seed)  # the row of step 8 averages steps 5 to 8
+
+
 @pytest.mark.slow
 def test_starting_afresh_cuts_the_logs_back_to_step_zero(tmp_path, whole_run):
     run_dir = copy_run(whole_run[0], tmp_path / "run")
@@ -312,6 +346,27 @@ def test_a_changed_setting_on_resume_is_recorded_and_compare_marks_the_run(tmp_p
     assert "at step 2: optim.lr 0.003 -> 0.001, train.steps 2 -> 3" in markdown
     assert (tmp_path / "sweep" / "comparison.md").exists()  # where the runs meet, not inside the first one
     assert not (changed / "comparison.md").exists()
+
+
+@pytest.mark.slow
+def test_a_resume_may_change_how_the_model_is_computed_and_records_it(tmp_path):
+    short = [*ONE_LAYER, "train.eval_every=4", "train.probe_batch=0"]
+    train(tiny_config("softmax", "train.steps=2", *short, run_dir=tmp_path))
+    train(tiny_config("softmax", "train.steps=4", *short, "model.remat=light", "attn.method=naive", run_dir=tmp_path))
+    assert final_params(tmp_path)[0] == 4
+    changes = {(r["step"], r["key"], r["old"], r["new"]) for r in RunDir(tmp_path).read_resumes()}
+    assert {(2, "model.remat", "none", "light"), (2, "attn.method", "auto", "naive")} <= changes
+
+
+def test_checkpoints_of_another_model_name_the_parameters_that_differ(tmp_path):
+    softmax, gla = tiny_config("softmax", *ONE_LAYER), tiny_config("gla", *ONE_LAYER)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(2, init_train_state(softmax, LM(softmax, 259, rngs=nnx.Rngs(0)))[1], {"next_index": 0})
+    with pytest.raises(RunFault, match=r"checkpoint 2 in .* holds other parameters than these settings build "
+                                       r"\(built, not stored: blocks\.0\.mixer\.gate_down") as fault:
+        ckpt.restore_model(2, LM(gla, 259, rngs=nnx.Rngs(0)))
+    ckpt.close()
+    assert not isinstance(fault.value, CorruptCheckpoint) and "resume with the settings" in str(fault.value)
 
 
 # ----------------------------------------------------------------------------- 6. one trainer per run
@@ -367,6 +422,49 @@ def test_an_unusable_run_dir_fails_in_one_line_before_any_step(tmp_path):
     assert "checkpoints folder" in err and "is a file" in err
     assert not (run_dir / "metrics.jsonl").exists()
     assert time.perf_counter() - started < 60
+
+
+@pytest.mark.parametrize("name, fragment", [("a" * 300, "cannot be a directory (File name too long)"),
+                                            ("loop", "is a symbolic link that leads to no directory")])
+def test_a_run_dir_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, name, fragment):
+    from lmzoo.train import refuse_a_held_run
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")  # a link to itself
+    with pytest.raises(SystemExit) as exit_info:
+        refuse_a_held_run(str(tmp_path / name))
+    assert exit_info.value.code == EXIT_RUN_FAULT
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err, err
+
+
+def read_only_mount(monkeypatch, mount: Path) -> None:
+    """Files below ``mount`` as on a read-only mount: creating, writing and removing one (even one that is not there)
+    fail with EROFS, for root too (chmod stops no root, and the tests run as root)."""
+    import builtins
+    import errno
+
+    def below(path) -> bool:
+        return Path(path).is_relative_to(mount)
+
+    def refused():
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    real_open, real_unlink = builtins.open, Path.unlink
+    monkeypatch.setattr(builtins, "open", lambda file, mode="r", *a, **k: refused()
+                        if below(file) and ("w" in mode or "a" in mode) else real_open(file, mode, *a, **k))
+    monkeypatch.setattr(Path, "unlink", lambda self, missing_ok=False: refused() if below(self)
+                        else real_unlink(self, missing_ok=missing_ok))
+
+
+@pytest.mark.parametrize("mount, fragment", [("", "run_dir"), ("checkpoints", "checkpoints folder")])
+def test_a_read_only_run_or_checkpoints_folder_on_resume_is_one_line(tmp_path, monkeypatch, mount, fragment):
+    from lmzoo.record.directory import check_run_dir
+
+    (tmp_path / "checkpoints").mkdir()
+    read_only_mount(monkeypatch, tmp_path / mount)
+    with pytest.raises(RunFault, match=r"is not writable \(Read-only file system\)$") as fault:
+        check_run_dir(RunDir(tmp_path))  # what resuming checks before anything is compiled
+    assert str(fault.value).startswith(fragment)
 
 
 @pytest.mark.slow
@@ -514,6 +612,37 @@ def test_torn_run_info_and_results_are_left_out_with_a_warning(tmp_path, caplog)
     tear_in_half(run.results_path("default"))
     assert run.read_results("default") is None
     assert len([r for r in caplog.records if "cannot be read" in r.getMessage()]) == 2
+
+
+def test_results_of_another_layout_are_named_and_left_out(tmp_path, caplog):
+    run = RunDir(tmp_path)
+    run.write_results("default", {"lengths": [1, 2], "train_seq_len": 64})  # valid JSON, not an evaluation's
+    run.write_json("lm_eval/default/results.json", ["a", "list"])
+    run.write_results("block", {"lengths": {"64": {"bpb": 1.0}}, "train_seq_len": 64, "block_sums": {"64": [1]}})
+    assert run.read_results("default") is None and run.read_harness_results("default") is None
+    assert run.read_results("block") is None
+    warned = [r.getMessage() for r in caplog.records if "is not laid out as lmzoo writes it" in r.getMessage()]
+    assert len(warned) == 3 and str(run.results_path("default")) in warned[0], warned
+    run.write_results("good", {"lengths": {"64": {"bpb": 1.0}}, "train_seq_len": 64,
+                               "block_sums": {"64": {"loss": [1.0], "count": [2]}}})
+    assert run.read_results("good")["train_seq_len"] == 64
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["rejudge", "{binary}"], "is not a verdict.json file (UnicodeDecodeError"),
+    (["rejudge", "{other}"], "is not a verdict.json file (no name, verdict"),
+])
+def test_rejudging_a_file_that_is_no_verdict_is_one_line(tmp_path, capsys, argv, fragment):
+    from lmzoo.experiments import __main__ as experiments
+
+    files = {"binary": tmp_path / "binary.json", "other": tmp_path / "other.json"}
+    files["binary"].write_bytes(bytes(range(256)))
+    files["other"].write_text('{"a": 1}')
+    with pytest.raises(SystemExit) as exit_info:
+        experiments.main([arg.format(**files) for arg in argv])
+    assert exit_info.value.code == EXIT_CONFIG
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err, err
 
 
 # ----------------------------------------------------------------------------- 11. experiments stop with their runs

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,14 @@ if where.startswith("step"):  # after the given training step
             send()
         return metrics
     loop.Trainer.advance = advance_then_signal
+elif where == "last_save":  # while the last step's checkpoint is saved, after the loop's last look for a stop
+    from lmzoo.run import loop
+    save = loop.Trainer.save
+    def save_then_signal(self):
+        save(self)
+        if self.step == self.cfg.train.steps:
+            send()
+    loop.Trainer.save = save_then_signal
 elif where == "build":  # while the trainer is being built (model, compile)
     from lmzoo.run import loop
     start = loop.Trainer._start
@@ -143,3 +153,66 @@ def test_sigterm_to_an_experiment_outside_training_is_exit_75_with_a_line(tmp_pa
                        f"out_dir={tmp_path}")
     assert "no verdict was written" in one_line(proc, EXIT_INTERRUPTED)
     assert not list(tmp_path.rglob("verdict.json"))
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_an_experiments_run_saves_its_last_step_stops_the_experiment(tmp_path):
+    proc = interrupted("lmzoo.experiments", "last_save", "SIGINT", "decode_cache", "quick=true", f"out_dir={tmp_path}")
+    assert "run the same experiment again to resume" in one_line(proc, EXIT_INTERRUPTED)
+    assert not list(tmp_path.rglob("verdict.json"))
+    assert steps_saved(tmp_path / "decode_cache" / "runs" / "softmax-s0") == [8]  # the run itself is whole
+    assert not (tmp_path / "decode_cache" / "runs" / "gqa-s0").exists()  # the next arm never started
+
+
+# Python code that a garbage collection runs, as JAX's ``_xla_gc_callback``: an interrupt landing there is an
+# "Exception ignored in" line, and the command would go on.
+SWALLOWED = """
+import gc, os, signal, sys, time
+from lmzoo.cli import run_command
+
+def main():
+    def callback(phase, info):
+        if phase == "start" and not sent:
+            sent.append(os.kill(os.getpid(), getattr(signal, sys.argv[1])))
+            sum(range(10))  # bytecode: the handler runs here, inside the callback
+    sent = []
+    gc.callbacks.append(callback)
+    gc.collect()
+    time.sleep(60)
+    print("went on")
+
+run_command(main, "the command did not go on")
+"""
+
+
+@pytest.mark.parametrize("signal_name, code", [("SIGINT", EXIT_ABORTED), ("SIGTERM", EXIT_INTERRUPTED)])
+def test_an_interrupt_in_a_garbage_collection_callback_is_not_lost(signal_name, code):
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-c", SWALLOWED, signal_name], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert "the command did not go on" in one_line(proc, code)
+    assert "went on" not in proc.stdout
+
+
+def jax_loaded(pid: int) -> bool:
+    """Whether the process has mapped JAX's native library: it is importing JAX (or past it)."""
+    try:
+        return "jaxlib" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["lmzoo.train", "+attn=softmax", *SHORT], ["lmzoo.eval"], ["lmzoo.export"],
+                                     ["lmzoo.lm_eval", "tasks=none"]])
+def test_ctrl_c_while_a_command_starts_is_one_line(tmp_path, command):
+    """``python -m`` itself: Ctrl-C as soon as JAX loads, while the command's modules import."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    args = [sys.executable, "-m", *command, f"run_dir={tmp_path / 'run'}"]
+    with subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        while not jax_loaded(p.pid) and p.poll() is None:
+            time.sleep(0.01)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=300)
+    proc = subprocess.CompletedProcess(args, p.returncode, out, err)
+    assert "stopped by Ctrl-C" in one_line(proc, EXIT_ABORTED)

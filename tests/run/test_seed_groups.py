@@ -132,6 +132,7 @@ def test_one_seed_diverging_stops_only_that_seed(tmp_path, caplog):
     (["train.seeds=[0,1]", "train.distributed=true"], "train.distributed=true is not supported with it"),
     (["train.lrs=[0.001,0.001]"], "train.lrs=[0.001, 0.001] must be distinct positive learning rates"),
     (["train.lrs=[0]"], "train.lrs=[0.0] must be distinct positive learning rates"),
+    (["train.lrs=[0.001,0.0010000001]"], "0.001 and 0.0010000001 would both train in run_dir/lr0.001"),
     (["train.lrs=[0.001]", "optim=muon"], "optim.name=muon is not supported with it"),
 ])
 def test_bad_seeds_are_one_line(tmp_path, capsys, overrides, message):
