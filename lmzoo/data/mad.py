@@ -26,10 +26,16 @@ counts; elsewhere ``targets`` is the next input (recall tasks train on every nex
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import numpy as np
+
+from lmzoo.data.synthetic import TaskConfig
+from lmzoo.registry import SOURCES
+from lmzoo.schema import ConfigError
 
 IGNORED = -1  # a target no accuracy or loss counts
 
@@ -212,3 +218,59 @@ def dataset(task: str, count: int, *, seed: int, **settings) -> Example:
     from ``default_rng([seed, i])``, so a training set of N examples is the first N of its seed."""
     rows = [draw(task, np.random.default_rng([seed, i]), **settings) for i in range(count)]
     return Example(*(np.stack([getattr(r, f) for r in rows]) for f in Example._fields))
+
+
+# ----------------------------------------------------------------------------- as a data source of the trainer
+
+NEXT_TOKEN_TASKS = ("in_context_recall", "noisy_recall", "fuzzy_recall")  # a model sees an instance's next tokens
+EVEN_TASKS = ("in_context_recall", "noisy_recall", "memorization")  # instances of two-token slots
+TRAINABLE = ("in_context_recall", "fuzzy_recall", "noisy_recall", "selective_copying", "memorization")
+
+
+@functools.lru_cache(maxsize=8)
+def _facts(vocab_size: int, map_seed: int) -> tuple[tuple[int, int], ...]:
+    return tuple(memorization_map(vocab_size, map_seed).items())
+
+
+@SOURCES.register("mad")
+@dataclass
+class MadConfig(TaskConfig):
+    """``data=mad data.task=<task>``: one MAD task as a stream of examples (``task_vocab`` is MAD's
+    ``vocab_size``, special tokens included). The loss and the accuracy count the positions MAD scores. Odd
+    lengths of the two-token-slot tasks get one unscored PAD in front. Compression is refused: its target is its
+    own input, which a decoder reads off the same position (MAD decodes it from the compression token alone)."""
+
+    source: str = "mad"
+    task: str = "in_context_recall"
+    task_vocab: int = 16
+    noise_vocab_size: int = 16  # noisy_recall only
+    frac_noise: float = 0.2  # noisy_recall only
+    k_motif_size: int = 3  # fuzzy_recall only
+    v_motif_size: int = 3
+    num_tokens_to_copy: int = 16  # selective_copying only
+    map_seed: int = 0  # memorization: the fixed facts
+
+    def check(self) -> None:
+        super().check()
+        if self.task not in TRAINABLE:
+            why = " (compression needs MAD's encoder-decoder head)" if self.task == "compression" else ""
+            raise ConfigError(f"data.task={self.task!r} is not valid{why} (choose from: {', '.join(TRAINABLE)})")
+
+    def task_settings(self) -> dict:
+        wanted = inspect.signature(GENERATORS[self.task]).parameters
+        settings = {"vocab_size": self.task_vocab, "noise_vocab_size": self.noise_vocab_size,
+                    "frac_noise": self.frac_noise, "k_motif_size": self.k_motif_size,
+                    "v_motif_size": self.v_motif_size, "num_tokens_to_copy": self.num_tokens_to_copy}
+        if self.task != "noisy_recall":  # in-context recall is noisy recall without noise
+            settings = {k: v for k, v in settings.items() if k not in ("noise_vocab_size", "frac_noise")}
+        if self.task == "memorization":
+            settings["facts"] = dict(_facts(self.task_vocab, self.map_seed))
+        return {k: v for k, v in settings.items() if k in wanted}
+
+    def labelled(self, rng: np.random.Generator, length: int, tok) -> tuple[np.ndarray, ...]:
+        size = length if self.task in NEXT_TOKEN_TASKS else length - 1  # MAD's seq_len: the instance's tokens
+        pad = size % 2 if self.task in EVEN_TASKS else 0
+        ex = draw(self.task, rng, seq_len=size - pad, **self.task_settings())
+        front = lambda array, value: np.concatenate([np.full(pad, value, array.dtype), array])  # noqa: E731
+        targets = front(ex.targets, IGNORED)
+        return front(ex.inputs, tok.pad_id), np.where(targets == IGNORED, tok.pad_id, targets), front(ex.scored, False)

@@ -35,7 +35,7 @@ from lmzoo.record.directory import atomic_write_text
 from lmzoo.schema import one_of
 
 MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "sparsity_predicted", "decode_cache", "logn_entropy",
-           "position_extrapolation", "mqar_state_size", "state_tracking", "state_passing")
+           "position_extrapolation", "mqar_state_size", "state_tracking", "state_passing", "mad")
 VERDICTS = (*OUTCOMES, SMOKE)  # what verdict.json may say; SMOKE only for quick runs
 SEED_GROUPS = ("auto", "true", "false")  # when an arm's seeds train as one group (lmzoo.experiments.runs)
 _seed_groups = contextvars.ContextVar("seed_groups", default="auto")

@@ -106,3 +106,23 @@ def test_an_example_is_a_function_of_its_seed_and_the_protocol_is_mads():
             mad.draw(task, np.random.default_rng(0), **setting)
     with pytest.raises(ValueError, match="is not one of"):
         mad.draw("recall", np.random.default_rng(0))
+
+
+def test_data_mad_feeds_the_trainer_the_scored_positions_of_each_task():
+    from lmzoo.data import build_data
+    from lmzoo.registry import SOURCES
+    from lmzoo.schema import ConfigError
+
+    for task, seq_len, vocab in [("in_context_recall", 31, 16), ("in_context_recall", 32, 16),
+                                 ("noisy_recall", 31, 32), ("fuzzy_recall", 31, 16), ("selective_copying", 40, 16),
+                                 ("memorization", 17, 256)]:
+        cfg = SOURCES.lookup("mad")(task=task, seq_len=seq_len, task_vocab=vocab, num_tokens_to_copy=8)
+        cfg.check()
+        batch = next(build_data(cfg, seed=0).train_iterator(4))
+        assert batch["inputs"].shape == batch["targets"].shape == batch["weights"].shape == (4, seq_len)
+        scored = batch["weights"] > 0
+        assert scored.any(axis=1).all() and (batch["targets"][scored] < vocab).all()  # answers are task symbols
+        if task in ("in_context_recall", "noisy_recall", "memorization") and seq_len % 2 == 0:
+            assert (batch["inputs"][:, 0] == vocab).all() and not scored[:, 0].any()  # one PAD in front, unscored
+    with pytest.raises(ConfigError, match="compression needs MAD's encoder-decoder head"):
+        SOURCES.lookup("mad")(task="compression").check()
