@@ -12,7 +12,7 @@ from lmzoo.schema import ConfigError
 
 
 def test_every_committed_number_carries_its_citation_and_parses():
-    assert {"mad", "mqar"} <= set(published.yardsticks())
+    assert {"mad", "mqar", "state_tracking"} <= set(published.yardsticks())
     for yardstick in published.yardsticks():
         numbers = load(yardstick)
         assert numbers
@@ -78,3 +78,10 @@ def test_a_source_without_its_citation_is_refused(tmp_path):
     folder = write(tmp_path, HEAD + SOURCE.replace("arxiv: '1', ", "").replace("ROWS", ""))
     with pytest.raises(PublishedError, match="source s: missing arxiv"):
         load("bad", folder)
+
+
+def test_the_state_tracking_table_keeps_its_scale_and_rows():
+    parity = published.column(load("state_tracking"), "grazzi_formal_languages", "parity")
+    assert set(parity) == {"softmax", "mamba", "deltanet"}  # the [-1, 1] rows have no registered counterpart
+    assert parity["deltanet"].printed == "0.017" and parity["deltanet"].range == pytest.approx((0.0165, 0.0175))
+    assert parity["mamba"].range == (0.0, 0.0005)  # "0.000" clipped to the scale's floor
