@@ -1,0 +1,87 @@
+"""The published numbers: every committed file loads, every number carries its citation, cells keep the rounding
+they were printed with, and a malformed file is one line naming what is wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmzoo.experiments import published
+from lmzoo.experiments.published import PublishedError, load
+from lmzoo.registry import MIXERS
+from lmzoo.schema import ConfigError
+
+
+def test_every_committed_number_carries_its_citation_and_parses():
+    assert {"mad", "mqar", "state_tracking"} <= set(published.yardsticks())
+    for yardstick in published.yardsticks():
+        numbers = load(yardstick)
+        assert numbers
+        for n in numbers:
+            c = n.citation
+            assert c.paper and c.arxiv and c.where and c.setting and c.read_from and n.row and n.column and n.metric
+            assert n.scale[0] <= n.range[0] <= n.value <= n.range[1] <= n.scale[1]
+            assert n.variant is None or n.variant in MIXERS.names(), n.variant  # a counterpart lmzoo really has
+
+
+def test_the_mad_table_reads_as_printed():
+    numbers = load("mad")
+    cell = {(n.source, n.row, n.column): n for n in numbers}
+    transformer = cell["deltanet_mad", "Transformer", "in_context_recall"]
+    assert transformer.printed == "94.1" and transformer.variant == "softmax"
+    assert transformer.range == pytest.approx((94.05, 94.15))
+    assert "2406.06484" in transformer.cite() and "Transformer" in transformer.cite()
+    assert cell["deltanet_mad", "DeltaNet", "selective_copying"].range == (99.5, 100.0)  # "100": clipped to the scale
+    assert cell["metala_mad", "GLA", "memorization"].range == pytest.approx((57.045, 57.055))
+    # each row's printed average is the mean of its six tasks, to the table's rounding
+    for source, row in {(n.source, n.row) for n in numbers}:
+        tasks = [cell[source, row, c].value for c in ("compression", "fuzzy_recall", "in_context_recall",
+                                                      "memorization", "noisy_recall", "selective_copying")]
+        average = cell[source, row, "average"]
+        assert abs(sum(tasks) / 6 - average.value) < 0.06, (source, row)
+
+
+def test_a_bound_is_kept_as_a_bound():
+    solved = published.column(load("mqar"), "metala_mqar_512_80", "accuracy")["softmax"]
+    assert solved.printed == ">99.0" and solved.value == 99.0 and solved.range == (99.0, 100.0)
+
+
+def test_a_column_without_counterparts_or_an_unknown_source_is_one_line():
+    with pytest.raises(PublishedError, match="sources: deltanet_mad, metala_mad"):
+        published.column(load("mad"), "no_such_table", "average")
+    with pytest.raises(ConfigError, match="yardstick='nope' is not valid"):
+        load("nope")
+
+
+def write(folder, text):
+    (folder / "bad.yaml").write_text(text)
+    return folder
+
+
+HEAD = "metric: m\nhigher_is_better: true\nscale: [0, 100]\ncolumns: [a, b]\n"
+SOURCE = ("sources:\n  - {key: s, paper: p, authors: x, venue: v, arxiv: '1', where: 'Table 1', read_from: r, "
+          "setting: z, rows: [ROWS]}\n")
+
+
+@pytest.mark.parametrize("rows, message", [
+    ("{row: R, variant: null, cells: ['1.0']}", "row R: 1 cells for 2 columns"),
+    ("{row: R, variant: null, cells: ['1.0', 2.5]}", "cell 2.5 is not a number as printed"),
+    ("{row: R, variant: null, cells: ['1.0', 'about 3']}", "'about 3' is not a number as printed"),
+    ("{row: R, cells: ['1.0', '2']}", "a row: missing variant"),
+])
+def test_a_malformed_table_names_what_is_wrong(tmp_path, rows, message):
+    folder = write(tmp_path, HEAD + SOURCE.replace("ROWS", rows))
+    with pytest.raises(PublishedError, match=message):
+        load("bad", folder)
+
+
+def test_a_source_without_its_citation_is_refused(tmp_path):
+    folder = write(tmp_path, HEAD + SOURCE.replace("arxiv: '1', ", "").replace("ROWS", ""))
+    with pytest.raises(PublishedError, match="source s: missing arxiv"):
+        load("bad", folder)
+
+
+def test_the_state_tracking_table_keeps_its_scale_and_rows():
+    parity = published.column(load("state_tracking"), "grazzi_formal_languages", "parity")
+    assert set(parity) == {"softmax", "mamba", "deltanet"}  # the [-1, 1] rows have no registered counterpart
+    assert parity["deltanet"].printed == "0.017" and parity["deltanet"].range == pytest.approx((0.0165, 0.0175))
+    assert parity["mamba"].range == (0.0, 0.0005)  # "0.000" clipped to the scale's floor
