@@ -74,13 +74,19 @@ def test_every_tensorboard_name_is_written(tmp_path, monkeypatch):
 
 @pytest.fixture
 def two_arms(tmp_path, monkeypatch):
-    """The saved run, and a copy of it labelled ``other``: a comparison with a baseline."""
+    """The saved run, and a copy of it labelled ``other`` whose scored losses differ a little (a byte-identical
+    copy is the same run, counted once): a comparison with a baseline."""
     monkeypatch.chdir(REPO)
     for name, label in (("a", None), ("b", "other")):
         run = shutil.copytree(SAVED, tmp_path / name)
         config = OmegaConf.load(run / "config.yaml")
         config.run_dir, config.label = str(run), label
         OmegaConf.save(config, run / "config.yaml")
+    results = tmp_path / "b" / "eval" / "v4" / "results.json"
+    saved = json.loads(results.read_text())
+    for sums in saved["block_sums"].values():
+        sums["loss"] = [loss * 1.001 for loss in sums["loss"]]
+    results.write_text(json.dumps(saved))
     return [tmp_path / "a", tmp_path / "b"]
 
 
