@@ -21,9 +21,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lmzoo.mixers.base import MixerContext, dense
-from lmzoo.mixers.family.linear import GatedMixer, LinearFamilyConfig
+from lmzoo.mixers.family.linear import GatedMixer, LinearFamilyConfig, check_key_ratio, key_ratio_head_widths
 from lmzoo.registry import register
-from lmzoo.schema import ConfigError, ModelConfig, positive
+from lmzoo.schema import ModelConfig, positive
 from lmzoo.sharding import EMBED, INNER
 
 
@@ -38,15 +38,10 @@ class GLAConfig(LinearFamilyConfig):
         super().check(model)
         for key in ("key_ratio", "gate_rank", "gate_temperature"):
             positive(f"attn.{key}", getattr(self, key))
-        width = self.key_ratio * model.d_model
-        if width != int(width) or int(width) % model.n_heads:
-            raise ConfigError(
-                f"attn.key_ratio={self.key_ratio} gives a key width of {width} = key_ratio * model.d_model, "
-                f"which must be a whole multiple of model.n_heads={model.n_heads}"
-            )
+        check_key_ratio(self.key_ratio, model)
 
     def head_widths(self, model: ModelConfig) -> tuple[int, int, int]:
-        return model.n_heads, int(self.key_ratio * model.d_model) // model.n_heads, model.d_model // model.n_heads
+        return key_ratio_head_widths(self.key_ratio, model)
 
     def build(self, ctx, *, rngs):
         return GatedLinearAttention(self, ctx, rngs=rngs)

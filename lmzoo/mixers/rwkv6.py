@@ -29,11 +29,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lmzoo.mixers.base import MixerContext, dense
-from lmzoo.mixers.family.linear import LinearFamilyConfig
+from lmzoo.mixers.family.linear import LinearFamilyConfig, check_key_ratio, key_ratio_head_widths
 from lmzoo.mixers.family.rwkv import LoRA, ShiftedMixer, group_norm, token_shift
 from lmzoo.ops.rwkv6 import METHODS, STEP_FORM, rwkv6, rwkv6_weights
 from lmzoo.registry import register
-from lmzoo.schema import ConfigError, ModelConfig, positive
+from lmzoo.schema import ModelConfig, positive
 from lmzoo.sharding import EMBED, INNER, param
 
 SHIFTED = ("r", "w", "k", "v", "g")  # the inputs token shift mixes, each with its own data-dependent weight
@@ -53,15 +53,10 @@ class RWKV6Config(LinearFamilyConfig):
         super().check(model)
         for key in ("key_ratio", "mix_rank", "decay_rank"):
             positive(f"attn.{key}", getattr(self, key))
-        width = self.key_ratio * model.d_model
-        if width != int(width) or int(width) % model.n_heads:
-            raise ConfigError(
-                f"attn.key_ratio={self.key_ratio} gives a key width of {width} = key_ratio * model.d_model, "
-                f"which must be a whole multiple of model.n_heads={model.n_heads}"
-            )
+        check_key_ratio(self.key_ratio, model)
 
     def head_widths(self, model: ModelConfig) -> tuple[int, int, int]:
-        return model.n_heads, int(self.key_ratio * model.d_model) // model.n_heads, model.d_model // model.n_heads
+        return key_ratio_head_widths(self.key_ratio, model)
 
     def build(self, ctx, *, rngs):
         return RWKV6(self, ctx, rngs=rngs)

@@ -38,7 +38,7 @@ from lmzoo.mixers.base import Mixer, MixerContext, chunked_form, dense
 from lmzoo.ops.common import recompute_in_backward
 from lmzoo.ops.gated import METHODS, STEP_FORM, gla, gla_weights
 from lmzoo.positions import default_positions
-from lmzoo.schema import MixerConfig, ModelConfig
+from lmzoo.schema import ConfigError, MixerConfig, ModelConfig
 from lmzoo.sharding import partitioned
 
 
@@ -68,6 +68,21 @@ class LinearFamilyConfig(MixerConfig):
 
     def flops_per_token(self, model: ModelConfig, seq_len: int) -> float:
         return chunked_mixing_flops(*self.head_widths(model), self.chunk_size, seq_len, delta=self.delta)
+
+
+def check_key_ratio(key_ratio: float, model: ModelConfig) -> None:
+    """Keys ``key_ratio * model.d_model`` wide must split evenly over the heads (GLA's and RWKV-6's narrow keys)."""
+    width = key_ratio * model.d_model
+    if width != int(width) or int(width) % model.n_heads:
+        raise ConfigError(
+            f"attn.key_ratio={key_ratio} gives a key width of {width} = key_ratio * model.d_model, "
+            f"which must be a whole multiple of model.n_heads={model.n_heads}"
+        )
+
+
+def key_ratio_head_widths(key_ratio: float, model: ModelConfig) -> tuple[int, int, int]:
+    """(heads, key width, value width) per head when keys are ``key_ratio`` of the model's width."""
+    return model.n_heads, int(key_ratio * model.d_model) // model.n_heads, model.d_model // model.n_heads
 
 
 def chunked_mixing_flops(heads: int, d_key: int, d_value: int, chunk: int, seq_len: int, *,
