@@ -84,7 +84,7 @@ def interrupts_in_one_line(after: str):
     if handled and signal.getsignal(signal.SIGINT) is exit_at_once:  # the command has started: Ctrl-C is now a
         signal.signal(signal.SIGINT, signal.default_int_handler)     # KeyboardInterrupt that it handles
     previous_hook = sys.unraisablehook
-    sys.unraisablehook = redelivering(previous_hook)
+    sys.unraisablehook = ours = redelivering(previous_hook)
     try:
         yield
     except KeyboardInterrupt as e:
@@ -97,7 +97,8 @@ def interrupts_in_one_line(after: str):
         sys.stderr.flush()
         os._exit(code)
     finally:
-        sys.unraisablehook = previous_hook
+        if sys.unraisablehook is ours:  # a hook the body added on top (a failed restore silencing TensorStore's
+            sys.unraisablehook = previous_hook  # late reports) must outlive it: those reports come at exit
         if handled:
             signal.signal(signal.SIGTERM, previous)
 

@@ -155,3 +155,21 @@ def test_the_compilation_cache_can_be_turned_off_and_a_bad_folder_only_warns(tmp
     assert proc.returncode == 0 and proc.stdout.split()[0] == "None", proc.stderr
     assert not (tmp_path / "cache").exists()
     assert ("no compilation cache" in proc.stderr) == (setting == "a_file")
+
+
+def test_a_hook_for_late_reports_set_inside_a_command_outlives_it():
+    """A failed restore silences the "Event loop is closed" reports TensorStore's threads make as the process exits;
+    the command's own interrupt hook, undone when its body ends, must not take that silencer with it."""
+    from lmzoo.cli import interrupts_in_one_line
+    from lmzoo.record.checkpoints import silence_closed_loop_callbacks
+
+    before = sys.unraisablehook
+    try:
+        with interrupts_in_one_line("nothing was done"):
+            pass
+        assert sys.unraisablehook is before  # nothing added: the command leaves the hook it found
+        with interrupts_in_one_line("nothing was done"):
+            silence_closed_loop_callbacks()
+        assert getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False)
+    finally:
+        sys.unraisablehook = before

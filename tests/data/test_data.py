@@ -245,7 +245,7 @@ def test_missing_paths_raise_file_not_found(tmp_path):
 def test_unknown_source_lists_the_registered_ones():
     from lmzoo.config import ConfigError, data_spec
 
-    registered = ("hf, induction, mix, mqar, niah_multikey, niah_multiquery, niah_multivalue, parity, passkey, "
+    registered = ("hf, induction, mad, mix, mqar, niah_multikey, niah_multiquery, niah_multivalue, parity, passkey, "
                   "permutation, selective_copy, stdlib, text_files, tfds, variable_tracking")
     message = f"data.source='parquet' is not a registered data source (registered: {registered})"
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
