@@ -19,7 +19,8 @@ Log-linear attention: L levels (``level_scales [B, T, H, L]``), state ``[B, H, L
 Fenwick level), ``start`` the first token's position in its document.
 PaTH: w unit Householder directions ``[B, T, H, D]``, beta ``[B, T, H]`` in (0, 2).
 DeltaFormer: write queries w ``[B, T, K, D]`` (the keys by default), written values u ``[B, T, K, Dv]``; its state
-is a cache of every token's key and u.
+is a cache of every token's key and u. MoBA: blocks of bs tokens from each document's start, topk chosen per query
+(``block_indices [B, T, H, topk]``, its own block first).
 VQ attention: S codewords per head (codebook ``[H, S, D]``), blocks of L queries.
 State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head size (``ssd``, state
 ``[B, H, P, N]``), N state size, G groups sharing the B/C projections.
@@ -41,6 +42,7 @@ from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
 from lmzoo.ops.mamba3 import mamba3, mamba3_attention
 from lmzoo.ops.mlstm import mlstm, mlstm_weights
+from lmzoo.ops.moba import moba, moba_blocks, moba_step, moba_weights
 from lmzoo.ops.log_linear import log_linear_attention, log_linear_step, log_linear_weights
 from lmzoo.ops.path import path_attention, path_matrix, reflect_keys
 from lmzoo.ops.rwkv6 import rwkv6, rwkv6_weights
@@ -59,6 +61,7 @@ __all__ += ["delta_rule", "delta_rule_weights", "gla", "gla_weights", "linear_at
 __all__ += ["causal_conv1d", "diagonal_ssm", "diagonal_ssm_kernel", "fft_conv"]
 __all__ += ["selective_attention", "selective_scan", "ssd", "ssd_attention"]
 __all__ += ["dsa", "dsa_indexer", "dsa_weights"]
+__all__ += ["moba", "moba_blocks", "moba_step", "moba_weights"]
 __all__ += ["nsa", "nsa_block_means", "nsa_compression", "nsa_selection", "nsa_topk", "nsa_weights"]
 __all__ += ["path_attention", "path_matrix", "reflect_keys"]
 __all__ += ["stick_breaking_attention", "stick_breaking_matrix", "stick_breaking_weights"]
@@ -87,6 +90,7 @@ MIXER_OPS = {
     "mla": ("attention",),
     "dsa": ("dsa",),
     "nsa": ("nsa",),
+    "moba": ("moba",),
     "deltaformer": ("deltaformer",),
     "path": ("path", "attention"),  # attention: grouped key/value heads
     "stickbreaking": ("stick_breaking", "attention"),
