@@ -18,6 +18,9 @@ and a stabiliser m [B, H] beside C.
 Log-linear attention: L levels (``level_scales [B, T, H, L]``), state ``[B, H, L-1, Dk, Dv]`` (one matrix per
 Fenwick level), ``start`` the first token's position in its document.
 PaTH: w unit Householder directions ``[B, T, H, D]``, beta ``[B, T, H]`` in (0, 2).
+DeltaFormer: write queries w ``[B, T, K, D]`` (the keys by default), written values u ``[B, T, K, Dv]``; its state
+is a cache of every token's key and u. MoBA: blocks of bs tokens from each document's start, topk chosen per query
+(``block_indices [B, T, H, topk]``, its own block first).
 VQ attention: S codewords per head (codebook ``[H, S, D]``), blocks of L queries.
 State-space family: D channels (``selective_scan``, state ``[B, D, N]``), P head size (``ssd``, state
 ``[B, H, P, N]``), N state size, G groups sharing the B/C projections.
@@ -31,6 +34,7 @@ from lmzoo.ops.attention import attention_weights, logn_scale, softmax_attention
 from lmzoo.ops.comba import comba, comba_weights
 from lmzoo.ops.common import causal_mask
 from lmzoo.ops.delta import delta_rule, delta_rule_weights
+from lmzoo.ops.deltaformer import deltaformer, deltaformer_step, deltaformer_weights
 from lmzoo.ops.delta_product import delta_product, delta_product_weights
 from lmzoo.ops.dplr import dplr, dplr_weights, gdn2, gdn2_weights
 from lmzoo.ops.dsa import dsa, dsa_indexer, dsa_weights
@@ -38,6 +42,7 @@ from lmzoo.ops.gated import gla, gla_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
 from lmzoo.ops.mamba3 import mamba3, mamba3_attention
 from lmzoo.ops.mlstm import mlstm, mlstm_weights
+from lmzoo.ops.moba import moba, moba_blocks, moba_step, moba_weights
 from lmzoo.ops.log_linear import log_linear_attention, log_linear_step, log_linear_weights
 from lmzoo.ops.path import path_attention, path_matrix, reflect_keys
 from lmzoo.ops.rwkv6 import rwkv6, rwkv6_weights
@@ -56,13 +61,14 @@ __all__ += ["delta_rule", "delta_rule_weights", "gla", "gla_weights", "linear_at
 __all__ += ["causal_conv1d", "diagonal_ssm", "diagonal_ssm_kernel", "fft_conv"]
 __all__ += ["selective_attention", "selective_scan", "ssd", "ssd_attention"]
 __all__ += ["dsa", "dsa_indexer", "dsa_weights"]
+__all__ += ["moba", "moba_blocks", "moba_step", "moba_weights"]
 __all__ += ["nsa", "nsa_block_means", "nsa_compression", "nsa_selection", "nsa_topk", "nsa_weights"]
 __all__ += ["path_attention", "path_matrix", "reflect_keys"]
 __all__ += ["stick_breaking_attention", "stick_breaking_matrix", "stick_breaking_weights"]
 __all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
 __all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights", "rwkv6", "rwkv6_weights", "mlstm", "mlstm_weights"]
 __all__ += ["comba", "comba_weights", "delta_product", "delta_product_weights", "mamba3", "mamba3_attention"]
-__all__ += ["mesa_net", "mesa_net_weights"]
+__all__ += ["mesa_net", "mesa_net_weights", "deltaformer", "deltaformer_step", "deltaformer_weights"]
 __all__ += ["momentum_delta_rule", "momentum_delta_rule_weights", "precond_delta_rule", "precond_delta_rule_weights"]
 
 # The op modules (lmzoo/ops/<name>.py) each mixer module (lmzoo/mixers/<name>.py, registered under the same name)
@@ -84,6 +90,8 @@ MIXER_OPS = {
     "mla": ("attention",),
     "dsa": ("dsa",),
     "nsa": ("nsa",),
+    "moba": ("moba",),
+    "deltaformer": ("deltaformer",),
     "path": ("path", "attention"),  # attention: grouped key/value heads
     "stickbreaking": ("stick_breaking", "attention"),
     "vq": ("vq",),

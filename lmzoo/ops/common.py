@@ -1,5 +1,6 @@
 """Pieces every op shares: the causal mask, chunk padding, segment sums of log decays, the form check,
-and document segments (``segment_ids [B, T]``, equal within a document).
+document segments (``segment_ids [B, T]``, equal within a document), and the softmax attentions' grouped
+query heads and softmax over the visible keys only.
 
 They live here, not in any one op, so that the general op and its special cases import from the
 same place and none of them from a sibling.
@@ -44,6 +45,25 @@ def same_segment(q_ids: jax.Array, k_ids: Optional[jax.Array] = None) -> jax.Arr
     """[B, T, S] bool: True where query i and key j lie in one segment (ids [B, T] and [B, S])."""
     k_ids = q_ids if k_ids is None else k_ids
     return q_ids[:, :, None] == k_ids[:, None, :]
+
+
+def grouped(q: jax.Array, n_kv: int) -> jax.Array:
+    """[B, T, HQ, D] -> [B, T, H, G, D] float32: the G query heads of each kv head side by side."""
+    b, t, hq, d = q.shape
+    return q.astype(jnp.float32).reshape(b, t, n_kv, hq // n_kv, d)
+
+
+def masked_softmax(logits: jax.Array, visible: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(probabilities, log-sum-exp) over the last axis of the visible entries; a row with none visible
+    gives zeros and −inf, with finite gradients (masked logits never reach an exp)."""
+    safe = jnp.where(visible, logits, 0.0)
+    top = lax.stop_gradient(jnp.max(jnp.where(visible, logits, -jnp.inf), axis=-1, keepdims=True))
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    weights = jnp.where(visible, jnp.exp(safe - top), 0.0)
+    total = weights.sum(-1, keepdims=True)
+    probs = weights / jnp.where(total > 0, total, 1.0)
+    lse = jnp.where(total > 0, top + jnp.log(jnp.where(total > 0, total, 1.0)), -jnp.inf)
+    return probs, lse[..., 0]
 
 
 def reset_gates(log_g, segment_ids, key_shape) -> jax.Array:

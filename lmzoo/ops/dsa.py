@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import Forms, check_form, segment_starts
+from lmzoo.ops.common import Forms, check_form, grouped, segment_starts
 
 METHODS = Forms("naive", "gather")
 
@@ -77,11 +77,6 @@ def selected_mask(indices, start, last, n_keys: int) -> jax.Array:
     rows = jnp.arange(indices.shape[1])[None, :, None]
     chosen = chosen.at[jnp.arange(indices.shape[0])[:, None, None], rows, columns].set(True)[..., :n_keys]
     return chosen & causal_in_document(start, last, n_keys)
-
-
-def grouped(q, n_kv: int) -> jax.Array:
-    b, t, hq, d = q.shape
-    return q.astype(jnp.float32).reshape(b, t, n_kv, hq // n_kv, d)
 
 
 def selected_probs(q, k, mask, scale) -> jax.Array:

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.ops.attention import softmax_attention
-from lmzoo.ops.common import Forms, check_form, segment_starts
+from lmzoo.ops.common import Forms, check_form, grouped, masked_softmax, segment_starts
 
 METHODS = Forms("naive", "parallel", "gather")
 
@@ -101,25 +101,6 @@ def nsa_block_means(x: jax.Array, block_size: int, segment_ids=None) -> jax.Arra
 
 
 # ----------------------------------------------------------------------------- branches on a layout
-
-
-def grouped(q: jax.Array, n_kv: int) -> jax.Array:
-    """[B, T, HQ, D] -> [B, T, H, G, D] float32: the G query heads of each kv head side by side."""
-    b, t, hq, d = q.shape
-    return q.astype(jnp.float32).reshape(b, t, n_kv, hq // n_kv, d)
-
-
-def masked_softmax(logits: jax.Array, visible: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(probabilities, log-sum-exp) over the last axis of the visible entries; a row with none visible
-    gives zeros and −inf, with finite gradients (masked logits never reach an exp)."""
-    safe = jnp.where(visible, logits, 0.0)
-    top = lax.stop_gradient(jnp.max(jnp.where(visible, logits, -jnp.inf), axis=-1, keepdims=True))
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
-    weights = jnp.where(visible, jnp.exp(safe - top), 0.0)
-    total = weights.sum(-1, keepdims=True)
-    probs = weights / jnp.where(total > 0, total, 1.0)
-    lse = jnp.where(total > 0, top + jnp.log(jnp.where(total > 0, total, 1.0)), -jnp.inf)
-    return probs, lse[..., 0]
 
 
 def compression_probs(q, k_cmp, lay: Layout, *, block_size: int, scale: float):

@@ -1,5 +1,5 @@
-"""The momentum delta rule, the preconditioned delta rule (Gated DeltaNet's and KDA's) and MesaNet checked against the
-peer: flash-linear-attention 0.6.0's PyTorch references (``fla/ops/<op>/naive.py``, loaded by path through
+"""The momentum delta rule, the preconditioned delta rule (Gated DeltaNet's and KDA's), MesaNet and DeltaFormer checked
+against the peer: flash-linear-attention 0.6.0's PyTorch references (``fla/ops/<op>/naive.py``, loaded by path through
 ``tests/fla_reference.py``; skipped without torch or fla-core).
 
 Each check runs both on the same float32 inputs at an odd length (19) from an initial state and compares the
@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lmzoo.ops.deltaformer import deltaformer
 from lmzoo.ops.mesa import mesa_net
 from lmzoo.ops.momentum_delta import momentum_delta_rule
 from lmzoo.ops.precond_delta import precond_delta_rule
@@ -178,3 +179,21 @@ def test_mesa_net_equals_the_peer(method):
                                       max_CG_iteration=30, h_kk_init=a["H"], h_kv_init=a["G"])
 
     assert_agree_with_peer(ours, theirs, inputs)
+
+
+# ----------------------------------------------------------------------------- DeltaFormer
+
+
+@pytest.mark.parametrize("method", ["naive", "chunk"])
+def test_deltaformer_equals_the_peer(method):
+    """The peer's reference (``naive_deltaformer_attn``) writes with the queries (lmzoo's ``w=q``) and reads with
+    them; it takes no state, and its values have the keys' width."""
+    peer = fla_reference("deltaformer")
+    rng = np.random.default_rng(3)
+    n = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    inputs = {"q": n(B, T, H, DK), "k": n(B, T, H, DK), "v": n(B, T, H, DK), "beta": sigmoid(n(B, T, H))}
+
+    def ours(a):
+        return deltaformer(a["q"], a["k"], a["v"], a["beta"], w=a["q"], method=method, chunk_size=CHUNK)[0]
+
+    assert_agree_with_peer(ours, lambda a: peer.naive_deltaformer_attn(a["q"], a["k"], a["v"], a["beta"]), inputs)

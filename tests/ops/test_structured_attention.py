@@ -173,7 +173,9 @@ HEAD_OPTIONS = ("attn.qk_norm=true", "attn.output_gate=true")
 
 @pytest.mark.parametrize("variant, overrides", [("fox", HEAD_OPTIONS), ("stickbreaking", HEAD_OPTIONS),
                                                 ("path", (*HEAD_OPTIONS, "attn.forget_gate=true", "attn.n_kv_heads=2")),
-                                                ("mla", ("attn.output_gate=true",))])
+                                                ("mla", ("attn.output_gate=true",)),
+                                                ("deltaformer", (*HEAD_OPTIONS, "attn.n_kv_heads=2")),
+                                                ("moba", (*HEAD_OPTIONS, "attn.n_kv_heads=2", "attn.block_size=2"))])
 def test_head_options_prefill_and_decode_as_the_forward(variant, overrides):
     """A prompt of 4 tokens prefilled, the other 5 decoded one by one: the forward's outputs."""
     mixer = first_mixer(variant, *overrides)
