@@ -222,8 +222,9 @@ def dispatch(op: str, method: str, best: str, call: Callable[[], JlaCall], own: 
 
 
 def state_or_none(initial_state):
-    """An initial state for jla in float32, or None: a kernel given no state skips reading one."""
-    return None if initial_state is None else initial_state.astype(jnp.float32)
+    """An initial state for jla in float32 (an array, or a tuple of them: mLSTM's (C, n, m)), or None: a kernel
+    given no state skips reading one."""
+    return None if initial_state is None else jax.tree.map(lambda s: s.astype(jnp.float32), initial_state)
 
 
 def run(call: JlaCall):
