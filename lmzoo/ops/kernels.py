@@ -18,7 +18,9 @@ mixer once to name the implementation each layer runs, which the run's records k
 An op's mapping onto jla is a ``JlaCall``: jla's kind, q, k, v, gates by jla's names and options
 (scale, initial_state, segment_ids), built by the op so that jla computes the op's own contract
 (scales, gate layouts, which state a read sees); ``tests/ops/test_kernels.py`` checks each mapping against
-the op's reference form.
+the op's reference form. A kind jla qualifies no GPU kernel for (``rwkv6``; ``mlstm``, whose Mosaic kernel jla
+registers opt-in only) is mapped all the same: ``jla`` runs jla's chunked op, and ``auto`` runs the op's own form
+with that reason, until a jla that qualifies a kernel for the kind gets the call.
 
 On a TPU, ``auto`` runs deltanet-tpu (the ``tpu`` extra; Python >= 3.12) instead: Pallas TPU kernels of the
 GDN-2 rule ``S' = diag(exp(g)) S;  S = S' + k (w * v - S'^T (b * k))^T;  o = scale S^T q``, of which GLA
