@@ -25,7 +25,7 @@ scan's operator stops at a start).
 
 Kernel providers (``lmzoo.ops.kernels``): ``"jla"`` runs jax-linear-attention's ``mlstm`` kind (``jla_call``: the
 same recurrence, stabiliser, empty state and document restarts); ``"auto"`` would run jla's Mosaic GPU kernel where
-jla qualifies it for its own ``auto`` and it takes the call, and ``"assoc"`` otherwise. jla 0.x registers that
+jla qualifies it for its own ``auto`` and it takes the call, and ``"assoc"`` otherwise. jla 0.1 registers that
 kernel opt-in only (its bf16 numerator loses precision where q is nearly orthogonal to the state's keys), so today
 ``auto`` runs ``"assoc"`` on every device, recorded with that reason.
 """

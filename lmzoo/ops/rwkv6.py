@@ -26,7 +26,7 @@ alone. Everything accumulates in float32; o has v's dtype.
 
 Kernel providers (``lmzoo.ops.kernels``): ``"jla"`` runs jax-linear-attention's ``rwkv6`` kind (``jla_call``: the
 same read before the step's decay and write, the same bonus); ``"auto"`` would run a jla Mosaic GPU kernel for it
-where jla had one, and ``"chunk"`` otherwise. jla 0.x has only its reference and chunked JAX ops for ``rwkv6``, so
+where jla had one, and ``"chunk"`` otherwise. jla 0.1 has only its reference and chunked JAX ops for ``rwkv6``, so
 today ``auto`` runs ``"chunk"`` on every device, recorded with that reason.
 """
 
