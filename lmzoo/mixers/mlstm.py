@@ -33,7 +33,7 @@ from lmzoo.sharding import EMBED, param, partitioned
 class MLSTMConfig(LinearFamilyConfig):
     forms = METHODS
 
-    method: str = "assoc"  # naive | parallel | assoc (see lmzoo.ops.mlstm)
+    method: str = "auto"  # auto | jla | naive | parallel | assoc (see lmzoo.ops.mlstm)
 
     def build(self, ctx, *, rngs):
         return MLSTM(self, ctx, rngs=rngs)

@@ -44,7 +44,7 @@ SHIFTED = ("r", "w", "k", "v", "g")  # the inputs token shift mixes, each with i
 class RWKV6Config(LinearFamilyConfig):
     forms = METHODS
 
-    method: str = "chunk"  # naive | parallel | chunk (see lmzoo.ops.rwkv6)
+    method: str = "auto"  # auto | jla | naive | parallel | chunk (see lmzoo.ops.rwkv6)
     key_ratio: float = 0.5  # receptance/key width as a fraction of d_model (the paper's layer: 0.5)
     mix_rank: int = 32  # rank of the shared projection that makes the token-shift weights data-dependent
     decay_rank: int = 64  # rank of the decay's projection

@@ -18,7 +18,9 @@ mixer once to name the implementation each layer runs, which the run's records k
 An op's mapping onto jla is a ``JlaCall``: jla's kind, q, k, v, gates by jla's names and options
 (scale, initial_state, segment_ids), built by the op so that jla computes the op's own contract
 (scales, gate layouts, which state a read sees); ``tests/ops/test_kernels.py`` checks each mapping against
-the op's reference form.
+the op's reference form. A kind jla qualifies no GPU kernel for (``rwkv6``; ``mlstm``, whose Mosaic kernel jla
+registers opt-in only) is mapped all the same: ``jla`` runs jla's chunked op, and ``auto`` runs the op's own form
+with that reason, until a jla that qualifies a kernel for the kind gets the call.
 
 On a TPU, ``auto`` runs deltanet-tpu (the ``tpu`` extra; Python >= 3.12) instead: Pallas TPU kernels of the
 GDN-2 rule ``S' = diag(exp(g)) S;  S = S' + k (w * v - S'^T (b * k))^T;  o = scale S^T q``, of which GLA
@@ -222,8 +224,9 @@ def dispatch(op: str, method: str, best: str, call: Callable[[], JlaCall], own: 
 
 
 def state_or_none(initial_state):
-    """An initial state for jla in float32, or None: a kernel given no state skips reading one."""
-    return None if initial_state is None else initial_state.astype(jnp.float32)
+    """An initial state for jla in float32 (an array, or a tuple of them: mLSTM's (C, n, m)), or None: a kernel
+    given no state skips reading one."""
+    return None if initial_state is None else jax.tree.map(lambda s: s.astype(jnp.float32), initial_state)
 
 
 def run(call: JlaCall):

@@ -22,6 +22,12 @@ The state is the tuple (C [B,H,Dk,Dv], n [B,H,Dk], m [B,H]), float32; a sequence
 (``zero_state``: zeros and m = ``EMPTY_M``, so its first m is its first input gate), as jax-linear-attention's
 reference does. Documents (``segment_ids``): the states restart from the empty state at each segment start (the
 scan's operator stops at a start).
+
+Kernel providers (``lmzoo.ops.kernels``): ``"jla"`` runs jax-linear-attention's ``mlstm`` kind (``jla_call``: the
+same recurrence, stabiliser, empty state and document restarts); ``"auto"`` would run jla's Mosaic GPU kernel where
+jla qualifies it for its own ``auto`` and it takes the call, and ``"assoc"`` otherwise. jla 0.1 registers that
+kernel opt-in only (its bf16 numerator loses precision where q is nearly orthogonal to the state's keys), so today
+``auto`` runs ``"assoc"`` on every device, recorded with that reason.
 """
 
 from __future__ import annotations
@@ -32,22 +38,40 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lmzoo.ops import kernels
 from lmzoo.ops.common import (Forms, causal_mask, check_form, decay_until_end, same_segment, segment_starts,
                               segment_sums)
+from lmzoo.ops.kernels import PROVIDER_FORMS
 
-METHODS = Forms("naive", "parallel", "assoc")
+METHODS = Forms("naive", "parallel", "assoc", *PROVIDER_FORMS)
+BEST = "assoc"  # the form ``auto`` runs where jla's kernel does not (``lmzoo.ops.kernels``)
 STEP_FORM = "naive"  # the form mixers decode one token with (their ``step``): its one token-by-token form
 
 
 def mlstm(q, k, v, log_i, log_f, *, scale=None, initial_state=None, method="assoc", segment_ids=None):
     """q, k [B,T,H,Dk], v [B,T,H,Dv], log_i (the input gate's pre-activation) and log_f (<= 0) [B,T,H].
 
-    ``initial_state``: (C [B,H,Dk,Dv], n [B,H,Dk], m [B,H]) or None (zeros). Returns (h [B,T,H,Dv] in v's dtype,
-    the final (C, n, m) float32)."""
+    ``initial_state``: (C [B,H,Dk,Dv], n [B,H,Dk], m [B,H]) or None (zeros). ``method="jla"`` runs
+    jax-linear-attention's ``mlstm``; ``"auto"`` its Hopper kernel where jla qualifies it, ``"assoc"`` otherwise.
+    Returns (h [B,T,H,Dv] in v's dtype, the final (C, n, m) float32)."""
     method = check_form(method, METHODS)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _mlstm(q, k, v, log_i, log_f, scale=scale, initial_state=initial_state, method=method,
-                  segment_ids=segment_ids)
+    out, state = kernels.dispatch(
+        "mlstm", method, BEST, lambda: jla_call(q, k, v, log_i, log_f, scale, initial_state, segment_ids),
+        lambda form: _mlstm(q, k, v, log_i, log_f, scale=scale, initial_state=initial_state, method=form,
+                            segment_ids=segment_ids), v.dtype)
+    return out, tuple(state)  # jla's state is its own named tuple: lmzoo's is a plain (C, n, m)
+
+
+def jla_call(q, k, v, log_i, log_f, scale, initial_state, segment_ids) -> kernels.JlaCall:
+    """``mlstm`` as jla's ``mlstm``: the same recurrence, stabiliser and empty state (g = log f, i = log i~; q
+    scaled by ``scale``), and jla restarts from the empty state at a segment start, as here. jla adds ``eps`` to
+    the denominator ``max(|n . q|, exp(-m))``: 0 here, so it divides by lmzoo's. Its floor ``exp(-m)`` is capped at
+    exp(80), which differs from lmzoo's only where every write reaching a step weighs under exp(-80) (both h ~ 0)."""
+    gates = {"g": log_f.astype(jnp.float32), "i": log_i.astype(jnp.float32)}
+    options = {"scale": scale, "initial_state": kernels.state_or_none(initial_state), "segment_ids": segment_ids,
+               "eps": 0.0}
+    return kernels.JlaCall("mlstm", q, k, v, gates, options)
 
 
 EMPTY_M = -1e30  # the empty state's stabiliser: every real contribution outweighs it (finite: no inf - inf)

@@ -23,6 +23,11 @@ Documents (``segment_ids``): the naive form zeroes the state at each segment sta
 The other forms forget through the segment start's decay (``RESET_LOG_DECAY``), which acts only on later queries
 (a query reads before its own decay), so the query at a segment start also reads no state: it sees its own token
 alone. Everything accumulates in float32; o has v's dtype.
+
+Kernel providers (``lmzoo.ops.kernels``): ``"jla"`` runs jax-linear-attention's ``rwkv6`` kind (``jla_call``: the
+same read before the step's decay and write, the same bonus); ``"auto"`` would run a jla Mosaic GPU kernel for it
+where jla had one, and ``"chunk"`` otherwise. jla 0.1 has only its reference and chunked JAX ops for ``rwkv6``, so
+today ``auto`` runs ``"chunk"`` on every device, recorded with that reason.
 """
 
 from __future__ import annotations
@@ -33,31 +38,47 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lmzoo.ops import kernels
 from lmzoo.ops.common import (RESET_LOG_DECAY, Forms, check_form, decay_until_end, from_chunks, gate_layout,
                               reset_gates, same_segment, segment_starts, state_float32, to_chunks)
+from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.ut import decay_before, decayed_pairs
 
-METHODS = Forms("naive", "parallel", "chunk")
+METHODS = Forms("naive", "parallel", "chunk", *PROVIDER_FORMS)
+BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not (``lmzoo.ops.kernels``)
 STEP_FORM = "naive"  # the form mixers decode one token with (their ``step``): its one token-by-token form
 
 
 def rwkv6(q, k, v, log_w, u, *, scale=None, initial_state=None, method="chunk", chunk_size=64, segment_ids=None):
     """q, k, log_w [B,T,H,Dk] (log_w also [B,T,H]: one decay per head), v [B,T,H,Dv], u [H,Dk].
 
-    ``segment_ids`` [B,T]: the state restarts at each segment start.
+    ``segment_ids`` [B,T]: the state restarts at each segment start. ``method="jla"`` runs jax-linear-attention's
+    ``rwkv6``; ``"auto"`` a jla Hopper kernel where jla has one, ``"chunk"`` otherwise.
     Returns (o [B, T, H, Dv] in v's dtype, S_T [B, H, Dk, Dv] float32).
     """
     method = check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _rwkv6(q, k, v, log_w, u, scale=scale, initial_state=initial_state, method=method, chunk_size=chunk_size,
-                  segment_ids=segment_ids)
+    if u.shape != k.shape[2:]:
+        raise ValueError(f"u has shape {u.shape}; expected {k.shape[2:]} (heads, key width)")
+    return kernels.dispatch(
+        "rwkv6", method, BEST, lambda: jla_call(q, k, v, log_w, u, scale, initial_state, segment_ids),
+        lambda form: _rwkv6(q, k, v, log_w, u, scale=scale, initial_state=initial_state, method=form,
+                            chunk_size=chunk_size, segment_ids=segment_ids), v.dtype)
+
+
+def jla_call(q, k, v, log_w, u, scale, initial_state, segment_ids) -> kernels.JlaCall:
+    """``rwkv6`` as jla's ``rwkv6``: the same read of the state before the step's decay and write and the same bonus
+    u on the token's own key, g = log_w (one per head spread over the key channels); jla zeroes the state at a
+    segment start before that step's query reads it, as the naive form does."""
+    g = jnp.broadcast_to(gate_layout(log_w, k.shape), k.shape).astype(jnp.float32)
+    return kernels.JlaCall("rwkv6", q, k, v, {"g": g, "u": u},
+                           {"scale": scale, "initial_state": kernels.state_or_none(initial_state),
+                            "segment_ids": segment_ids})
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "method", "chunk_size"))
 def _rwkv6(q, k, v, log_w, u, *, scale, initial_state, method, chunk_size, segment_ids):
     batch, length, heads, d_key = k.shape
-    if u.shape != (heads, d_key):
-        raise ValueError(f"u has shape {u.shape}; expected {(heads, d_key)} (heads, key width)")
     s0 = state_float32(initial_state, (batch, heads, d_key, v.shape[-1]))
     starts = jnp.zeros((batch, length), bool) if segment_ids is None else segment_starts(segment_ids)
     q32, k32, v32 = (a.astype(jnp.float32) for a in (q, k, v))

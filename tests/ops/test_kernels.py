@@ -87,6 +87,12 @@ def _inputs(case: str, seed: int = 0, *, H: int = H, DK: int = DK, DV: int = DV)
         if case == "delta_channel":
             args["log_g"] = _log_sigmoid(n(B, T, value_heads, DK))
         return args
+    if case == "mlstm":  # input gates spread wide enough to need the stabiliser; a state with its own m
+        return {"q": n(B, T, H, DK), "k": n(B, T, H, DK), "v": n(B, T, H, DV), "log_i": 2.0 * n(B, T, H),
+                "log_f": _log_sigmoid(n(B, T, H)), "state": (n(B, H, DK, DV), n(B, H, DK), n(B, H))}
+    if case == "rwkv6":  # decays per key channel (~0.3 .. 1 a step) and the bonus u
+        return {"q": n(B, T, H, DK), "k": n(B, T, H, DK), "v": n(B, T, H, DV), "log_w": -np.exp(n(B, T, H, DK) - 1.5),
+                "u": n(H, DK), "state": n(B, H, DK, DV)}
     args = {"q": n(B, T, H, DK), "k": n(B, T, H, DK), "v": n(B, T, H, DV), "state": n(B, H, DK, DV)}
     if case == "gla_channel":
         args["log_g"] = _log_sigmoid(n(B, T, H, DK))
@@ -114,6 +120,12 @@ def _call(case: str, method: str, args: dict, segment_ids):
     if case == "dplr":
         return ops.dplr(args["q"], args["k"], args["v"], args["alpha"], args["beta"], args["log_g"], scale=1.0,
                         initial_state=state, method=method, chunk_size=16, segment_ids=segment_ids)
+    if case == "mlstm":
+        return ops.mlstm(args["q"], args["k"], args["v"], args["log_i"], args["log_f"], initial_state=state,
+                         method=method, segment_ids=segment_ids)
+    if case == "rwkv6":  # RWKV's own scale, as its mixer calls it
+        return ops.rwkv6(args["q"], args["k"], args["v"], args["log_w"], args["u"], scale=1.0, initial_state=state,
+                         method=method, chunk_size=16, segment_ids=segment_ids)
     if case == "gdn2":
         return ops.gdn2(args["q"], args["k"], args["v"], args["log_g"], args["erase"], args["write"],
                         initial_state=state, method=method, chunk_size=16, segment_ids=segment_ids)
@@ -134,15 +146,17 @@ def _call(case: str, method: str, args: dict, segment_ids):
 CASES = {"gla_channel": "naive", "gla_head": "naive", "gla_none": "naive", "linear": "naive", "ssd": "naive",
          "delta_none": "naive", "delta_head": "naive", "delta_channel": "naive", "delta_grouped": "naive",
          "delta_product": "naive", "gdn2": "naive", "dplr": "naive", "selective_scan": "naive",
-         "mamba3": "naive", "comba": "naive"}
+         "mamba3": "naive", "comba": "naive", "mlstm": "naive", "rwkv6": "naive"}
 # case -> the implementation method="jla" runs on a CPU
 JLA_KINDS = {"gla_channel": "gla", "gla_head": "simple_gla", "gla_none": "simple_gla", "linear": "simple_gla",
              "ssd": "simple_gla", "delta_none": "deltanet", "delta_head": "gated_deltanet", "delta_channel": "kda",
              "delta_grouped": "gated_deltanet", "delta_product": "gated_deltanet", "gdn2": "gdn2", "dplr": "rwkv7",
-             "selective_scan": "mamba1", "mamba3": "mamba3", "comba": "rwkv7"}
-BEST = {"selective_scan": "scan"}  # the form auto runs off Hopper, where not "chunk"
+             "selective_scan": "mamba1", "mamba3": "mamba3", "comba": "rwkv7", "mlstm": "mlstm", "rwkv6": "rwkv6"}
+CHUNKED_ONLY = ("mlstm", "rwkv6")  # jla has no GPU-qualified kernel for these: its chunked op runs on every device
+BEST = {"selective_scan": "scan", "mlstm": "assoc"}  # the form auto runs off Hopper, where not "chunk"
 OPS = {"ssd": "ssd", "delta_product": "delta_rule", "gdn2": "gdn2", "dplr": "dplr", "selective_scan": "selective_scan",
-       "mamba3": "mamba3", "comba": "comba"}  # the op whose choice is recorded, where not the case's family
+       "mamba3": "mamba3", "comba": "comba", "mlstm": "mlstm",
+       "rwkv6": "rwkv6"}  # the op whose choice is recorded, where not the case's family
 
 
 def _segments():
@@ -150,9 +164,12 @@ def _segments():
 
 
 def _outputs_and_grads(case, method, args, cotangent):
-    segment_ids = _segments()
-    out, vjp = jax.vjp(lambda a: _call(case, method, a, segment_ids), args)
-    return out, vjp(jax.tree.map(lambda c, o: c.astype(o.dtype), cotangent, out))[0]
+    """Jitted: jla's chunked ops are plain JAX, which op by op compiles ~4x longer than as one program."""
+    @jax.jit
+    def both(args, cotangent):
+        out, vjp = jax.vjp(lambda a: _call(case, method, a, _segments()), args)
+        return out, vjp(jax.tree.map(lambda c, o: c.astype(o.dtype), cotangent, out))[0]
+    return both(args, cotangent)
 
 
 def _compare(case: str, dtype, tol: float, *, with_state: bool = True, **sizes):
@@ -180,7 +197,8 @@ def test_jla_equals_reference(case, dtype):
 
 
 @needs_jla
-@pytest.mark.parametrize("case", ["gla_channel", "delta_head", "ssd", "dplr", "selective_scan", "mamba3", "comba"])
+@pytest.mark.parametrize("case", ["gla_channel", "delta_head", "ssd", "dplr", "selective_scan", "mamba3", "comba",
+                                  "mlstm"])  # mLSTM: jla's empty state (m = -1e30) for lmzoo's
 def test_jla_from_no_state(case):
     """Without an initial state jla is given none (its kernels then read none)."""
     _compare(case, jnp.float32, F32_TOLERANCE, with_state=False)
@@ -191,7 +209,7 @@ def test_jla_from_no_state(case):
 def test_jla_records_its_kind(case):
     args = jax.tree.map(jnp.asarray, _inputs(case))
     choices = kernels.traced_choices(lambda a: _call(case, "jla", a, _segments()), args)
-    impl = "mosaic_gpu" if kernels.hopper() else "chunked"
+    impl = "mosaic_gpu" if kernels.hopper() and case not in CHUNKED_ONLY else "chunked"
     op = OPS.get(case, "delta_rule" if case.startswith("delta") else "gla")
     assert kernels.Choice(op, f"jla.{impl}:{JLA_KINDS[case]}") in choices
 
@@ -207,7 +225,7 @@ def test_mosaic_kernels_equal_reference(case):
 
 
 @pytest.mark.parametrize("case", ["gla_channel", "delta_head", "ssd", "delta_product", "gdn2", "dplr", "selective_scan",
-                                  "mamba3", "comba"])
+                                  "mamba3", "comba", "mlstm", "rwkv6"])
 def test_auto_off_hopper_is_the_best_form_bit_for_bit(case):
     """Fail-closed: where jla's kernel does not run (here: no Hopper GPU), ``auto`` is the op's own best form."""
     if kernels.hopper() or kernels.on_tpu():
@@ -235,6 +253,91 @@ def test_explicit_forms_are_recorded_as_lmzoo():
     with kernels.recording() as choices:
         _call("gla_head", "scan", args, None)
     assert choices == [kernels.Choice("gla", "lmzoo:scan")]
+
+
+# ----------------------------------------------------------------------------- auto on a Hopper GPU, mocked
+# Which call ``auto`` makes on a Hopper GPU for the ops jla runs only with its chunked op (mLSTM, RWKV-6), by tracing
+# alone with jla stood in for: it runs on every Python.
+
+
+class _StandInJla:
+    """``jla.ops`` as ``lmzoo.ops.kernels`` reads it: the kinds' gate names, a Mosaic kernel for ``kernel``
+    (GPU-qualified or not; taking every call or none) and ``linear_attention``, which keeps each call's kind and
+    inputs and gives (o, final state) of the right shapes."""
+
+    KINDS = {"mlstm": ("mlstm", ("g", "i")), "rwkv6": ("rwkv6", ("g", "u"))}
+
+    def __init__(self, kernel: str | None = None, *, qualified: bool = True, takes: bool = True):
+        registered = {} if kernel is None else {kernel: (None, lambda *args, **options: takes, qualified)}
+        self._REGISTRY = {"mosaic_gpu": registered}
+        self.calls = []
+
+    def linear_attention(self, kind, q, k, v, *, impl, **inputs):
+        self.calls.append((kind, inputs))
+        (b, _, h, dk), dv = k.shape, v.shape[-1]
+        if kind == "mlstm":
+            return jnp.zeros(v.shape, q.dtype), (jnp.zeros((b, h, dk, dv)), jnp.zeros((b, h, dk)), jnp.zeros((b, h)))
+        return jnp.zeros(v.shape, q.dtype), jnp.zeros((b, h, dk, dv))
+
+
+@pytest.fixture
+def hopper_with(monkeypatch):
+    """Installs a stand-in for jla on a mocked Hopper GPU."""
+    monkeypatch.setattr(kernels, "hopper", lambda: True)
+    monkeypatch.setattr(kernels, "on_tpu", lambda: False)
+
+    def install(stand_in: _StandInJla) -> _StandInJla:
+        monkeypatch.setattr(kernels, "jla_ops", lambda: stand_in)
+        return stand_in
+    return install
+
+
+def _traced(case: str, method: str) -> list:
+    args = jax.tree.map(jnp.asarray, _inputs(case))
+    return kernels.traced_choices(lambda a: _call(case, method, a, _segments()), args)
+
+
+@pytest.mark.parametrize("case", CHUNKED_ONLY)
+def test_auto_on_hopper_keeps_lmzoos_form_without_a_qualified_jla_kernel(hopper_with, case):
+    """As jla ships them: mLSTM's Mosaic kernel registered opt-in only, none for RWKV-6. ``auto`` runs the op's
+    best form and says why; ``jla`` runs jla's chunked op."""
+    stand_in = hopper_with(_StandInJla("mlstm", qualified=False))
+    reason = f"jla has no GPU-tested Mosaic kernel for {case}"
+    assert _traced(case, "auto") == [kernels.Choice(case, f"lmzoo:{BEST.get(case, 'chunk')}", reason)]
+    assert stand_in.calls == []
+    assert _traced(case, "jla") == [kernels.Choice(case, f"jla.chunked:{case}")]
+    assert [kind for kind, _ in stand_in.calls] == [case]
+
+
+def test_auto_on_hopper_hands_mlstm_to_a_qualified_kernel_as_lmzoos_contract(hopper_with):
+    """Were jla to qualify its mLSTM kernel, ``auto`` would give it the call: lmzoo's scale, no eps, log gates
+    [B,T,H] in float32, the state (C, n, m) in float32 and the documents."""
+    stand_in = hopper_with(_StandInJla("mlstm"))
+    assert _traced("mlstm", "auto") == [kernels.Choice("mlstm", "jla.mosaic_gpu:mlstm")]
+    [(kind, inputs)] = stand_in.calls
+    assert kind == "mlstm" and inputs["scale"] == DK**-0.5 and inputs["eps"] == 0.0
+    assert all(inputs[gate].shape == (B, T, H) and inputs[gate].dtype == jnp.float32 for gate in ("g", "i"))
+    assert [s.shape for s in inputs["initial_state"]] == [(B, H, DK, DV), (B, H, DK), (B, H)]
+    assert all(s.dtype == jnp.float32 for s in inputs["initial_state"]) and inputs["segment_ids"].shape == (B, T)
+
+
+def test_auto_on_hopper_hands_rwkv6_to_a_kernel_only_where_it_takes_the_call(hopper_with):
+    stand_in = hopper_with(_StandInJla("rwkv6"))
+    assert _traced("rwkv6", "auto") == [kernels.Choice("rwkv6", "jla.mosaic_gpu:rwkv6")]
+    [(_, inputs)] = stand_in.calls
+    assert inputs["scale"] == 1.0 and inputs["g"].shape == (B, T, H, DK) and inputs["u"].shape == (H, DK)
+    hopper_with(_StandInJla("rwkv6", takes=False))
+    [choice] = _traced("rwkv6", "auto")
+    assert choice.implementation == "lmzoo:chunk" and "jla's rwkv6 kernel does not take this call" in choice.reason
+
+
+@needs_jla
+@pytest.mark.parametrize("kind", CHUNKED_ONLY)
+def test_jla_has_no_gpu_qualified_kernel_for(kind):
+    """What the docs say ``auto`` runs for mLSTM and RWKV-6 (lmzoo's own form on every device) holds for the jla
+    installed: a jla that qualifies a kernel for one of them fails this, and the docs' rows change."""
+    entry = kernels.jla_ops()._REGISTRY.get("mosaic_gpu", {}).get(kind)
+    assert entry is None or not entry[2]
 
 
 # ----------------------------------------------------------------------------- nothing constant to fold

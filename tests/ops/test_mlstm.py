@@ -122,5 +122,6 @@ def test_the_weights_times_the_values_are_the_output_and_zero_across_documents()
 
 def test_a_bad_form_is_refused_in_one_line():
     args = mlstm_inputs(5)
-    with pytest.raises(ValueError, match=r"method='chunk' is not valid \(choose from: naive, parallel, assoc\)"):
+    choices = r"\(choose from: naive, parallel, assoc, auto, jla\)"
+    with pytest.raises(ValueError, match=r"method='chunk' is not valid " + choices):
         mlstm(args["q"], args["k"], args["v"], args["log_i"], args["log_f"], method="chunk")

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.rwkv6 import METHODS, rwkv6, rwkv6_weights
 
 from op_checks import assert_forms_agree, rel_err, values_and_grads
@@ -71,7 +72,7 @@ def packed_ids():
     return jnp.asarray(np.stack([row0, np.zeros_like(row0)]))
 
 
-@pytest.mark.parametrize("method", [m for m in METHODS if m != "naive"])
+@pytest.mark.parametrize("method", [m for m in METHODS if m not in ("naive", *PROVIDER_FORMS)])  # jla: test_kernels
 def test_documents_are_mixed_as_if_alone(method):
     """Packed documents: each one's outputs are those it gives alone (the first from the initial state, the others
     from zero), the final state the last one's; and the form's gradients with documents equal the naive form's."""
@@ -106,7 +107,8 @@ def test_the_weights_times_the_values_are_the_output_and_zero_across_documents()
 
 def test_bad_inputs_are_refused_in_one_line():
     q, k, v, log_w, u, _ = rwkv6_inputs(5)
-    with pytest.raises(ValueError, match=r"method='scan' is not valid \(choose from: naive, parallel, chunk\)"):
+    choices = r"\(choose from: naive, parallel, chunk, auto, jla\)"
+    with pytest.raises(ValueError, match=r"method='scan' is not valid " + choices):
         rwkv6(q, k, v, log_w, u, method="scan")
     with pytest.raises(ValueError, match=r"u has shape \(8,\); expected \(2, 8\)"):
         rwkv6(q, k, v, log_w, u[0])
