@@ -26,6 +26,16 @@ def test_full_scale_is_zoologys_grid_and_the_command_line_still_wins():
         settings_for(zoology, ["seq_lens=[64,128]", "pairs=[8]"], quick=False)
 
 
+def test_every_full_scale_variant_accepts_zoologys_model_at_the_widest_setting():
+    from lmzoo.experiments.runs import run_config
+
+    full = at_scale(settings_for(zoology, ["scale=full"], quick=False), zoology.SCALES)
+    for variant in full.variants:  # the prepared GPU command fails on none of its configs
+        cfg = run_config(variant, "unused", 0, zoology.steps_for(full, 128),
+                         [f"optim.lr={full.lrs[0]}", *zoology.train_overrides(variant, 512, 64, 512, 128, full)])
+        assert (cfg.model.d_model, cfg.model.n_heads, cfg.data.task_vocab, cfg.train.steps) == (512, 1, 8192, 50_000)
+
+
 def test_overrides_give_each_variant_zoologys_depth_and_the_settings_task():
     settings = settings_for(zoology, [], quick=False)
     softmax = zoology.train_overrides("softmax", 64, 8, 32, 32, settings)
