@@ -38,7 +38,7 @@ from lmzoo.record.directory import atomic_write_text
 from lmzoo.schema import one_of
 
 MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "sparsity_predicted", "decode_cache", "logn_entropy",
-           "position_extrapolation", "mqar_state_size", "state_tracking", "state_passing", "mad")
+           "position_extrapolation", "mqar_state_size", "state_tracking", "state_passing", "mad", "mqar_zoology")
 # The source articles (docs/seeds.md): number -> title. "Source", not "seed": a seed here is a random seed.
 ARTICLES = {
     "000": "Can attention really concentrate? (PaperWeekly's copy of 001)",
@@ -83,6 +83,16 @@ def settings_for(module: ModuleType, overrides: list[str], *, quick: bool):
     grammar: an unknown key or a value of the wrong type is one line naming it)."""
     quick_values = dict(module.QUICK) if quick else {}
     return parse_settings(module.Settings, list(overrides), "experiments", defaults=quick_values).settings
+
+
+def at_scale(settings, scales: dict):
+    """``settings`` with the values of its scale (``scales[settings.scale]``: a named grid, such as a GPU's) in
+    place of the settings left at their defaults; a ``key=value`` given on the command line still wins."""
+    one_of("scale", settings.scale, tuple(scales))
+    defaults = type(settings)()
+    chosen = {key: value for key, value in scales[settings.scale].items()
+              if getattr(settings, key) == getattr(defaults, key)}
+    return dataclasses.replace(settings, **chosen)
 
 
 def _plain(value):

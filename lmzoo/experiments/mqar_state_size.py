@@ -34,7 +34,6 @@ the command line still wins.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List
@@ -42,11 +41,11 @@ from typing import List
 import numpy as np
 
 from lmzoo.experiments import Outcome
+from lmzoo.experiments import at_scale as scaled
 from lmzoo.experiments.arms import estimate
 from lmzoo.experiments.judging import Check, Measured, measured
-from lmzoo.experiments.runs import evaluate_run, state_floats, train_grid
+from lmzoo.experiments.runs import accuracy_runs, evaluate_run, state_floats, train_grid
 from lmzoo.plots import error_bars, label_log_axis, plt, save_axes, series_style, spread
-from lmzoo.schema import one_of
 from lmzoo.stats.bootstrap import ratio_of_sums
 
 CLAIM = ("Softmax attention solves multi-query associative recall at any width, while recurrent variants need "
@@ -99,17 +98,7 @@ SCALES = {
 
 def at_scale(settings: Settings) -> Settings:
     """``settings`` with its scale's values in place of the settings left at their defaults."""
-    one_of("scale", settings.scale, tuple(SCALES))
-    defaults = Settings()
-    chosen = {key: value for key, value in SCALES[settings.scale].items()
-              if getattr(settings, key) == getattr(defaults, key)}
-    return dataclasses.replace(settings, **chosen)
-
-
-def accuracy_runs(results: list[dict], length: int) -> list[tuple]:
-    """(correct, count) block sums of each seed's evaluation: blocks of examples."""
-    return [(np.asarray(r["block_sums"][str(length)]["correct"], float),
-             np.asarray(r["block_sums"][str(length)]["count"], float)) for r in results]
+    return scaled(settings, SCALES)
 
 
 def best_over_lrs(variant: str, width: int, pairs: int, settings: Settings, runs_dir: Path, runs: list) -> dict:

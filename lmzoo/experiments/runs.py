@@ -195,6 +195,12 @@ def blocks(results: dict, length: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(sums["loss"], float), np.asarray(sums["count"], float)
 
 
+def accuracy_runs(results: list[dict], length: int) -> list[tuple]:
+    """(correct, count) block sums of each seed's evaluation at ``length``: blocks of examples."""
+    return [(np.asarray(r["block_sums"][str(length)]["correct"], float),
+             np.asarray(r["block_sums"][str(length)]["count"], float)) for r in results]
+
+
 def as_record(interval, scale: float = 1.0) -> dict:
     interval = interval.scaled(scale) if scale != 1.0 else interval
     return {"value": float(interval.estimate), "ci": interval.bounds()}
