@@ -79,6 +79,7 @@ MIXER_OPS = {
     "family.precond": ("precond_delta",),
     "family.ssm": ("ssd", "lti"),  # lti: the short causal conv before the SSM
     "family.rwkv": (),  # token shift and the shared projections: no op of its own
+    "family.inner": (),  # projections, inner norm and decoding state: the variants name their ops
     # the softmax family
     "softmax": ("attention",),
     "fox": ("attention",),
@@ -108,6 +109,8 @@ MIXER_OPS = {
     "rwkv7": ("dplr",),
     "rwkv6": ("rwkv6",),
     "mlstm": ("mlstm",),
+    # the test-time-training family
+    "ttt_linear": ("ttt",),
     # the state-space family
     "mamba": ("selective_scan",),
     "mamba2": ("ssd",),

@@ -126,7 +126,7 @@ def _naive(q, k, v, eta, weight, bias, w_init, b_init, ids, scale, eps, chunk_si
 
 
 def _chunk(q, k, v, eta, weight, bias, w_init, b_init, ids, scale, eps, chunk_size):
-    length, size = q.shape[1], min(chunk_size, q.shape[1])
+    length, size = q.shape[1], chunk_size  # the mini-batch is the model's, never cut to the length
     n_chunks, last = -(-length // size), (length - 1) % size
     qc, kc, vc = (jnp.swapaxes(to_chunks(a, size), 2, 3) for a in (q, k, v))  # (B, N, H, C, D)
     eta_c = to_chunks(eta, size).swapaxes(2, 3)  # (B, N, H, C)
