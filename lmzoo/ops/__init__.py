@@ -48,6 +48,7 @@ from lmzoo.ops.nsa import nsa, nsa_block_means, nsa_compression, nsa_selection, 
 from lmzoo.ops.lti import causal_conv1d, diagonal_ssm, diagonal_ssm_kernel, fft_conv
 from lmzoo.ops.selective_scan import selective_attention, selective_scan
 from lmzoo.ops.ssd import ssd, ssd_attention
+from lmzoo.ops.titans import titans, titans_step, titans_weights
 from lmzoo.ops.ttt import ttt_linear, ttt_linear_step, ttt_linear_weights
 from lmzoo.ops.stick_breaking import stick_breaking_attention, stick_breaking_matrix, stick_breaking_weights
 from lmzoo.ops.vq import vq_attention, vq_step
@@ -64,7 +65,7 @@ __all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
 __all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights", "rwkv6", "rwkv6_weights", "mlstm", "mlstm_weights"]
 __all__ += ["comba", "comba_weights", "delta_product", "delta_product_weights", "mamba3", "mamba3_attention"]
 __all__ += ["mesa_net", "mesa_net_weights"]
-__all__ += ["ttt_linear", "ttt_linear_step", "ttt_linear_weights"]
+__all__ += ["titans", "titans_step", "titans_weights", "ttt_linear", "ttt_linear_step", "ttt_linear_weights"]
 __all__ += ["momentum_delta_rule", "momentum_delta_rule_weights", "precond_delta_rule", "precond_delta_rule_weights"]
 
 # The op modules (lmzoo/ops/<name>.py) each mixer module (lmzoo/mixers/<name>.py, registered under the same name)
