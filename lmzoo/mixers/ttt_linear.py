@@ -6,7 +6,7 @@ step of a layer-normed reconstruction loss per token, a mini-batch of ``attn.chu
     W_t = W0 - eta_t sum_{j<=t} k_j^T u_j,  b_t = b0 - eta_t sum_{j<=t} u_j;   z_t = q_t W_t / sqrt(D) + b_t
     o_t = z_t + LN(z_t) w + c;   y = W_o (swish(x W_g) * headnorm(o))
 
-The inner model's start (W_init [H, D, D] ~ N(0, 0.02^2), b_init [H, D] = 0) is learnt by the outer loop, as in
+The inner model's start (W_init [H, D, D] ~ N(0, 1/D), b_init [H, D] = 0) is learnt by the outer loop, as in
 the paper; every sequence and every document starts from it. The recurrence is ``lmzoo.ops.ttt_linear``; the
 projections, convs, inner norm and output are the family's (``lmzoo.mixers.family.inner``).
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -37,9 +36,8 @@ class TTTLinearConfig(InnerModelConfig):
 
 class TTTLinear(InnerModelMixer):
     def init_rates(self, cfg: TTTLinearConfig, ctx: MixerContext, *, rngs: nnx.Rngs) -> None:
-        shape = (self.n_heads, self.head_dim)
-        self.w_init = param(0.02 * jax.random.normal(rngs.params(), shape + shape[-1:], jnp.float32), None, None, None)
-        self.b_init = param(jnp.zeros(shape, jnp.float32), None, None)
+        self.w_init = self.start_weights(rngs)
+        self.b_init = param(jnp.zeros((self.n_heads, self.head_dim), jnp.float32), None, None)
 
     def rates(self, x):
         return (self.learning_rate(x),)

@@ -112,6 +112,7 @@ MIXER_OPS = {
     "mlstm": ("mlstm",),
     # the test-time-training family
     "ttt_linear": ("ttt",),
+    "titans": ("titans",),
     # the state-space family
     "mamba": ("selective_scan",),
     "mamba2": ("ssd",),

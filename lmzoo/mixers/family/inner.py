@@ -6,6 +6,11 @@ trained at test time by gradient steps of a layer-normed reconstruction loss (``
             read out at q through its norm (w, c [H, D] learnt, w from 1 and c from 0)
     y   = W_o (swish(x W_g) * headnorm(o))
 
+The layer norm's gradient scales as 1 / std(k W): the variants start their inner model at std D^-1/2 (so k W, for
+a unit key, has entries of about that size) and ``attn.base_lr`` caps the learning rates at 0.1, so the first
+mini-batch's steps are of the order of the model itself (a start of std 0.02 with rates up to 1 left states of
+hundreds after one mini-batch, where float32 rounding alone parts decoding from the forward).
+
 A variant supplies its step sizes and gates (``rates``), its op (``mix``, ``mix_weights``, ``decode``) and the
 state a sequence starts from (``initial_state``); everything else is here. Decoding carries the op's state, the
 conv window and the token count: the mini-batches are counted from the sequence's start, so a decoded token
@@ -37,7 +42,7 @@ class InnerModelConfig(MixerConfig):
     method: str = "chunk"  # naive | chunk (see the variant's op)
     chunk_size: int = 16  # the mini-batch: tokens whose gradients are taken at the model of its start
     conv_size: int = 4  # taps of the causal depthwise conv on q, k and v
-    base_lr: float = 1.0  # the inner learning rate's ceiling: base_lr * sigmoid(x W_lr + b_lr)
+    base_lr: float = 0.1  # the inner learning rate's ceiling: base_lr * sigmoid(x W_lr + b_lr)
 
     def check(self, model: ModelConfig) -> None:
         chunked_form(self.method, self.chunk_size, self.forms)
@@ -89,6 +94,11 @@ class InnerModelMixer(Mixer):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ the rest
+
+    def start_weights(self, rngs: nnx.Rngs) -> nnx.Param:
+        """A learnt start of the inner model's weights, [H, D, D] ~ N(0, 1/D)."""
+        shape = (self.n_heads, self.head_dim, self.head_dim)
+        return param(self.head_dim ** -0.5 * jax.random.normal(rngs.params(), shape, jnp.float32), None, None, None)
 
     def learning_rate(self, x) -> jax.Array:
         """``base_lr * sigmoid(x W_lr + b_lr)`` [B, T, H] float32."""
