@@ -13,8 +13,7 @@ with respect to the inner model's prediction ``h = k W + b`` is, by the chain ru
 
 and so ``dloss/dW = k^T dloss/dh``, ``dloss/db = dloss/dh``: each token's update is an outer product of its key
 with this vector, the ops' "update" u. The layer reads its state out at the query ``z = q W + b`` through
-the same norm with a residual, ``z + LN(z) * w + c`` (``normed_readout``, as flash-linear-attention's layers
-read out). Everything here runs in float32.
+the same norm with a residual, ``z + LN(z) * w + c`` (``normed_readout``). Everything here runs in float32.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ a layer-normed reconstruction loss per token, in mini-batches.
 The state is the inner model ``f(x) = x + LN(x W + b)`` (``lmzoo.ops.inner``). The sequence runs in mini-batches
 of ``chunk_size`` tokens from its first token on (the paper's b, 16 by default); every token of a mini-batch takes
 its gradient at the model of the mini-batch's start (W0, b0), and token t of it reads out the model moved by its
-own learning rate eta_t times the updates of the mini-batch so far (the paper's mini-batch TTT, with fla's
-per-token learning rate):
+own learning rate eta_t times the updates of the mini-batch so far (the paper's mini-batch TTT, one learning
+rate per reading token):
 
     u_j = dloss/dh (k_j W0 + b0; v_j - k_j)                          [D]   (``reconstruction_gradient``)
     W_t = W0 - eta_t sum_{j<=t} k_j^T u_j,   b_t = b0 - eta_t sum_{j<=t} u_j    j, t in one mini-batch
