@@ -65,8 +65,8 @@ __all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
 __all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights", "rwkv6", "rwkv6_weights", "mlstm", "mlstm_weights"]
 __all__ += ["comba", "comba_weights", "delta_product", "delta_product_weights", "mamba3", "mamba3_attention"]
 __all__ += ["mesa_net", "mesa_net_weights"]
-__all__ += ["titans", "titans_step", "titans_weights", "ttt_linear", "ttt_linear_step", "ttt_linear_weights"]
 __all__ += ["momentum_delta_rule", "momentum_delta_rule_weights", "precond_delta_rule", "precond_delta_rule_weights"]
+__all__ += ["titans", "titans_step", "titans_weights", "ttt_linear", "ttt_linear_step", "ttt_linear_weights"]
 
 # The op modules (lmzoo/ops/<name>.py) each mixer module (lmzoo/mixers/<name>.py, registered under the same name)
 # computes with: those it imports, or, where it imports none, those of the family base whose mixer it builds or extends
