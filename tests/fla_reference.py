@@ -9,6 +9,7 @@ needs one skips when torch or fla-core is missing (``pip install "torch==2.13.0"
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -25,18 +26,38 @@ def fla_ops_folder() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "ops"
 
 
-def fla_reference(op: str, file: str = "naive.py") -> ModuleType:
-    """``fla/ops/<op>/<file>`` as a module of its own; skips without torch or fla-core."""
+def fla_reference(op: str, file: str = "naive.py", siblings: tuple[str, ...] = ()) -> ModuleType:
+    """``fla/ops/<op>/<file>`` as a module of its own; skips without torch or fla-core.
+
+    ``siblings``: files of the same folder that the reference imports by their package path
+    (``from fla.ops.<op>.<name> import ...``), themselves pure PyTorch. Each is loaded by its path too and
+    stands in for that import while the reference loads (``sys.modules`` is restored after), so fla's package,
+    which imports Triton, never runs."""
     pytest.importorskip("torch")
-    path = fla_ops_folder() / op / file
+    folder = fla_ops_folder() / op
+    stand_ins = {f"fla.ops.{op}.{Path(name).stem}": load_by_path(folder / name) for name in siblings}
+    saved = {name: sys.modules.get(name) for name in stand_ins}
+    sys.modules.update(stand_ins)
+    try:
+        return load_by_path(folder / file)
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                del sys.modules[name]
+            else:
+                sys.modules[name] = module
+
+
+def load_by_path(path: Path) -> ModuleType:
+    """The module of one file of fla's, run alone; skips where the file is missing or needs what is not here."""
     if not path.is_file():
-        pytest.skip(f"this fla-core has no {op}/{file}")
-    spec = importlib.util.spec_from_file_location(f"fla_reference_{op}_{path.stem}", path)
+        pytest.skip(f"this fla-core has no {path.parent.name}/{path.name}")
+    spec = importlib.util.spec_from_file_location(f"fla_reference_{path.parent.name}_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except ModuleNotFoundError as e:  # a reference that imports fla's kernels cannot run without Triton
-        pytest.skip(f"fla's {op}/{file} needs {e.name}")
+        pytest.skip(f"fla's {path.parent.name}/{path.name} needs {e.name}")
     return module
 
 

@@ -53,6 +53,8 @@ from lmzoo.ops.nsa import nsa, nsa_block_means, nsa_compression, nsa_selection, 
 from lmzoo.ops.lti import causal_conv1d, diagonal_ssm, diagonal_ssm_kernel, fft_conv
 from lmzoo.ops.selective_scan import selective_attention, selective_scan
 from lmzoo.ops.ssd import ssd, ssd_attention
+from lmzoo.ops.titans import titans, titans_step, titans_weights
+from lmzoo.ops.ttt import ttt_linear, ttt_linear_step, ttt_linear_weights
 from lmzoo.ops.stick_breaking import stick_breaking_attention, stick_breaking_matrix, stick_breaking_weights
 from lmzoo.ops.vq import vq_attention, vq_step
 
@@ -70,6 +72,7 @@ __all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights", "rwkv6", "rwkv6_weig
 __all__ += ["comba", "comba_weights", "delta_product", "delta_product_weights", "mamba3", "mamba3_attention"]
 __all__ += ["mesa_net", "mesa_net_weights", "deltaformer", "deltaformer_step", "deltaformer_weights"]
 __all__ += ["momentum_delta_rule", "momentum_delta_rule_weights", "precond_delta_rule", "precond_delta_rule_weights"]
+__all__ += ["titans", "titans_step", "titans_weights", "ttt_linear", "ttt_linear_step", "ttt_linear_weights"]
 
 # The op modules (lmzoo/ops/<name>.py) each mixer module (lmzoo/mixers/<name>.py, registered under the same name)
 # computes with: those it imports, or, where it imports none, those of the family base whose mixer it builds or extends
@@ -83,6 +86,7 @@ MIXER_OPS = {
     "family.precond": ("precond_delta",),
     "family.ssm": ("ssd", "lti"),  # lti: the short causal conv before the SSM
     "family.rwkv": (),  # token shift and the shared projections: no op of its own
+    "family.inner": (),  # projections, inner norm and decoding state: the variants name their ops
     # the softmax family
     "softmax": ("attention",),
     "fox": ("attention",),
@@ -114,6 +118,9 @@ MIXER_OPS = {
     "rwkv7": ("dplr",),
     "rwkv6": ("rwkv6",),
     "mlstm": ("mlstm",),
+    # the test-time-training family
+    "ttt_linear": ("ttt",),
+    "titans": ("titans",),
     # the state-space family
     "mamba": ("selective_scan",),
     "mamba2": ("ssd",),
