@@ -38,7 +38,7 @@ SCALE = 1.0  # on q in the first pass: the softmax over the slots reads q K unsc
 class GSAConfig(LinearFamilyConfig):
     forms = METHODS
 
-    method: str = "chunk"  # naive | chunk (see lmzoo.ops.gsa)
+    method: str = "chunk"  # naive | chunk | parallel (see lmzoo.ops.gsa)
     num_slots: int = 64  # memory slots per head
     gate_normalizer: float = 8.0  # tau: log a = logsigmoid(.) / tau
 

@@ -18,7 +18,8 @@ Forms (``method``), of the first pass and of the GLA call alike:
 
 - ``"naive"``:    both passes step by step (``lax.scan``) -- the reference;
 - ``"chunk"``:    matmuls within chunks of ``chunk_size`` steps, the states carried across chunks; the first pass
-  within a chunk by halving (``_within_chunks``), every exponent taken <= 0.
+  within a chunk by halving (``_within_chunks``), every exponent taken <= 0;
+- ``"parallel"``: the first pass as one chunk, the second GLA's parallel form (the [T, T, M] decays materialised).
 
 The states are ``(K [B, H, Dk, M], V [B, H, M, Dv])``. With zero initial states the layer's effective weights on
 the values exist: ``sum_m p_tm s_jm exp(L_tjm)``, GLA's weights of the second pass (``gsa_weights``). Documents
@@ -39,7 +40,7 @@ from lmzoo.ops.common import (
 )
 from lmzoo.ops.gated import gla, gla_weights
 
-METHODS = Forms("naive", "chunk")
+METHODS = Forms("naive", "chunk", "parallel")
 STEP_FORM = "naive"  # the form mixers decode one token with (their ``step``): its one token-by-token form
 
 
@@ -125,6 +126,11 @@ def _slot_scores_chunk(q, k, s, log_g, k0, chunk_size):
     return from_chunks(scores, length), final
 
 
+def _slot_scores_parallel(q, k, s, log_g, k0, chunk_size):
+    """The whole sequence as one chunk."""
+    return _slot_scores_chunk(q, k, s, log_g, k0, q.shape[1])
+
+
 def _within_chunks(q, k, s, log_g):
     """``sum_{j<=i} (q_i . k_j) exp(L_ij) * s_j`` per slot inside each chunk; q, k, s, log_g [B, N, C, H, *].
 
@@ -156,4 +162,4 @@ def _halves(x, half: int) -> jax.Array:
     return x.reshape(batch, chunks, width // (2 * half), 2, half, heads, dim)
 
 
-_SLOT_FORMS = {"naive": _slot_scores_naive, "chunk": _slot_scores_chunk}
+_SLOT_FORMS = {"naive": _slot_scores_naive, "chunk": _slot_scores_chunk, "parallel": _slot_scores_parallel}

@@ -1,4 +1,4 @@
-"""Gated slot attention's op (``lmzoo.ops.gsa``): its chunk form against its reference form, on outputs, both final
+"""Gated slot attention's op (``lmzoo.ops.gsa``): its fast forms against its reference form, on outputs, both final
 states and the gradients of every input (initial states included; ``jax.vjp`` with random cotangents) at an odd
 length (19: two chunks of 8 and a remainder) from initial states with documents packed in row 0; each document as if
 alone; gates strong enough to overflow any exponent taken from a chunk's start; the effective weights; and the
@@ -56,9 +56,10 @@ def reference():
     return args, ids, cotangent, pull_back("naive", args, cotangent, ids)
 
 
-def test_chunk_form_matches_reference():
+@pytest.mark.parametrize("method", ["chunk", "parallel"])
+def test_form_matches_reference(method):
     args, ids, cotangent, expected = reference()
-    assert_trees_close(pull_back("chunk", args, cotangent, ids), expected)
+    assert_trees_close(pull_back(method, args, cotangent, ids), expected)
 
 
 def test_each_document_as_if_alone():
@@ -119,5 +120,5 @@ def test_bad_settings_fail_in_one_line():
         gsa(a["q"], a["k"], a["v"], a["s"], a["log_g"][..., :3])
     with pytest.raises(ValueError, match="s has shape"):
         gsa(a["q"], a["k"], a["v"], a["s"][:, :3], a["log_g"])
-    with pytest.raises(ValueError, match="choose from: naive, chunk"):
+    with pytest.raises(ValueError, match="choose from: naive, chunk, parallel"):
         run("pallas", a)
