@@ -51,16 +51,17 @@ def gsa(q, k, v, s, log_g, *, scale=None, initial_state=None, method="chunk", ch
     Returns (o [B,T,H,Dv] in v's dtype, (K_T, V_T) float32).
     """
     method = check_form(method, METHODS, chunk_size)
-    check_shapes(q, k, v, s, log_g)
+    check_shapes(q, k, s, log_g, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _gsa(q, k, v, s, log_g, scale=scale, initial_state=initial_state, method=method, chunk_size=chunk_size,
                 segment_ids=segment_ids)
 
 
-def check_shapes(q, k, v, s, log_g) -> None:
+def check_shapes(q, k, s, log_g, v=None) -> None:
+    """One-line errors for inputs whose shapes do not fit together."""
     if q.shape != k.shape:
         raise ValueError(f"q has shape {q.shape}; expected k's {k.shape}")
-    if v.shape[:3] != k.shape[:3]:
+    if v is not None and v.shape[:3] != k.shape[:3]:
         raise ValueError(f"v has shape {v.shape}; expected {k.shape[:3]} + (Dv,)")
     if s.shape[:3] != k.shape[:3]:
         raise ValueError(f"s has shape {s.shape}; expected {k.shape[:3]} + (slots,)")
@@ -86,7 +87,7 @@ def _gsa(q, k, v, s, log_g, *, scale, initial_state, method, chunk_size, segment
 def gsa_weights(q, k, s, log_g, *, scale=None, chunk_size=64, segment_ids=None) -> jax.Array:
     """The effective causal weights [B, H, T, S] float32 that ``gsa`` applies to v from zero states:
     ``sum_m p_tm s_jm exp(L_tjm)``, p the slot weights of the first pass; exactly 0 across segments."""
-    check_shapes(q, k, s[..., :1], s, log_g)
+    check_shapes(q, k, s, log_g)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     log_g = gates_float32(log_g, segment_ids, s.shape)
     q, k, s = (x.astype(jnp.float32) for x in (q, k, s))

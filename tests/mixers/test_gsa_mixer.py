@@ -16,7 +16,7 @@ from mixer_checks import compiled, first_mixer, inputs
 
 
 def test_slots_write_what_they_forget_and_the_output_is_the_head_norm():
-    """s = 1 - a per slot, log a = logsigmoid(x W_f) / tau in (-log 2 / tau - spread, 0); q, k, v swish; the
+    """s = 1 - a per slot, log a = logsigmoid(x W_f) / tau (tau = 8); q, k, v swish; the
     output is each head's RMSNorm, projected (no gate)."""
     mixer = first_mixer("gsa", "attn.num_slots=3")
     x = inputs(9, seed=7)
