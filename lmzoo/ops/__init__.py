@@ -15,6 +15,8 @@ heads: grouped value heads, as KDA); ``dplr`` is the diagonal-plus-low-rank tran
 rule, KDA and GDN-2 are special cases; ``rwkv6`` is GLA read before each step's decay and write, with a bonus ``u
 [H, Dk]`` on the token's own key; ``mlstm`` (xLSTM) has an exponential input gate, a normaliser state n [B, H, Dk]
 and a stabiliser m [B, H] beside C.
+Gated slot attention (``gsa``): M memory slots per head, one forget gate each (``[B, T, H, M]``), two states
+``[B, H, Dk, M]`` (the slots' keys) and ``[B, H, M, Dv]`` (their values).
 Log-linear attention: L levels (``level_scales [B, T, H, L]``), state ``[B, H, L-1, Dk, Dv]`` (one matrix per
 Fenwick level), ``start`` the first token's position in its document.
 PaTH: w unit Householder directions ``[B, T, H, D]``, beta ``[B, T, H]`` in (0, 2).
@@ -39,6 +41,7 @@ from lmzoo.ops.delta_product import delta_product, delta_product_weights
 from lmzoo.ops.dplr import dplr, dplr_weights, gdn2, gdn2_weights
 from lmzoo.ops.dsa import dsa, dsa_indexer, dsa_weights
 from lmzoo.ops.gated import gla, gla_weights
+from lmzoo.ops.gsa import gsa, gsa_weights
 from lmzoo.ops.linear import linear_attention, linear_attention_weights
 from lmzoo.ops.mamba3 import mamba3, mamba3_attention
 from lmzoo.ops.mlstm import mlstm, mlstm_weights
@@ -71,6 +74,7 @@ __all__ += ["log_linear_attention", "log_linear_step", "log_linear_weights"]
 __all__ += ["dplr", "dplr_weights", "gdn2", "gdn2_weights", "rwkv6", "rwkv6_weights", "mlstm", "mlstm_weights"]
 __all__ += ["comba", "comba_weights", "delta_product", "delta_product_weights", "mamba3", "mamba3_attention"]
 __all__ += ["mesa_net", "mesa_net_weights", "deltaformer", "deltaformer_step", "deltaformer_weights"]
+__all__ += ["gsa", "gsa_weights"]
 __all__ += ["momentum_delta_rule", "momentum_delta_rule_weights", "precond_delta_rule", "precond_delta_rule_weights"]
 __all__ += ["titans", "titans_step", "titans_weights", "ttt_linear", "ttt_linear_step", "ttt_linear_weights"]
 
@@ -105,6 +109,7 @@ MIXER_OPS = {
     "retnet": ("gated",),
     "hgrn2": ("gated",),
     "lightning": ("gated",),
+    "gsa": ("gsa",),
     "deltanet": ("delta",),
     "gated_deltanet": ("delta",),
     "kda": ("delta",),

@@ -1,6 +1,6 @@
-"""The momentum delta rule, the preconditioned delta rule (Gated DeltaNet's and KDA's), MesaNet and DeltaFormer checked
-against the peer: flash-linear-attention 0.6.0's PyTorch references (``fla/ops/<op>/naive.py``, loaded by path through
-``tests/fla_reference.py``; skipped without torch or fla-core).
+"""The momentum delta rule, the preconditioned delta rule (Gated DeltaNet's and KDA's), MesaNet, DeltaFormer and
+gated slot attention checked against the peer: flash-linear-attention 0.6.0's PyTorch references
+(``fla/ops/<op>/naive.py``, loaded by path through ``tests/fla_reference.py``; skipped without torch or fla-core).
 
 Each check runs both on the same float32 inputs at an odd length (19) from an initial state and compares the
 outputs, the final states and the gradients of every input (initial states included) under one random
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from lmzoo.ops.deltaformer import deltaformer
+from lmzoo.ops.gsa import gsa
 from lmzoo.ops.mesa import mesa_net
 from lmzoo.ops.momentum_delta import momentum_delta_rule
 from lmzoo.ops.precond_delta import precond_delta_rule
@@ -197,3 +198,30 @@ def test_deltaformer_equals_the_peer(method):
         return deltaformer(a["q"], a["k"], a["v"], a["beta"], w=a["q"], method=method, chunk_size=CHUNK)[0]
 
     assert_agree_with_peer(ours, lambda a: peer.naive_deltaformer_attn(a["q"], a["k"], a["v"], a["beta"]), inputs)
+
+
+# ----------------------------------------------------------------------------- gated slot attention
+
+
+def test_gsa_equals_the_peer():
+    """The peer's two-pass recurrence (``naive_recurrent_gsa``) with a gate per slot and both initial states, against
+    lmzoo's reference (its chunk form is checked against that reference in tests/ops/test_gsa.py)."""
+    peer = fla_reference("gsa")
+    rng = np.random.default_rng(3)
+    n = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    slots = 5
+    log_g = np.log(sigmoid(n(B, T, H, slots) + 2))
+    inputs = {"q": n(B, T, H, DK), "k": n(B, T, H, DK), "v": n(B, T, H, DV), "s": 1 - np.exp(log_g), "g": log_g,
+              "K": n(B, H, DK, slots), "V": n(B, H, slots, DV)}
+
+    def ours(a):
+        o, (keys, values) = gsa(a["q"], a["k"], a["v"], a["s"], a["g"], initial_state=(a["K"], a["V"]),
+                                method="naive")
+        return o, keys, values
+
+    def theirs(a):
+        o, (keys, values) = peer.naive_recurrent_gsa(a["q"], a["k"], a["v"], a["s"], a["g"],
+                                                     initial_state=(a["K"], a["V"]), output_final_state=True)
+        return o, keys, values
+
+    assert_agree_with_peer(ours, theirs, inputs)
