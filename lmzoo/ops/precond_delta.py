@@ -139,8 +139,8 @@ def precond_delta_rule_weights(q, k, beta, log_g, beta_atk, log_g_atk, *, squash
     center = jnp.broadcast_to(jnp.asarray(center, jnp.float32), (k.shape[2],))
     k32 = k.astype(jnp.float32)
     atk_gates = gates_float32(log_g_atk, segment_ids, k.shape)[..., 0]
-    second_moment = atk_scan(k32, beta_atk.astype(jnp.float32), atk_gates, jnp.zeros_like(k32[:, 0]))
-    written = k32 * precondition(second_moment, center=center, squash=squash, eps=eps)
+    preconditioner = functools.partial(precondition, center=center, squash=squash, eps=eps)
+    written, _ = written_keys(k32, beta_atk.astype(jnp.float32), atk_gates, jnp.zeros_like(k32[:, 0]), preconditioner)
     q, k32 = value_heads(q.astype(jnp.float32), k32, beta.shape)
     written = value_heads(written, written, beta.shape)[0]
     log_g = gates_float32(log_g, segment_ids, k32.shape)
