@@ -185,13 +185,18 @@ def _erasing(k, log_g, erase):
     return jnp.exp(gate_layout(log_g, k.shape).astype(jnp.float32)) * erase.astype(jnp.float32) * k32, -k32
 
 
-def delta_as_dplr(k, beta, log_g=None):
+def delta_as_dplr(k, beta, log_g=None, written=None):
     """The delta rule's (k, beta, log_g) as ``dplr``'s (k, alpha, beta), float32: the delta rule's
     step ``(I - beta k k^T) diag(exp(g)) S + beta k v^T`` is ``alpha = exp(g) * k``, ``beta -> -beta k``,
-    ``k -> beta k`` (v, q and log_g unchanged). beta [B,T,H]; log_g None, [B,T,H] or [B,T,H,Dk]."""
+    ``k -> beta k`` (v, q and log_g unchanged). beta [B,T,H]; log_g None, [B,T,H] or [B,T,H,Dk].
+
+    ``written`` [B,T,H,Dk] (default k): the key the step writes under where it differs from the one it erases
+    along (the preconditioned delta rule's ``(I - beta w k^T) diag(exp(g)) S + beta w v^T``): ``beta -> -beta w``,
+    ``k -> beta w``, alpha still ``exp(g) * k``."""
     k32, beta32 = k.astype(jnp.float32), beta.astype(jnp.float32)[..., None]
+    w32 = k32 if written is None else written.astype(jnp.float32)
     decay = 1.0 if log_g is None else jnp.exp(gate_layout(log_g, k.shape).astype(jnp.float32))
-    return beta32 * k32, decay * k32, -beta32 * k32
+    return beta32 * w32, decay * k32, -beta32 * w32
 
 
 def _checked(k, alpha, beta, log_g, segment_ids):

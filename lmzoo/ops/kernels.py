@@ -240,7 +240,8 @@ def run(call: JlaCall):
 # ----------------------------------------------------------------------------- deltanet-tpu (on a TPU)
 
 # The ops whose jla kinds are cases of GDN-2 (linear_attention and delta_product run as gla and delta_rule); dplr,
-# comba, mamba3 and selective_scan map onto rwkv7, mamba3 and mamba1, whose updates GDN-2 cannot state.
+# comba, precond_delta_rule, mamba3 and selective_scan map onto rwkv7, mamba3 and mamba1, whose updates GDN-2 cannot
+# state (the preconditioned rule only by dividing by beta, which GDN-2's erase gate would then carry).
 TPU_OPS = ("gla", "delta_rule", "gdn2", "ssd")
 TPU_WIDTH = 128  # the kernels' K, V and chunk
 TPU_DTYPES = ("float32", "bfloat16")

@@ -26,7 +26,11 @@ Forms (``method``):
   representation inside chunks of ``chunk_size`` steps with the written keys w in place of k where
   the state is written (``lmzoo.ops.ut``: ``(I + diag(beta) P_<(k, w)) U = diag(beta) (V - (K
   exp(b)) S_0)``, ``O = (Q exp(b)) S_0 + P_<=(q, w) U``, ``S_C = exp(b_C) S_0 + (W exp(b_C - b))^T U``);
-- ``"parallel"``: the same with the whole sequence as one chunk.
+- ``"parallel"``: the same with the whole sequence as one chunk;
+- ``"jla"``, ``"auto"``: jax-linear-attention's ``rwkv7`` kind (``lmzoo.ops.kernels``) for S, once lmzoo has
+  computed the written keys w from A (``jla_call``: given w, the step is the DPLR rule of ``lmzoo.ops.dplr``);
+  ``auto`` runs jla's Hopper kernel where it takes the call and ``"chunk"`` otherwise (on a CPU: exactly
+  ``"chunk"``).
 
 From a zero state the weights on the values are ``scale * P_<=(q, w) (I + diag(beta) P_<(k, w))^{-1}
 diag(beta)`` (``precond_delta_rule_weights``). Documents (``segment_ids``): both decays forget everything
@@ -42,13 +46,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lmzoo.ops import kernels
 from lmzoo.ops.common import (
     Forms, check_form, from_chunks, gates_float32, same_segment, state_float32, to_chunks,
 )
 from lmzoo.ops.delta import heads_first, value_heads
+from lmzoo.ops.dplr import delta_as_dplr, dplr_jla_call
+from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.ut import decayed_pairs, invert_unit_lower, unit_lower, ut_chunks
 
-METHODS = Forms("naive", "chunk", "parallel")
+METHODS = Forms("naive", "chunk", "parallel", *PROVIDER_FORMS)
+BEST = "chunk"  # the form ``auto`` runs where jla's kernel does not (``lmzoo.ops.kernels``)
 STEP_FORM = "naive"  # the form mixers decode one token with (their ``step``): its one token-by-token form
 
 
@@ -57,7 +65,8 @@ def precond_delta_rule(q, k, v, beta, log_g, beta_atk, log_g_atk, *, squash=1.5,
     """q, k [B,T,H,Dk], v [B,T,HV,Dv], beta [B,T,HV], log_g None, [B,T,HV] or [B,T,HV,Dk]; beta_atk, log_g_atk
     [B,T,H]; ``center`` a number or [H]; initial_state None or (S [B,HV,Dk,Dv], A [B,H,Dk]).
 
-    Returns (o [B,T,HV,Dv] in v's dtype, (S_T, A_T) float32).
+    ``method="auto"`` runs jla's Hopper kernel (its ``rwkv7``, through ``jla_call``) where it takes the call and
+    ``"chunk"`` otherwise. Returns (o [B,T,HV,Dv] in v's dtype, (S_T, A_T) float32).
     """
     method = check_form(method, METHODS, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -70,9 +79,39 @@ def precond_delta_rule(q, k, v, beta, log_g, beta_atk, log_g_atk, *, squash=1.5,
         if x.shape != k.shape[:3]:
             raise ValueError(f"{name} has shape {x.shape}; expected {k.shape[:3]}")
     center = jnp.broadcast_to(jnp.asarray(center, jnp.float32), (k.shape[2],))
-    return _precond_delta_rule(q, k, v, beta, log_g, beta_atk, log_g_atk, center, squash=squash, eps=eps,
-                               scale=scale, initial_state=initial_state, method=method, chunk_size=chunk_size,
-                               segment_ids=segment_ids)
+    # (w, A) once, and only where a provider runs: its call writes under w, and A_T is the state's second half
+    keys = functools.cache(lambda: provider_keys(k, beta_atk, log_g_atk, center, squash=squash, eps=eps,
+                                                 initial_state=initial_state, segment_ids=segment_ids))
+    form, mapped = kernels.resolve(
+        "precond_delta_rule", method, BEST,
+        lambda: jla_call(q, k, v, beta, log_g, keys()[0], scale, initial_state, segment_ids))
+    if mapped is None:
+        return _precond_delta_rule(q, k, v, beta, log_g, beta_atk, log_g_atk, center, squash=squash, eps=eps,
+                                   scale=scale, initial_state=initial_state, method=form, chunk_size=chunk_size,
+                                   segment_ids=segment_ids)
+    out, state = kernels.run(mapped)
+    return out.astype(v.dtype), (state, keys()[1][:, -1])
+
+
+def jla_call(q, k, v, beta, log_g, written, scale, initial_state, segment_ids) -> kernels.JlaCall:
+    """The preconditioned delta rule's S as jla's ``rwkv7`` given the written keys w [B,T,H,Dk]: its step
+    ``(I - beta w k^T) diag(exp(g)) S + beta w v^T`` is the DPLR rule with ``a = exp(g) * k`` (the decayed state's
+    read), ``b = -beta w`` and ``k' = beta w`` (``delta_as_dplr``; k' in k's dtype, as jla's kernel takes it), q, k
+    and w repeated to the value heads. jla zeroes S at a segment start, where lmzoo's decay forgets it."""
+    q, k = value_heads(q, k, v.shape)
+    written = value_heads(written, written, v.shape)[0]
+    k_written, alpha, low_rank = delta_as_dplr(k, beta, log_g, written=written)
+    s0 = None if initial_state is None else initial_state[0]
+    return dplr_jla_call(q, k_written.astype(k.dtype), v, alpha, low_rank, log_g, scale, s0, segment_ids)
+
+
+def provider_keys(k, beta_atk, log_g_atk, center, *, squash, eps, initial_state, segment_ids):
+    """(w, A) [B,T,H,Dk] float32, as the chunk form computes them: the second moment A from A_0 (zeros without an
+    initial state), forgetting at each segment start, and the written keys ``w = P(A) * k``."""
+    a0 = state_float32(None if initial_state is None else initial_state[1], k.shape[:1] + k.shape[2:])
+    gates = gates_float32(log_g_atk, segment_ids, k.shape)[..., 0]
+    preconditioner = functools.partial(precondition, center=center, squash=squash, eps=eps)
+    return written_keys(k.astype(jnp.float32), beta_atk.astype(jnp.float32), gates, a0, preconditioner)
 
 
 @functools.partial(jax.jit, static_argnames=("squash", "eps", "scale", "method", "chunk_size"))
@@ -100,8 +139,8 @@ def precond_delta_rule_weights(q, k, beta, log_g, beta_atk, log_g_atk, *, squash
     center = jnp.broadcast_to(jnp.asarray(center, jnp.float32), (k.shape[2],))
     k32 = k.astype(jnp.float32)
     atk_gates = gates_float32(log_g_atk, segment_ids, k.shape)[..., 0]
-    second_moment = atk_scan(k32, beta_atk.astype(jnp.float32), atk_gates, jnp.zeros_like(k32[:, 0]))
-    written = k32 * precondition(second_moment, center=center, squash=squash, eps=eps)
+    preconditioner = functools.partial(precondition, center=center, squash=squash, eps=eps)
+    written, _ = written_keys(k32, beta_atk.astype(jnp.float32), atk_gates, jnp.zeros_like(k32[:, 0]), preconditioner)
     q, k32 = value_heads(q.astype(jnp.float32), k32, beta.shape)
     written = value_heads(written, written, beta.shape)[0]
     log_g = gates_float32(log_g, segment_ids, k32.shape)
@@ -118,6 +157,12 @@ def precondition(second_moment, *, center, squash: float, eps: float) -> jax.Arr
     with ``s = r / (1 + |r|)`` and ``r = log(A + eps) - center``, a soft sign of how far A is from its centre."""
     r = jnp.log(second_moment + eps) - center[:, None]
     return jnp.exp(-math.log(squash) * r / (1.0 + jnp.abs(r)))
+
+
+def written_keys(k, beta_atk, log_g_atk, a0, preconditioner) -> tuple[jax.Array, jax.Array]:
+    """(w = P(A) * k, A) [B,T,H,Dk] from float32 k, the second moment's gates and A_0 (``atk_scan``)."""
+    second_moment = atk_scan(k, beta_atk, log_g_atk, a0)
+    return k * preconditioner(second_moment), second_moment
 
 
 def atk_scan(k, beta_atk, log_g_atk, a0) -> jax.Array:
@@ -157,8 +202,7 @@ def _naive(q, k, v, beta, log_g, beta_atk, log_g_atk, s0, a0, preconditioner, ch
 
 
 def _chunk(q, k, v, beta, log_g, beta_atk, log_g_atk, s0, a0, preconditioner, chunk_size):
-    second_moment = atk_scan(k, beta_atk, log_g_atk, a0)  # (B, T, H, Dk)
-    written = k * preconditioner(second_moment)
+    written, second_moment = written_keys(k, beta_atk, log_g_atk, a0, preconditioner)  # (B, T, H, Dk) x2
     q, k = value_heads(q, k, v.shape)
     written = value_heads(written, written, v.shape)[0]
     length, size = q.shape[1], min(chunk_size, q.shape[1])

@@ -68,6 +68,7 @@ def test_jla_form_needs_jla_at_config_time(capsys, variant):
 
 def test_default_form_is_auto():
     for variant in ("gla", "retnet", "linear", "deltanet", "gated_deltanet", "kda", "deltaproduct", "mamba2", "gdn2",
-                    "rwkv7", "rwkv6", "mlstm", "mamba", "softmax", "gqa", "swa"):
+                    "rwkv7", "rwkv6", "mlstm", "precond_gated_deltanet", "precond_kda", "mamba", "softmax", "gqa",
+                    "swa"):
         assert tiny_config(variant).attn.method == "auto", variant
     assert jax.default_backend()  # the default device decides what auto runs

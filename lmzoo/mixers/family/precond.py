@@ -14,7 +14,8 @@ sigmoid(b_d) = 0.99 (a window of about a hundred tokens) and its step size at a 
 as the family's variants do, and may group value heads (``attn.value_heads``: HV value heads, each with its
 own beta, decay and state S, share a key head's q, k and second moment A). Decoding carries ``(S, A)`` and the
 convs' window; ``attention_matrix`` is the op's effective weights on the values
-(``lmzoo.ops.precond_delta_rule_weights``).
+(``lmzoo.ops.precond_delta_rule_weights``). ``attn.method=auto`` (the default) runs jax-linear-attention's
+``rwkv7`` kernel for S on a Hopper GPU where it takes the call, and the ``chunk`` form otherwise.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class PrecondConfig(DecayConfig):
 
     forms = METHODS
 
-    method: str = "chunk"  # naive | chunk | parallel (see lmzoo.ops.precond_delta)
+    method: str = "auto"  # auto | jla | naive | chunk | parallel (see lmzoo.ops.precond_delta)
     value_heads: Optional[int] = None  # HV value heads over model.n_heads query/key heads (a multiple); None: n_heads
     squash: float = 1.5  # the preconditioner lies in [1 / squash, squash]
     center: float = -0.2  # the log second moment at which the preconditioner is 1
