@@ -80,7 +80,7 @@ class Settings:
     test_max: int = 256
     d_model: int = 32
     n_layers: int = 2
-    steps: int = 600
+    steps: int = 1000
     lr: float = 3e-3
     seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
     eval_examples: int = 128  # validation sequences of test_max bits, the same for every run
@@ -241,11 +241,12 @@ def plot(evidence: dict, settings: Settings, path: Path) -> str:
     for index, name in enumerate(("train", "test")):
         values = [measured(s[name], uncertainty="examples") for s in scores.values()]
         error_bars(ax, x + (index - 0.5) * 0.25, [v.estimate for v in values], [v.lo for v in values],
-                   [v.hi for v in values], label=f"lmzoo, {name} lengths", **series_style(index))
-    stars = [(i, published[arm]["range"][0]) for i, arm in enumerate(scores) if arm in published]
+                   [v.hi for v in values], label=f"lmzoo, {name} lengths",
+                   **{**series_style(index), "linestyle": "none"})  # arms are categories: no line between them
+    stars = [(i + 0.25, published[arm]["range"][0]) for i, arm in enumerate(scores) if arm in published]
     if stars:
         ax.plot(*zip(*stars), linestyle="none", marker="*", markersize=11, color="black",
-                label="Grazzi et al., Table 3")
+                label="Grazzi et al., Table 3 (test lengths)")
     ax.axhline(0.0, color="grey", linestyle="--", linewidth=0.8, label="chance")
     ax.set_xticks(x, list(scores), rotation=20)
     seeds = len(settings.seeds)
