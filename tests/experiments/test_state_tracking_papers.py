@@ -1,6 +1,7 @@
 """State tracking at Grazzi et al.'s protocol: its settings validate, each arm is a config the trainer accepts and
 the arms that are Table 3's rows find their printed cells, the scores are scaled accuracy over the paper's lengths,
-and the judge gives the published separation a verdict on given accuracies, both ways."""
+the judge gives the published separation a verdict on given accuracies, both ways, and a quick run trains, scores
+and plots one arm."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from lmzoo.config import ConfigError
-from lmzoo.experiments import at_scale, judged, load, settings_for
+from lmzoo.experiments import at_scale, judged, load, run_experiment, settings_for
 
 papers = load("state_tracking_papers")
 
@@ -78,3 +79,13 @@ def test_the_judge_gives_the_published_separation_its_verdict_both_ways():
     assert judged(papers, record, settings, quick=False)["verdict"] == "not reproduced"
     record, settings = evidence(as_printed, control=0.5)  # nothing learned even in the conv window
     assert judged(papers, record, settings, quick=False)["verdict"] == "inconclusive"
+
+
+@pytest.mark.slow
+def test_quick_run_trains_scores_and_plots_one_arm(tmp_path):
+    record = run_experiment("state_tracking_papers", tmp_path, quick=True)
+    assert record["verdict"] == "smoke run" and list(record["evidence"]["scaled_accuracy"]) == ["deltanet_neg"]
+    scores = record["evidence"]["scaled_accuracy"]["deltanet_neg"]
+    assert all(-1.0 <= scores[f"{name}_seeds"][0] <= 1.0 for name in ("control", "train", "test"))
+    assert record["evidence"]["agreement"] is None  # one row: no ranking
+    assert (tmp_path / "state_tracking_papers" / record["figures"][0]).stat().st_size > 0
