@@ -22,6 +22,8 @@ def test_the_paper_scale_runs_every_arm_at_the_papers_lengths_and_a_wrong_settin
         settings_for(papers, ["arms=[softmax,lstm]"], quick=False)
     with pytest.raises(ConfigError, match=r"^train_min=3, train_len=64, test_min=40, test_max=256 must rise"):
         settings_for(papers, ["train_len=64"], quick=False)
+    with pytest.raises(ConfigError, match=r"^task='modular_arithmetic' is not valid \(choose from: parity\)$"):
+        settings_for(papers, ["task=modular_arithmetic"], quick=False)
 
 
 def test_every_arm_is_a_config_the_trainer_accepts():
