@@ -181,8 +181,7 @@ def compared(scores: dict, rows: dict[str, Published]) -> dict | None:
     """lmzoo's ranking of the arms that are rows of the table against the printed one (None: fewer than two)."""
     if len(rows) < 2:
         return None
-    return {"published": {arm: n.record() for arm, n in rows.items()},
-            **agreement({arm: scores[arm]["test_seeds"] for arm in rows}, rows).record()}
+    return agreement({arm: scores[arm]["test_seeds"] for arm in rows}, rows).record()
 
 
 def run(settings: Settings, out_dir: Path) -> Outcome:
@@ -199,7 +198,8 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
     evidence = {"task": settings.task, "chance": chance, "metric": "scaled accuracy",
                 "test_lengths": [settings.test_min, settings.test_max], "train_len": settings.train_len,
                 "arms": {arm: {"variant": ARMS[arm][0], "overrides": ARMS[arm][1:]} for arm in settings.arms},
-                "scaled_accuracy": scores, "agreement": compared(scores, rows)}
+                "scaled_accuracy": scores, "published": {arm: n.record() for arm, n in rows.items()},
+                "agreement": compared(scores, rows)}
     figure = plot(evidence, settings, out_dir / "scaled_accuracy.png")
     return Outcome(evidence, [figure], runs)
 
@@ -216,14 +216,14 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
     checks = [Check(f"control: {arm}, scaled accuracy on strings of 1 to {settings.train_min} bits",
                     f"{arm} read its inputs and learned the task", at(arm, "control"), "above", settings.solved,
                     control=True) for arm in scores]
-    record = evidence["agreement"]
-    for arm, printed in (record["published"] if record else {}).items():
+    for arm, printed in evidence["published"].items():
         solves = expected(printed) == "solves"
         checks.append(Check(
             f"{arm} ({printed['row']}, printed {printed['printed']}): scaled accuracy on {settings.test_min} to "
             f"{settings.test_max} bits", f"{arm} {'solves' if solves else 'does not solve'} {settings.task} past its "
             "training lengths, as the paper prints", at(arm, "test"), "above" if solves else "below",
             settings.solved if solves else settings.fails_below))
+    record = evidence["agreement"]
     if record is not None:
         nan = lambda x: np.nan if x is None else x  # noqa: E731
         tau = Measured(nan(record["kendall_tau"]), nan(record["lo"]), nan(record["hi"]), "seeds",
@@ -235,7 +235,7 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
 
 def plot(evidence: dict, settings: Settings, path: Path) -> str:
     """Scaled accuracy per arm in the training range and at the test lengths, with the printed cell (a star)."""
-    scores, published = evidence["scaled_accuracy"], (evidence["agreement"] or {}).get("published", {})
+    scores, published = evidence["scaled_accuracy"], evidence["published"]
     fig, ax = plt.subplots(figsize=(1.1 * len(scores) + 3.0, 3.6))
     x = np.arange(len(scores), dtype=float)
     for index, name in enumerate(("train", "test")):

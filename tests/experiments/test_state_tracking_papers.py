@@ -54,7 +54,7 @@ def test_scores_are_scaled_accuracy_over_the_papers_ranges():
 
 def evidence(test_accuracy: dict[str, list[float]], control: float = 1.0) -> dict:
     """What ``run`` records, from each arm's test accuracy per seed (every other position at ``control``)."""
-    settings = settings_for(papers, [], quick=False)
+    settings = settings_for(papers, [f"arms=[{','.join(test_accuracy)}]"], quick=False)
     rng = np.random.default_rng(0)
     scores = {}
     for arm, seeds in test_accuracy.items():
@@ -65,7 +65,8 @@ def evidence(test_accuracy: dict[str, list[float]], control: float = 1.0) -> dic
             correct.append(rows)
         scores[arm] = papers.score_arm(correct, settings, 0.5)
     rows = papers.published_rows(settings)
-    return {"scaled_accuracy": scores, "agreement": papers.compared(scores, rows)}, settings
+    published = {arm: n.record() for arm, n in rows.items()}
+    return {"scaled_accuracy": scores, "published": published, "agreement": papers.compared(scores, rows)}, settings
 
 
 def test_the_judge_gives_the_published_separation_its_verdict_both_ways():
@@ -81,6 +82,12 @@ def test_the_judge_gives_the_published_separation_its_verdict_both_ways():
     assert judged(papers, record, settings, quick=False)["verdict"] == "not reproduced"
     record, settings = evidence(as_printed, control=0.5)  # nothing learned even in the conv window
     assert judged(papers, record, settings, quick=False)["verdict"] == "inconclusive"
+    record, settings = evidence({"deltanet_neg": [1.0, 1.0, 1.0]})  # one row: its separation, no ranking
+    verdict = judged(papers, record, settings, quick=False)
+    assert record["agreement"] is None
+    assert [c["name"].split(" (")[0] for c in verdict["checks"]] == ["control: deltanet_neg, scaled accuracy on "
+                                                                     "strings of 1 to 3 bits", "deltanet_neg"]
+    assert verdict["verdict"] == "reproduced"
 
 
 @pytest.mark.slow
@@ -90,4 +97,5 @@ def test_quick_run_trains_scores_and_plots_one_arm(tmp_path):
     scores = record["evidence"]["scaled_accuracy"]["deltanet_neg"]
     assert all(-1.0 <= scores[f"{name}_seeds"][0] <= 1.0 for name in ("control", "train", "test"))
     assert record["evidence"]["agreement"] is None  # one row: no ranking
+    assert record["evidence"]["published"]["deltanet_neg"]["row"] == "DeltaNet [-1, 1]"
     assert (tmp_path / "state_tracking_papers" / record["figures"][0]).stat().st_size > 0
