@@ -113,18 +113,20 @@ def _parse_overrides(row: dict, where: str) -> tuple[str, ...]:
     for override in overrides:
         key, _, text = str(override).partition("=")
         name = key.removeprefix("attn.")
-        if not key.startswith("attn.") or not text or not hasattr(defaults, name) or name.startswith("_"):
+        if not key.startswith("attn.") or not text or name not in _fields(defaults):
             raise PublishedError(f"{where}: override {override!r} is not attn.<field>=<value> for a field of "
                                  f"{row['variant']}'s config (its fields: {', '.join(_fields(defaults))})")
         value, default = yaml.safe_load(text), getattr(defaults, name)
-        if type(value) is not type(default) and not (isinstance(default, float) and type(value) is int):
+        widened = isinstance(default, float) and type(value) is int  # 1 for a float setting
+        if default is not None and type(value) is not type(default) and not widened:  # None: Optional, any type
             raise PublishedError(f"{where}: override {override!r}: {type(value).__name__}, where attn.{name} is "
                                  f"{type(default).__name__}")
     return tuple(str(o) for o in overrides)
 
 
 def _fields(config) -> list[str]:
-    return [f.name for f in dataclasses.fields(config) if f.name not in ("name", "method")]
+    """The settings a row may override: every field of the mixer's config but its name."""
+    return [f.name for f in dataclasses.fields(config) if f.name != "name"]
 
 
 def yardsticks(folder: Path = PUBLISHED_DIR) -> tuple[str, ...]:

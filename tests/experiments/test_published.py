@@ -96,6 +96,7 @@ def test_the_state_tracking_table_keeps_its_scale_and_rows():
 @pytest.mark.parametrize("rows, message", [
     ("{row: R, variant: deltaproduct, cells: ['1', '2'], overrides: [attn.steps=1]}",
      r"row R: override 'attn.steps=1' is not attn.<field>=<value> for a field of deltaproduct's config \(its fields: "),
+    ("{row: R, variant: deltaproduct, cells: ['1', '2'], overrides: [attn.check=1]}", "'attn.check=1' is not attn"),
     ("{row: R, variant: deltaproduct, cells: ['1', '2'], overrides: [model.d_model=8]}",
      "'model.d_model=8' is not attn"),
     ("{row: R, variant: deltaproduct, cells: ['1', '2'], overrides: [attn.householder_steps=two]}",
