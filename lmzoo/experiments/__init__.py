@@ -38,7 +38,8 @@ from lmzoo.record.directory import atomic_write_text
 from lmzoo.schema import one_of
 
 MODULES = ("sparsity_closed_forms", "sparsity_vs_length", "sparsity_predicted", "decode_cache", "logn_entropy",
-           "position_extrapolation", "mqar_state_size", "state_tracking", "state_passing", "mad", "mqar_zoology")
+           "position_extrapolation", "mqar_state_size", "state_tracking", "state_passing", "mad", "mqar_zoology",
+           "state_tracking_papers")
 # The source articles (docs/seeds.md): number -> title. "Source", not "seed": a seed here is a random seed.
 ARTICLES = {
     "000": "Can attention really concentrate? (PaperWeekly's copy of 001)",

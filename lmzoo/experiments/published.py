@@ -3,21 +3,26 @@
 A yardstick's numbers live in ``docs/claims/published/<yardstick>.yaml`` (the format: docs/yardsticks.md): the
 yardstick's metric, its columns and, per source (one printed table), the paper, its arXiv id, the table or figure
 and the setting, then the table's rows as printed. A row names the lmzoo mixer it corresponds to (``variant``),
-or null where lmzoo has none. Each cell is a string, exactly as printed ("94.1", "100", ">99.0"), so the
-rounding the paper applied is kept: "94.1" stands for anything in [94.05, 94.15], ">99.0" for (99.0, 100].
+or null where lmzoo has none, and the ``attn.*`` settings that make that mixer the row's model (``overrides``,
+optional: "DeltaNet [-1, 1]" is ``deltaproduct`` with ``attn.householder_steps=1``,
+``attn.negative_eigenvalues=true``, ``attn.gate=none``); each override names a field of the mixer's config with a
+value of its type. Each cell is a string, exactly as printed ("94.1", "100", ">99.0"), so the rounding the paper
+applied is kept: "94.1" stands for anything in [94.05, 94.15], ">99.0" for (99.0, 100].
 
 ``load(yardstick)`` reads a file into ``Published`` numbers, every one carrying its whole citation; a missing
-field or an unreadable cell is one line naming the file, the source and the field.
+field, an unreadable cell or a wrong override is one line naming the file, the source and the field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from lmzoo.registry import MIXERS
 from lmzoo.schema import ConfigError, one_of
 
 PUBLISHED_DIR = Path(__file__).resolve().parents[2] / "docs" / "claims" / "published"
@@ -54,6 +59,12 @@ class Published:
     metric: str
     printed: str  # the cell exactly as printed
     scale: tuple[float, float]  # the metric's possible range
+    overrides: tuple[str, ...] = ()  # the attn.* settings that make ``variant`` the row's model
+
+    @property
+    def arm(self) -> str | None:
+        """The lmzoo configuration the row corresponds to: its variant, with its overrides where it has any."""
+        return arm_name(self.variant, self.overrides) if self.variant is not None else None
 
     @property
     def value(self) -> float:
@@ -79,7 +90,43 @@ class Published:
 
     def record(self) -> dict:
         return {"source": self.source, "arxiv": self.citation.arxiv, "where": self.citation.where, "row": self.row,
-                "column": self.column, "printed": self.printed, "range": list(self.range)}
+                "variant": self.variant, "overrides": list(self.overrides), "column": self.column,
+                "printed": self.printed, "range": list(self.range)}
+
+
+def arm_name(variant: str, overrides=()) -> str:
+    """``deltaproduct[attn.householder_steps=1, ...]``: a variant and the settings that make it an arm."""
+    return f"{variant}[{', '.join(overrides)}]" if overrides else variant
+
+
+def _parse_overrides(row: dict, where: str) -> tuple[str, ...]:
+    """A row's ``overrides``, each ``attn.<field>=<value>`` naming a field of its variant's config with a value of
+    that field's type."""
+    overrides = row.get("overrides") or []
+    if overrides and row["variant"] is None:
+        raise PublishedError(f"{where}: overrides {overrides} need a variant to override")
+    if not overrides:
+        return ()
+    if row["variant"] not in MIXERS.names():
+        raise PublishedError(f"{where}: variant {row['variant']!r} is not a registered mixer")
+    defaults = MIXERS.lookup(row["variant"])()
+    for override in overrides:
+        key, _, text = str(override).partition("=")
+        name = key.removeprefix("attn.")
+        if not key.startswith("attn.") or not text or name not in _fields(defaults):
+            raise PublishedError(f"{where}: override {override!r} is not attn.<field>=<value> for a field of "
+                                 f"{row['variant']}'s config (its fields: {', '.join(_fields(defaults))})")
+        value, default = yaml.safe_load(text), getattr(defaults, name)
+        widened = isinstance(default, float) and type(value) is int  # 1 for a float setting
+        if default is not None and type(value) is not type(default) and not widened:  # None: Optional, any type
+            raise PublishedError(f"{where}: override {override!r}: {type(value).__name__}, where attn.{name} is "
+                                 f"{type(default).__name__}")
+    return tuple(str(o) for o in overrides)
+
+
+def _fields(config) -> list[str]:
+    """The settings a row may override: every field of the mixer's config but its name."""
+    return [f.name for f in dataclasses.fields(config) if f.name != "name"]
 
 
 def yardsticks(folder: Path = PUBLISHED_DIR) -> tuple[str, ...]:
@@ -116,10 +163,11 @@ def load(yardstick: str, folder: Path = PUBLISHED_DIR) -> list[Published]:
             if len(row["cells"]) != len(columns):
                 raise PublishedError(f"{where}, row {row['row']}: {len(row['cells'])} cells for "
                                      f"{len(columns)} columns ({', '.join(columns)})")
+            overrides = _parse_overrides(row, f"{where}, row {row['row']}")
             for column, cell in zip(columns, row["cells"]):
                 numbers.append(Published(yardstick, source["key"], citation, str(row["row"]), row["variant"], column,
                                          str(content["metric"]), _parse_cell(cell, f"{where}, row {row['row']}"),
-                                         scale))
+                                         scale, overrides))
     return numbers
 
 
@@ -128,8 +176,9 @@ def higher_is_better(yardstick: str, folder: Path = PUBLISHED_DIR) -> bool:
 
 
 def column(numbers: list[Published], source: str, name: str) -> dict[str, Published]:
-    """One source's column, by lmzoo variant (rows without a counterpart left out)."""
-    chosen = {n.variant: n for n in numbers if n.source == source and n.column == name and n.variant is not None}
+    """One source's column, by lmzoo arm (``Published.arm``: the variant, with the row's overrides where it has any;
+    rows without a counterpart left out)."""
+    chosen = {n.arm: n for n in numbers if n.source == source and n.column == name and n.variant is not None}
     if not chosen:
         sources = sorted({n.source for n in numbers})
         columns = sorted({n.column for n in numbers if n.source == source})

@@ -80,8 +80,43 @@ def test_a_source_without_its_citation_is_refused(tmp_path):
         load("bad", folder)
 
 
+NEGATIVE = "deltaproduct[attn.householder_steps=1, attn.negative_eigenvalues=true, attn.gate=none]"
+
+
 def test_the_state_tracking_table_keeps_its_scale_and_rows():
     parity = published.column(load("state_tracking"), "grazzi_formal_languages", "parity")
-    assert set(parity) == {"softmax", "mamba", "deltanet"}  # the [-1, 1] rows have no registered counterpart
+    assert set(parity) == {"softmax", "mamba", "deltanet", NEGATIVE}  # Mamba [-1, 1]: no lmzoo switch
+    assert parity[NEGATIVE].row == "DeltaNet [-1, 1]" and parity[NEGATIVE].printed == "1.000"
+    assert parity[NEGATIVE].record()["overrides"] == ["attn.householder_steps=1", "attn.negative_eigenvalues=true",
+                                                      "attn.gate=none"]
     assert parity["deltanet"].printed == "0.017" and parity["deltanet"].range == pytest.approx((0.0165, 0.0175))
     assert parity["mamba"].range == (0.0, 0.0005)  # "0.000" clipped to the scale's floor
+
+
+@pytest.mark.parametrize("rows, message", [
+    ("{row: R, variant: deltaproduct, cells: ['1', '2'], overrides: [attn.steps=1]}",
+     r"row R: override 'attn.steps=1' is not attn.<field>=<value> for a field of deltaproduct's config \(its fields: "),
+    ("{row: R, variant: deltaproduct, cells: ['1', '2'], overrides: [attn.check=1]}", "'attn.check=1' is not attn"),
+    ("{row: R, variant: deltaproduct, cells: ['1', '2'], overrides: [model.d_model=8]}",
+     "'model.d_model=8' is not attn"),
+    ("{row: R, variant: deltaproduct, cells: ['1', '2'], overrides: [attn.householder_steps=two]}",
+     "override 'attn.householder_steps=two': str, where attn.householder_steps is int"),
+    ("{row: R, variant: null, cells: ['1', '2'], overrides: [attn.gate=none]}", "row R: overrides .* need a variant"),
+    ("{row: R, variant: nope, cells: ['1', '2'], overrides: [attn.gate=none]}", "variant 'nope' is not a registered"),
+])
+def test_a_wrong_override_is_one_line(tmp_path, rows, message):
+    folder = write(tmp_path, HEAD + SOURCE.replace("ROWS", rows))
+    with pytest.raises(PublishedError, match=message):
+        load("bad", folder)
+
+
+def test_every_committed_override_resolves_to_a_config():
+    from lmzoo.cli import compose_and_validate
+
+    overridden = {(n.variant, n.overrides) for y in published.yardsticks() for n in load(y) if n.overrides}
+    assert overridden  # DeltaNet [-1, 1] at least
+    for variant, overrides in overridden:
+        cfg = compose_and_validate([f"+attn={variant}", *overrides])
+        for override in overrides:
+            key, value = override.removeprefix("attn.").split("=")
+            assert str(getattr(cfg.attn, key)).lower() == value.lower()

@@ -1,0 +1,256 @@
+"""State tracking at Grazzi et al.'s protocol (ICLR 2025, arXiv:2411.12537, section 5.1, Table 3): parity learned on
+lengths up to 40 and scored on lengths 40 to 256, in scaled accuracy; the published separation (the rows with
+eigenvalues in [-1, 1] solve it, those in [0, 1] and the Transformer do not) as a pre-registered claim, and
+lmzoo's ranking of the shared rows against the printed one (``paper_agreement`` on
+``docs/claims/published/state_tracking.yaml``).
+
+Each arm is a variant with its ``attn.*`` overrides (``ARMS``; ``Settings.arms`` names those run); an arm whose
+(variant, overrides) is a row of the table (``published.Published``'s variant and overrides) is compared with
+it: softmax (Transformer), mamba (Mamba [0, 1]), deltanet (DeltaNet [0, 1]) and ``deltaproduct`` with one
+Householder step, beta in (0, 2) and no decay (DeltaNet [-1, 1]). The other arms (gated_deltanet, rwkv7, two
+Householder steps) are reported beside them without a row.
+
+Every arm trains once per seed on ``data=parity`` at ``train_len`` (every position labelled with the parity of the
+bits so far; run directories ``<out_dir>/runs/<arm>-s<seed>``) and is scored on ``eval_examples`` validation
+sequences of ``test_max`` bits. For a causal model the prediction at position p is its answer for the string of the
+first p bits, so a sequence of ``test_max`` bits holds one answer at every length: accuracy over positions
+``test_min`` .. ``test_max`` is the accuracy over strings of lengths drawn uniformly from that range, the paper's
+test set; over positions ``train_min`` .. ``train_len`` it is the accuracy in the training range. Scaled accuracy is
+``(accuracy - chance) / (1 - chance)``, chance = 1 / classes (1.0 perfect, 0.0 guessing), the paper's metric; each
+seed's score and the arm's mean carry a 95% interval over seeds and examples.
+
+Pre-registered rule (``judge``):
+- positive control, for each arm: scaled accuracy over positions 1 .. ``train_min`` (the paper's shortest strings,
+  inside the short convolution's window) above ``solved`` = 0.9 (the arm read its inputs and learned the task);
+- each arm with a printed cell: the separation the paper prints. A cell of 0.5 or more is "solves" (scaled
+  accuracy at the test lengths above ``solved``), below 0.5 "does not" (below ``fails_below`` = 0.2);
+- Kendall's tau between lmzoo's ranking of the shared rows and the printed one above 0, its interval the bootstrap
+  over seeds (undecided with one seed).
+
+Scales (``scale=``): ``cpu`` (the defaults), a 2-core CPU's run; ``paper``, the protocol at the paper's lengths with
+every arm, three seeds and longer training (docs/yardsticks.md: what differs from the paper and why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from lmzoo.config import ConfigError
+from lmzoo.experiments import Outcome, at_scale
+from lmzoo.experiments.arms import estimate
+from lmzoo.experiments.judging import Check, Measured, measured
+from lmzoo.experiments.paper_agreement import agreement
+from lmzoo.experiments.published import Published, column, load
+from lmzoo.experiments.runs import train_runs
+from lmzoo.plots import error_bars, plt, save_axes, series_style
+from lmzoo.record.opening import open_trained
+from lmzoo.schema import one_of
+from lmzoo.stats.bootstrap import ratio_of_sums
+
+CLAIM = ("At Grazzi et al.'s parity protocol (trained on lengths up to 40, scored on 40 to 256) the models whose "
+         "state transitions reach negative eigenvalues solve parity and softmax, mamba and deltanet do not, and lmzoo "
+         "ranks the shared rows as Table 3 does (Kendall's tau above 0).")
+SOURCE = None  # beyond the source articles (docs/seeds.md): the field's shared yardstick (docs/yardsticks.md)
+PAPER = "grazzi_formal_languages"
+CHANCE = {"parity": 0.5}  # the tasks of Table 3 lmzoo generates, and 1 / classes of each
+ARMS = {  # arm -> [variant, attn.* overrides ...]
+    "softmax": ["softmax"],
+    "mamba": ["mamba"],
+    "deltanet": ["deltanet"],
+    "deltanet_neg": ["deltaproduct", "attn.householder_steps=1", "attn.negative_eigenvalues=true", "attn.gate=none"],
+    "gated_deltanet": ["gated_deltanet"],
+    "rwkv7": ["rwkv7"],
+    "deltaproduct_nh2_neg": ["deltaproduct", "attn.householder_steps=2", "attn.negative_eigenvalues=true",
+                             "attn.gate=none"],
+}
+
+
+@dataclass
+class Settings:
+    arms: List[str] = field(default_factory=lambda: ["softmax", "mamba", "deltanet", "deltanet_neg"])  # of ARMS
+    task: str = "parity"  # the column of Table 3 (data=<task>)
+    train_min: int = 3  # the paper's shortest training string (the control's positions)
+    train_len: int = 40  # the paper's longest training string: data.seq_len
+    test_min: int = 40
+    test_max: int = 256
+    d_model: int = 32
+    n_layers: int = 2
+    steps: int = 1000
+    lr: float = 3e-3
+    seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
+    eval_examples: int = 128  # validation sequences of test_max bits, the same for every run
+    solved: float = 0.9  # scaled accuracy
+    fails_below: float = 0.2
+    overrides: List[str] = field(default_factory=lambda: [
+        "train.batch_size=32", "train.eval_every=100000", "train.probe_batch=0", "train.log_every=50"])
+    scale: str = "cpu"  # cpu | paper: the settings SCALES names, in place of those left at their defaults
+
+    def check(self) -> None:
+        if not 1 <= self.train_min <= self.train_len <= self.test_min <= self.test_max:
+            raise ConfigError(f"train_min={self.train_min}, train_len={self.train_len}, test_min={self.test_min}, "
+                              f"test_max={self.test_max} must rise in that order")
+        one_of("task", self.task, tuple(CHANCE))
+        for arm in self.arms:
+            one_of("arms", arm, tuple(ARMS))
+
+
+QUICK = {"arms": ["deltanet_neg"], "seeds": [0], "steps": 8, "train_len": 16, "test_min": 16,
+         "test_max": 24, "d_model": 16, "n_layers": 1, "eval_examples": 8,
+         "overrides": ["train.batch_size=8", "train.eval_every=8", "train.eval_tokens=128", "train.probe_batch=0"]}
+
+SCALES = {
+    "cpu": {},
+    "paper": {  # Grazzi et al.'s rows and lmzoo's other state-tracking arms, three seeds, longer training
+        "arms": list(ARMS),
+        "d_model": 128, "n_layers": 2, "steps": 20000, "lr": 1e-3, "eval_examples": 1024,
+        "overrides": ["train.batch_size=256", "train.eval_every=100000", "train.probe_batch=0", "train.log_every=500",
+                      "train.checkpoint_every=5000"],
+    },
+}
+
+
+def published_rows(settings: Settings) -> dict[str, Published]:
+    """The arms that are rows of Table 3, each with its printed cell (matched on variant and the set of overrides)."""
+    printed = column(load("state_tracking"), PAPER, settings.task)
+    by_key = {(n.variant, frozenset(n.overrides)): n for n in printed.values()}
+    keys = {arm: (ARMS[arm][0], frozenset(ARMS[arm][1:])) for arm in settings.arms}
+    return {arm: by_key[key] for arm, key in keys.items() if key in by_key}
+
+
+def position_correct(run_dir: Path, length: int, examples: int) -> np.ndarray:
+    """(examples, length) 0/1: whether the trained model's most likely token is the target at each position of the
+    first ``examples`` validation sequences of ``length`` tokens (every run scores the same sequences)."""
+    _, data, model, _ = open_trained(run_dir, [])
+    windows = data.validation_windows([length], examples * length)[length]
+    batch = windows(np.arange(min(examples, len(windows))))
+    predicted = np.asarray(_argmax(model, jnp.asarray(batch["inputs"])))
+    return (predicted == batch["targets"]).astype(np.float64)
+
+
+@nnx.jit
+def _argmax(model, tokens):
+    return jnp.argmax(model(tokens), axis=-1)
+
+
+def scaled(record: dict, chance: float) -> dict:
+    """An accuracy record (estimate, lo, hi) as scaled accuracy: (accuracy - chance) / (1 - chance); its
+    ``significant`` (an accuracy apart from 0) says nothing about the scaled one and is dropped."""
+    rescale = lambda x: None if x is None else (x - chance) / (1 - chance)  # noqa: E731
+    kept = {k: v for k, v in record.items() if k != "significant"}
+    return {**kept, **{k: rescale(record[k]) for k in ("estimate", "lo", "hi") if k in record}}
+
+
+def positions(correct: np.ndarray, first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+    """(correct, count) per example over the answers for strings of ``first`` .. ``last`` bits (positions 1-based)."""
+    span = correct[:, first - 1 : last]
+    return span.sum(axis=1), np.full(len(span), float(span.shape[1]))
+
+
+def train_overrides(arm: str, settings: Settings) -> list[str]:
+    """The task at the training length, the model, and the arm's own ``attn.*`` settings."""
+    return [f"data={settings.task}", f"data.seq_len={settings.train_len}", f"model.d_model={settings.d_model}",
+            f"model.n_layers={settings.n_layers}", f"optim.lr={settings.lr}", *ARMS[arm][1:], *settings.overrides]
+
+
+def train_arm(arm: str, settings: Settings, runs_dir: Path) -> dict[int, Path]:
+    run_dirs = {seed: runs_dir / f"{arm}-s{seed}" for seed in settings.seeds}
+    train_runs(ARMS[arm][0], run_dirs, steps=settings.steps, overrides=train_overrides(arm, settings))
+    return run_dirs
+
+
+def score_arm(correct: list[np.ndarray], settings: Settings, chance: float) -> dict:
+    """Scaled accuracy of each range (control, training, test) from each seed's ``position_correct``: the arm's mean
+    with its interval over seeds and examples, and each seed's score."""
+    ranges = {"control": (1, settings.train_min), "train": (settings.train_min, settings.train_len),
+              "test": (settings.test_min, settings.test_max)}
+    scores = {}
+    for name, (first, last) in ranges.items():
+        runs = [positions(c, first, last) for c in correct]
+        scores[name] = scaled(estimate(runs, ratio_of_sums), chance)
+        scores[f"{name}_seeds"] = [(float(s.sum() / n.sum()) - chance) / (1 - chance) for s, n in runs]
+    return scores
+
+
+def compared(scores: dict, rows: dict[str, Published]) -> dict | None:
+    """lmzoo's ranking of the arms that are rows of the table against the printed one (None: fewer than two)."""
+    if len(rows) < 2:
+        return None
+    return agreement({arm: scores[arm]["test_seeds"] for arm in rows}, rows).record()
+
+
+def run(settings: Settings, out_dir: Path) -> Outcome:
+    settings = at_scale(settings, SCALES)
+    settings.check()
+    chance = CHANCE[settings.task]
+    rows = published_rows(settings)
+    runs, scores = [], {}
+    for arm in settings.arms:
+        run_dirs = train_arm(arm, settings, out_dir / "runs")
+        runs += list(run_dirs.values())
+        correct = [position_correct(d, settings.test_max, settings.eval_examples) for d in run_dirs.values()]
+        scores[arm] = score_arm(correct, settings, chance)
+    evidence = {"task": settings.task, "chance": chance, "metric": "scaled accuracy",
+                "test_lengths": [settings.test_min, settings.test_max], "train_len": settings.train_len,
+                "arms": {arm: {"variant": ARMS[arm][0], "overrides": ARMS[arm][1:]} for arm in settings.arms},
+                "scaled_accuracy": scores, "published": {arm: n.record() for arm, n in rows.items()},
+                "agreement": compared(scores, rows)}
+    figure = plot(evidence, settings, out_dir / "scaled_accuracy.png")
+    return Outcome(evidence, [figure], runs)
+
+
+def expected(printed: dict) -> str:
+    """What a printed cell says the row does: ``solves`` (0.5 or more) or ``fails``."""
+    return "solves" if float(printed["printed"]) >= 0.5 else "fails"
+
+
+def judge(evidence: dict, settings: Settings) -> list[Check]:
+    settings = at_scale(settings, SCALES)
+    scores = evidence["scaled_accuracy"]
+    at = lambda arm, name: measured(scores[arm][name], uncertainty="examples")  # noqa: E731
+    checks = [Check(f"control: {arm}, scaled accuracy on strings of 1 to {settings.train_min} bits",
+                    f"{arm} read its inputs and learned the task", at(arm, "control"), "above", settings.solved,
+                    control=True) for arm in scores]
+    for arm, printed in evidence["published"].items():
+        solves = expected(printed) == "solves"
+        checks.append(Check(
+            f"{arm} ({printed['row']}, printed {printed['printed']}): scaled accuracy on {settings.test_min} to "
+            f"{settings.test_max} bits", f"{arm} {'solves' if solves else 'does not solve'} {settings.task} past its "
+            "training lengths, as the paper prints", at(arm, "test"), "above" if solves else "below",
+            settings.solved if solves else settings.fails_below))
+    record = evidence["agreement"]
+    if record is not None:
+        nan = lambda x: np.nan if x is None else x  # noqa: E731
+        tau = Measured(nan(record["kendall_tau"]), nan(record["lo"]), nan(record["hi"]), "seeds",
+                       (min(record["seeds"].values()),), df=np.inf)  # a percentile bootstrap
+        checks.append(Check(f"Kendall's tau, lmzoo vs {PAPER} ({settings.task})",
+                            "lmzoo ranks the shared rows as Table 3 does", tau, "above", 0.0))
+    return checks
+
+
+def plot(evidence: dict, settings: Settings, path: Path) -> str:
+    """Scaled accuracy per arm in the training range and at the test lengths, with the printed cell (a star)."""
+    scores, published = evidence["scaled_accuracy"], evidence["published"]
+    fig, ax = plt.subplots(figsize=(1.1 * len(scores) + 3.0, 3.6))
+    x = np.arange(len(scores), dtype=float)
+    for index, name in enumerate(("train", "test")):
+        values = [measured(s[name], uncertainty="examples") for s in scores.values()]
+        error_bars(ax, x + (index - 0.5) * 0.25, [v.estimate for v in values], [v.lo for v in values],
+                   [v.hi for v in values], label=f"lmzoo, {name} lengths",
+                   **{**series_style(index), "linestyle": "none"})  # arms are categories: no line between them
+    stars = [(i + 0.25, published[arm]["range"][0]) for i, arm in enumerate(scores) if arm in published]
+    if stars:
+        ax.plot(*zip(*stars), linestyle="none", marker="*", markersize=11, color="black",
+                label="Grazzi et al., Table 3 (test lengths)")
+    ax.axhline(0.0, color="grey", linestyle="--", linewidth=0.8, label="chance")
+    ax.set_xticks(x, list(scores), rotation=20)
+    seeds = len(settings.seeds)
+    save_axes(fig, ax, path, title=f"{settings.task}: trained to {settings.train_len}, tested "
+                                   f"{settings.test_min}-{settings.test_max}",
+              xlabel="arm", ylabel=f"scaled accuracy (95% interval, {seeds} seed{'s' * (seeds > 1)})")
+    return str(path)
