@@ -34,6 +34,31 @@ def random_like(tree, seed: int):
     return jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32), tree)
 
 
+def packed_segment_ids(docs: tuple, length: int) -> jax.Array:
+    """Segment ids ``[2, length]``: row 0 packs documents of the lengths ``docs``, row 1 is one document."""
+    row = np.concatenate([np.full(n, i) for i, n in enumerate(docs)])
+    return jnp.asarray(np.stack([row, np.zeros(length, int)]), jnp.int32)
+
+
+def forms_against_naive(run, inputs):
+    """``(pull_back, reference)`` for an op run as ``run(method, args, segment_ids=None)`` on ``inputs() -> (args,
+    segment ids)``. ``pull_back(method, args, cotangent, ids)``: a form's outputs and the pull-back of ``cotangent``,
+    compiled once a form. ``reference()``, made once: (args, ids, a random cotangent, the naive form's pull-back),
+    what every fast form is held to."""
+    @functools.partial(compiled, static_argnums=(0,))
+    def pull_back(method, args, cotangent, segment_ids):
+        out, vjp = jax.vjp(lambda a: run(method, a, segment_ids), args)
+        return out, vjp(cotangent)[0]
+
+    @functools.lru_cache(maxsize=None)
+    def reference():
+        args, ids = inputs()
+        cotangent = random_like(jax.eval_shape(lambda a: run("naive", a), args), seed=7)
+        return args, ids, cotangent, pull_back("naive", args, cotangent, ids)
+
+    return pull_back, reference
+
+
 # ----------------------------------------------------------------------------- linear attention and GLA
 
 CASES = ("linear", "linear_normalized", "gla", "gla_scalar")

@@ -6,13 +6,12 @@ against a direct solve in float64."""
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from op_checks import assert_trees_close, compiled, random_like, rel_err
+from op_checks import assert_trees_close, compiled, forms_against_naive, packed_segment_ids, rel_err
 
 from lmzoo.ops.deltaformer import deltaformer, deltaformer_weights
 
@@ -23,8 +22,7 @@ TOLERANCE = 1e-5
 
 
 def packed_ids():
-    row = np.concatenate([np.full(n, i) for i, n in enumerate(DOCS)])
-    return jnp.asarray(np.stack([row, np.zeros(LENGTH, int)]), jnp.int32)
+    return packed_segment_ids(DOCS, LENGTH)
 
 
 def deltaformer_args(length=LENGTH, seed=0, past=PAST):
@@ -42,17 +40,7 @@ def run(method, a, segment_ids=None):
                        chunk_size=CHUNK, segment_ids=segment_ids)
 
 
-@functools.partial(compiled, static_argnums=(0,))
-def pull_back(method, args, cotangent, segment_ids):
-    out, vjp = jax.vjp(lambda a: run(method, a, segment_ids), args)
-    return out, vjp(cotangent)[0]
-
-
-@functools.lru_cache(maxsize=None)
-def reference():
-    args, ids = deltaformer_args(), packed_ids()
-    cotangent = random_like(jax.eval_shape(lambda a: run("naive", a), args), seed=7)
-    return args, ids, cotangent, pull_back("naive", args, cotangent, ids)
+pull_back, reference = forms_against_naive(run, lambda: (deltaformer_args(), packed_ids()))
 
 
 @pytest.mark.parametrize("method", ["chunk", "parallel"])
