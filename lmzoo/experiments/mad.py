@@ -31,7 +31,7 @@ import numpy as np
 from lmzoo.data.mad import PROTOCOL
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.judging import Check, Measured
-from lmzoo.experiments.paper_agreement import agreement
+from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import column, load
 from lmzoo.experiments.runs import evaluate_run, train_grid
 from lmzoo.plots import plt, save_axes, series_style
@@ -130,13 +130,8 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
         checks.append(Check("control: softmax, in-context recall accuracy", "softmax learned MAD's recall",
                             value, "above", settings.solved, control=True))
     for task, record in evidence["agreement"].items():
-        lo, hi = record["lo"], record["hi"]
-        tau = record["kendall_tau"]
-        value = Measured(tau if tau is not None else np.nan, lo if lo is not None else np.nan,
-                         hi if hi is not None else np.nan, "seeds", (min(record["seeds"].values()),),
-                         df=np.inf)  # a percentile bootstrap: widened at the normal quantiles
-        checks.append(Check(f"{task}: Kendall's tau, lmzoo vs {evidence['source']}",
-                            f"lmzoo ranks the variants on {task} as the paper does", value, "above", 0.0))
+        checks += tau_checks(record, f"{task}: Kendall's tau, lmzoo vs {evidence['source']}",
+                             f"lmzoo ranks the variants on {task} as the paper does")
     return checks
 
 

@@ -40,8 +40,8 @@ import numpy as np
 from lmzoo.config import ConfigError
 from lmzoo.experiments import Outcome, at_scale
 from lmzoo.experiments.arms import estimate
-from lmzoo.experiments.judging import Check, Measured, measured
-from lmzoo.experiments.paper_agreement import agreement
+from lmzoo.experiments.judging import Check, measured
+from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import column, load
 from lmzoo.experiments.runs import accuracy_runs, evaluate_run, train_grid
 from lmzoo.plots import error_bars, label_log_axis, plt, save_axes, series_style, spread
@@ -193,13 +193,8 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
         checks.append(Check("control: softmax, accuracy at its worst setting, smallest width",
                             "softmax attention solves MQAR at every setting", worst, "above", settings.solved,
                             control=True))
-    record = evidence["agreement"]
-    if record is not None:
-        nan = lambda x: np.nan if x is None else x  # noqa: E731
-        value = Measured(nan(record["kendall_tau"]), nan(record["lo"]), nan(record["hi"]), "seeds",
-                         (min(record["seeds"].values()),), df=np.inf)  # a percentile bootstrap
-        checks.append(Check(f"Kendall's tau, lmzoo vs {evidence['source']}",
-                            "lmzoo ranks the shared variants as the printed table does", value, "above", 0.0))
+    checks += tau_checks(evidence["agreement"], f"Kendall's tau, lmzoo vs {evidence['source']}",
+                         "lmzoo ranks the shared variants as the printed table does")
     return checks
 
 

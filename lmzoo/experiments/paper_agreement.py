@@ -32,6 +32,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy import stats
 
+from lmzoo.experiments.judging import Check, Measured
 from lmzoo.experiments.published import Published
 from lmzoo.stats.trained_models import seed_mean
 
@@ -126,3 +127,14 @@ def agreement(scores: Mapping[str, Sequence[float]], published: Mapping[str, Pub
     return Agreement(shared, kendall_tau(ours, theirs), lo, hi, exact_p_value(ours, theirs),
                      {v: len(r) for v, r in zip(shared, runs)}, outside=outside,
                      undecided=[v for v, r in zip(shared, runs) if len(r) < 2])
+
+
+def tau_checks(record: dict | None, name: str, claim: str) -> list[Check]:
+    """The check that lmzoo ranks the shared variants as the paper does: Kendall's tau above zero, with the
+    percentile bootstrap over seeds that ``agreement`` recorded (``Agreement.record()``); none without a ranking."""
+    if record is None:
+        return []
+    nan = lambda x: np.nan if x is None else x  # noqa: E731  (a tau undefined on tied ranks is recorded as None)
+    tau = Measured(nan(record["kendall_tau"]), nan(record["lo"]), nan(record["hi"]), "seeds",
+                   (min(record["seeds"].values()),), df=np.inf)
+    return [Check(name, claim, tau, "above", 0.0)]

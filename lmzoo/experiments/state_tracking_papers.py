@@ -44,8 +44,8 @@ from flax import nnx
 from lmzoo.config import ConfigError
 from lmzoo.experiments import Outcome, at_scale
 from lmzoo.experiments.arms import estimate
-from lmzoo.experiments.judging import Check, Measured, measured
-from lmzoo.experiments.paper_agreement import agreement
+from lmzoo.experiments.judging import Check, measured
+from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import Published, column, load
 from lmzoo.experiments.runs import train_runs
 from lmzoo.plots import error_bars, plt, save_axes, series_style
@@ -223,13 +223,8 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
             f"{settings.test_max} bits", f"{arm} {'solves' if solves else 'does not solve'} {settings.task} past its "
             "training lengths, as the paper prints", at(arm, "test"), "above" if solves else "below",
             settings.solved if solves else settings.fails_below))
-    record = evidence["agreement"]
-    if record is not None:
-        nan = lambda x: np.nan if x is None else x  # noqa: E731
-        tau = Measured(nan(record["kendall_tau"]), nan(record["lo"]), nan(record["hi"]), "seeds",
-                       (min(record["seeds"].values()),), df=np.inf)  # a percentile bootstrap
-        checks.append(Check(f"Kendall's tau, lmzoo vs {PAPER} ({settings.task})",
-                            "lmzoo ranks the shared rows as Table 3 does", tau, "above", 0.0))
+    checks += tau_checks(evidence["agreement"], f"Kendall's tau, lmzoo vs {PAPER} ({settings.task})",
+                         "lmzoo ranks the shared rows as Table 3 does")
     return checks
 
 
