@@ -36,8 +36,8 @@ share_compiled_programs()
 @pytest.fixture(autouse=True, scope="module")
 def compiled_programs_freed_after_each_module():
     """Each test module's compiled programs are dropped when it ends. A worker runs hundreds of modules, and the
-    executables JAX's caches keep grew a worker by about 0.2 GiB a minute, past 10 GiB over a full run: on CI's
-    24 GiB, two workers, one was killed for memory. A program another module compiles again comes back from the
+    executables JAX's caches keep grew a worker by about 0.2 GiB a minute of a full run, toward the 24 GiB two
+    workers share on CI (where one crashed). A program another module compiles again comes back from the
     persistent cache above."""
     yield
     import jax  # imported by then: every module that compiled anything imported it
