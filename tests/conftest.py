@@ -33,6 +33,19 @@ def share_compiled_programs() -> None:
 share_compiled_programs()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def programs_compiled_in_a_test_process_not_written():
+    """The test processes themselves read and write no persistent cache; the training processes they start do.
+    Writing an executable (``serialize``) segfaulted a worker in a full run of CI's script (jax 0.10.2, torch
+    loaded beside it), and CI's own run lost a worker without a word in another test; a training process that
+    crashed so would fail one test, not take a worker and its queue down. The test processes' own programs gain
+    nothing from it: tests/mixers' and tests/run's quick subsets take the same time without it (326 s, 103 s)."""
+    import jax
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    yield
+
+
 @pytest.fixture(autouse=True, scope="module")
 def compiled_programs_freed_after_each_module():
     """Each test module's compiled programs are dropped when it ends. A worker runs hundreds of modules, and the
