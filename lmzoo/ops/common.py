@@ -210,3 +210,8 @@ def recompute_in_backward(form):
     run.defvjp(forward, backward)
     return run
 
+
+def halves(x, half: int) -> jax.Array:
+    """[B, N, W, H, D] -> [B, N, W / (2 half), 2, half, H, D]: blocks of 2 half steps, split in two."""
+    batch, chunks, width, heads, dim = x.shape
+    return x.reshape(batch, chunks, width // (2 * half), 2, half, heads, dim)

@@ -48,8 +48,8 @@ from jax import lax
 
 from lmzoo.ops import kernels
 from lmzoo.ops.common import (
-    Forms, causal_mask, check_form, decay_since, decay_until_end, from_chunks, gate_layout, gates_float32, in_float32,
-    recompute_in_backward, same_segment, segment_sums, state_float32, to_chunks,
+    Forms, causal_mask, check_form, decay_since, decay_until_end, from_chunks, gate_layout, gates_float32, halves,
+    in_float32, recompute_in_backward, same_segment, segment_sums, state_float32, to_chunks,
 )
 from lmzoo.ops.kernels import PROVIDER_FORMS
 from lmzoo.ops.pallas.gla import gla_pallas
@@ -238,7 +238,7 @@ def _within_chunks(q, k, v, log_g):
     out = jnp.sum(q * k, axis=-1, keepdims=True) * v  # (B, N, W, H, Dv) the j = i terms
     half = 1
     while half < width:
-        qb, kb, vb, gb = (_halves(a, half) for a in (q, k, v, log_g))  # (B, N, blocks, 2, half, H, *)
+        qb, kb, vb, gb = (halves(a, half) for a in (q, k, v, log_g))  # (B, N, blocks, 2, half, H, *)
         q_late = qb[:, :, :, 1] * jnp.exp(decay_since(gb[:, :, :, 1], axis=3))
         k_early = kb[:, :, :, 0] * jnp.exp(decay_until_end(gb[:, :, :, 0], axis=3))
         scores = jnp.einsum("bnlihd,bnljhd->bnlhij", q_late, k_early)  # (B, N, blocks, H, half, half)
@@ -259,12 +259,6 @@ def _within_chunks_per_head(q, k, v, log_g):
     pair = jnp.where(causal_mask(q.shape[2]), cum[..., :, None] - cum[..., None, :], -jnp.inf)  # (B, N, H, Ci, Cj)
     scores = jnp.einsum("bnihd,bnjhd->bnhij", q, k) * jnp.exp(pair)
     return jnp.einsum("bnhij,bnjhe->bnihe", scores, v)
-
-
-def _halves(x, half: int) -> jax.Array:
-    """[B, N, W, H, D] -> [B, N, W / (2 half), 2, half, H, D]: blocks of 2 half steps, split in two."""
-    batch, chunks, width, heads, dim = x.shape
-    return x.reshape(batch, chunks, width // (2 * half), 2, half, heads, dim)
 
 
 _FORMS = {"naive": _naive, "parallel": _parallel, "scan": _scan, "assoc": _assoc, "chunk": _chunk,

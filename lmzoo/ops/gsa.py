@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from lmzoo.ops.common import (
-    Forms, check_form, decay_since, decay_until_end, from_chunks, gates_float32, state_float32, to_chunks,
+    Forms, check_form, decay_since, decay_until_end, from_chunks, halves, gates_float32, state_float32, to_chunks,
 )
 from lmzoo.ops.gated import gla, gla_weights
 
@@ -148,19 +148,13 @@ def _within_chunks(q, k, s, log_g):
     out = jnp.sum(q * k, axis=-1, keepdims=True) * s  # (B, N, W, H, M) the j = i terms
     half = 1
     while half < width:
-        qb, kb, sb, gb = (_halves(a, half) for a in (q, k, s, log_g))  # (B, N, blocks, 2, half, H, *)
+        qb, kb, sb, gb = (halves(a, half) for a in (q, k, s, log_g))  # (B, N, blocks, 2, half, H, *)
         scores = jnp.einsum("bnlihd,bnljhd->bnlhij", qb[:, :, :, 1], kb[:, :, :, 0])  # (B, N, blocks, H, h, h)
         s_early = sb[:, :, :, 0] * jnp.exp(decay_until_end(gb[:, :, :, 0], axis=3))
         gained = jnp.einsum("bnlhij,bnljhm->bnlihm", scores, s_early) * jnp.exp(decay_since(gb[:, :, :, 1], axis=3))
         out = out + jnp.stack([jnp.zeros_like(gained), gained], axis=3).reshape(out.shape)
         half *= 2
     return out[:, :, :size]
-
-
-def _halves(x, half: int) -> jax.Array:
-    """[B, N, W, H, D] -> [B, N, W / (2 half), 2, half, H, D]: blocks of 2 half steps, split in two."""
-    batch, chunks, width, heads, dim = x.shape
-    return x.reshape(batch, chunks, width // (2 * half), 2, half, heads, dim)
 
 
 _SLOT_FORMS = {"naive": _slot_scores_naive, "chunk": _slot_scores_chunk, "parallel": _slot_scores_parallel}
