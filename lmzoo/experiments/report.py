@@ -1,11 +1,13 @@
 """``python -m lmzoo.experiments report``: the tables of docs/claims.md and the README's claims summary,
-generated from the committed ``docs/claims/<name>/verdict.json`` files, so the two cannot disagree.
+generated from the committed ``docs/claims/<name>/verdict.json`` files, so the two cannot disagree; and the
+frontier tables of docs/frontier.md and docs/results.md from the kept records' comparison
+(``lmzoo.experiments.frontier_tables``).
 
 Each generated table sits between two markers, ``<!-- report:<block> begin -->`` and
 ``<!-- report:<block> end -->``; the prose around them stays hand-written. Blocks: ``summary``
-(every experiment's outcome), ``checks:<name>`` (one experiment's checks) and ``readme`` (the
-README's short table). ``--check`` writes nothing and fails when a committed table differs from
-what the JSON gives (a test runs it).
+(every experiment's outcome), ``checks:<name>`` (one experiment's checks), ``readme`` (the
+README's short table), ``frontier`` and ``frontier:summary``. ``--check`` writes nothing and fails
+when a committed table differs from what the JSON gives (a test runs it).
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import math
 import re
 from pathlib import Path
 
-from lmzoo.experiments import MODULES, load
+from lmzoo.experiments import MODULES, frontier_tables, load
 from lmzoo.experiments.judging import RULES_VERSION, TRAINING_NOISE_UNKNOWN
 
 REPO = Path(__file__).resolve().parents[2]
 CLAIMS_DIR = REPO / "docs" / "claims"
-DOCUMENTS = (REPO / "docs" / "claims.md", REPO / "README.md")
+DOCUMENTS = tuple(REPO / name for name in ("docs/claims.md", "README.md", "docs/frontier.md", "docs/results.md"))
 MARKER = re.compile(r"(<!-- report:(?P<name>[\w:]+) begin -->\n)(?P<body>.*?)(<!-- report:(?P=name) end -->)", re.S)
 
 
@@ -140,7 +142,7 @@ def blocks(claims_dir: Path = CLAIMS_DIR) -> dict[str, str]:
     records = verdicts(claims_dir)
     generated = {"summary": summary_table(records), "readme": readme_table(records)}
     generated.update({f"checks:{name}": checks_table(record, name) for name, record in records.items()})
-    return generated
+    return generated | frontier_tables.blocks()
 
 
 def fill(text: str, generated: dict[str, str]) -> str:

@@ -155,6 +155,8 @@ def test_labels_make_arms_and_comparison_json_records_every_interval(tmp_path):
     record = json.loads((tmp_path / "out" / "comparison.json").read_text())
     assert [row["label"] for row in record["rows"]] == ["A", "B", "lone", "short"]
     assert record["rows"][0]["bpb"]["uncertainty"] == "seeds+text" and record["rows"][0]["seeds"] == [0, 1, 2]
+    assert record["rows"][0]["params"] == 1000 and record["rows"][0]["state_size"] == 64
+    assert record["rows"][0]["measurements"]["sparsity"] == {"mean": None, "sd": None, "n": 0}  # no probe in these runs
     by_label = {d["label"]: d for d in record["differences"]}
     assert set(by_label["B"]["bpb"]) == {"estimate", "lo", "hi", "seeds", "uncertainty", "significant", "level", "df",
                                          "p", "p_adjusted", "significant_adjusted"}

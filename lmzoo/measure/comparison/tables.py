@@ -109,8 +109,21 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
         records.append({"label": group.label, "variant": group.variant, "runs": [str(r.path) for r in group.runs],
                         "seeds": [r.seed for r in group.runs],
                         "budget": [dict(zip(("steps", "tokens"), r.budget)) for r in group.runs],
-                        **record})
+                        "params": first.info.get("params"), "state_size": first.info.get("state_size"),
+                        "measurements": measurement_summaries(group), **record})
     return "\n".join(lines + spread_note(groups) + resumed_with_changes(runs)), records
+
+
+def finite_or_none(x: float) -> float | None:
+    return x if np.isfinite(x) else None  # JSON has no NaN
+
+
+def measurement_summaries(group: Group) -> dict:
+    """Each table measurement's mean, sd and count over the arm's runs (null where undefined), for comparison.json."""
+    def summary(m: Measurement) -> dict:
+        s = over_seeds([measurement_value(m, r) for r in group.runs])
+        return {"mean": finite_or_none(s.mean), "sd": finite_or_none(s.sd), "n": s.n}
+    return {m.name: summary(m) for m in TABLE_MEASUREMENTS}
 
 
 def spread_note(groups: list[Group]) -> list[str]:

@@ -1,0 +1,117 @@
+"""The frontier tables of docs/frontier.md and docs/results.md, generated from the kept records' comparison
+(``docs/frontier/records/comparison.json``, written by ``scripts/cpu_recipe.sh`` through ``lmzoo.compare``), so
+that adding an arm cannot leave a typed table behind. ``report`` fills them in like the claims tables.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FRONTIER_COMPARISON = REPO / "docs" / "frontier" / "records" / "comparison.json"
+
+
+def plain(x: float) -> str:
+    return f"{x:.3f}".replace("-", "−")
+
+
+def signed(x: float) -> str:
+    return f"{x:+.3f}".replace("-", "−")
+
+
+def interval(c: dict | None, fmt=plain) -> str:
+    """``estimate [lo, hi]``; a difference (``p_adjusted`` present) gets `` *`` where it survives Holm's adjustment."""
+    if not c:
+        return "—"
+    star = " *" if c.get("significant_adjusted") else ""
+    return f"{fmt(c['estimate'])} [{fmt(c['lo'])}, {fmt(c['hi'])}]{star}"
+
+
+def spread(summary: dict | None) -> str:
+    """``mean ± sd`` over an arm's seeds (the mean alone for one seed)."""
+    if not summary or summary.get("mean") is None:
+        return "—"
+    sd = summary.get("sd")
+    return plain(summary["mean"]) + (f" ± {plain(sd)}" if sd is not None else "")
+
+
+def count(n: int | None) -> str:
+    return f"{n:,}" if n is not None else "—"
+
+
+def lengths(record: dict) -> list[str]:
+    return sorted({n for row in record["rows"] for n in row["ratio"]}, key=int)
+
+
+def arms(record: dict) -> list[tuple[dict, dict | None]]:
+    """Each arm's row and its difference to the baseline: the baseline first, then the rest by label."""
+    differences = {d["label"]: d for d in record["differences"]}
+    rows = sorted(record["rows"], key=lambda r: (r["label"] != record["baseline"], r["label"]))
+    return [(row, differences.get(row["label"])) for row in rows]
+
+
+def sparsity(row: dict) -> dict | None:
+    return row.get("measurements", {}).get("sparsity")
+
+
+def full_table(record: dict) -> str:
+    """Every arm: bpb at T, its difference to the baseline, the ratios at every length, mean S."""
+    ns, base = lengths(record), record["baseline"]
+    header = ["arm", "seeds", "parameters", "bpb at T [95%]", f"− {base} at T",
+              *(f"bpb@{n}/bpb@T" for n in ns), f"− {base}, ratio at {ns[-1]}", "mean S at T (± sd over seeds)",
+              f"− {base}, mean S (seeds)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row, diff in arms(record):
+        d = diff or {}
+        cells = [f"`{row['label']}`", str(len(row["runs"])), count(row.get("params")),
+                 interval(row["bpb"]), interval(d.get("bpb"), signed) if diff else "",
+                 *(interval(row["ratio"].get(n)) for n in ns),
+                 interval(d.get("ratio", {}).get(ns[-1]), signed) if diff else "", spread(sparsity(row)),
+                 interval(d.get("sparsity"), signed) if diff else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_table(record: dict) -> str:
+    """The short table of docs/results.md: the arms ordered by their difference at T, the baseline where the
+    differences change sign."""
+    ns, base = lengths(record), record["baseline"]
+    baseline, *others = arms(record)
+    others.sort(key=lambda arm: arm[1]["bpb"]["estimate"])
+    row = baseline[0]
+    reference = (f"| `{base}` (reference) | {count(row.get('params'))} | {interval(row['bpb'])} bpb | "
+                 f"{interval(row['ratio'].get(ns[-1]))} | {spread(sparsity(row))} |")
+    lines = [f"| `+attn=` | parameters | bpb at T − {base} | bpb@{ns[-1]} / bpb@T | mean S at T − {base} (seeds) |",
+             "|---|---|---|---|---|"]
+    placed = False
+    for row, diff in others:
+        if not placed and diff["bpb"]["estimate"] >= 0:
+            lines.append(reference)
+            placed = True
+        lines.append(f"| `{row['label']}` | {count(row.get('params'))} | {interval(diff['bpb'], signed)} | "
+                     f"{interval(row['ratio'].get(ns[-1]))} | {interval(diff.get('sparsity'), signed)} |")
+    if not placed:
+        lines.append(reference)
+    return "\n".join(lines) + "\n" + legend(record, others)
+
+
+def legend(record: dict, others: list[tuple[dict, dict]]) -> str:
+    """How many arms the adjustment counts, and which differences at T hold at 95% only before it."""
+    base = record["baseline"]
+    unstarred = [f"`{row['label']}`" for row, diff in others
+                 if diff["bpb"]["significant"] and not diff["bpb"]["significant_adjusted"]]
+    text = (f"\n`*`: the interval excludes zero after Holm's adjustment over the {len(others)} arms compared with "
+            f"{base} (each column one family).")
+    if unstarred:
+        text += (f" Differences at T that exclude zero at 95% on their own but not after the adjustment: "
+                 f"{', '.join(unstarred)}.")
+    return text + "\n"
+
+
+def blocks(path: Path = FRONTIER_COMPARISON) -> dict[str, str]:
+    if not path.exists():
+        missing = f"No kept comparison at {path.relative_to(REPO)}: run scripts/cpu_recipe.sh as above.\n"
+        return {"frontier": missing, "frontier:summary": missing}
+    record = json.loads(path.read_text())
+    return {"frontier": full_table(record), "frontier:summary": summary_table(record)}

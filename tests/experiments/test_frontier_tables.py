@@ -1,0 +1,44 @@
+"""The frontier tables generated from a comparison.json: the baseline's row first with no differences, a star only
+where Holm's adjustment keeps it, the summary ordered by the difference at T with the baseline where it changes sign."""
+
+from lmzoo.experiments import frontier_tables
+
+
+def interval(estimate, half=0.1, adjusted=None):
+    c = {"estimate": estimate, "lo": estimate - half, "hi": estimate + half, "significant": abs(estimate) > half}
+    if adjusted is not None:
+        c["significant_adjusted"] = adjusted
+    return c
+
+
+def row(label, bpb, params=100):
+    return {"label": label, "runs": ["a", "b", "c"], "params": params, "bpb": interval(bpb), "seeds": [0, 1, 2],
+            "ratio": {"512": interval(1.0, 0.01), "256": interval(1.0, 0.01)},
+            "measurements": {"sparsity": {"mean": 0.3, "sd": 0.01, "n": 3}}}
+
+
+def difference(label, bpb, adjusted):
+    return {"label": label, "bpb": interval(bpb, adjusted=adjusted), "ratio": {"512": interval(-0.05, 0.01, True)},
+            "sparsity": interval(0.0, 0.02, False)}
+
+
+RECORD = {"baseline": "softmax",
+          "rows": [row("zeta", 1.7), row("softmax", 2.0), row("alpha", 2.3, params=None), row("mid", 1.85)],
+          "differences": [difference("zeta", -0.3, True), difference("alpha", 0.3, False),
+                          difference("mid", -0.15, False)]}
+
+
+def test_the_full_table_puts_the_baseline_first_and_stars_only_adjusted_differences():
+    lines = frontier_tables.full_table(RECORD).splitlines()
+    assert "bpb@256/bpb@T | bpb@512/bpb@T | − softmax, ratio at 512" in lines[0]
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| `softmax`", "| `alpha`", "| `mid`", "| `zeta`"]
+    assert lines[2].split(" | ")[4] == "" and "0.300 ± 0.010" in lines[2]
+    assert "+0.300 [+0.200, +0.400] |" in lines[3] and "| — |" in lines[3]  # unstarred; its parameters unknown
+    assert "−0.300 [−0.400, −0.200] * |" in lines[5]
+
+
+def test_the_summary_orders_arms_by_their_difference_and_names_those_the_adjustment_unstars():
+    text = frontier_tables.summary_table(RECORD)
+    order = [line.split(" | ")[0] for line in text.splitlines()[2:6]]
+    assert order == ["| `zeta`", "| `mid`", "| `softmax` (reference)", "| `alpha`"]
+    assert "over the 3 arms compared with softmax" in text and "adjustment: `mid`, `alpha`." in text
