@@ -59,6 +59,24 @@ def forms_against_naive(run, inputs):
     return pull_back, reference
 
 
+
+def decoded_from_a_split(run, step, args: dict, streams: tuple, split: int, chunk: int):
+    """``(chunk form over all, its final state)`` and ``(steps from split on, state after them)``: the chunk form run
+    on the first ``split`` positions of the per-token ``streams``, its state stepped on token by token by
+    ``step(*per-token inputs, weight, bias, state, ends_mini_batch)``, the way decoding continues a prompt."""
+    whole, final = compiled(lambda a: run("chunk", a))(args)
+    _, state = compiled(lambda a: run("chunk", {**a, **{n: a[n][:, :split] for n in streams}}))(args)
+
+    @compiled
+    def stepped(a, state):
+        def one(state, t):
+            o, state = step(*(a[n][:, t] for n in streams), a["weight"], a["bias"], state, t % chunk == chunk - 1)
+            return state, o
+        state, outs = jax.lax.scan(one, state, jnp.arange(split, a[streams[0]].shape[1]))
+        return outs.swapaxes(0, 1), state
+
+    return (whole[:, split:], final), stepped(args, state)
+
 # ----------------------------------------------------------------------------- linear attention and GLA
 
 CASES = ("linear", "linear_normalized", "gla", "gla_scalar")

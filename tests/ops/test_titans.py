@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from op_checks import assert_trees_close, compiled, forms_against_naive, packed_segment_ids, rel_err
+from op_checks import assert_trees_close, decoded_from_a_split, forms_against_naive, packed_segment_ids, rel_err
 
 from lmzoo.ops.titans import titans, titans_step, titans_weights
 
@@ -99,20 +99,8 @@ def test_decoding_on_from_a_state_left_inside_a_mini_batch():
     """The chunk form's state after 9 steps, stepped on token by token, gives the chunk form's outputs over all 19
     and its final state."""
     args = titans_args(seed=3)
-    whole, final = compiled(lambda a: run("chunk", a))(args)
-    _, state = compiled(lambda a: run("chunk", {**a, **{n: a[n][:, :9] for n in GATES}}))(args)
-
-    @compiled
-    def stepped(a, state):
-        def one(state, t):
-            o, state = titans_step(*(a[n][:, t] for n in GATES), a["weight"], a["bias"], state,
-                                   t % CHUNK == CHUNK - 1)
-            return state, o
-        state, outs = jax.lax.scan(one, state, jnp.arange(9, LENGTH))
-        return outs.swapaxes(0, 1), state
-
-    outs, state = stepped(args, state)
-    assert rel_err(outs, whole[:, 9:]) < TOLERANCE
+    (whole, final), (outs, state) = decoded_from_a_split(run, titans_step, args, GATES, 9, CHUNK)
+    assert rel_err(outs, whole) < TOLERANCE
     assert_trees_close(state, final, TOLERANCE)
 
 

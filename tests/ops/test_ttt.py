@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from op_checks import assert_trees_close, compiled, forms_against_naive, packed_segment_ids, rel_err
+from op_checks import (assert_trees_close, compiled, decoded_from_a_split, forms_against_naive, packed_segment_ids,
+                       rel_err)
 
 from lmzoo.ops.ttt import ttt_linear, ttt_linear_step, ttt_linear_weights
 
@@ -106,20 +107,8 @@ def test_decoding_on_from_a_state_left_inside_a_mini_batch():
     """The chunk form's state after 9 steps (one step into the third mini-batch), stepped on token by token,
     gives the chunk form's outputs over all 19 and its final state."""
     args = ttt_args(seed=3)
-    whole, final = compiled(lambda a: run("chunk", a))(args)
-    _, state = compiled(lambda a: run("chunk", {**a, **{n: a[n][:, :9] for n in ("q", "k", "v", "eta")}}))(args)
-
-    @compiled
-    def stepped(a, state):
-        def one(state, t):
-            o, state = ttt_linear_step(*(a[n][:, t] for n in ("q", "k", "v", "eta")), a["weight"], a["bias"], state,
-                                       t % CHUNK == CHUNK - 1)
-            return state, o
-        state, outs = jax.lax.scan(one, state, jnp.arange(9, LENGTH))
-        return outs.swapaxes(0, 1), state
-
-    outs, state = stepped(args, state)
-    assert rel_err(outs, whole[:, 9:]) < TOLERANCE
+    (whole, final), (outs, state) = decoded_from_a_split(run, ttt_linear_step, args, ("q", "k", "v", "eta"), 9, CHUNK)
+    assert rel_err(outs, whole) < TOLERANCE
     assert_trees_close(state, final, TOLERANCE)
 
 
