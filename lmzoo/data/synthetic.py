@@ -10,7 +10,10 @@ or one example at a time (``example``):
 
 - ``mqar`` (multi-query associative recall): ``num_pairs`` key-value pairs, then ``num_queries``
   keys drawn from them, each followed by its value (scored). Keys and values use disjoint halves
-  of the ``task_vocab`` symbols; unused positions at the start are PAD.
+  of the ``task_vocab`` symbols; unused positions at the start are PAD. With ``query_placement=power_law``
+  (zoology's layout) the pairs open the sequence and each query takes a two-token slot of the rest, the slots
+  drawn without replacement with probability proportional to ``d ** (power_a - 1)`` at distance d (slot d - 1)
+  from the pairs, the slots no query takes PAD.
 - ``induction``: a random sequence followed by a copy of itself; every token of the copy after
   the first is scored (a model can predict it only by finding the earlier occurrence).
 - ``selective_copy``: ``num_marked`` symbols scattered at random positions among NOISE tokens,
@@ -42,7 +45,7 @@ import numpy as np
 from lmzoo.data.base import DataDefaults
 from lmzoo.data.draws import BatchDraws, NotVectorised, RowDraws
 from lmzoo.registry import SOURCES
-from lmzoo.schema import ConfigError, DataConfig, positive
+from lmzoo.schema import ConfigError, DataConfig, one_of, positive
 
 TRAIN, VALIDATION = 0, 1
 
@@ -98,8 +101,8 @@ class TaskConfig(DataConfig):
 
     def sequences(self, draws, length: int, tok: TaskTokenizer) -> Optional[tuple[np.ndarray, np.ndarray]]:
         """A sequence of ``length`` token ids for each row of ``draws`` (``BatchDraws``, or ``RowDraws``: one
-        Generator), [rows, length], and the mask of their scored positions [length]; None: the task draws one
-        example at a time (``example``)."""
+        Generator), [rows, length], and the mask of their scored positions, [length] (the same in every row) or
+        [rows, length]; None: the task draws one example at a time (``example``)."""
         return None
 
     def example(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
@@ -107,7 +110,8 @@ class TaskConfig(DataConfig):
         drawn = self.sequences(RowDraws(rng), length, tok)
         if drawn is None:
             raise NotImplementedError(f"{type(self).__name__} defines neither sequences() nor example()")
-        return drawn[0][0], drawn[1]
+        seq, scored = drawn
+        return seq[0], scored if scored.ndim == 1 else scored[0]
 
     def labelled(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, ...]:
         """(inputs, targets, scored) of ``length - 1`` positions: by default a sequence from ``example``
@@ -117,15 +121,24 @@ class TaskConfig(DataConfig):
 
     def labelled_rows(self, draws, length: int, tok: TaskTokenizer) -> Optional[tuple[np.ndarray, ...]]:
         """``labelled`` for every row of ``draws`` at once: (inputs, targets) [rows, length - 1] and scored
-        [length - 1]; None for a task that draws one example at a time."""
+        [length - 1] or [rows, length - 1]; None for a task that draws one example at a time."""
         drawn = self.sequences(draws, length, tok)
         if drawn is None:
             return None
         seq, scored = drawn
-        return seq[:, :-1], seq[:, 1:], scored[1:]
+        return seq[:, :-1], seq[:, 1:], scored[..., 1:]
 
     def build(self, *, seed: int, shard_index: int, shard_count: int) -> "TaskData":
         return TaskData(self, seed, shard_index, shard_count)
+
+
+def added_setting(default):
+    """A setting added after runs were recorded without it: left out of the data's fingerprint while it holds its
+    default (the data those runs trained on), so they still resume and evaluate as before."""
+    return field(default=default, metadata={"fingerprint": "when changed"})
+
+
+QUERY_PLACEMENTS = ("packed", "power_law")  # data.query_placement of mqar
 
 
 @SOURCES.register("mqar")
@@ -134,12 +147,18 @@ class MqarConfig(TaskConfig):
     source: str = "mqar"
     num_pairs: int = 8  # key-value pairs in the context
     num_queries: Optional[int] = None  # keys asked; None = num_pairs
+    # Where the queries go after the pairs: packed at the end (lmzoo's layout), or in slots drawn by zoology's
+    # power law, near slots likelier (Arora et al. 2023: the gap between repeats in text follows a power law)
+    query_placement: str = added_setting("packed")
+    power_a: float = added_setting(0.01)  # the power law's exponent is power_a - 1 (zoology's 0.01: nearly 1 / d)
 
     def check(self) -> None:
         super().check()
         positive("data.num_pairs", self.num_pairs)
         if self.num_queries is not None:
             positive("data.num_queries", self.num_queries)
+        one_of("data.query_placement", self.query_placement, QUERY_PLACEMENTS)
+        positive("data.power_a", self.power_a)
         if self.num_pairs > self.task_vocab // 2:  # keys are distinct symbols from the first half
             raise ConfigError(f"data.num_pairs={self.num_pairs} distinct keys need "
                               f"data.task_vocab >= {2 * self.num_pairs}")
@@ -161,11 +180,53 @@ class MqarConfig(TaskConfig):
         pairs = np.stack([keys, values], 2)
         queries = np.take_along_axis(pairs, asked[:, :, None], 1)
         rows = draws.rows
+        if self.query_placement == "power_law":
+            return self.spread(draws, pairs.reshape(rows, -1), queries, length, tok)
         seq = np.concatenate([np.full((rows, length - need), tok.pad_id), pairs.reshape(rows, -1),
                               queries.reshape(rows, -1)], axis=1)
         scored = np.zeros(length, bool)
         scored[length - 2 * n_queries + 1 :: 2] = True  # the values that answer the queries
         return seq, scored
+
+    def spread(self, draws, pairs: np.ndarray, queries: np.ndarray, length: int,
+               tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
+        """Zoology's layout: the pairs [rows, 2 * num_pairs] first, then each (key, value) of ``queries``
+        [rows, n, 2] in a two-token slot drawn by ``power_law_slots``; an odd token left over ends the sequence
+        (zoology's inputs drop it too). Returns the sequences and their scored values [rows, length]."""
+        rows, n_queries = queries.shape[:2]
+        start = pairs.shape[1]
+        slots = power_law_slots(draws, (length - start) // 2, n_queries, self.power_a)
+        seq = np.full((rows, length), tok.pad_id)
+        seq[:, :start] = pairs
+        positions = start + 2 * slots  # [rows, n] where each query's key goes
+        np.put_along_axis(seq, positions, queries[:, :, 0], axis=1)
+        np.put_along_axis(seq, positions + 1, queries[:, :, 1], axis=1)
+        scored = np.zeros((rows, length), bool)
+        np.put_along_axis(scored, positions + 1, True, axis=1)  # the values that answer the queries
+        return seq, scored
+
+
+def power_law_weights(slots: int, power_a: float) -> np.ndarray:
+    """Zoology's law of a query's slot: slot d - 1 (distance d from the pairs) with probability ∝ d ** (power_a - 1)."""
+    weights = np.arange(1, slots + 1, dtype=np.float64) ** (power_a - 1.0)
+    return weights / weights.sum()
+
+
+def power_law_slots(draws, slots: int, count: int, power_a: float) -> np.ndarray:
+    """[rows, count] distinct slots of 0 .. slots - 1, drawn one after another as zoology draws them
+    (``choice(replace=False, p=power_law_weights)``: each among the slots left, by their renormalised law). Each
+    draw inverts the cumulative law at a uniform of 32 bits (one integer draw, so ``BatchDraws`` and a Generator
+    draw the same slots)."""
+    left = np.tile(power_law_weights(slots, power_a), (draws.rows, 1))
+    uniforms = draws.integers(0, 2**32, count) / 2.0**32  # [rows, count], in [0, 1)
+    chosen = np.empty((draws.rows, count), np.int64)
+    rows = np.arange(draws.rows)
+    for q in range(count):
+        cumulative = np.cumsum(left, axis=1)
+        # the first slot whose cumulative weight passes the uniform's share: a taken slot (weight 0) never does
+        chosen[:, q] = (cumulative <= uniforms[:, q : q + 1] * cumulative[:, -1:]).sum(axis=1)
+        left[rows, chosen[:, q]] = 0.0
+    return chosen
 
 
 @SOURCES.register("induction")
@@ -386,8 +447,11 @@ class TaskData(DataDefaults):
 
     @property
     def fingerprint(self) -> dict:
-        # allow_changed is how to resume, not what
-        settings = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "allow_changed"}
+        # allow_changed is how to resume, not what; a setting added since runs were recorded counts once changed
+        at_default = {f.name for f in dataclasses.fields(self.cfg)
+                      if f.metadata.get("fingerprint") == "when changed" and getattr(self.cfg, f.name) == f.default}
+        settings = {k: v for k, v in dataclasses.asdict(self.cfg).items()
+                    if k != "allow_changed" and k not in at_default}
         return {**settings, "seed": self.seed, "vocab_size": self.tokenizer.vocab_size}
 
     def _examples(self, split: int, seq_len: int) -> TaskExamples:
