@@ -119,6 +119,13 @@ class TaskConfig(DataConfig):
         seq, scored = self.example(rng, length, tok)
         return seq[:-1], seq[1:], scored[1:]
 
+    def labelled_in(self, split: int, rng: np.random.Generator, length: int,
+                    tok: TaskTokenizer) -> tuple[np.ndarray, ...]:
+        """``labelled`` for an example of ``split`` (TRAIN or VALIDATION): the same in both, unless a task trains
+        or evaluates differently (MAD's recall tasks, ``lmzoo.data.mad``); such a task draws one example at a
+        time (no ``sequences``)."""
+        return self.labelled(rng, length, tok)
+
     def labelled_rows(self, draws, length: int, tok: TaskTokenizer) -> Optional[tuple[np.ndarray, ...]]:
         """``labelled`` for every row of ``draws`` at once: (inputs, targets) [rows, length - 1] and scored
         [length - 1] or [rows, length - 1]; None for a task that draws one example at a time."""
@@ -348,7 +355,7 @@ class TaskExamples:
 
     def __call__(self, index: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, self.split, int(index)])
-        inputs, targets, scored = self.cfg.labelled(rng, self.length, self.tokenizer)
+        inputs, targets, scored = self.cfg.labelled_in(self.split, rng, self.length, self.tokenizer)
         return {
             "inputs": inputs.astype(np.int32),
             "targets": targets.astype(np.int32),

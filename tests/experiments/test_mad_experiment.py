@@ -33,6 +33,17 @@ def test_task_overrides_use_mads_baseline_vocabulary():
             "data.frac_noise=0.2"} <= set(overrides)
 
 
+def test_recall_tasks_train_on_every_next_token_and_fuzzy_recall_evaluates_on_mads_test_split():
+    from lmzoo.experiments.runs import run_config
+
+    settings = settings_for(mad, [], quick=False)
+    for task in mad.TASKS:
+        data = run_config("softmax", "unused", 0, 10, mad.task_overrides(task, settings)).data  # a valid config
+        recall = task in ("in_context_recall", "noisy_recall", "fuzzy_recall")
+        assert data.train_targets == ("next_tokens" if recall else "scored")
+        assert data.eval_keys == ("largest" if task == "fuzzy_recall" else "any_size")
+
+
 @pytest.mark.slow
 def test_mad_quick_run_compares_its_scores_with_the_published_table(tmp_path):
     record = run_experiment("mad", tmp_path, quick=True)
