@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
+from lmzoo.config import ConfigError
 from lmzoo.experiments import load, run_experiment, settings_for
 
 mad = load("mad")
@@ -53,3 +55,56 @@ def test_mad_quick_run_compares_its_scores_with_the_published_table(tmp_path):
     assert record["evidence"]["published"]["memorization"]["gla"]["printed"] == "63.3"
     assert (tmp_path / "mad" / record["figures"][0]).stat().st_size > 0
     json.dumps(record)
+
+
+def test_difficulties_all_are_mads_settings_but_the_training_set_sizes_at_their_lengths():
+    from lmzoo.data import build_data
+    from lmzoo.data.mad import MadConfig
+
+    settings = settings_for(mad, ["difficulties=all"], quick=False)
+    named = {task: mad.difficulty_settings(task, settings) for task in mad.TASKS}
+    # PROTOCOL's 11, 11, 14, 13 and 6 settings less the four training-set sizes of all but memorization
+    assert {task: len(n) for task, n in named.items()} == {"in_context_recall": 7, "fuzzy_recall": 7,
+                                                           "noisy_recall": 10, "selective_copying": 9,
+                                                           "memorization": 6}
+    assert list(named["noisy_recall"])[:2] == ["baseline", "vocab_size48"] and "frac_noise0.8" in named["noisy_recall"]
+    lengths = {name: mad.data_length("in_context_recall", s, settings)
+               for name, s in named["in_context_recall"].items()}
+    assert (lengths["baseline"], lengths["seq_len256"], lengths["vocab_size32"]) == (127, 255, 127)
+    assert mad.data_length("selective_copying", named["selective_copying"]["seq_len512"], settings) == 512
+    copy = mad.task_overrides("selective_copying", settings, named["selective_copying"]["num_tokens_to_copy96"])
+    assert {"data.task_vocab=16", "data.seq_len=256", "data.num_tokens_to_copy=96"} <= set(copy)
+    assert list(mad.difficulty_settings("memorization", settings_for(mad, [], quick=False))) == ["baseline"]
+    for task, by_name in named.items():  # every setting is data the trainer can draw
+        for setting in by_name.values():
+            cfg = MadConfig(task=task, task_vocab=setting["vocab_size"],
+                            seq_len=mad.data_length(task, setting, settings),
+                            **{k: setting[k] for k in mad.TASK_KEYS if k in setting})
+            cfg.check()
+            build_data(cfg, seed=0)._examples(0, cfg.seq_len)(0)
+    with pytest.raises(ConfigError, match=r"^difficulties='some' is not valid \(choose from: baseline, all\)$"):
+        settings_for(mad, ["difficulties=some"], quick=False)
+
+
+def test_a_tasks_score_is_the_mean_over_its_settings_of_each_settings_best_grid_point(monkeypatch, tmp_path):
+    settings = settings_for(mad, ["difficulties=all", "tasks=[memorization]", "lrs=[0.0001,0.001]",
+                                  "weight_decays=[0.0]", "seeds=[0,1]"], quick=False)
+    vocab = {name: s["vocab_size"] for name, s in mad.difficulty_settings("memorization", settings).items()}
+    trained = []
+    monkeypatch.setattr(mad, "train_grid", lambda variant, grid, **kw: trained.append(kw["overrides"]))
+
+    def accuracy(run_dir, length, tokens, tag, extra=()):  # the larger rate validates better; test: vocab, seed
+        name = run_dir.name
+        if tag == "mad":
+            return 0.5 if "lr0.001" in name else 0.2
+        assert "lr0.001" in name and extra == [f"seed={int(name[-1]) + 1000}"]  # the best rate's runs, on test
+        setting = next((n for n in vocab if f"-{n}-" in name), "baseline")
+        return 1000 / vocab[setting] + int(name[-1]) / 100
+
+    monkeypatch.setattr(mad, "accuracy", accuracy)
+    result = mad.score("softmax", "memorization", settings, tmp_path, runs := [])
+    assert len(trained) == 6 and len(runs) == 6 * 2 * 2  # six settings, each two rates x two seeds
+    assert all(s["best"] == "wd0-lr0.001" for s in result["settings"].values())
+    expected = [np.mean([1000 / v + seed / 100 for v in vocab.values()]) for seed in (0, 1)]
+    np.testing.assert_allclose(result["test"], expected)
+    assert "softmax-memorization-wd0-lr0.001-s0" in {r.name for r in runs}  # the baseline keeps its run names
