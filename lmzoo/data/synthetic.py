@@ -6,7 +6,8 @@ and accuracy count only what the task asks. Example ``i`` of a split is a pure f
 ``(seed, split, i)``: the draws of ``numpy.random.default_rng([seed, split, i])``, so batches are reproducible
 and resumable by index alone. Each task registers its spec (``data=<name>`` picks it), which draws the examples
 of a batch together (``sequences``: ``lmzoo.data.draws`` makes every row's Generator draws at once, bit for bit)
-or one example at a time (``example``):
+or one example at a time (``example``). Training reads a fresh example at every index, or with ``train_examples=N``
+a fixed set, the split's first N examples, in a new order every epoch (``EpochOrder``):
 
 - ``mqar`` (multi-query associative recall): ``num_pairs`` key-value pairs, then ``num_queries``
   keys drawn from them, each followed by its value (scored). Keys and values use disjoint halves
@@ -48,6 +49,7 @@ from lmzoo.registry import SOURCES
 from lmzoo.schema import ConfigError, DataConfig, one_of, positive
 
 TRAIN, VALIDATION = 0, 1
+EPOCHS = 2  # the key of the orders a fixed training set is read in, beside the splits' keys: never an example's
 
 # Training batches are drawn this many examples at a time (``TrainingBatches``), or as many as hold BLOCK_TOKENS
 # for long sequences: drawing many examples together costs little more than drawing a few.
@@ -89,15 +91,26 @@ class TaskTokenizer:
         return self.task_vocab + 3
 
 
+def added_setting(default):
+    """A setting added after runs were recorded without it: left out of the data's fingerprint while it holds its
+    default (the data those runs trained on), so they still resume and evaluate as before."""
+    return field(default=default, metadata={"fingerprint": "when changed"})
+
+
 @dataclass
 class TaskConfig(DataConfig):
     """Settings every synthetic task has; a task adds its own and how one example is drawn."""
 
     task_vocab: int = 64  # task symbols (mqar: half keys, half values)
+    # None: fresh examples every step; N: a fixed training set, the split's first N examples, read in a new order
+    # every epoch (``EpochOrder``), as a training set of a paper's size is (MAD's training-set sizes)
+    train_examples: Optional[int] = added_setting(None)
 
     def check(self) -> None:
         super().check()
         positive("data.task_vocab", self.task_vocab)
+        if self.train_examples is not None:
+            positive("data.train_examples", self.train_examples)
 
     def sequences(self, draws, length: int, tok: TaskTokenizer) -> Optional[tuple[np.ndarray, np.ndarray]]:
         """A sequence of ``length`` token ids for each row of ``draws`` (``BatchDraws``, or ``RowDraws``: one
@@ -137,12 +150,6 @@ class TaskConfig(DataConfig):
 
     def build(self, *, seed: int, shard_index: int, shard_count: int) -> "TaskData":
         return TaskData(self, seed, shard_index, shard_count)
-
-
-def added_setting(default):
-    """A setting added after runs were recorded without it: left out of the data's fingerprint while it holds its
-    default (the data those runs trained on), so they still resume and evaluate as before."""
-    return field(default=default, metadata={"fingerprint": "when changed"})
 
 
 QUERY_PLACEMENTS = ("packed", "power_law")  # data.query_placement of mqar
@@ -414,8 +421,9 @@ class TrainingBatches:
     ``TaskExamples.rows`` gives them; the batches are drawn a block of ``BLOCK_EXAMPLES`` examples at a time, and
     the last few blocks kept for the batches that follow (grain's reading threads ask for them in any order)."""
 
-    def __init__(self, examples: TaskExamples, batch_size: int, shard_index: int, rows: int, keep: int = 3):
-        self.examples, self.batch_size, self.rows, self.keep = examples, batch_size, rows, keep
+    def __init__(self, examples: TaskExamples, batch_size: int, shard_index: int, rows: int, keep: int = 3,
+                 order: Optional["EpochOrder"] = None):
+        self.examples, self.batch_size, self.rows, self.keep, self.order = examples, batch_size, rows, keep, order
         self.first_row = shard_index * rows  # this process's contiguous block of each global batch
         self.per_block = max(1, min(BLOCK_EXAMPLES, BLOCK_TOKENS // examples.length) // rows)  # batches a block holds
         self.blocks: OrderedDict[int, dict] = OrderedDict()
@@ -425,8 +433,8 @@ class TrainingBatches:
         with self.lock:
             if number not in self.blocks:
                 batches = number * self.per_block + np.arange(self.per_block)
-                indices = batches[:, None] * self.batch_size + self.first_row + np.arange(self.rows)
-                self.blocks[number] = self.examples.rows(indices.ravel())
+                indices = (batches[:, None] * self.batch_size + self.first_row + np.arange(self.rows)).ravel()
+                self.blocks[number] = self.examples.rows(indices if self.order is None else self.order(indices))
                 while len(self.blocks) > self.keep:
                     self.blocks.popitem(last=False)
             return self.blocks[number]
@@ -435,6 +443,27 @@ class TrainingBatches:
         number, place = divmod(int(indices[0]) // self.batch_size, self.per_block)
         part = slice(place * self.rows, (place + 1) * self.rows)
         return {key: value[part].copy() for key, value in self.block(number).items()}
+
+
+@dataclass(frozen=True)
+class EpochOrder:
+    """Where training example ``i`` comes from in a fixed set of ``size`` examples: epoch ``i // size`` reads every
+    one of them once, in an order drawn from ``(seed, epoch)`` alone (so any batch is found by its index)."""
+
+    seed: int
+    size: int
+
+    def __call__(self, indices: np.ndarray) -> np.ndarray:
+        epochs, places = np.divmod(np.asarray(indices, np.int64), self.size)
+        examples = np.empty_like(places)
+        for epoch in np.unique(epochs):
+            at = epochs == epoch
+            examples[at] = self.permutation(int(epoch))[places[at]]
+        return examples
+
+    @functools.lru_cache(maxsize=4)  # a block of batches spans an epoch or two
+    def permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, EPOCHS, epoch]).permutation(self.size)
 
 
 @dataclass(frozen=True, eq=False)
@@ -461,6 +490,11 @@ class TaskData(DataDefaults):
                     if k != "allow_changed" and k not in at_default}
         return {**settings, "seed": self.seed, "vocab_size": self.tokenizer.vocab_size}
 
+    @property
+    def training_order(self) -> Optional[EpochOrder]:
+        """Which example each training index reads: None, its own (fresh examples); a fixed set's epochs."""
+        return None if self.cfg.train_examples is None else EpochOrder(self.seed, self.cfg.train_examples)
+
     def _examples(self, split: int, seq_len: int) -> TaskExamples:
         examples = TaskExamples(self.cfg, self.seed, split, seq_len + 1, self.tokenizer)
         examples(0)  # a task that does not fit the length fails here, in one line, not inside a data thread
@@ -470,7 +504,7 @@ class TaskData(DataDefaults):
         if batch_size % self.shard_count:
             raise ValueError(f"batch size {batch_size} is not divisible by the {self.shard_count} data shards")
         batches = TrainingBatches(self._examples(split, self.cfg.seq_len), batch_size, self.shard_index,
-                                  batch_size // self.shard_count)
+                                  batch_size // self.shard_count, order=self.training_order)
         return grain.MapDataset.range(2**62).batch(batch_size).map(batches)
 
     def train_iterator(self, batch_size: int) -> grain.DatasetIterator:

@@ -196,6 +196,23 @@ def test_mqar_packed_placement_is_the_default_and_leaves_the_data_as_before():
         registry.SOURCES.lookup("mqar")(query_placement="spread").check()
 
 
+def test_a_fixed_training_set_is_read_whole_each_epoch_in_a_new_order():
+    data = task_data("mqar", seed=4, seq_len=16, num_pairs=2, train_examples=12)
+    iterator = data.train_iterator(4)  # three batches an epoch
+    epochs = [np.concatenate([next(iterator)["inputs"] for _ in range(3)]) for _ in range(3)]
+    examples = data._examples(0, 16)
+    whole = np.stack([examples(i)["inputs"] for i in range(12)])  # the training split's first 12 examples
+    orders = []
+    for epoch in epochs:
+        order = [int(np.flatnonzero((whole == row).all(axis=1))[0]) for row in epoch]
+        assert sorted(order) == list(range(12))  # every example once an epoch, and no other
+        orders.append(order)
+    assert orders[0] != orders[1] != orders[2]
+    fresh = task_data("mqar", seed=4, seq_len=16, num_pairs=2)
+    np.testing.assert_array_equal(next(fresh.train_iterator(4))["inputs"], whole[:4])  # default: examples 0, 1 ...
+    assert "train_examples" not in fresh.fingerprint and data.fingerprint["train_examples"] == 12
+
+
 def test_task_fingerprint_names_the_task_settings_and_seed():
     data = task_data("mqar", seed=3, seq_len=32, num_pairs=4)
     assert data.fingerprint == {"source": "mqar", "seq_len": 32, "task_vocab": 64, "num_pairs": 4, "num_queries": None,

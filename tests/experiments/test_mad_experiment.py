@@ -57,15 +57,14 @@ def test_mad_quick_run_compares_its_scores_with_the_published_table(tmp_path):
     json.dumps(record)
 
 
-def test_difficulties_all_are_mads_settings_but_the_training_set_sizes_at_their_lengths():
+def test_difficulties_all_are_mads_settings_at_their_lengths_and_training_set_sizes():
     from lmzoo.data import build_data
     from lmzoo.data.mad import MadConfig
 
     settings = settings_for(mad, ["difficulties=all"], quick=False)
     named = {task: mad.difficulty_settings(task, settings) for task in mad.TASKS}
-    # PROTOCOL's 11, 11, 14, 13 and 6 settings less the four training-set sizes of all but memorization
-    assert {task: len(n) for task, n in named.items()} == {"in_context_recall": 7, "fuzzy_recall": 7,
-                                                           "noisy_recall": 10, "selective_copying": 9,
+    assert {task: len(n) for task, n in named.items()} == {"in_context_recall": 11, "fuzzy_recall": 11,
+                                                           "noisy_recall": 14, "selective_copying": 13,
                                                            "memorization": 6}
     assert list(named["noisy_recall"])[:2] == ["baseline", "vocab_size48"] and "frac_noise0.8" in named["noisy_recall"]
     lengths = {name: mad.data_length("in_context_recall", s, settings)
@@ -74,11 +73,17 @@ def test_difficulties_all_are_mads_settings_but_the_training_set_sizes_at_their_
     assert mad.data_length("selective_copying", named["selective_copying"]["seq_len512"], settings) == 512
     copy = mad.task_overrides("selective_copying", settings, named["selective_copying"]["num_tokens_to_copy96"])
     assert {"data.task_vocab=16", "data.seq_len=256", "data.num_tokens_to_copy=96"} <= set(copy)
+    assert not any(o.startswith("data.train_examples") for o in copy)  # fresh examples at MAD's training-set size
+    small = mad.task_overrides("fuzzy_recall", settings, named["fuzzy_recall"]["num_train_examples800"])
+    assert "data.train_examples=800" in small  # a setting of the training-set size: a fixed set of that size
+    from lmzoo.experiments.runs import run_config
+    assert run_config("gla", "unused", 0, 10, small).data.train_examples == 800  # a config the trainer accepts
     assert list(mad.difficulty_settings("memorization", settings_for(mad, [], quick=False))) == ["baseline"]
     for task, by_name in named.items():  # every setting is data the trainer can draw
         for setting in by_name.values():
             cfg = MadConfig(task=task, task_vocab=setting["vocab_size"],
                             seq_len=mad.data_length(task, setting, settings),
+                            train_examples=setting["num_train_examples"],
                             **{k: setting[k] for k in mad.TASK_KEYS if k in setting})
             cfg.check()
             build_data(cfg, seed=0)._examples(0, cfg.seq_len)(0)
