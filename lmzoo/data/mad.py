@@ -5,8 +5,9 @@ An example is a pure function of a NumPy Generator and the task's settings. MAD'
 of an instance; a model sees ``seq_len - 1`` positions of the recall and memorization tasks (the instance and its
 next tokens) and ``seq_len`` of copying and compression (targets beside the inputs). Every generator returns
 ``Example(inputs, targets, scored)``, three arrays of one length: ``scored`` marks the positions MAD's accuracy
-counts; elsewhere ``targets`` is the next input (recall tasks train on every next token, as MAD does) or
-``IGNORED``. Token ids follow MAD's layout: the special tokens are the last ids of ``vocab_size``.
+counts; elsewhere ``targets`` is the next input (MAD trains its recall tasks on every next token;
+``data.train_targets=next_tokens`` does so) or ``IGNORED``. Token ids follow MAD's layout: the special tokens are
+the last ids of ``vocab_size``.
 
 - ``in_context_recall``: ``seq_len // 2`` slots of (key, value); keys from the first half of the symbols, values
   from the second, one mapping per sequence; a value is scored whenever its key appeared before (multi-query);
@@ -15,7 +16,8 @@ counts; elsewhere ``targets`` is the next input (recall tasks train on every nex
   symbols), never scored.
 - ``fuzzy_recall``: keys and values are motifs of 1 .. ``k_motif_size`` / ``v_motif_size`` distinct adjacent
   tokens, paired per sequence; a value's tokens are scored when its key appeared before; left-padded (the last
-  id); evaluation keys all have the largest motif size (MAD's choice: the hardest grouping).
+  id); in MAD's test split (``test=True``; ``data.eval_keys=largest`` evaluates on it) every key has the largest
+  motif size (MAD's choice: the hardest grouping), values any size.
 - ``selective_copying``: ``num_tokens_to_copy`` symbols scattered in order among blanks, then a copy token and
   as many blanks; the answer at each of those blanks is the next symbol, in order (the inputs never show it).
 - ``compression``: ``seq_len - 1`` random symbols and a compression token; the target is the whole input,
@@ -33,9 +35,9 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from lmzoo.data.synthetic import TaskConfig
+from lmzoo.data.synthetic import TRAIN, VALIDATION, TaskConfig, added_setting
 from lmzoo.registry import SOURCES
-from lmzoo.schema import ConfigError
+from lmzoo.schema import ConfigError, one_of
 
 IGNORED = -1  # a target no accuracy or loss counts
 
@@ -232,13 +234,18 @@ def _facts(vocab_size: int, map_seed: int) -> tuple[tuple[int, int], ...]:
     return tuple(memorization_map(vocab_size, map_seed).items())
 
 
+TRAIN_TARGETS = ("scored", "next_tokens")  # data.train_targets: what the training loss counts
+EVAL_KEYS = ("any_size", "largest")  # data.eval_keys: fuzzy recall's evaluation keys
+
+
 @SOURCES.register("mad")
 @dataclass
 class MadConfig(TaskConfig):
     """``data=mad data.task=<task>``: one MAD task as a stream of examples (``task_vocab`` is MAD's
-    ``vocab_size``, special tokens included). The loss and the accuracy count the positions MAD scores. Odd
-    lengths of the two-token-slot tasks get one unscored PAD in front. Compression is refused: its target is its
-    own input, which a decoder reads off the same position (MAD decodes it from the compression token alone)."""
+    ``vocab_size``, special tokens included). The accuracy counts the positions MAD scores, and so does the loss
+    unless ``train_targets=next_tokens``. Odd lengths of the two-token-slot tasks get one unscored PAD in front.
+    Compression is refused: its target is its own input, which a decoder reads off the same position (MAD decodes
+    it from the compression token alone)."""
 
     source: str = "mad"
     task: str = "in_context_recall"
@@ -249,12 +256,28 @@ class MadConfig(TaskConfig):
     v_motif_size: int = 3
     num_tokens_to_copy: int = 16  # selective_copying only
     map_seed: int = 0  # memorization: the fixed facts
+    # What the training loss counts: the scored positions, or every next token of the instance (MAD trains its
+    # recall tasks so: the model also learns to predict keys, values seen once and noise); the evaluation scores
+    # the scored positions either way
+    train_targets: str = added_setting("scored")
+    # fuzzy_recall's evaluation keys: motifs of any size, as in training, or all of the largest size (MAD's test
+    # split prompts at the hardest grouping)
+    eval_keys: str = added_setting("any_size")
 
     def check(self) -> None:
         super().check()
         if self.task not in TRAINABLE:
             why = " (compression needs MAD's encoder-decoder head)" if self.task == "compression" else ""
             raise ConfigError(f"data.task={self.task!r} is not valid{why} (choose from: {', '.join(TRAINABLE)})")
+        one_of("data.train_targets", self.train_targets, TRAIN_TARGETS)
+        one_of("data.eval_keys", self.eval_keys, EVAL_KEYS)
+        if self.train_targets == "next_tokens" and self.task not in NEXT_TOKEN_TASKS:
+            raise ConfigError(f"data.train_targets='next_tokens' is for MAD's recall tasks "
+                              f"({', '.join(NEXT_TOKEN_TASKS)}); MAD trains {self.task} on its scored positions "
+                              "(data.train_targets=scored)")
+        if self.eval_keys == "largest" and self.task != "fuzzy_recall":
+            raise ConfigError(f"data.eval_keys='largest' is for fuzzy_recall (motif keys); data.task={self.task!r} "
+                              "has single-token keys (data.eval_keys=any_size)")
 
     def task_settings(self) -> dict:
         wanted = inspect.signature(GENERATORS[self.task]).parameters
@@ -267,10 +290,18 @@ class MadConfig(TaskConfig):
             settings["facts"] = dict(_facts(self.task_vocab, self.map_seed))
         return {k: v for k, v in settings.items() if k in wanted}
 
-    def labelled(self, rng: np.random.Generator, length: int, tok) -> tuple[np.ndarray, ...]:
+    def split_settings(self, split: int) -> dict:
+        """The generator's settings for an example of ``split``: fuzzy recall's evaluation examples are MAD's test
+        split where ``eval_keys=largest``."""
+        test = split == VALIDATION and self.eval_keys == "largest"
+        return {**self.task_settings(), **({"test": True} if test else {})}
+
+    def labelled_in(self, split: int, rng: np.random.Generator, length: int, tok) -> tuple[np.ndarray, ...]:
         size = length if self.task in NEXT_TOKEN_TASKS else length - 1  # MAD's seq_len: the instance's tokens
         pad = size % 2 if self.task in EVEN_TASKS else 0
-        ex = draw(self.task, rng, seq_len=size - pad, **self.task_settings())
+        ex = draw(self.task, rng, seq_len=size - pad, **self.split_settings(split))
+        # a recall instance's targets are its next tokens: trained on all of them where train_targets says so
+        trained = np.ones_like(ex.scored) if split == TRAIN and self.train_targets == "next_tokens" else ex.scored
         front = lambda array, value: np.concatenate([np.full(pad, value, array.dtype), array])  # noqa: E731
         targets = front(ex.targets, IGNORED)
-        return front(ex.inputs, tok.pad_id), np.where(targets == IGNORED, tok.pad_id, targets), front(ex.scored, False)
+        return front(ex.inputs, tok.pad_id), np.where(targets == IGNORED, tok.pad_id, targets), front(trained, False)

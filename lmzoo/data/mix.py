@@ -272,7 +272,9 @@ class TaskPart:
         return grain.MapDataset.range(ENDLESS)
 
     def rows(self, indices: np.ndarray) -> Batch:
-        return encoded(self.examples.rows(indices), self.tokens)  # drawn together, the same as one by one
+        order = self.data.training_order  # a fixed training set's epochs, or each index its own example
+        examples = self.examples.rows(indices if order is None else order(indices))
+        return encoded(examples, self.tokens)  # drawn together, the same as one by one
 
     def validation_windows(self, lengths: Sequence[int], budget: Optional[int], min_doc_tokens: Optional[int] = None):
         if min_doc_tokens is not None:

@@ -6,11 +6,15 @@ and accuracy count only what the task asks. Example ``i`` of a split is a pure f
 ``(seed, split, i)``: the draws of ``numpy.random.default_rng([seed, split, i])``, so batches are reproducible
 and resumable by index alone. Each task registers its spec (``data=<name>`` picks it), which draws the examples
 of a batch together (``sequences``: ``lmzoo.data.draws`` makes every row's Generator draws at once, bit for bit)
-or one example at a time (``example``):
+or one example at a time (``example``). Training reads a fresh example at every index, or with ``train_examples=N``
+a fixed set, the split's first N examples, in a new order every epoch (``EpochOrder``):
 
 - ``mqar`` (multi-query associative recall): ``num_pairs`` key-value pairs, then ``num_queries``
   keys drawn from them, each followed by its value (scored). Keys and values use disjoint halves
-  of the ``task_vocab`` symbols; unused positions at the start are PAD.
+  of the ``task_vocab`` symbols; unused positions at the start are PAD. With ``query_placement=power_law``
+  (zoology's layout) the pairs open the sequence and each query takes a two-token slot of the rest, the slots
+  drawn without replacement with probability proportional to ``d ** (power_a - 1)`` at distance d (slot d - 1)
+  from the pairs, the slots no query takes PAD.
 - ``induction``: a random sequence followed by a copy of itself; every token of the copy after
   the first is scored (a model can predict it only by finding the earlier occurrence).
 - ``selective_copy``: ``num_marked`` symbols scattered at random positions among NOISE tokens,
@@ -42,9 +46,10 @@ import numpy as np
 from lmzoo.data.base import DataDefaults
 from lmzoo.data.draws import BatchDraws, NotVectorised, RowDraws
 from lmzoo.registry import SOURCES
-from lmzoo.schema import ConfigError, DataConfig, positive
+from lmzoo.schema import ConfigError, DataConfig, one_of, positive
 
 TRAIN, VALIDATION = 0, 1
+EPOCHS = 2  # the key of the orders a fixed training set is read in, beside the splits' keys: never an example's
 
 # Training batches are drawn this many examples at a time (``TrainingBatches``), or as many as hold BLOCK_TOKENS
 # for long sequences: drawing many examples together costs little more than drawing a few.
@@ -86,20 +91,31 @@ class TaskTokenizer:
         return self.task_vocab + 3
 
 
+def added_setting(default):
+    """A setting added after runs were recorded without it: left out of the data's fingerprint while it holds its
+    default (the data those runs trained on), so they still resume and evaluate as before."""
+    return field(default=default, metadata={"fingerprint": "when changed"})
+
+
 @dataclass
 class TaskConfig(DataConfig):
     """Settings every synthetic task has; a task adds its own and how one example is drawn."""
 
     task_vocab: int = 64  # task symbols (mqar: half keys, half values)
+    # None: fresh examples every step; N: a fixed training set, the split's first N examples, read in a new order
+    # every epoch (``EpochOrder``), as a training set of a paper's size is (MAD's training-set sizes)
+    train_examples: Optional[int] = added_setting(None)
 
     def check(self) -> None:
         super().check()
         positive("data.task_vocab", self.task_vocab)
+        if self.train_examples is not None:
+            positive("data.train_examples", self.train_examples)
 
     def sequences(self, draws, length: int, tok: TaskTokenizer) -> Optional[tuple[np.ndarray, np.ndarray]]:
         """A sequence of ``length`` token ids for each row of ``draws`` (``BatchDraws``, or ``RowDraws``: one
-        Generator), [rows, length], and the mask of their scored positions [length]; None: the task draws one
-        example at a time (``example``)."""
+        Generator), [rows, length], and the mask of their scored positions, [length] (the same in every row) or
+        [rows, length]; None: the task draws one example at a time (``example``)."""
         return None
 
     def example(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
@@ -107,7 +123,8 @@ class TaskConfig(DataConfig):
         drawn = self.sequences(RowDraws(rng), length, tok)
         if drawn is None:
             raise NotImplementedError(f"{type(self).__name__} defines neither sequences() nor example()")
-        return drawn[0][0], drawn[1]
+        seq, scored = drawn
+        return seq[0], scored if scored.ndim == 1 else scored[0]
 
     def labelled(self, rng: np.random.Generator, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, ...]:
         """(inputs, targets, scored) of ``length - 1`` positions: by default a sequence from ``example``
@@ -115,17 +132,27 @@ class TaskConfig(DataConfig):
         seq, scored = self.example(rng, length, tok)
         return seq[:-1], seq[1:], scored[1:]
 
+    def labelled_in(self, split: int, rng: np.random.Generator, length: int,
+                    tok: TaskTokenizer) -> tuple[np.ndarray, ...]:
+        """``labelled`` for an example of ``split`` (TRAIN or VALIDATION): the same in both, unless a task trains
+        or evaluates differently (MAD's recall tasks, ``lmzoo.data.mad``); such a task draws one example at a
+        time (no ``sequences``)."""
+        return self.labelled(rng, length, tok)
+
     def labelled_rows(self, draws, length: int, tok: TaskTokenizer) -> Optional[tuple[np.ndarray, ...]]:
         """``labelled`` for every row of ``draws`` at once: (inputs, targets) [rows, length - 1] and scored
-        [length - 1]; None for a task that draws one example at a time."""
+        [length - 1] or [rows, length - 1]; None for a task that draws one example at a time."""
         drawn = self.sequences(draws, length, tok)
         if drawn is None:
             return None
         seq, scored = drawn
-        return seq[:, :-1], seq[:, 1:], scored[1:]
+        return seq[:, :-1], seq[:, 1:], scored[..., 1:]
 
     def build(self, *, seed: int, shard_index: int, shard_count: int) -> "TaskData":
         return TaskData(self, seed, shard_index, shard_count)
+
+
+QUERY_PLACEMENTS = ("packed", "power_law")  # data.query_placement of mqar
 
 
 @SOURCES.register("mqar")
@@ -134,12 +161,18 @@ class MqarConfig(TaskConfig):
     source: str = "mqar"
     num_pairs: int = 8  # key-value pairs in the context
     num_queries: Optional[int] = None  # keys asked; None = num_pairs
+    # Where the queries go after the pairs: packed at the end (lmzoo's layout), or in slots drawn by zoology's
+    # power law, near slots likelier (Arora et al. 2023: the gap between repeats in text follows a power law)
+    query_placement: str = added_setting("packed")
+    power_a: float = added_setting(0.01)  # the power law's exponent is power_a - 1 (zoology's 0.01: nearly 1 / d)
 
     def check(self) -> None:
         super().check()
         positive("data.num_pairs", self.num_pairs)
         if self.num_queries is not None:
             positive("data.num_queries", self.num_queries)
+        one_of("data.query_placement", self.query_placement, QUERY_PLACEMENTS)
+        positive("data.power_a", self.power_a)
         if self.num_pairs > self.task_vocab // 2:  # keys are distinct symbols from the first half
             raise ConfigError(f"data.num_pairs={self.num_pairs} distinct keys need "
                               f"data.task_vocab >= {2 * self.num_pairs}")
@@ -161,11 +194,53 @@ class MqarConfig(TaskConfig):
         pairs = np.stack([keys, values], 2)
         queries = np.take_along_axis(pairs, asked[:, :, None], 1)
         rows = draws.rows
+        if self.query_placement == "power_law":
+            return self.spread(draws, pairs.reshape(rows, -1), queries, length, tok)
         seq = np.concatenate([np.full((rows, length - need), tok.pad_id), pairs.reshape(rows, -1),
                               queries.reshape(rows, -1)], axis=1)
         scored = np.zeros(length, bool)
         scored[length - 2 * n_queries + 1 :: 2] = True  # the values that answer the queries
         return seq, scored
+
+    def spread(self, draws, pairs: np.ndarray, queries: np.ndarray, length: int,
+               tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
+        """Zoology's layout: the pairs [rows, 2 * num_pairs] first, then each (key, value) of ``queries``
+        [rows, n, 2] in a two-token slot drawn by ``power_law_slots``; an odd token left over ends the sequence
+        (zoology's inputs drop it too). Returns the sequences and their scored values [rows, length]."""
+        rows, n_queries = queries.shape[:2]
+        start = pairs.shape[1]
+        slots = power_law_slots(draws, (length - start) // 2, n_queries, self.power_a)
+        seq = np.full((rows, length), tok.pad_id)
+        seq[:, :start] = pairs
+        positions = start + 2 * slots  # [rows, n] where each query's key goes
+        np.put_along_axis(seq, positions, queries[:, :, 0], axis=1)
+        np.put_along_axis(seq, positions + 1, queries[:, :, 1], axis=1)
+        scored = np.zeros((rows, length), bool)
+        np.put_along_axis(scored, positions + 1, True, axis=1)  # the values that answer the queries
+        return seq, scored
+
+
+def power_law_weights(slots: int, power_a: float) -> np.ndarray:
+    """Zoology's law of a query's slot: slot d - 1 (distance d from the pairs) with probability ∝ d ** (power_a - 1)."""
+    weights = np.arange(1, slots + 1, dtype=np.float64) ** (power_a - 1.0)
+    return weights / weights.sum()
+
+
+def power_law_slots(draws, slots: int, count: int, power_a: float) -> np.ndarray:
+    """[rows, count] distinct slots of 0 .. slots - 1, drawn one after another as zoology draws them
+    (``choice(replace=False, p=power_law_weights)``: each among the slots left, by their renormalised law). Each
+    draw inverts the cumulative law at a uniform of 32 bits (one integer draw, so ``BatchDraws`` and a Generator
+    draw the same slots)."""
+    left = np.tile(power_law_weights(slots, power_a), (draws.rows, 1))
+    uniforms = draws.integers(0, 2**32, count) / 2.0**32  # [rows, count], in [0, 1)
+    chosen = np.empty((draws.rows, count), np.int64)
+    rows = np.arange(draws.rows)
+    for q in range(count):
+        cumulative = np.cumsum(left, axis=1)
+        # the first slot whose cumulative weight passes the uniform's share: a taken slot (weight 0) never does
+        chosen[:, q] = (cumulative <= uniforms[:, q : q + 1] * cumulative[:, -1:]).sum(axis=1)
+        left[rows, chosen[:, q]] = 0.0
+    return chosen
 
 
 @SOURCES.register("induction")
@@ -287,7 +362,7 @@ class TaskExamples:
 
     def __call__(self, index: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, self.split, int(index)])
-        inputs, targets, scored = self.cfg.labelled(rng, self.length, self.tokenizer)
+        inputs, targets, scored = self.cfg.labelled_in(self.split, rng, self.length, self.tokenizer)
         return {
             "inputs": inputs.astype(np.int32),
             "targets": targets.astype(np.int32),
@@ -346,8 +421,9 @@ class TrainingBatches:
     ``TaskExamples.rows`` gives them; the batches are drawn a block of ``BLOCK_EXAMPLES`` examples at a time, and
     the last few blocks kept for the batches that follow (grain's reading threads ask for them in any order)."""
 
-    def __init__(self, examples: TaskExamples, batch_size: int, shard_index: int, rows: int, keep: int = 3):
-        self.examples, self.batch_size, self.rows, self.keep = examples, batch_size, rows, keep
+    def __init__(self, examples: TaskExamples, batch_size: int, shard_index: int, rows: int, keep: int = 3,
+                 order: Optional["EpochOrder"] = None):
+        self.examples, self.batch_size, self.rows, self.keep, self.order = examples, batch_size, rows, keep, order
         self.first_row = shard_index * rows  # this process's contiguous block of each global batch
         self.per_block = max(1, min(BLOCK_EXAMPLES, BLOCK_TOKENS // examples.length) // rows)  # batches a block holds
         self.blocks: OrderedDict[int, dict] = OrderedDict()
@@ -357,8 +433,8 @@ class TrainingBatches:
         with self.lock:
             if number not in self.blocks:
                 batches = number * self.per_block + np.arange(self.per_block)
-                indices = batches[:, None] * self.batch_size + self.first_row + np.arange(self.rows)
-                self.blocks[number] = self.examples.rows(indices.ravel())
+                indices = (batches[:, None] * self.batch_size + self.first_row + np.arange(self.rows)).ravel()
+                self.blocks[number] = self.examples.rows(indices if self.order is None else self.order(indices))
                 while len(self.blocks) > self.keep:
                     self.blocks.popitem(last=False)
             return self.blocks[number]
@@ -367,6 +443,27 @@ class TrainingBatches:
         number, place = divmod(int(indices[0]) // self.batch_size, self.per_block)
         part = slice(place * self.rows, (place + 1) * self.rows)
         return {key: value[part].copy() for key, value in self.block(number).items()}
+
+
+@dataclass(frozen=True)
+class EpochOrder:
+    """Where training example ``i`` comes from in a fixed set of ``size`` examples: epoch ``i // size`` reads every
+    one of them once, in an order drawn from ``(seed, epoch)`` alone (so any batch is found by its index)."""
+
+    seed: int
+    size: int
+
+    def __call__(self, indices: np.ndarray) -> np.ndarray:
+        epochs, places = np.divmod(np.asarray(indices, np.int64), self.size)
+        examples = np.empty_like(places)
+        for epoch in np.unique(epochs):
+            at = epochs == epoch
+            examples[at] = self.permutation(int(epoch))[places[at]]
+        return examples
+
+    @functools.lru_cache(maxsize=4)  # a block of batches spans an epoch or two
+    def permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, EPOCHS, epoch]).permutation(self.size)
 
 
 @dataclass(frozen=True, eq=False)
@@ -386,9 +483,17 @@ class TaskData(DataDefaults):
 
     @property
     def fingerprint(self) -> dict:
-        # allow_changed is how to resume, not what
-        settings = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "allow_changed"}
+        # allow_changed is how to resume, not what; a setting added since runs were recorded counts once changed
+        at_default = {f.name for f in dataclasses.fields(self.cfg)
+                      if f.metadata.get("fingerprint") == "when changed" and getattr(self.cfg, f.name) == f.default}
+        settings = {k: v for k, v in dataclasses.asdict(self.cfg).items()
+                    if k != "allow_changed" and k not in at_default}
         return {**settings, "seed": self.seed, "vocab_size": self.tokenizer.vocab_size}
+
+    @property
+    def training_order(self) -> Optional[EpochOrder]:
+        """Which example each training index reads: None, its own (fresh examples); a fixed set's epochs."""
+        return None if self.cfg.train_examples is None else EpochOrder(self.seed, self.cfg.train_examples)
 
     def _examples(self, split: int, seq_len: int) -> TaskExamples:
         examples = TaskExamples(self.cfg, self.seed, split, seq_len + 1, self.tokenizer)
@@ -399,7 +504,7 @@ class TaskData(DataDefaults):
         if batch_size % self.shard_count:
             raise ValueError(f"batch size {batch_size} is not divisible by the {self.shard_count} data shards")
         batches = TrainingBatches(self._examples(split, self.cfg.seq_len), batch_size, self.shard_index,
-                                  batch_size // self.shard_count)
+                                  batch_size // self.shard_count, order=self.training_order)
         return grain.MapDataset.range(2**62).batch(batch_size).map(batches)
 
     def train_iterator(self, batch_size: int) -> grain.DatasetIterator:

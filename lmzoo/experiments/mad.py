@@ -3,15 +3,21 @@ tasks (``lmzoo.data.mad``, ``data=mad``) over MAD's grid of learning rates and w
 the best grid point's accuracy, and lmzoo's ranking of the variants compared with the paper's, task by task
 (``lmzoo.experiments.paper_agreement`` against ``docs/claims/published/mad.yaml``, source ``source``).
 
-Every (variant, task, weight decay, learning rate) trains once per seed (run directories
-``<out_dir>/runs/<variant>-<task>-wd<wd>-lr<lr>-s<seed>``; a weight decay's learning rates and seeds as one vmapped
-group). The grid point is chosen on validation examples (the best mean accuracy over seeds); its runs are scored
-on a held-out test split (data seed + ``test_seed_offset``). Accuracy counts MAD's scored positions only.
+Every (variant, task, setting, weight decay, learning rate) trains once per seed (run directories
+``<out_dir>/runs/<variant>-<task>[-<setting>]-wd<wd>-lr<lr>-s<seed>``, the baseline setting unnamed; a weight
+decay's learning rates and seeds as one vmapped group). The grid point is chosen on validation examples (the best
+mean accuracy over seeds); its runs are scored on a held-out test split (data seed + ``test_seed_offset``).
+Accuracy counts MAD's scored positions only.
 
-What differs from MAD's protocol (docs/yardsticks.md): one difficulty setting per task (MAD's baseline, at
-``seq_len``), not MAD's average over 6-14 settings; a stream of fresh examples, not a fixed training set; the loss
-on the scored positions only (MAD's recall tasks train on every next token); compression left out (it needs
-MAD's encoder-decoder head); lmzoo's decoder blocks (mixer + MLP per layer) at ``d_model``, not MAD's width 128.
+As MAD does, the recall tasks train on every next token (``data.train_targets=next_tokens``; the accuracy counts
+MAD's scored positions) and fuzzy recall is evaluated on MAD's test split, every key of the largest motif
+(``data.eval_keys=largest``). With ``difficulties=all`` a task is trained at each of MAD's difficulty settings
+(``lmzoo.data.mad.PROTOCOL``: its vocabulary sizes, lengths, noise shares, tokens to copy) and scored, per seed, by
+the mean over them of each setting's best grid point, MAD's task score; by default at MAD's baseline setting only.
+What differs from MAD's protocol (docs/yardsticks.md): a stream of fresh examples, not a fixed training set, but at
+the settings that change the training-set size (there a fixed set of that size, ``data.train_examples``, for the
+same steps); compression left out (it needs MAD's encoder-decoder
+head); lmzoo's decoder blocks (mixer + MLP per layer) at ``d_model``, not MAD's width 128.
 
 Judged (``judge``):
 - positive control: softmax's in-context recall accuracy above ``solved`` = 0.9 (MAD's Transformer: 94.1%);
@@ -28,19 +34,21 @@ from typing import Dict, List
 
 import numpy as np
 
-from lmzoo.data.mad import PROTOCOL
+from lmzoo.data.mad import NEXT_TOKEN_TASKS, PROTOCOL
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.judging import Check, Measured
 from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import column, load
 from lmzoo.experiments.runs import evaluate_run, train_grid
 from lmzoo.plots import plt, save_axes, series_style
+from lmzoo.schema import one_of
 from lmzoo.stats.trained_models import seed_mean
 
 CLAIM = ("On MAD's tasks lmzoo ranks softmax attention, Mamba, GLA and DeltaNet as MAD's published table does "
          "(Kendall's tau above 0 on every task).")
 SOURCE = None  # beyond the source articles (docs/seeds.md): the field's shared yardstick (docs/yardsticks.md)
 TASKS = ("in_context_recall", "fuzzy_recall", "noisy_recall", "selective_copying", "memorization")
+DIFFICULTIES = ("baseline", "all")
 
 
 @dataclass
@@ -57,6 +65,12 @@ class Settings:
     seq_len: Dict[str, int] = field(default_factory=lambda: {  # data.seq_len: MAD's baseline lengths
         "in_context_recall": 127, "fuzzy_recall": 127, "noisy_recall": 127, "selective_copying": 256,
         "memorization": 32})
+    # baseline: each task at MAD's baseline setting (at seq_len); all: at every MAD setting lmzoo trains
+    # (difficulty_settings), the task's score their mean, as MAD scores a task
+    difficulties: str = "baseline"
+
+    def check(self) -> None:
+        one_of("difficulties", self.difficulties, DIFFICULTIES)
     test_seed_offset: int = 1000
     eval_examples: int = 128
     solved: float = 0.9
@@ -69,14 +83,46 @@ QUICK = {"variants": ["softmax", "gla"], "tasks": ["in_context_recall", "memoriz
          "overrides": ["train.batch_size=8", "train.eval_every=8", "train.eval_tokens=256", "train.probe_batch=0"]}
 
 
-def task_overrides(task: str, settings: Settings) -> list[str]:
-    """``data=mad`` at MAD's baseline vocabulary and task settings for ``task``, at lmzoo's length."""
+SIZED = "num_train_examples"  # MAD's setting of the training-set size: a fixed set (data.train_examples) where changed
+TASK_KEYS = ("noise_vocab_size", "frac_noise", "k_motif_size", "v_motif_size", "num_tokens_to_copy")  # data.<key>
+
+
+def difficulty_settings(task: str, settings: Settings) -> dict[str, dict]:
+    """The MAD settings of ``task`` the experiment trains, by name: the baseline, and (``difficulties=all``) each of
+    ``PROTOCOL[task].settings()`` named by its change (``vocab_size32``, ``seq_len512``, ``num_train_examples800``
+    ...)."""
     baseline = PROTOCOL[task].baseline
-    extra = {"noise_vocab_size": baseline.get("noise_vocab_size"), "frac_noise": baseline.get("frac_noise"),
-             "k_motif_size": baseline.get("k_motif_size"), "v_motif_size": baseline.get("v_motif_size"),
-             "num_tokens_to_copy": baseline.get("num_tokens_to_copy")}
-    return ["data=mad", f"data.task={task}", f"data.task_vocab={baseline['vocab_size']}",
-            f"data.seq_len={settings.seq_len[task]}", *(f"data.{k}={v}" for k, v in extra.items() if v is not None)]
+    named = {"baseline": baseline}
+    for setting in PROTOCOL[task].settings()[1:] if settings.difficulties == "all" else []:
+        named["-".join(f"{k}{v:g}" for k, v in setting.items() if baseline[k] != v)] = setting
+    return named
+
+
+def data_length(task: str, setting: dict, settings: Settings) -> int:
+    """``data.seq_len`` at a MAD setting: ``settings.seq_len[task]`` at the baseline's length; elsewhere the
+    positions a model sees of an instance of MAD's ``seq_len`` tokens (one fewer for the next-token tasks)."""
+    if setting["seq_len"] == PROTOCOL[task].baseline["seq_len"]:
+        return settings.seq_len[task]
+    return setting["seq_len"] - (task in NEXT_TOKEN_TASKS)
+
+
+def task_overrides(task: str, settings: Settings, setting: dict | None = None) -> list[str]:
+    """``data=mad`` at one of MAD's settings of ``task`` (by default its baseline) at lmzoo's length
+    (``data_length``), trained and evaluated as MAD does (``mads_splits``): on fresh examples, or on a fixed
+    training set of MAD's size where the setting changes that size (lmzoo's stream has no size to change)."""
+    baseline = PROTOCOL[task].baseline
+    setting = baseline if setting is None else setting
+    sized = [f"data.train_examples={setting[SIZED]}"] if setting.get(SIZED) != baseline.get(SIZED) else []
+    return ["data=mad", f"data.task={task}", f"data.task_vocab={setting['vocab_size']}",
+            f"data.seq_len={data_length(task, setting, settings)}",
+            *(f"data.{k}={setting[k]}" for k in TASK_KEYS if k in setting), *sized, *mads_splits(task)]
+
+
+def mads_splits(task: str) -> list[str]:
+    """How MAD trains and evaluates ``task``: its recall tasks' loss counts every next token (the accuracy still
+    MAD's scored positions), and fuzzy recall is evaluated on keys of the largest motif (MAD's test split)."""
+    trained = ["data.train_targets=next_tokens"] if task in NEXT_TOKEN_TASKS else []
+    return trained + (["data.eval_keys=largest"] if task == "fuzzy_recall" else [])
 
 
 def accuracy(run_dir: Path, length: int, tokens: int, tag: str, extra=()) -> float:
@@ -85,15 +131,27 @@ def accuracy(run_dir: Path, length: int, tokens: int, tag: str, extra=()) -> flo
 
 
 def score(variant: str, task: str, settings: Settings, runs_dir: Path, runs: list) -> dict:
-    """The task's grid for one variant: validation accuracy of every (wd, lr), the best, and its runs' test
-    accuracies (one per seed)."""
-    length, tokens = settings.seq_len[task], settings.eval_examples * settings.seq_len[task]
+    """The task's score for one variant, as MAD scores a task: each difficulty setting's grid (``setting_score``),
+    and per seed the mean over the settings of their test accuracies."""
+    by_setting = {name: setting_score(variant, task, name, setting, settings, runs_dir, runs)
+                  for name, setting in difficulty_settings(task, settings).items()}
+    test = np.mean([result["test"] for result in by_setting.values()], axis=0)  # [seeds]
+    return {"settings": by_setting, "test": [float(t) for t in test]}
+
+
+def setting_score(variant: str, task: str, name: str, setting: dict, settings: Settings, runs_dir: Path,
+                  runs: list) -> dict:
+    """One setting's grid for one variant: validation accuracy of every (wd, lr), the best, and its runs' test
+    accuracies (one per seed). The baseline's run directories keep the name they had before the settings."""
+    length = data_length(task, setting, settings)
+    tokens = settings.eval_examples * length
+    tag = "" if name == "baseline" else f"-{name}"
     validation, run_dirs = {}, {}
     for wd in settings.weight_decays:
-        grid = {(lr, seed): runs_dir / f"{variant}-{task}-wd{wd:g}-lr{lr:g}-s{seed}"
+        grid = {(lr, seed): runs_dir / f"{variant}-{task}{tag}-wd{wd:g}-lr{lr:g}-s{seed}"
                 for lr in settings.lrs for seed in settings.seeds}
         train_grid(variant, grid, steps=settings.steps,
-                   overrides=[*task_overrides(task, settings), f"model.d_model={settings.d_model}",
+                   overrides=[*task_overrides(task, settings, setting), f"model.d_model={settings.d_model}",
                               f"model.n_layers={settings.n_layers}", f"optim.weight_decay={wd}",
                               *settings.overrides])
         for lr in settings.lrs:
@@ -116,6 +174,9 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
                                column(numbers, settings.source, task)).record()
                for task, by_variant in scores.items()}
     evidence = {"source": settings.source, "scores": scores, "agreement": ranking,
+                "difficulty_settings": {task: difficulty_settings(task, settings) for task in settings.tasks},
+                "training_sets": f"a fixed set of {SIZED} examples (data.train_examples) where a setting changes it; "
+                                 "fresh examples every step elsewhere",
                 "published": {task: {v: n.record() for v, n in column(numbers, settings.source, task).items()}
                               for task in settings.tasks}}
     figure = plot(evidence, out_dir / "mad_vs_published.png")

@@ -15,11 +15,13 @@ zoology's grid (widths 64-512, lengths 64-512 with 4-64 pairs, vocabulary 8,192,
 1e-2, zoology's batch sizes and 100,000 examples x 64 epochs of training), a prepared GPU command
 (docs/yardsticks.md). A scale sets the settings left at their defaults; ``key=value`` still wins.
 
-What differs from zoology's protocol (docs/yardsticks.md): lmzoo's MQAR layout (the queries packed after the pairs,
-values drawn with replacement) rather than zoology's queries spread by a power law; fresh examples every step rather
-than one training set of 100,000 read 64 times; lmzoo's blocks (mixer + SwiGLU MLP; zoology's Figure 2 has no MLP);
-the rate chosen on validation and reported on a test split rather than the best test accuracy over rates; lmzoo's
-mixers for zoology's (``linear`` for Based, ``rwkv6`` for RWKV-4's time mixer).
+The task is lmzoo's MQAR with zoology's query placement (``data.query_placement=power_law``, ``power_a`` 0.01: the
+queries in slots after the pairs drawn by a power law of their distance, as zoology's generator places them).
+What differs from zoology's protocol (docs/yardsticks.md): each query followed by its value and PAD between the
+slots (zoology: a zero after each query and between them), values drawn with replacement (zoology: distinct);
+fresh examples every step rather than one training set of 100,000 read 64 times; lmzoo's blocks (mixer + SwiGLU
+MLP; zoology's Figure 2 has no MLP); the rate chosen on validation and reported on a test split rather than the best
+test accuracy over rates; lmzoo's mixers for zoology's (``linear`` for Based, ``rwkv6`` for RWKV-4's time mixer).
 
 Judged (``judge``):
 - positive control: softmax attention solves every setting at its smallest width, test accuracy above ``solved`` =
@@ -52,6 +54,7 @@ CLAIM = ("On zoology's MQAR sweep softmax attention recalls at every width, and 
 SOURCE = None  # beyond the source articles (docs/seeds.md): the field's shared yardstick (docs/yardsticks.md)
 ZOOLOGY_VOCAB = 8192  # zoology's vocabulary (half keys, half values)
 ZOOLOGY_EXAMPLES = 100_000 * 64  # 100,000 training examples, 64 epochs
+ZOOLOGY_POWER_A = 0.01  # the queries' gaps after the pairs: probability ∝ gap ** (0.01 - 1) (its Figure 2 configs)
 
 
 @dataclass
@@ -118,8 +121,10 @@ def run_name(variant: str, seq_len: int, pairs: int, width: int, lr: float, seed
 
 def train_overrides(variant: str, seq_len: int, pairs: int, width: int, batch_size: int,
                     settings: Settings) -> list[str]:
-    """``data=mqar`` at the setting, the model at ``width``, zoology's depth and heads."""
+    """``data=mqar`` at the setting with zoology's query placement, the model at ``width``, zoology's depth and
+    heads."""
     return ["data=mqar", f"data.seq_len={seq_len}", f"data.num_pairs={pairs}", f"data.task_vocab={settings.vocab}",
+            "data.query_placement=power_law", f"data.power_a={ZOOLOGY_POWER_A}",
             f"model.d_model={width}", f"model.n_layers={settings.layers.get(variant, settings.n_layers)}",
             f"model.n_heads={settings.n_heads}", f"train.batch_size={batch_size}", *settings.overrides]
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lmzoo.data import mad
+from lmzoo.schema import ConfigError
 
 
 def examples(task, count=200, seed=0, **settings):
@@ -126,3 +127,64 @@ def test_data_mad_feeds_the_trainer_the_scored_positions_of_each_task():
             assert (batch["inputs"][:, 0] == vocab).all() and not scored[:, 0].any()  # one PAD in front, unscored
     with pytest.raises(ConfigError, match="compression needs MAD's encoder-decoder head"):
         SOURCES.lookup("mad")(task="compression").check()
+
+
+def mad_data(**settings):
+    from lmzoo.data import build_data
+    from lmzoo.registry import SOURCES
+
+    cfg = SOURCES.lookup("mad")(**settings)
+    cfg.check()
+    return build_data(cfg, seed=0)
+
+
+def validation(data, n=8):
+    length = data.cfg.seq_len
+    return data.validation_windows([length], n * length)[length](np.arange(n))
+
+
+def test_recall_tasks_train_on_every_next_token_where_asked_and_evaluate_mads_scored_positions():
+    for task, seq_len, vocab in [("in_context_recall", 32, 16), ("noisy_recall", 31, 32), ("fuzzy_recall", 31, 16)]:
+        scored, every = (mad_data(task=task, seq_len=seq_len, task_vocab=vocab, train_targets=targets)
+                         for targets in ("scored", "next_tokens"))
+        a, b = next(scored.train_iterator(4)), next(every.train_iterator(4))
+        np.testing.assert_array_equal(a["inputs"], b["inputs"])  # the same examples, only the loss's weights differ
+        np.testing.assert_array_equal(a["targets"], b["targets"])
+        front = 1 if seq_len % 2 == 0 else 0  # an even length of two-token slots: lmzoo's PAD in front, never trained
+        assert (b["weights"][:, front:] == 1).all() and (b["weights"][:, :front] == 0).all()
+        np.testing.assert_array_equal(b["targets"][:, front:-1], b["inputs"][:, front + 1 :])  # the next tokens
+        assert 0 < a["weights"].mean() < 0.5  # by default the loss counts the recalled values only
+        for key, value in validation(scored).items():  # evaluation scores MAD's positions either way
+            np.testing.assert_array_equal(value, validation(every)[key])
+    with pytest.raises(ConfigError, match=r"^data.train_targets='next_tokens' is for MAD's recall tasks \("
+                                          r"in_context_recall, noisy_recall, fuzzy_recall\); MAD trains memorization"):
+        mad_data(task="memorization", seq_len=16, task_vocab=256, train_targets="next_tokens")
+    with pytest.raises(ConfigError, match=r"^data.train_targets='all' is not valid \(choose from: scored, next_tokens"):
+        mad_data(train_targets="all")
+
+
+def motif_sizes(batch, vocab=16):
+    """The (key, value) motif sizes of each fuzzy recall example in ``batch`` (keys are the symbols below
+    (vocab - 2) // 2, values the rest; vocab - 1 pads the front)."""
+    sizes = []
+    for inputs, targets in zip(batch["inputs"], batch["targets"]):
+        tokens = np.append(inputs, targets[-1])
+        body = tokens[np.argmax(tokens != vocab - 1):]
+        runs = np.split(body, np.flatnonzero(np.diff((body < (vocab - 2) // 2).astype(int))) + 1)
+        sizes.append(np.array([(len(k), len(v)) for k, v in zip(runs[0::2], runs[1::2])]))
+    return np.concatenate(sizes)
+
+
+def test_fuzzy_recall_evaluates_on_mads_test_split_its_keys_all_of_the_largest_motif():
+    data = mad_data(task="fuzzy_recall", seq_len=127, task_vocab=16, eval_keys="largest")
+    evaluated = motif_sizes(validation(data, 60))
+    trained = motif_sizes(data._examples(0, 127).rows(np.arange(60)))
+    assert (evaluated[:, 0] == 3).all()  # MAD prompts at the largest key motif
+    key_share = np.bincount(trained[:, 0], minlength=4)[1:] / len(trained)
+    np.testing.assert_allclose(key_share, 1 / 3, atol=0.05)  # training keys stay of any size, uniformly
+    for sizes in (evaluated, trained):  # values of any size in both splits
+        np.testing.assert_allclose(np.bincount(sizes[:, 1], minlength=4)[1:] / len(sizes), 1 / 3, atol=0.06)
+    default = motif_sizes(validation(mad_data(task="fuzzy_recall", seq_len=127, task_vocab=16), 60))
+    assert (np.bincount(default[:, 0], minlength=4)[1:] > len(default) / 5).all()  # by default: as in training
+    with pytest.raises(ConfigError, match=r"^data.eval_keys='largest' is for fuzzy_recall"):
+        mad_data(task="in_context_recall", seq_len=31, eval_keys="largest")

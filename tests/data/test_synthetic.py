@@ -130,6 +130,89 @@ def test_task_settings_are_checked_by_their_task():
             registry.SOURCES.lookup(source)(**kwargs).check()
 
 
+def zoology_mqar(n, seed=0, **settings):
+    """The first ``n`` training examples of MQAR with zoology's query placement (length 64, 4 pairs: 28 slots)."""
+    settings = {"seq_len": 64, "task_vocab": 32, "num_pairs": 4, "query_placement": "power_law", **settings}
+    data = task_data("mqar", seed=seed, **settings)
+    return data, data._examples(0, settings["seq_len"]).rows(np.arange(n))
+
+
+def zoologys_law(slots, power_a=0.01):
+    """Zoology's probability of each query gap: power_a * d ** (power_a - 1) over d = 1 .. slots, normalised."""
+    p = power_a * np.arange(1, slots + 1) ** (power_a - 1)
+    return p / p.sum()
+
+
+def test_mqar_power_law_queries_take_free_slots_after_the_pairs_and_ask_keys_shown_before():
+    data, batch = zoology_mqar(300, seq_len=63)  # an odd length: no token left over
+    pad = data.tokenizer.pad_id
+    for inputs, targets, weights in zip(batch["inputs"], batch["targets"], batch["weights"]):
+        pairs = dict(zip(inputs[0:8:2], inputs[1:8:2]))
+        assert len(pairs) == 4 and all(k < 16 <= v < 32 for k, v in pairs.items())
+        asked = np.flatnonzero(weights)  # where a queried key is read; its target is the answer
+        assert len(asked) == 4 and ((asked - 8) % 2 == 0).all()  # four distinct slots: no two queries collide
+        assert sorted(inputs[asked]) == sorted(pairs) and [pairs[k] for k in inputs[asked]] == list(targets[asked])
+        rest = np.ones(64, bool)
+        rest[:8] = False
+        rest[np.concatenate([asked, asked + 1])] = False
+        assert (np.append(inputs, targets[-1])[rest] == pad).all()  # slots without a query hold PAD
+    _, even = zoology_mqar(4, seq_len=64)
+    assert (even["targets"][:, -1] == pad).all()  # 57 tokens after the pairs: 28 slots and one PAD left over
+
+
+def test_mqar_power_law_slots_follow_zoologys_law():
+    from scipy.stats import chisquare
+
+    law = zoologys_law(28)
+    _, one = zoology_mqar(4000, num_queries=1)  # one query: its slot is drawn from the law itself
+    slot = (np.flatnonzero(one["weights"]) % 64 - 8) // 2  # weights [4000, 64]: a flat index's column
+    counts = np.bincount(slot, minlength=28)
+    assert chisquare(counts, 4000 * law).pvalue > 1e-3
+    assert chisquare(counts, np.full(28, 4000 / 28)).pvalue < 1e-9  # the test tells the law from uniform slots
+    # four queries: slots drawn without replacement, each by the law renormalised over the slots left, as
+    # zoology's numpy call draws them; compared by how often each slot holds a query
+    _, four = zoology_mqar(4000)
+    taken = np.zeros(28)
+    np.add.at(taken, (np.flatnonzero(four["weights"]) % 64 - 8) // 2, 1)
+    legacy = np.random.RandomState(0)
+    reference = np.zeros(28)
+    for _ in range(10000):
+        reference[legacy.choice(28, 4, replace=False, p=law)] += 1
+    np.testing.assert_allclose(taken / 4000, reference / 10000, atol=0.04)
+    assert taken[0] / 4000 > 0.35 > 4 / 28  # near slots are far likelier than uniform placement makes them
+
+
+def test_mqar_packed_placement_is_the_default_and_leaves_the_data_as_before():
+    from lmzoo.config import ConfigError
+
+    default, packed = task_data("mqar", seq_len=32, num_pairs=4), task_data("mqar", seq_len=32, num_pairs=4,
+                                                                          query_placement="packed")
+    for key, value in next(default.train_iterator(8)).items():
+        np.testing.assert_array_equal(value, next(packed.train_iterator(8))[key])
+    assert default.fingerprint == packed.fingerprint and "query_placement" not in default.fingerprint  # runs resume
+    assert task_data("mqar", seq_len=32, query_placement="power_law").fingerprint["query_placement"] == "power_law"
+    with pytest.raises(ConfigError, match=r"^data.query_placement='spread' is not valid \(choose from: packed, "
+                                          r"power_law\)$"):
+        registry.SOURCES.lookup("mqar")(query_placement="spread").check()
+
+
+def test_a_fixed_training_set_is_read_whole_each_epoch_in_a_new_order():
+    data = task_data("mqar", seed=4, seq_len=16, num_pairs=2, train_examples=12)
+    iterator = data.train_iterator(4)  # three batches an epoch
+    epochs = [np.concatenate([next(iterator)["inputs"] for _ in range(3)]) for _ in range(3)]
+    examples = data._examples(0, 16)
+    whole = np.stack([examples(i)["inputs"] for i in range(12)])  # the training split's first 12 examples
+    orders = []
+    for epoch in epochs:
+        order = [int(np.flatnonzero((whole == row).all(axis=1))[0]) for row in epoch]
+        assert sorted(order) == list(range(12))  # every example once an epoch, and no other
+        orders.append(order)
+    assert orders[0] != orders[1] != orders[2]
+    fresh = task_data("mqar", seed=4, seq_len=16, num_pairs=2)
+    np.testing.assert_array_equal(next(fresh.train_iterator(4))["inputs"], whole[:4])  # default: examples 0, 1 ...
+    assert "train_examples" not in fresh.fingerprint and data.fingerprint["train_examples"] == 12
+
+
 def test_task_fingerprint_names_the_task_settings_and_seed():
     data = task_data("mqar", seed=3, seq_len=32, num_pairs=4)
     assert data.fingerprint == {"source": "mqar", "seq_len": 32, "task_vocab": 64, "num_pairs": 4, "num_queries": None,

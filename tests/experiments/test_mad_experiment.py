@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
+from lmzoo.config import ConfigError
 from lmzoo.experiments import load, run_experiment, settings_for
 
 mad = load("mad")
@@ -33,6 +35,19 @@ def test_task_overrides_use_mads_baseline_vocabulary():
             "data.frac_noise=0.2"} <= set(overrides)
 
 
+def test_recall_tasks_train_on_every_next_token_and_fuzzy_recall_evaluates_on_mads_test_split():
+    from lmzoo.experiments.runs import run_config
+
+    settings = settings_for(mad, [], quick=False)
+    for task in mad.TASKS:
+        overrides = set(mad.task_overrides(task, settings))
+        recall = task in ("in_context_recall", "noisy_recall", "fuzzy_recall")
+        assert ("data.train_targets=next_tokens" in overrides) == recall
+        assert ("data.eval_keys=largest" in overrides) == (task == "fuzzy_recall")
+    data = run_config("softmax", "unused", 0, 10, mad.task_overrides("fuzzy_recall", settings)).data  # valid
+    assert (data.train_targets, data.eval_keys) == ("next_tokens", "largest")
+
+
 @pytest.mark.slow
 def test_mad_quick_run_compares_its_scores_with_the_published_table(tmp_path):
     record = run_experiment("mad", tmp_path, quick=True)
@@ -42,3 +57,61 @@ def test_mad_quick_run_compares_its_scores_with_the_published_table(tmp_path):
     assert record["evidence"]["published"]["memorization"]["gla"]["printed"] == "63.3"
     assert (tmp_path / "mad" / record["figures"][0]).stat().st_size > 0
     json.dumps(record)
+
+
+def test_difficulties_all_are_mads_settings_at_their_lengths_and_training_set_sizes():
+    from lmzoo.data import build_data
+    from lmzoo.data.mad import MadConfig
+
+    settings = settings_for(mad, ["difficulties=all"], quick=False)
+    named = {task: mad.difficulty_settings(task, settings) for task in mad.TASKS}
+    assert {task: len(n) for task, n in named.items()} == {"in_context_recall": 11, "fuzzy_recall": 11,
+                                                           "noisy_recall": 14, "selective_copying": 13,
+                                                           "memorization": 6}
+    assert list(named["noisy_recall"])[:2] == ["baseline", "vocab_size48"] and "frac_noise0.8" in named["noisy_recall"]
+    lengths = {name: mad.data_length("in_context_recall", s, settings)
+               for name, s in named["in_context_recall"].items()}
+    assert (lengths["baseline"], lengths["seq_len256"], lengths["vocab_size32"]) == (127, 255, 127)
+    assert mad.data_length("selective_copying", named["selective_copying"]["seq_len512"], settings) == 512
+    copy = mad.task_overrides("selective_copying", settings, named["selective_copying"]["num_tokens_to_copy96"])
+    assert {"data.task_vocab=16", "data.seq_len=256", "data.num_tokens_to_copy=96"} <= set(copy)
+    assert not any(o.startswith("data.train_examples") for o in copy)  # fresh examples at MAD's training-set size
+    small = mad.task_overrides("fuzzy_recall", settings, named["fuzzy_recall"]["num_train_examples800"])
+    assert "data.train_examples=800" in small  # a setting of the training-set size: a fixed set of that size
+    from lmzoo.experiments.runs import run_config
+    assert run_config("gla", "unused", 0, 10, small).data.train_examples == 800  # a config the trainer accepts
+    assert list(mad.difficulty_settings("memorization", settings_for(mad, [], quick=False))) == ["baseline"]
+    for task, by_name in named.items():  # every setting is data the trainer can draw
+        for setting in by_name.values():
+            cfg = MadConfig(task=task, task_vocab=setting["vocab_size"],
+                            seq_len=mad.data_length(task, setting, settings),
+                            train_examples=setting["num_train_examples"],
+                            **{k: setting[k] for k in mad.TASK_KEYS if k in setting})
+            cfg.check()
+            build_data(cfg, seed=0)._examples(0, cfg.seq_len)(0)
+    with pytest.raises(ConfigError, match=r"^difficulties='some' is not valid \(choose from: baseline, all\)$"):
+        settings_for(mad, ["difficulties=some"], quick=False)
+
+
+def test_a_tasks_score_is_the_mean_over_its_settings_of_each_settings_best_grid_point(monkeypatch, tmp_path):
+    settings = settings_for(mad, ["difficulties=all", "tasks=[memorization]", "lrs=[0.0001,0.001]",
+                                  "weight_decays=[0.0]", "seeds=[0,1]"], quick=False)
+    vocab = {name: s["vocab_size"] for name, s in mad.difficulty_settings("memorization", settings).items()}
+    trained = []
+    monkeypatch.setattr(mad, "train_grid", lambda variant, grid, **kw: trained.append(kw["overrides"]))
+
+    def accuracy(run_dir, length, tokens, tag, extra=()):  # the larger rate validates better; test: vocab, seed
+        name = run_dir.name
+        if tag == "mad":
+            return 0.5 if "lr0.001" in name else 0.2
+        assert "lr0.001" in name and extra == [f"seed={int(name[-1]) + 1000}"]  # the best rate's runs, on test
+        setting = next((n for n in vocab if f"-{n}-" in name), "baseline")
+        return 1000 / vocab[setting] + int(name[-1]) / 100
+
+    monkeypatch.setattr(mad, "accuracy", accuracy)
+    result = mad.score("softmax", "memorization", settings, tmp_path, runs := [])
+    assert len(trained) == 6 and len(runs) == 6 * 2 * 2  # six settings, each two rates x two seeds
+    assert all(s["best"] == "wd0-lr0.001" for s in result["settings"].values())
+    expected = [np.mean([1000 / v + seed / 100 for v in vocab.values()]) for seed in (0, 1)]
+    np.testing.assert_allclose(result["test"], expected)
+    assert "softmax-memorization-wd0-lr0.001-s0" in {r.name for r in runs}  # the baseline keeps its run names
