@@ -19,7 +19,7 @@ def test_the_paper_scale_runs_every_arm_at_the_papers_lengths_and_a_wrong_settin
     assert paper.arms == list(papers.ARMS) and paper.seeds == [0]  # the command line still wins
     assert (paper.train_min, paper.train_len, paper.test_min, paper.test_max) == (3, 40, 40, 256)
     assert paper.tasks == ["parity", "modular_arithmetic_without_brackets", "modular_arithmetic_with_brackets"]
-    with pytest.raises(ConfigError, match=r"^arms='lstm' is not valid \(choose from: softmax, mlstm, mamba"):
+    with pytest.raises(ConfigError, match=r"^arms='lstm' is not valid \(choose from: softmax, mlstm, mamba, mamba_neg"):
         settings_for(papers, ["arms=[softmax,lstm]"], quick=False)
     with pytest.raises(ConfigError, match=r"^train_min=3, train_len=64, test_min=40, test_max=256 must rise"):
         settings_for(papers, ["train_len=64"], quick=False)
@@ -42,15 +42,16 @@ def test_every_arm_and_every_column_is_a_config_the_trainer_accepts():
 
 
 def test_the_arms_that_are_rows_of_table_3_find_their_cells_in_every_column():
-    settings = settings_for(papers, ["arms=[softmax,mlstm,deltanet,deltanet_neg,rwkv7]"], quick=False)
+    settings = settings_for(papers, ["arms=[softmax,mlstm,mamba,mamba_neg,deltanet,deltanet_neg,rwkv7]"], quick=False)
     printed = {task: {arm: n.printed for arm, n in papers.published_rows(settings, task).items()}
                for task in papers.TASKS}
     assert printed == {  # rwkv7: no row
-        "parity": {"softmax": "0.022", "mlstm": "0.087", "deltanet": "0.017", "deltanet_neg": "1.000"},
-        "modular_arithmetic_without_brackets": {"softmax": "0.031", "mlstm": "0.040", "deltanet": "0.314",
-                                                "deltanet_neg": "0.971"},
-        "modular_arithmetic_with_brackets": {"softmax": "0.067", "mlstm": "0.114", "deltanet": "0.194",
-                                             "deltanet_neg": "0.260"}}
+        "parity": {"softmax": "0.022", "mlstm": "0.087", "mamba": "0.000", "mamba_neg": "1.000", "deltanet": "0.017",
+                   "deltanet_neg": "1.000"},
+        "modular_arithmetic_without_brackets": {"softmax": "0.031", "mlstm": "0.040", "mamba": "0.095",
+                                                "mamba_neg": "0.241", "deltanet": "0.314", "deltanet_neg": "0.971"},
+        "modular_arithmetic_with_brackets": {"softmax": "0.067", "mlstm": "0.114", "mamba": "0.123",
+                                             "mamba_neg": "0.116", "deltanet": "0.194", "deltanet_neg": "0.260"}}
 
 
 def test_scores_are_scaled_accuracy_over_the_answers_in_the_papers_ranges():
