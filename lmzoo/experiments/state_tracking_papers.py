@@ -128,7 +128,7 @@ class Settings:
             one_of("arms", arm, tuple(ARMS))
 
 
-QUICK = {"arms": ["deltanet_neg"], "tasks": ["parity", "modular_arithmetic_with_brackets"], "seeds": [0],
+QUICK = {"arms": ["deltanet_neg"], "tasks": ["modular_arithmetic_with_brackets"], "seeds": [0],
          "steps": 8, "train_len": 16, "test_min": 16, "test_max": 24, "d_model": 16, "n_layers": 1,
          "eval_examples": 8,
          "overrides": ["train.batch_size=8", "train.eval_every=8", "train.eval_tokens=128", "train.probe_batch=0"]}

@@ -1,7 +1,8 @@
 """State tracking at Grazzi et al.'s protocol: its settings validate, each arm is a config the trainer accepts and
 the arms that are Table 3's rows find their printed cells in every column, the scores are scaled accuracy over the
 paper's ranges (answers only where a task has them), the judge gives each column's published separation a verdict
-on given accuracies, both ways, and a quick run trains, scores and plots one arm on two columns."""
+on given accuracies, both ways, and a quick run trains, scores and plots one arm on the column with one answer a
+sequence."""
 
 from __future__ import annotations
 
@@ -134,16 +135,18 @@ def test_the_judge_gives_each_columns_separation_its_verdict_both_ways():
 
 
 @pytest.mark.slow
-def test_quick_run_trains_scores_and_plots_one_arm_on_two_columns(tmp_path):
+def test_quick_run_trains_scores_and_plots_one_arm_on_the_one_answer_column(tmp_path):
     record = run_experiment("state_tracking_papers", tmp_path, quick=True)
     assert record["verdict"] == "smoke run"
     columns = record["evidence"]["columns"]
-    assert list(columns) == ["parity", "modular_arithmetic_with_brackets"]
+    assert list(columns) == ["modular_arithmetic_with_brackets"]  # the dense columns score as parity did
     for task, column in columns.items():
         scores = column["scaled_accuracy"]["deltanet_neg"]
         assert all(-4.0 <= scores[f"{name}_seeds"][0] <= 1.0 for name in ("control", "train", "test"))
         assert column["agreement"] is None  # one row: no ranking
         assert column["published"]["deltanet_neg"]["row"] == "DeltaNet [-1, 1]"
-    assert record["runs"] == ["runs/parity/deltanet_neg-s0", "runs/modular_arithmetic_brackets/deltanet_neg-s0"]
-    assert all((tmp_path / "state_tracking_papers" / figure).stat().st_size > 0 for figure in record["figures"])
-    assert len(record["figures"]) == 2
+    assert record["runs"] == ["runs/modular_arithmetic_brackets/deltanet_neg-s0"]
+    assert record["evidence"]["verdicts"]["modular_arithmetic_with_brackets"]["verdict"] in (
+        "reproduced", "partly", "not reproduced", "inconclusive")
+    assert record["figures"] == ["scaled_accuracy_modular_arithmetic_with_brackets.png"]
+    assert (tmp_path / "state_tracking_papers" / record["figures"][0]).stat().st_size > 0
