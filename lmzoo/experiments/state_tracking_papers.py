@@ -1,31 +1,39 @@
-"""State tracking at Grazzi et al.'s protocol (ICLR 2025, arXiv:2411.12537, section 5.1, Table 3): parity learned on
-lengths up to 40 and scored on lengths 40 to 256, in scaled accuracy; the published separation (the rows with
-eigenvalues in [-1, 1] solve it, those in [0, 1] and the Transformer do not) as a pre-registered claim, and
-lmzoo's ranking of the shared rows against the printed one (``paper_agreement`` on
-``docs/claims/published/state_tracking.yaml``).
+"""State tracking at Grazzi et al.'s protocol (ICLR 2025, arXiv:2411.12537, section 5.1, Table 3): parity and
+modular arithmetic without and with brackets, learned on lengths up to 40 and scored on lengths 40 to 256, in scaled
+accuracy; per column of the table, the published separation as a pre-registered claim and lmzoo's ranking of the
+shared rows against the printed one (``paper_agreement`` on ``docs/claims/published/state_tracking.yaml``).
 
 Each arm is a variant with its ``attn.*`` overrides (``ARMS``; ``Settings.arms`` names those run); an arm whose
 (variant, overrides) is a row of the table (``published.Published``'s variant and overrides) is compared with
-it: softmax (Transformer), mamba (Mamba [0, 1]), deltanet (DeltaNet [0, 1]) and ``deltaproduct`` with one
-Householder step, beta in (0, 2) and no decay (DeltaNet [-1, 1]). The other arms (gated_deltanet, rwkv7, two
-Householder steps) are reported beside them without a row.
+it: softmax (Transformer), mlstm (mLSTM), mamba (Mamba [0, 1]), mamba with ``attn.negative_eigenvalues=true`` (Mamba
+[-1, 1], the transition 2 exp(delta A) - 1), deltanet (DeltaNet [0, 1]) and ``deltaproduct`` with one Householder
+step, beta in (0, 2) and no decay (DeltaNet [-1, 1]). The other arms (gated_deltanet, rwkv7,
+two Householder steps) are reported beside them without a row.
 
-Every arm trains once per seed on ``data=parity`` at ``train_len`` (every position labelled with the parity of the
-bits so far; run directories ``<out_dir>/runs/<arm>-s<seed>``) and is scored on ``eval_examples`` validation
-sequences of ``test_max`` bits. For a causal model the prediction at position p is its answer for the string of the
-first p bits, so a sequence of ``test_max`` bits holds one answer at every length: accuracy over positions
-``test_min`` .. ``test_max`` is the accuracy over strings of lengths drawn uniformly from that range, the paper's
-test set; over positions ``train_min`` .. ``train_len`` it is the accuracy in the training range. Scaled accuracy is
-``(accuracy - chance) / (1 - chance)``, chance = 1 / classes (1.0 perfect, 0.0 guessing), the paper's metric; each
-seed's score and the arm's mean carry a 95% interval over seeds and examples.
+Each column is an lmzoo data task (``TASKS``: ``data=parity``, ``data=modular_arithmetic``,
+``data=modular_arithmetic_brackets``, ``lmzoo.data.modular_arithmetic``). Every arm trains once per seed and column
+at ``train_len`` (run directories ``<out_dir>/runs/<task>/<arm>-s<seed>``) and is scored on ``eval_examples``
+validation sequences of ``test_max`` tokens. For a causal model the prediction at position p is its answer for the
+string of the first p tokens: parity answers every prefix and modular arithmetic without brackets every prefix that
+ends on a residue, so one sequence holds an answer at every length; with brackets each sequence holds one
+expression of a length uniform up to ``test_max`` and its one answer. Either way the accuracy over the answers at
+positions ``test_min`` .. ``test_max`` is the accuracy over strings of lengths drawn uniformly from that range, the
+paper's test set; over positions ``train_min`` .. ``train_len`` it is the accuracy in the training range. Scaled
+accuracy is ``(accuracy - chance) / (1 - chance)``, chance = 1 / classes (1/2 for parity, 1/5 for the residues
+modulo 5; 1.0 perfect, 0.0 guessing), the paper's metric; each seed's score and the arm's mean carry a 95%
+interval over seeds and examples.
 
-Pre-registered rule (``judge``):
-- positive control, for each arm: scaled accuracy over positions 1 .. ``train_min`` (the paper's shortest strings,
-  inside the short convolution's window) above ``solved`` = 0.9 (the arm read its inputs and learned the task);
+Pre-registered rule (``judge``), per column:
+- positive control, for each arm: scaled accuracy on the column's shortest strings (``Task.control_len`` tokens:
+  1 to 3 bits, ``d`` and ``d op d``, the bracketed ``-d``, ``(d)`` and ``(-d)``; validation sequences of that
+  length, inside the short convolution's window) above ``solved`` = 0.9 (the arm read its inputs and learned the
+  task);
 - each arm with a printed cell: the separation the paper prints. A cell of 0.5 or more is "solves" (scaled
-  accuracy at the test lengths above ``solved``), below 0.5 "does not" (below ``fails_below`` = 0.2);
+  accuracy at the test lengths above ``solved``); below 0.5 "does not": below ``fails_below`` = 0.2 where the cell
+  is below it, else (a partial score, e.g. DeltaNet [0, 1]'s 0.314) below 0.5;
 - Kendall's tau between lmzoo's ranking of the shared rows and the printed one above 0, its interval the bootstrap
   over seeds (undecided with one seed).
+The verdict is over every column's checks; each column's own verdict is in the evidence (``verdicts``).
 
 Scales (``scale=``): ``cpu`` (the defaults), a 2-core CPU's run; ``paper``, the protocol at the paper's lengths with
 every arm, three seeds and longer training (docs/yardsticks.md: what differs from the paper and why).
@@ -35,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List
+from typing import List, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -44,7 +52,7 @@ from flax import nnx
 from lmzoo.config import ConfigError
 from lmzoo.experiments import Outcome, at_scale
 from lmzoo.experiments.arms import estimate
-from lmzoo.experiments.judging import Check, measured
+from lmzoo.experiments.judging import Check, familywise, measured, outcome
 from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import Published, column, load
 from lmzoo.experiments.runs import train_runs
@@ -53,15 +61,31 @@ from lmzoo.record.opening import open_trained
 from lmzoo.schema import one_of
 from lmzoo.stats.bootstrap import ratio_of_sums
 
-CLAIM = ("At Grazzi et al.'s parity protocol (trained on lengths up to 40, scored on 40 to 256) the models whose "
-         "state transitions reach negative eigenvalues solve parity and softmax, mamba and deltanet do not, and lmzoo "
-         "ranks the shared rows as Table 3 does (Kendall's tau above 0).")
+CLAIM = ("At Grazzi et al.'s formal-language protocol (trained on lengths up to 40, scored on 40 to 256) the models "
+         "whose state transitions reach negative eigenvalues (mamba and deltanet with the switch) solve parity and "
+         "softmax, mlstm, mamba and deltanet do not, "
+         "each row of Table 3 scores parity and modular arithmetic without and with brackets on the side of 0.5 the "
+         "table prints, and lmzoo ranks the shared rows as Table 3 does in each column (Kendall's tau above 0).")
 SOURCE = None  # beyond the source articles (docs/seeds.md): the field's shared yardstick (docs/yardsticks.md)
 PAPER = "grazzi_formal_languages"
-CHANCE = {"parity": 0.5}  # the tasks of Table 3 lmzoo generates, and 1 / classes of each
+
+
+class Task(NamedTuple):
+    data: str  # the lmzoo data task (data=<data>)
+    chance: float  # 1 / classes: the scaled accuracy's zero
+    control_len: int  # the control's strings: validation sequences of this many tokens
+
+
+TASKS = {  # column of Table 3 -> its task
+    "parity": Task("parity", 1 / 2, 3),
+    "modular_arithmetic_without_brackets": Task("modular_arithmetic", 1 / 5, 3),
+    "modular_arithmetic_with_brackets": Task("modular_arithmetic_brackets", 1 / 5, 5),
+}
 ARMS = {  # arm -> [variant, attn.* overrides ...]
     "softmax": ["softmax"],
+    "mlstm": ["mlstm"],
     "mamba": ["mamba"],
+    "mamba_neg": ["mamba", "attn.negative_eigenvalues=true"],
     "deltanet": ["deltanet"],
     "deltanet_neg": ["deltaproduct", "attn.householder_steps=1", "attn.negative_eigenvalues=true", "attn.gate=none"],
     "gated_deltanet": ["gated_deltanet"],
@@ -69,13 +93,16 @@ ARMS = {  # arm -> [variant, attn.* overrides ...]
     "deltaproduct_nh2_neg": ["deltaproduct", "attn.householder_steps=2", "attn.negative_eigenvalues=true",
                              "attn.gate=none"],
 }
+PARTLY = 0.5  # a printed cell at or above it "solves"; below it, a score below it "does not solve"
 
 
 @dataclass
 class Settings:
-    arms: List[str] = field(default_factory=lambda: ["softmax", "mamba", "deltanet", "deltanet_neg"])  # of ARMS
-    task: str = "parity"  # the column of Table 3 (data=<task>)
-    train_min: int = 3  # the paper's shortest training string (the control's positions)
+    # of ARMS: by default every row of Table 3 lmzoo has
+    arms: List[str] = field(default_factory=lambda: ["softmax", "mlstm", "mamba", "mamba_neg", "deltanet",
+                                                     "deltanet_neg"])
+    tasks: List[str] = field(default_factory=lambda: list(TASKS))  # the columns of Table 3 run (TASKS)
+    train_min: int = 3  # the paper's shortest training string (the training range's first position)
     train_len: int = 40  # the paper's longest training string: data.seq_len
     test_min: int = 40
     test_max: int = 256
@@ -84,7 +111,7 @@ class Settings:
     steps: int = 1000
     lr: float = 3e-3
     seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
-    eval_examples: int = 128  # validation sequences of test_max bits, the same for every run
+    eval_examples: int = 128  # validation sequences of test_max tokens, the same for every run
     solved: float = 0.9  # scaled accuracy
     fails_below: float = 0.2
     overrides: List[str] = field(default_factory=lambda: [
@@ -95,13 +122,15 @@ class Settings:
         if not 1 <= self.train_min <= self.train_len <= self.test_min <= self.test_max:
             raise ConfigError(f"train_min={self.train_min}, train_len={self.train_len}, test_min={self.test_min}, "
                               f"test_max={self.test_max} must rise in that order")
-        one_of("task", self.task, tuple(CHANCE))
+        for task in self.tasks:
+            one_of("tasks", task, tuple(TASKS))
         for arm in self.arms:
             one_of("arms", arm, tuple(ARMS))
 
 
-QUICK = {"arms": ["deltanet_neg"], "seeds": [0], "steps": 8, "train_len": 16, "test_min": 16,
-         "test_max": 24, "d_model": 16, "n_layers": 1, "eval_examples": 8,
+QUICK = {"arms": ["deltanet_neg"], "tasks": ["modular_arithmetic_with_brackets"], "seeds": [0],
+         "steps": 8, "train_len": 16, "test_min": 16, "test_max": 24, "d_model": 16, "n_layers": 1,
+         "eval_examples": 8,
          "overrides": ["train.batch_size=8", "train.eval_every=8", "train.eval_tokens=128", "train.probe_batch=0"]}
 
 SCALES = {
@@ -115,22 +144,24 @@ SCALES = {
 }
 
 
-def published_rows(settings: Settings) -> dict[str, Published]:
-    """The arms that are rows of Table 3, each with its printed cell (matched on variant and the set of overrides)."""
-    printed = column(load("state_tracking"), PAPER, settings.task)
+def published_rows(settings: Settings, task: str) -> dict[str, Published]:
+    """The arms that are rows of Table 3, each with its printed cell in column ``task`` (matched on variant and the
+    set of overrides)."""
+    printed = column(load("state_tracking"), PAPER, task)
     by_key = {(n.variant, frozenset(n.overrides)): n for n in printed.values()}
     keys = {arm: (ARMS[arm][0], frozenset(ARMS[arm][1:])) for arm in settings.arms}
     return {arm: by_key[key] for arm, key in keys.items() if key in by_key}
 
 
-def position_correct(run_dir: Path, length: int, examples: int) -> np.ndarray:
-    """(examples, length) 0/1: whether the trained model's most likely token is the target at each position of the
-    first ``examples`` validation sequences of ``length`` tokens (every run scores the same sequences)."""
+def position_correct(run_dir: Path, length: int, examples: int) -> tuple[np.ndarray, np.ndarray]:
+    """(correct, scored), each (examples, length) 0/1: whether the trained model's most likely token is the target at
+    each position of the first ``examples`` validation sequences of ``length`` tokens (every run scores the same
+    sequences), and whether the position holds an answer."""
     _, data, model, _ = open_trained(run_dir, [])
     windows = data.validation_windows([length], examples * length)[length]
     batch = windows(np.arange(min(examples, len(windows))))
     predicted = np.asarray(_argmax(model, jnp.asarray(batch["inputs"])))
-    return (predicted == batch["targets"]).astype(np.float64)
+    return (predicted == batch["targets"]).astype(np.float64), (batch["weights"] > 0).astype(np.float64)
 
 
 @nnx.jit
@@ -146,32 +177,36 @@ def scaled(record: dict, chance: float) -> dict:
     return {**kept, **{k: rescale(record[k]) for k in ("estimate", "lo", "hi") if k in record}}
 
 
-def positions(correct: np.ndarray, first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
-    """(correct, count) per example over the answers for strings of ``first`` .. ``last`` bits (positions 1-based)."""
-    span = correct[:, first - 1 : last]
-    return span.sum(axis=1), np.full(len(span), float(span.shape[1]))
+def positions(evaluated: tuple[np.ndarray, np.ndarray], first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+    """(correct, count) per example over its answers for strings of ``first`` .. ``last`` tokens (positions 1-based);
+    the examples without an answer there (one-answer tasks) left out."""
+    correct, scored = (a[:, first - 1 : last] for a in evaluated)
+    count = scored.sum(axis=1)
+    return (correct * scored).sum(axis=1)[count > 0], count[count > 0]
 
 
-def train_overrides(arm: str, settings: Settings) -> list[str]:
+def train_overrides(arm: str, task: str, settings: Settings) -> list[str]:
     """The task at the training length, the model, and the arm's own ``attn.*`` settings."""
-    return [f"data={settings.task}", f"data.seq_len={settings.train_len}", f"model.d_model={settings.d_model}",
+    return [f"data={TASKS[task].data}", f"data.seq_len={settings.train_len}", f"model.d_model={settings.d_model}",
             f"model.n_layers={settings.n_layers}", f"optim.lr={settings.lr}", *ARMS[arm][1:], *settings.overrides]
 
 
-def train_arm(arm: str, settings: Settings, runs_dir: Path) -> dict[int, Path]:
-    run_dirs = {seed: runs_dir / f"{arm}-s{seed}" for seed in settings.seeds}
-    train_runs(ARMS[arm][0], run_dirs, steps=settings.steps, overrides=train_overrides(arm, settings))
+def train_arm(arm: str, task: str, settings: Settings, runs_dir: Path) -> dict[int, Path]:
+    run_dirs = {seed: runs_dir / TASKS[task].data / f"{arm}-s{seed}" for seed in settings.seeds}
+    train_runs(ARMS[arm][0], run_dirs, steps=settings.steps, overrides=train_overrides(arm, task, settings))
     return run_dirs
 
 
-def score_arm(correct: list[np.ndarray], settings: Settings, chance: float) -> dict:
-    """Scaled accuracy of each range (control, training, test) from each seed's ``position_correct``: the arm's mean
-    with its interval over seeds and examples, and each seed's score."""
-    ranges = {"control": (1, settings.train_min), "train": (settings.train_min, settings.train_len),
-              "test": (settings.test_min, settings.test_max)}
+def score_arm(long: list, short: list, settings: Settings, task: str) -> dict:
+    """Scaled accuracy of each range from each seed's ``position_correct``: the training and test ranges on the
+    ``test_max`` sequences (``long``), the control on the ``control_len`` ones (``short``); the arm's mean with its
+    interval over seeds and examples, and each seed's score."""
+    control_len, chance = TASKS[task].control_len, TASKS[task].chance
+    ranges = {"control": (short, 1, control_len), "train": (long, settings.train_min, settings.train_len),
+              "test": (long, settings.test_min, settings.test_max)}
     scores = {}
-    for name, (first, last) in ranges.items():
-        runs = [positions(c, first, last) for c in correct]
+    for name, (evaluated, first, last) in ranges.items():
+        runs = [positions(e, first, last) for e in evaluated]
         scores[name] = scaled(estimate(runs, ratio_of_sums), chance)
         scores[f"{name}_seeds"] = [(float(s.sum() / n.sum()) - chance) / (1 - chance) for s, n in runs]
     return scores
@@ -184,53 +219,82 @@ def compared(scores: dict, rows: dict[str, Published]) -> dict | None:
     return agreement({arm: scores[arm]["test_seeds"] for arm in rows}, rows).record()
 
 
+def run_column(task: str, settings: Settings, out_dir: Path) -> tuple[dict, list[Path]]:
+    """Every arm trained and scored on one column's task: the column's evidence and its run directories."""
+    rows = published_rows(settings, task)
+    runs, scores = [], {}
+    for arm in settings.arms:
+        run_dirs = list(train_arm(arm, task, settings, out_dir / "runs").values())
+        runs += run_dirs
+        long = [position_correct(d, settings.test_max, settings.eval_examples) for d in run_dirs]
+        short = [position_correct(d, TASKS[task].control_len, settings.eval_examples) for d in run_dirs]
+        scores[arm] = score_arm(long, short, settings, task)
+    return {"data": TASKS[task].data, "chance": TASKS[task].chance, "scaled_accuracy": scores,
+            "published": {arm: n.record() for arm, n in rows.items()}, "agreement": compared(scores, rows)}, runs
+
+
 def run(settings: Settings, out_dir: Path) -> Outcome:
     settings = at_scale(settings, SCALES)
     settings.check()
-    chance = CHANCE[settings.task]
-    rows = published_rows(settings)
-    runs, scores = [], {}
-    for arm in settings.arms:
-        run_dirs = train_arm(arm, settings, out_dir / "runs")
-        runs += list(run_dirs.values())
-        correct = [position_correct(d, settings.test_max, settings.eval_examples) for d in run_dirs.values()]
-        scores[arm] = score_arm(correct, settings, chance)
-    evidence = {"task": settings.task, "chance": chance, "metric": "scaled accuracy",
-                "test_lengths": [settings.test_min, settings.test_max], "train_len": settings.train_len,
+    runs, columns = [], {}
+    for task in settings.tasks:
+        columns[task], task_runs = run_column(task, settings, out_dir)
+        runs += task_runs
+    evidence = {"metric": "scaled accuracy", "test_lengths": [settings.test_min, settings.test_max],
+                "train_len": settings.train_len,
                 "arms": {arm: {"variant": ARMS[arm][0], "overrides": ARMS[arm][1:]} for arm in settings.arms},
-                "scaled_accuracy": scores, "published": {arm: n.record() for arm, n in rows.items()},
-                "agreement": compared(scores, rows)}
-    figure = plot(evidence, settings, out_dir / "scaled_accuracy.png")
-    return Outcome(evidence, [figure], runs)
+                "columns": columns}
+    evidence["verdicts"] = column_verdicts(evidence, settings)
+    figures = [plot(task, evidence, settings, out_dir / f"scaled_accuracy_{task}.png") for task in columns]
+    return Outcome(evidence, figures, runs)
 
 
-def expected(printed: dict) -> str:
-    """What a printed cell says the row does: ``solves`` (0.5 or more) or ``fails``."""
-    return "solves" if float(printed["printed"]) >= 0.5 else "fails"
+def expected(printed: dict, settings: Settings) -> tuple[str, str, float]:
+    """What a printed cell says the row does, as a check: (what, side, bound). 0.5 or more: solves (above
+    ``solved``); below: does not (below ``fails_below``, or below 0.5 for a partial score above ``fails_below``)."""
+    cell = float(printed["printed"])
+    if cell >= PARTLY:
+        return "solves", "above", settings.solved
+    return "does not solve", "below", settings.fails_below if cell < settings.fails_below else PARTLY
+
+
+def column_checks(task: str, evidence: dict, settings: Settings) -> list[Check]:
+    """One column's checks: a control per arm, the printed separation per row, the ranking."""
+    scores, control_len = evidence["scaled_accuracy"], TASKS[task].control_len
+    at = lambda arm, name: measured(scores[arm][name], uncertainty="examples")  # noqa: E731
+    checks = [Check(f"{task}, control: {arm}, scaled accuracy on strings of 1 to {control_len} tokens",
+                    f"{arm} read its inputs and learned {task}", at(arm, "control"), "above", settings.solved,
+                    control=True) for arm in scores]
+    for arm, printed in evidence["published"].items():
+        what, side, bound = expected(printed, settings)
+        checks.append(Check(
+            f"{task}, {arm} ({printed['row']}, printed {printed['printed']}): scaled accuracy on {settings.test_min} "
+            f"to {settings.test_max} tokens", f"{arm} {what} {task} past its training lengths, as the paper prints",
+            at(arm, "test"), side, bound))
+    checks += tau_checks(evidence["agreement"], f"{task}, Kendall's tau, lmzoo vs {PAPER}",
+                         f"lmzoo ranks the shared rows as Table 3 does on {task}")
+    return checks
 
 
 def judge(evidence: dict, settings: Settings) -> list[Check]:
     settings = at_scale(settings, SCALES)
-    scores = evidence["scaled_accuracy"]
-    at = lambda arm, name: measured(scores[arm][name], uncertainty="examples")  # noqa: E731
-    checks = [Check(f"control: {arm}, scaled accuracy on strings of 1 to {settings.train_min} bits",
-                    f"{arm} read its inputs and learned the task", at(arm, "control"), "above", settings.solved,
-                    control=True) for arm in scores]
-    for arm, printed in evidence["published"].items():
-        solves = expected(printed) == "solves"
-        checks.append(Check(
-            f"{arm} ({printed['row']}, printed {printed['printed']}): scaled accuracy on {settings.test_min} to "
-            f"{settings.test_max} bits", f"{arm} {'solves' if solves else 'does not solve'} {settings.task} past its "
-            "training lengths, as the paper prints", at(arm, "test"), "above" if solves else "below",
-            settings.solved if solves else settings.fails_below))
-    checks += tau_checks(evidence["agreement"], f"Kendall's tau, lmzoo vs {PAPER} ({settings.task})",
-                         "lmzoo ranks the shared rows as Table 3 does")
-    return checks
+    return [c for task, column_evidence in evidence["columns"].items()
+            for c in column_checks(task, column_evidence, settings)]
 
 
-def plot(evidence: dict, settings: Settings, path: Path) -> str:
-    """Scaled accuracy per arm in the training range and at the test lengths, with the printed cell (a star)."""
-    scores, published = evidence["scaled_accuracy"], evidence["published"]
+def column_verdicts(evidence: dict, settings: Settings) -> dict[str, dict]:
+    """Each column's outcome on its own checks (family-wise over that column's claim checks), as the verdict's."""
+    verdicts = {}
+    for task, column_evidence in evidence["columns"].items():
+        word, reason = outcome(familywise(column_checks(task, column_evidence, settings)))
+        verdicts[task] = {"verdict": word, "reason": reason}
+    return verdicts
+
+
+def plot(task: str, evidence: dict, settings: Settings, path: Path) -> str:
+    """One column: scaled accuracy per arm in the training range and at the test lengths, with the printed cell (a
+    star)."""
+    scores, published = (evidence["columns"][task][key] for key in ("scaled_accuracy", "published"))
     fig, ax = plt.subplots(figsize=(1.1 * len(scores) + 3.0, 3.6))
     x = np.arange(len(scores), dtype=float)
     for index, name in enumerate(("train", "test")):
@@ -245,7 +309,7 @@ def plot(evidence: dict, settings: Settings, path: Path) -> str:
     ax.axhline(0.0, color="grey", linestyle="--", linewidth=0.8, label="chance")
     ax.set_xticks(x, list(scores), rotation=20)
     seeds = len(settings.seeds)
-    save_axes(fig, ax, path, title=f"{settings.task}: trained to {settings.train_len}, tested "
+    save_axes(fig, ax, path, title=f"{task}: trained to {settings.train_len}, tested "
                                    f"{settings.test_min}-{settings.test_max}",
               xlabel="arm", ylabel=f"scaled accuracy (95% interval, {seeds} seed{'s' * (seeds > 1)})")
     return str(path)

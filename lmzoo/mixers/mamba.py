@@ -9,6 +9,9 @@ Decoding carries the conv window (d_conv - 1 inputs) and the SSM state ``[E, N]`
 ``attention_matrix`` is the "hidden attention" of the selective scan (``ops.selective_attention``):
 the d_inner channels are split into ``model.n_heads`` contiguous groups, averaged per group.
 With ``segment_ids [B,T]`` (packed documents) the conv and the scan restart at every document start.
+``attn.negative_eigenvalues=true`` (Grazzi et al., ICLR 2025, "Mamba [-1, 1]") makes the transition
+``2 exp(Δ A) - 1`` (in (-1, 1]) so the state can flip sign, which parity needs; the forms that multiply
+transitions carry it (``ops.selective_scan.SIGNED_FORMS``; ``auto`` runs the scan), the others are refused.
 
 The conv block and the Δ initialisation are the family's (``lmzoo.mixers.family.ssm``).
 """
@@ -25,7 +28,10 @@ from flax import nnx
 
 from lmzoo.mixers.base import Mixer, MixerContext, dense, provided_form
 from lmzoo.mixers.family.ssm import CausalConv, check_dt_range, dt_bias_init, symmetric_uniform
-from lmzoo.ops.selective_scan import METHODS, STEP_FORM, effective_delta, selective_attention, selective_scan
+from lmzoo.ops.kernels import AUTO
+from lmzoo.ops.selective_scan import (
+    METHODS, SIGNED_FORMS, STEP_FORM, effective_delta, selective_attention, selective_scan,
+)
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, positive
 from lmzoo.sharding import INNER, param, partitioned
@@ -47,8 +53,13 @@ class MambaConfig(MixerConfig):
                           # (lmzoo.ops.selective_scan)
     chunk_size: int = 16  # tokens per chunk (chunk: work grows with chunk_size^2 d_inner N; pallas: steps per
                           # loop turn)
+    negative_eigenvalues: bool = False  # the transition 2 exp(Δ A) - 1 in (-1, 1] (Grazzi et al.'s Mamba [-1, 1])
 
     def check(self, model: ModelConfig) -> None:
+        if self.negative_eigenvalues and self.method not in (AUTO, *SIGNED_FORMS):
+            raise ConfigError(f"attn.negative_eigenvalues=true needs attn.method in {', '.join((AUTO, *SIGNED_FORMS))} "
+                              f"(the forms that multiply transitions); attn.method={self.method!r} works in log space "
+                              "or a kernel that cannot carry a negative transition")
         provided_form(self.method, self.forms)
         for key in ("d_state", "d_conv", "expand", "chunk_size"):
             positive(f"attn.{key}", getattr(self, key))
@@ -67,6 +78,7 @@ class MambaConfig(MixerConfig):
 class Mamba(Mixer):
     def __init__(self, cfg: MambaConfig, ctx: MixerContext, *, rngs: nnx.Rngs):
         self.n_heads, self.method, self.chunk_size = ctx.n_heads, cfg.method, cfg.chunk_size
+        self.negative_eigenvalues = cfg.negative_eigenvalues
         self.d_inner, self.d_state = cfg.expand * ctx.d_model, cfg.d_state
         self.dt_rank = cfg.dt_rank or math.ceil(ctx.d_model / 16)
         self.dtype = ctx.dtype
@@ -97,7 +109,7 @@ class Mamba(Mixer):
         return selective_scan(
             u, delta, self.A(), b, c, D=self.D[...], z=z, delta_bias=self.dt_bias[...], delta_softplus=True,
             initial_state=initial_state, method=method or self.method, chunk_size=self.chunk_size,
-            segment_ids=segment_ids,
+            segment_ids=segment_ids, negative_eigenvalues=self.negative_eigenvalues,
         )
 
     def __call__(self, x, *, positions=None, segment_ids=None):  # SSMs carry order in their state: positions are unused
@@ -128,7 +140,8 @@ class Mamba(Mixer):
     def attention_matrix(self, x, *, positions=None, segment_ids=None):
         _, delta, b, c, _, _ = self.ssm_inputs(x, segment_ids=segment_ids)
         delta = effective_delta(delta, self.dt_bias[...], True)
-        return selective_attention(delta, self.A(), b, c, heads=self.n_heads, segment_ids=segment_ids)
+        return selective_attention(delta, self.A(), b, c, heads=self.n_heads, segment_ids=segment_ids,
+                                   negative_eigenvalues=self.negative_eigenvalues)
 
     def state_size(self, max_len):
         return (self.conv.width - 1) * self.d_inner + self.d_inner * self.d_state

@@ -26,6 +26,13 @@ multiply the decay by a keep factor (0 at a start, 1 elsewhere); "chunk" masks t
 two documents (rather than adding ``RESET_LOG_DECAY`` to its cumulative log decays, whose rounding
 would then grow with the reset's 40 nats). Without ``segment_ids`` nothing of this is computed.
 
+Negative eigenvalues (``negative_eigenvalues=True``, Grazzi et al., ICLR 2025, "Mamba [-1, 1]"): the transition
+``exp(Δ_t A)`` becomes ``2 exp(Δ_t A) - 1``, in (-1, 1], the input term unchanged; the state may then flip sign
+from step to step, which parity needs. Only the forms that multiply transitions carry it ("naive", "scan",
+"assoc", and "auto", which runs "scan": no provider kernel has this transition); "chunk" (cumulative log decays)
+and "pallas" (its kernel exponentiates inside) refuse it in one line, and so does "jla".
+``selective_attention`` takes the same switch (its pairwise products then formed directly, not from log decays).
+
 Axes: B batch, T time, D channels (Mamba's d_inner), N state size, G groups sharing B and C
 (channel d reads group d // (D / G)). Everything is computed in float32; ``y`` is returned in
 ``u``'s dtype and the state ``[B, D, N]`` in float32.
@@ -47,6 +54,7 @@ from lmzoo.ops.pallas.selective_scan import selective_scan_pallas
 METHODS = Forms("naive", "scan", "assoc", "chunk", "pallas", *PROVIDER_FORMS)
 
 STEP_FORM = "scan"  # the form mixers decode one token with (their ``step``): it discretises inside the step
+SIGNED_FORMS = ("naive", "scan", "assoc")  # the forms that multiply transitions, so carry negative ones
 
 
 def grouped(x: jax.Array, channels: int) -> jax.Array:
@@ -74,17 +82,41 @@ def effective_delta(delta, delta_bias=None, delta_softplus=False) -> jax.Array:
     return jax.nn.softplus(delta) if delta_softplus else delta
 
 
+def signed_transition(decay: jax.Array) -> jax.Array:
+    """Grazzi et al.'s extended range: the transition ``exp(Δ A)`` in (0, 1] mapped to ``2 exp(Δ A) - 1`` in (-1, 1]."""
+    return 2.0 * decay - 1.0
+
+
+def signed_form(method: str) -> str:
+    """The form that runs ``method`` with negative eigenvalues (``auto``: the scan), or a one-line ValueError."""
+    if method == kernels.AUTO:
+        return STEP_FORM
+    if method not in SIGNED_FORMS:
+        raise ValueError(f"negative_eigenvalues=True needs a form that multiplies transitions, method in "
+                         f"{', '.join((kernels.AUTO, *SIGNED_FORMS))}; method={method!r} cannot carry a negative "
+                         "transition")
+    return method
+
+
 def selective_scan(
     u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_softplus=False,
-    initial_state=None, method="scan", chunk_size=64, segment_ids=None,
+    initial_state=None, method="scan", chunk_size=64, segment_ids=None, negative_eigenvalues=False,
 ):
     """u, delta, z ``[B,T,D]``; A ``[D,N]``; B, C ``[B,T,N]`` or ``[B,T,G,N]``; D, delta_bias ``[D]``.
 
     Returns ``(y [B,T,D], final_state [B,D,N] float32)``; ``initial_state`` is ``[B,D,N]``;
     ``segment_ids [B,T]`` (int) restart the state at every document start. ``method="auto"`` runs jla's
     Hopper kernel (its ``mamba1``, the same scan) where it takes the call and ``"scan"`` otherwise.
+    ``negative_eigenvalues``: the transition ``2 exp(Δ A) - 1`` (``SIGNED_FORMS`` only; ``auto`` runs the scan).
     """
     method = check_form(method, METHODS, chunk_size)
+    if negative_eigenvalues:
+        form = signed_form(method)
+        kernels.note("selective_scan", form, "negative eigenvalues: no provider kernel" if form != method else "")
+        return selective_scan_form(
+            u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus,
+            initial_state=initial_state, method=form, chunk_size=chunk_size, segment_ids=segment_ids,
+            negative_eigenvalues=True)
     mapped = lambda: kernels.JlaCall(  # noqa: E731  (jla's names: q = C, k = B, v = u, its own D, z and bias)
         "mamba1", C, B, u, {"dt": delta, "a": A},
         {"d": D, "z": z, "dt_bias": delta_bias, "dt_softplus": delta_softplus, "initial_state": initial_state,
@@ -95,10 +127,12 @@ def selective_scan(
     return kernels.dispatch("selective_scan", method, "scan", mapped, own, u.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("delta_softplus", "method", "chunk_size"))
+@functools.partial(jax.jit, static_argnames=("delta_softplus", "method", "chunk_size", "negative_eigenvalues"))
 def selective_scan_form(u, delta, A, B, C, *, D, z, delta_bias, delta_softplus, initial_state, method, chunk_size,
-                        segment_ids):
-    """``selective_scan`` in one of lmzoo's own forms."""
+                        segment_ids, negative_eigenvalues=False):
+    """``selective_scan`` in one of lmzoo's own forms (``negative_eigenvalues``: one of ``SIGNED_FORMS``)."""
+    if negative_eigenvalues:
+        signed_form(method)  # a form that would drop the sign is refused, never run
     batch, _, channels = u.shape
     u32, A = u.astype(jnp.float32), A.astype(jnp.float32)
     delta = effective_delta(delta, delta_bias, delta_softplus)
@@ -108,9 +142,9 @@ def selective_scan_form(u, delta, A, B, C, *, D, z, delta_bias, delta_softplus, 
     starts = None if segment_ids is None else segment_starts(segment_ids)  # (B, T) bool
     keep = None if starts is None else 1.0 - starts.astype(jnp.float32)  # multiplies the decay: 0 forgets
     if method == "naive":
-        y, h = _naive(u32, delta, A, B, C, h0, keep)
+        y, h = _naive(u32, delta, A, B, C, h0, keep, negative_eigenvalues)
     elif method == "scan":
-        y, h = _scan(u32, delta, A, B, C, h0, keep)
+        y, h = _scan(u32, delta, A, B, C, h0, keep, negative_eigenvalues)
     elif method == "pallas":
         y, h = selective_scan_pallas(u32, delta, A, B, C, h0, starts=starts, chunk_size=chunk_size)
     else:  # the parallel forms work on the discretised sequence
@@ -118,7 +152,7 @@ def selective_scan_form(u, delta, A, B, C, *, D, z, delta_bias, delta_softplus, 
         bu = (delta * u32)[..., None] * per_channel(B, channels)  # (B, T, D, N)
         c = per_channel(C, channels)
         if method == "assoc":
-            y, h = _assoc(log_a, bu, c, h0, keep)
+            y, h = _assoc(log_a, bu, c, h0, keep, negative_eigenvalues)
         else:
             y, h = _chunked(log_a, bu, c, h0, chunk_size, starts)  # (B, T, D), (B, D, N)
     if D is not None:
@@ -128,10 +162,11 @@ def selective_scan_form(u, delta, A, B, C, *, D, z, delta_bias, delta_softplus, 
     return y.astype(u.dtype), h
 
 
-# The recurrent forms take keep [B,T] float32 (0 where a document starts) or None (one document).
+# The recurrent forms take keep [B,T] float32 (0 where a document starts) or None (one document), and ``signed``:
+# the transition 2 exp(Δ A) - 1 (negative eigenvalues) in place of exp(Δ A). Off, their computation is unchanged.
 
 
-def _naive(u, delta, A, B, C, h0, keep=None):
+def _naive(u, delta, A, B, C, h0, keep=None, signed=False):
     """The definition, one step at a time: u, delta [B,T,D], A [D,N], B, C [B,T,G,N], h0 [B,D,N]."""
     channels, groups = u.shape[-1], B.shape[2]
     group = jnp.arange(channels) // (channels // groups)  # the group each channel reads
@@ -139,6 +174,8 @@ def _naive(u, delta, A, B, C, h0, keep=None):
     def step(h, inputs):
         u_t, delta_t, b_t, c_t, *keep_t = inputs  # (B, D), (B, D), (B, G, N), (B, G, N), [(B,)]
         decay = jnp.exp(delta_t[..., None] * A)  # (B, D, N)
+        if signed:
+            decay = signed_transition(decay)
         if keep_t:
             decay = decay * keep_t[0][:, None, None]
         h = decay * h + delta_t[..., None] * b_t[:, group] * u_t[..., None]
@@ -149,12 +186,14 @@ def _naive(u, delta, A, B, C, h0, keep=None):
     return y.swapaxes(0, 1), h
 
 
-def _scan(u, delta, A, B, C, h0, keep=None):
+def _scan(u, delta, A, B, C, h0, keep=None, signed=False):
     channels = u.shape[-1]
 
     def step(h, inputs):
         u_t, delta_t, b_t, c_t, *keep_t = inputs  # (B, D), (B, D), (B, G, N), (B, G, N), [(B,)]
         decay = jnp.exp(delta_t[..., None] * A)
+        if signed:
+            decay = signed_transition(decay)
         if keep_t:
             decay = decay * keep_t[0][:, None, None]
         h = decay * h + (delta_t * u_t)[..., None] * per_channel(b_t, channels)
@@ -165,14 +204,24 @@ def _scan(u, delta, A, B, C, h0, keep=None):
     return y.swapaxes(0, 1), h
 
 
-def _assoc(log_a, bu, c, h0, keep=None):
+def _assoc(log_a, bu, c, h0, keep=None, signed=False):
     def combine(earlier, later):  # compose h -> a h + b: first `earlier`, then `later`
         a1, b1 = earlier
         a2, b2 = later
         return a1 * a2, a2 * b1 + b2
 
+    if signed:  # the transitions themselves, whatever their sign (the products below never take a log)
+        return _assoc_transitions(combine, signed_transition(jnp.exp(log_a)), bu, c, h0, keep)
     bu = bu.at[:, 0].add(jnp.exp(log_a[:, 0]) * h0)  # the initial state enters with the first step (never a start)
     decay = jnp.exp(log_a) if keep is None else jnp.exp(log_a) * keep[:, :, None, None]  # (B, T, D, N)
+    _, h = lax.associative_scan(combine, (decay, bu), axis=1)  # (B, T, D, N)
+    return jnp.sum(c * h, axis=-1), h[:, -1]
+
+
+def _assoc_transitions(combine, transition, bu, c, h0, keep):
+    """The associative scan over given transitions [B,T,D,N] (negative ones included)."""
+    bu = bu.at[:, 0].add(transition[:, 0] * h0)  # the initial state enters with the first step (never a start)
+    decay = transition if keep is None else transition * keep[:, :, None, None]
     _, h = lax.associative_scan(combine, (decay, bu), axis=1)  # (B, T, D, N)
     return jnp.sum(c * h, axis=-1), h[:, -1]
 
@@ -210,8 +259,9 @@ def _within_chunk(h, chunk):
     return states[..., -1], jnp.sum(c * states, axis=2)  # (B, D, N), (B, D, L)
 
 
-@functools.partial(jax.jit, static_argnames=("heads", "block_size"))
-def selective_attention(delta, A, B, C, *, heads=None, block_size=64, segment_ids=None) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("heads", "block_size", "negative_eigenvalues"))
+def selective_attention(delta, A, B, C, *, heads=None, block_size=64, segment_ids=None,
+                        negative_eigenvalues=False) -> jax.Array:
     """Mamba's "hidden attention": the causal weights with ``y_i[d] = Σ_j α_ij[d] u_j[d]``.
 
     ``α_ij[d] = Σ_n C_i[n] exp(Σ_{j<m≤i} Δ_m[d] A[d,n]) Δ_j[d] B_j[n]`` for j ≤ i, zero above;
@@ -223,11 +273,18 @@ def selective_attention(delta, A, B, C, *, heads=None, block_size=64, segment_id
     Computed one channel of every head at a time (memory O(B H T^2)) in blocks of ``block_size``:
     diagonal blocks pairwise, off-diagonal blocks as matmuls over the state entries with the
     decay split at block boundaries (every factor ≤ 1), so only O(T N) exponentials per channel.
+    With ``negative_eigenvalues`` (the transitions ``2 exp(Δ A) - 1``, which have no logarithm) the products of
+    transitions are formed query by query instead (memory O(B T D N) a step, O(B D T^2) in all).
     """
     batch, length, channels = delta.shape
     heads = heads or channels
     if channels % heads:
         raise ValueError(f"heads={heads} does not divide the {channels} channels")
+    if negative_eigenvalues:
+        alpha = _signed_attention(delta.astype(jnp.float32), A.astype(jnp.float32), grouped(B, channels),
+                                  grouped(C, channels))
+        alpha = alpha.reshape(batch, heads, channels // heads, length, length).mean(axis=2)
+        return alpha if segment_ids is None else jnp.where(same_segment(segment_ids)[:, None], alpha, 0.0)
     per_head, n = channels // heads, A.shape[-1]
     pad = -length % block_size  # padded steps have Δ = 0: no decay, no input
     delta = jnp.pad(delta.astype(jnp.float32), ((0, 0), (0, pad), (0, 0)))
@@ -249,6 +306,24 @@ def selective_attention(delta, A, B, C, *, heads=None, block_size=64, segment_id
     if segment_ids is not None:
         alpha = jnp.where(same_segment(segment_ids)[:, None], alpha, 0.0)
     return alpha
+
+
+def _signed_attention(delta, A, B, C):
+    """α [B,D,T,T] under the transitions ``2 exp(Δ A) - 1``: query i's products over (j, i] are query i - 1's times
+    step i's transition, and 1 at j = i (zero for j > i, never written)."""
+    channels = delta.shape[-1]
+    transition = signed_transition(jnp.exp(delta[..., None] * A))  # (B, T, D, N)
+    b_in = delta[..., None] * per_channel(B, channels)  # Δ_j B_j
+    c = per_channel(C, channels)
+
+    def query(products, inputs):  # products (B, T_j, D, N) over (j, i - 1]
+        a_i, c_i, i = inputs
+        products = (products * a_i[:, None]).at[:, i].set(1.0)
+        return products, jnp.einsum("bdn,bjdn->bdj", c_i, products * b_in)
+
+    steps = (transition.swapaxes(0, 1), c.swapaxes(0, 1), jnp.arange(delta.shape[1]))
+    _, alpha = lax.scan(query, jnp.zeros_like(b_in), steps)  # (T_i, B, D, T_j)
+    return alpha.transpose(1, 2, 0, 3)
 
 
 def _channel_attention(cum, b_in, c, block):

@@ -85,7 +85,9 @@ NEGATIVE = "deltaproduct[attn.householder_steps=1, attn.negative_eigenvalues=tru
 
 def test_the_state_tracking_table_keeps_its_scale_and_rows():
     parity = published.column(load("state_tracking"), "grazzi_formal_languages", "parity")
-    assert set(parity) == {"softmax", "mamba", "deltanet", NEGATIVE}  # Mamba [-1, 1]: no lmzoo switch
+    assert set(parity) == {"softmax", "mlstm", "mamba", "mamba[attn.negative_eigenvalues=true]", "deltanet", NEGATIVE}
+    assert parity["mlstm"].row == "mLSTM" and parity["mlstm"].printed == "0.087"
+    assert parity["mamba[attn.negative_eigenvalues=true]"].row == "Mamba [-1, 1]"
     assert parity[NEGATIVE].row == "DeltaNet [-1, 1]" and parity[NEGATIVE].printed == "1.000"
     assert parity[NEGATIVE].record()["overrides"] == ["attn.householder_steps=1", "attn.negative_eigenvalues=true",
                                                       "attn.gate=none"]

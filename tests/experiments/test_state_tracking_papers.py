@@ -1,7 +1,8 @@
 """State tracking at Grazzi et al.'s protocol: its settings validate, each arm is a config the trainer accepts and
-the arms that are Table 3's rows find their printed cells, the scores are scaled accuracy over the paper's lengths,
-the judge gives the published separation a verdict on given accuracies, both ways, and a quick run trains, scores
-and plots one arm."""
+the arms that are Table 3's rows find their printed cells in every column, the scores are scaled accuracy over the
+paper's ranges (answers only where a task has them), the judge gives each column's published separation a verdict
+on given accuracies, both ways, and a quick run trains, scores and plots one arm on the column with one answer a
+sequence."""
 
 from __future__ import annotations
 
@@ -18,84 +19,134 @@ def test_the_paper_scale_runs_every_arm_at_the_papers_lengths_and_a_wrong_settin
     paper = at_scale(settings_for(papers, ["scale=paper", "seeds=[0]"], quick=False), papers.SCALES)
     assert paper.arms == list(papers.ARMS) and paper.seeds == [0]  # the command line still wins
     assert (paper.train_min, paper.train_len, paper.test_min, paper.test_max) == (3, 40, 40, 256)
-    with pytest.raises(ConfigError, match=r"^arms='lstm' is not valid \(choose from: softmax, mamba, deltanet"):
+    assert paper.tasks == ["parity", "modular_arithmetic_without_brackets", "modular_arithmetic_with_brackets"]
+    with pytest.raises(ConfigError, match=r"^arms='lstm' is not valid \(choose from: softmax, mlstm, mamba, mamba_neg"):
         settings_for(papers, ["arms=[softmax,lstm]"], quick=False)
     with pytest.raises(ConfigError, match=r"^train_min=3, train_len=64, test_min=40, test_max=256 must rise"):
         settings_for(papers, ["train_len=64"], quick=False)
-    with pytest.raises(ConfigError, match=r"^task='modular_arithmetic' is not valid \(choose from: parity\)$"):
-        settings_for(papers, ["task=modular_arithmetic"], quick=False)
+    with pytest.raises(ConfigError, match=r"^tasks='modular_arithmetic' is not valid \(choose from: parity, "
+                                          r"modular_arithmetic_without_brackets, modular_arithmetic_with_brackets\)$"):
+        settings_for(papers, ["tasks=[modular_arithmetic]"], quick=False)
 
 
-def test_every_arm_is_a_config_the_trainer_accepts():
+def test_every_arm_and_every_column_is_a_config_the_trainer_accepts():
     from lmzoo.experiments.runs import run_config
 
     paper = at_scale(settings_for(papers, ["scale=paper"], quick=False), papers.SCALES)
-    for arm in paper.arms:
-        cfg = run_config(papers.ARMS[arm][0], "unused", 0, 10, papers.train_overrides(arm, paper))
-        assert (cfg.attn.name, cfg.data.seq_len, cfg.model.d_model) == (papers.ARMS[arm][0], 40, 128)
-    cfg = run_config("deltaproduct", "unused", 0, 10, papers.train_overrides("deltanet_neg", paper))
+    pairs = [(arm, "parity") for arm in paper.arms] + [("softmax", task) for task in list(papers.TASKS)[1:]]
+    for arm, task in pairs:
+        cfg = run_config(papers.ARMS[arm][0], "unused", 0, 10, papers.train_overrides(arm, task, paper))
+        assert (cfg.attn.name, cfg.data.source, cfg.data.seq_len, cfg.model.d_model) == (
+            papers.ARMS[arm][0], papers.TASKS[task].data, 40, 128)
+    cfg = run_config("deltaproduct", "unused", 0, 10, papers.train_overrides("deltanet_neg", "parity", paper))
     assert (cfg.attn.householder_steps, cfg.attn.negative_eigenvalues, cfg.attn.gate) == (1, True, "none")
 
 
-def test_the_arms_that_are_rows_of_table_3_find_their_cells():
-    rows = papers.published_rows(settings_for(papers, ["arms=[softmax,deltanet,deltanet_neg,rwkv7]"], quick=False))
-    assert {arm: n.row for arm, n in rows.items()} == {"softmax": "Transformer", "deltanet": "DeltaNet [0, 1]",
-                                                        "deltanet_neg": "DeltaNet [-1, 1]"}  # rwkv7: no row
-    assert rows["deltanet_neg"].printed == "1.000"
+def test_the_arms_that_are_rows_of_table_3_find_their_cells_in_every_column():
+    settings = settings_for(papers, ["arms=[softmax,mlstm,mamba,mamba_neg,deltanet,deltanet_neg,rwkv7]"], quick=False)
+    printed = {task: {arm: n.printed for arm, n in papers.published_rows(settings, task).items()}
+               for task in papers.TASKS}
+    assert printed == {  # rwkv7: no row
+        "parity": {"softmax": "0.022", "mlstm": "0.087", "mamba": "0.000", "mamba_neg": "1.000", "deltanet": "0.017",
+                   "deltanet_neg": "1.000"},
+        "modular_arithmetic_without_brackets": {"softmax": "0.031", "mlstm": "0.040", "mamba": "0.095",
+                                                "mamba_neg": "0.241", "deltanet": "0.314", "deltanet_neg": "0.971"},
+        "modular_arithmetic_with_brackets": {"softmax": "0.067", "mlstm": "0.114", "mamba": "0.123",
+                                             "mamba_neg": "0.116", "deltanet": "0.194", "deltanet_neg": "0.260"}}
 
 
-def test_scores_are_scaled_accuracy_over_the_papers_ranges():
+def test_scores_are_scaled_accuracy_over_the_answers_in_the_papers_ranges():
     settings = settings_for(papers, ["train_len=4", "test_min=4", "test_max=6", "train_min=2"], quick=False)
-    correct = np.array([[1, 1, 0, 1, 0, 0]] * 4, float)  # control: 1 of 1 and 1; train 2..4: 2 of 3; test 4..6: 1 of 3
-    scores = papers.score_arm([correct, correct], settings, 0.5)
+    correct = np.array([[1, 1, 0, 1, 0, 0]] * 4, float)  # train 2..4: 2 of 3; test 4..6: 1 of 3
+    every = (correct, np.ones_like(correct))
+    short = (np.array([[1, 1, 1]] * 4, float), np.ones((4, 3)))
+    scores = papers.score_arm([every, every], [short, short], settings, "parity")
     assert scores["control_seeds"] == [1.0, 1.0] and scores["train"]["estimate"] == pytest.approx(1 / 3)
     assert scores["test_seeds"] == pytest.approx([-1 / 3, -1 / 3])  # below chance: negative
+    odd = (correct, np.tile([1.0, 0, 1, 0, 1, 0], (4, 1)))  # answers at odd lengths only: train 3 (0), test 5 (0)
+    scores = papers.score_arm([odd], [short], settings, "modular_arithmetic_without_brackets")
+    assert scores["train_seeds"] == [pytest.approx(-0.25)] and scores["test_seeds"] == [pytest.approx(-0.25)]
+    one = (correct, np.array([[0, 1.0, 0, 0, 0, 0], [0, 0, 0, 1.0, 0, 0], [0, 0, 0, 0, 0, 1.0], [0] * 5 + [1.0]]))
+    scores = papers.score_arm([one], [short], settings, "modular_arithmetic_with_brackets")  # one answer each
+    assert scores["train_seeds"] == [pytest.approx(1.0)]  # examples 0 and 1: both right
+    assert scores["test_seeds"] == [pytest.approx((1 / 3 - 0.2) / 0.8)]  # examples 1 (right), 2 and 3 (wrong)
 
 
-def evidence(test_accuracy: dict[str, list[float]], control: float = 1.0) -> dict:
-    """What ``run`` records, from each arm's test accuracy per seed (every other position at ``control``)."""
-    settings = settings_for(papers, [f"arms=[{','.join(test_accuracy)}]"], quick=False)
+def evidence(test_accuracy: dict[str, dict[str, list[float]]], control: float = 1.0) -> tuple[dict, object]:
+    """What ``run`` records, from each column's and arm's test accuracy per seed (every answer before the test
+    lengths, and the control's, right with probability ``control``)."""
+    arms = sorted({arm for column in test_accuracy.values() for arm in column}, key=list(papers.ARMS).index)
+    settings = settings_for(papers, [f"arms=[{','.join(arms)}]", f"tasks=[{','.join(test_accuracy)}]"], quick=False)
     rng = np.random.default_rng(0)
-    scores = {}
-    for arm, seeds in test_accuracy.items():
-        correct = []
-        for accuracy in seeds:
-            rows = np.full((64, settings.test_max), control)
-            rows[:, settings.test_min - 1 :] = rng.random((64, settings.test_max - settings.test_min + 1)) < accuracy
-            correct.append(rows)
-        scores[arm] = papers.score_arm(correct, settings, 0.5)
-    rows = papers.published_rows(settings)
-    published = {arm: n.record() for arm, n in rows.items()}
-    return {"scaled_accuracy": scores, "published": published, "agreement": papers.compared(scores, rows)}, settings
+    columns = {}
+    for task, accuracies in test_accuracy.items():
+        scores = {}
+        for arm, seeds in accuracies.items():
+            long, short = [], []
+            for accuracy in seeds:
+                rows = rng.random((64, settings.test_max)) < control
+                tested = settings.test_max - settings.test_min + 1
+                rows[:, settings.test_min - 1 :] = rng.random((64, tested)) < accuracy
+                long.append((rows.astype(float), np.ones((64, settings.test_max))))
+                length = papers.TASKS[task].control_len
+                short.append(((rng.random((64, length)) < control).astype(float), np.ones((64, length))))
+            scores[arm] = papers.score_arm(long, short, settings, task)
+        rows = {arm: n for arm, n in papers.published_rows(settings, task).items() if arm in scores}
+        columns[task] = {"scaled_accuracy": scores, "published": {arm: n.record() for arm, n in rows.items()},
+                         "agreement": papers.compared(scores, rows)}
+    record = {"columns": columns}
+    record["verdicts"] = papers.column_verdicts(record, settings)
+    return record, settings
 
 
-def test_the_judge_gives_the_published_separation_its_verdict_both_ways():
-    as_printed = {"softmax": [0.52, 0.5, 0.51], "mamba": [0.5, 0.49, 0.5], "deltanet": [0.55, 0.53, 0.54],
-                  "deltanet_neg": [1.0, 1.0, 1.0]}
-    record, settings = evidence(as_printed)
+AS_PRINTED = {  # accuracy per seed; chance 1/2 for parity, 1/5 for modular arithmetic
+    "parity": {"softmax": [0.52, 0.5, 0.51], "mamba": [0.5, 0.49, 0.5], "deltanet": [0.5, 0.5, 0.5],
+               "deltanet_neg": [1.0, 1.0, 1.0]},
+    "modular_arithmetic_without_brackets": {"softmax": [0.2, 0.21, 0.22], "mamba": [0.25, 0.26, 0.25],
+                                            "deltanet": [0.45, 0.44, 0.46], "deltanet_neg": [1.0, 0.99, 1.0]},
+}
+
+
+def test_the_judge_gives_each_columns_separation_its_verdict_both_ways():
+    record, settings = evidence(AS_PRINTED)
     verdict = judged(papers, record, settings, quick=False)
     assert verdict["verdict"] == "reproduced", verdict["reason"]
-    assert record["agreement"]["variants"][0] == "deltanet_neg" and record["agreement"]["kendall_tau"] > 0
-    reversed_ = {"softmax": [1.0, 1.0, 1.0], "mamba": [1.0, 1.0, 1.0], "deltanet": [0.99, 1.0, 1.0],
-                 "deltanet_neg": [0.5, 0.52, 0.5]}
+    assert {task: v["verdict"] for task, v in record["verdicts"].items()} == {
+        "parity": "reproduced", "modular_arithmetic_without_brackets": "reproduced"}
+    partial = [c for c in verdict["checks"] if c["name"].startswith("modular_arithmetic_without_brackets, deltanet ")]
+    assert partial[0]["must"] == "< 0.5"  # DeltaNet [0, 1] printed 0.314: a partial score, below 0.5
+    columns = record["columns"]
+    assert columns["parity"]["agreement"]["variants"][0] == "deltanet_neg"
+    assert all(c["agreement"]["kendall_tau"] > 0 for c in columns.values())
+    reversed_ = {"parity": {"softmax": [1.0, 1.0, 1.0], "mamba": [1.0, 1.0, 1.0], "deltanet": [0.99, 1.0, 1.0],
+                            "deltanet_neg": [0.5, 0.52, 0.5]}, **{k: v for k, v in AS_PRINTED.items() if k != "parity"}}
     record, settings = evidence(reversed_)
-    assert judged(papers, record, settings, quick=False)["verdict"] == "not reproduced"
-    record, settings = evidence(as_printed, control=0.5)  # nothing learned even in the conv window
+    assert record["verdicts"]["parity"]["verdict"] == "not reproduced"  # the other column still as printed
+    assert record["verdicts"]["modular_arithmetic_without_brackets"]["verdict"] == "reproduced"
+    assert judged(papers, record, settings, quick=False)["verdict"] == "partly"
+    record, settings = evidence(AS_PRINTED, control=0.5)  # nothing learned even on the shortest strings
     assert judged(papers, record, settings, quick=False)["verdict"] == "inconclusive"
-    record, settings = evidence({"deltanet_neg": [1.0, 1.0, 1.0]})  # one row: its separation, no ranking
+    record, settings = evidence({"parity": {"deltanet_neg": [1.0, 1.0, 1.0]}})  # one row: its separation, no ranking
     verdict = judged(papers, record, settings, quick=False)
-    assert record["agreement"] is None
-    assert [c["name"].split(" (")[0] for c in verdict["checks"]] == ["control: deltanet_neg, scaled accuracy on "
-                                                                     "strings of 1 to 3 bits", "deltanet_neg"]
+    assert record["columns"]["parity"]["agreement"] is None
+    assert [c["name"].split(" (")[0] for c in verdict["checks"]] == [
+        "parity, control: deltanet_neg, scaled accuracy on strings of 1 to 3 tokens", "parity, deltanet_neg"]
     assert verdict["verdict"] == "reproduced"
 
 
 @pytest.mark.slow
-def test_quick_run_trains_scores_and_plots_one_arm(tmp_path):
+def test_quick_run_trains_scores_and_plots_one_arm_on_the_one_answer_column(tmp_path):
     record = run_experiment("state_tracking_papers", tmp_path, quick=True)
-    assert record["verdict"] == "smoke run" and list(record["evidence"]["scaled_accuracy"]) == ["deltanet_neg"]
-    scores = record["evidence"]["scaled_accuracy"]["deltanet_neg"]
-    assert all(-1.0 <= scores[f"{name}_seeds"][0] <= 1.0 for name in ("control", "train", "test"))
-    assert record["evidence"]["agreement"] is None  # one row: no ranking
-    assert record["evidence"]["published"]["deltanet_neg"]["row"] == "DeltaNet [-1, 1]"
+    assert record["verdict"] == "smoke run"
+    columns = record["evidence"]["columns"]
+    assert list(columns) == ["modular_arithmetic_with_brackets"]  # the dense columns score as parity did
+    for task, column in columns.items():
+        scores = column["scaled_accuracy"]["deltanet_neg"]
+        assert all(-4.0 <= scores[f"{name}_seeds"][0] <= 1.0 for name in ("control", "train", "test"))
+        assert column["agreement"] is None  # one row: no ranking
+        assert column["published"]["deltanet_neg"]["row"] == "DeltaNet [-1, 1]"
+    assert record["runs"] == ["runs/modular_arithmetic_brackets/deltanet_neg-s0"]
+    assert record["evidence"]["verdicts"]["modular_arithmetic_with_brackets"]["verdict"] in (
+        "reproduced", "partly", "not reproduced", "inconclusive")
+    assert record["figures"] == ["scaled_accuracy_modular_arithmetic_with_brackets.png"]
     assert (tmp_path / "state_tracking_papers" / record["figures"][0]).stat().st_size > 0

@@ -20,6 +20,7 @@ from lmzoo.ops.selective_scan import effective_delta
 from lmzoo.positions import Positions
 
 from conftest import tiny_config
+from mixer_checks import step_through
 from op_checks import F32_TOL, rel_err
 
 LENGTH = 40  # several chunks of 16, the last one partial
@@ -186,3 +187,43 @@ def test_one_document_changes_nothing(variant):
     y_ref, weights_ref = alone(mixer, x)
     np.testing.assert_allclose(y, y_ref, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(weights, weights_ref, rtol=1e-6, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- mamba with negative eigenvalues
+
+NEGATIVE = "attn.negative_eigenvalues=true"
+
+
+@nnx.jit
+def signed_mamba(mixer, x):
+    """(forward, stepped outputs and state, prefill's state, the layer from the op's naive form, α applied to u, the
+    scan's y before D and gate)."""
+    stepped, state = step_through(mixer, x, mixer.init_state(x.shape[0], x.shape[1]))
+    _, prefilled = mixer.prefill(x)
+    u, delta, b, c, z, _ = mixer.ssm_inputs(x)
+    scan = lambda **kw: selective_scan(u, delta, mixer.A(), b, c, delta_bias=mixer.dt_bias[...], delta_softplus=True,  # noqa: E731
+                                       method="naive", negative_eigenvalues=True, **kw)[0]
+    alpha = selective_attention(effective_delta(delta, mixer.dt_bias[...], True), mixer.A(), b, c,
+                                negative_eigenvalues=True)
+    return (mixer(x), stepped, state, prefilled, mixer.out_proj(scan(D=mixer.D[...], z=z)),
+            jnp.einsum("bdij,bjd->bid", alpha, u), scan())
+
+
+def test_mamba_with_negative_eigenvalues_runs_the_signed_scan_and_decodes_as_it_runs():
+    x = inputs(7)
+    out, stepped, state, prefilled, layer, mixed, y = signed_mamba(mixer_of("mamba", NEGATIVE), x)
+    np.testing.assert_allclose(out, layer, rtol=1e-6, atol=1e-9)  # the layer runs the signed transition
+    assert rel_err(forward(mixer_of("mamba"), x), out) > 1e-5  # which differs from the default's at init already
+    np.testing.assert_allclose(stepped, out, rtol=1e-5, atol=1e-7)  # decoding equals the forward
+    np.testing.assert_allclose(state["ssm"], prefilled["ssm"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(mixed, y, rtol=1e-4, atol=1e-7)  # the hidden attention reproduces the scan
+    np.testing.assert_allclose(forward(mixer_of("mamba", NEGATIVE, "attn.method=assoc"), x), out, rtol=1e-5,
+                               atol=1e-7)
+
+
+@pytest.mark.parametrize("method", ["chunk", "pallas", "jla"])
+def test_mamba_negative_eigenvalues_refuse_the_log_space_forms_in_one_line(method):
+    config = MambaConfig(name="m", mixer="mamba", method=method, negative_eigenvalues=True)
+    with pytest.raises(ConfigError, match=rf"^attn.negative_eigenvalues=true needs attn.method in auto, naive, scan, "
+                                          rf"assoc \(the forms that multiply transitions\); attn.method='{method}'"):
+        config.check(ModelConfig())

@@ -61,8 +61,9 @@ def selective_inputs(length, *, groups=None, softplus=True, extras=True, seed=0)
     return inputs
 
 
-def naive_selective_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, softplus=False, initial_state=None):
-    """The definition as a float64 loop over time."""
+def naive_selective_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, softplus=False, initial_state=None,
+                         signed=False):
+    """The definition as a float64 loop over time (``signed``: the transition 2 exp(Δ A) - 1)."""
     u, delta, A, B, C = (np.asarray(a, np.float64) for a in (u, delta, A, B, C))
     batch, length, channels = u.shape
     if B.ndim == 3:
@@ -74,7 +75,8 @@ def naive_selective_scan(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, 
     y = np.zeros(u.shape)
     for t in range(length):
         dt = delta[:, t, :, None]  # (B, D, 1)
-        h = np.exp(dt * A) * h + dt * B[:, t, group] * u[:, t, :, None]
+        decay = np.exp(dt * A)
+        h = (2 * decay - 1 if signed else decay) * h + dt * B[:, t, group] * u[:, t, :, None]
         y[:, t] = np.sum(C[:, t, group] * h, axis=-1)
     if D is not None:
         y = y + np.asarray(D, np.float64) * u
@@ -152,6 +154,72 @@ def test_hidden_attention_reproduces_the_scan(groups, block_size):
     # 4 channels each
     heads = selective_attention(delta, inputs["A"], inputs["B"], inputs["C"], heads=4, block_size=block_size)
     np.testing.assert_allclose(heads, alpha.reshape(BATCH, 4, 4, 23, 23).mean(axis=2), rtol=1e-5, atol=1e-6)
+
+
+# Negative eigenvalues: the transition 2 exp(Δ A) - 1. A scaled up so that about half the transitions are negative.
+
+
+def signed_inputs(length, **kwargs):
+    inputs = selective_inputs(length, **kwargs)
+    return inputs | {"A": 3.0 * inputs["A"]}
+
+
+def _signed(names, method, *arrays):
+    """``selective_scan`` with negative eigenvalues as a function of the arrays named ``names``."""
+    kw = dict(zip(names, arrays))
+    u, delta, A, B, C = (kw.pop(n) for n in ("u", "delta", "A", "B", "C"))
+    return selective_scan(u, delta, A, B, C, delta_softplus=True, method=method, negative_eigenvalues=True, **kw)
+
+
+@pytest.mark.parametrize("method", ["naive", "scan", "assoc"])
+def test_negative_eigenvalues_match_the_definition(method):
+    inputs = signed_inputs(11, groups=4)
+    transitions = 2 * np.exp(np.asarray(effective_delta(inputs["delta"], inputs["delta_bias"], True))[..., None]
+                             * np.asarray(inputs["A"])) - 1
+    assert 0.3 < (transitions < 0).mean() < 0.7  # the switch is exercised
+    y, h = selective_scan(**inputs, delta_softplus=True, method=method, negative_eigenvalues=True)
+    y_ref, h_ref = naive_selective_scan(**inputs, softplus=True, signed=True)
+    assert rel_err(y, y_ref) <= F32_TOL and rel_err(h, h_ref) <= F32_TOL
+    unsigned, _ = naive_selective_scan(**inputs, softplus=True)
+    assert rel_err(unsigned, y_ref) > 0.1  # not the unsigned scan
+
+
+@pytest.mark.parametrize("method", ["scan", "assoc"])
+def test_negative_eigenvalues_forms_match_the_naive_form_in_values_gradients_and_state(method):
+    inputs = signed_inputs(33, groups=2)
+    names = list(inputs)
+    expected = values_and_grads(functools.partial(_signed, names, "naive"), list(inputs.values()))
+    assert_forms_agree(functools.partial(_signed, names, method), None, list(inputs.values()), names, expected)
+
+
+def test_negative_eigenvalues_in_packed_documents_equal_each_document_alone():
+    inputs = signed_inputs(21, groups=2, extras=False)
+    segment_ids = jnp.asarray(np.repeat([[0] * 8 + [1] * 13], BATCH, axis=0))
+    y, _ = selective_scan(**inputs, delta_softplus=True, method="assoc", segment_ids=segment_ids,
+                          negative_eigenvalues=True)
+    for part in (slice(0, 8), slice(8, 21)):
+        alone = {k: v[:, part] if k != "A" else v for k, v in inputs.items()}
+        y_alone, _ = selective_scan(**alone, delta_softplus=True, method="naive", negative_eigenvalues=True)
+        assert rel_err(y[:, part], y_alone) <= F32_TOL
+
+
+@pytest.mark.parametrize("method", ["chunk", "pallas", "jla"])
+def test_negative_eigenvalues_are_refused_in_one_line_by_the_log_space_forms(method):
+    inputs = signed_inputs(5, extras=False)
+    with pytest.raises(ValueError, match=rf"^negative_eigenvalues=True needs a form that multiplies transitions, "
+                                         rf"method in auto, naive, scan, assoc; method='{method}' cannot"):
+        selective_scan(**inputs, delta_softplus=True, method=method, negative_eigenvalues=True)
+
+
+def test_negative_eigenvalues_hidden_attention_reproduces_the_scan():
+    inputs = signed_inputs(13, groups=4, extras=False)
+    y, _ = selective_scan(**inputs, delta_softplus=True, method="naive", negative_eigenvalues=True)
+    delta = effective_delta(inputs["delta"], None, True)
+    alpha = selective_attention(delta, inputs["A"], inputs["B"], inputs["C"], negative_eigenvalues=True)
+    assert np.all(np.asarray(alpha)[..., np.triu(np.ones((13, 13), bool), 1)] == 0) and (np.asarray(alpha) < 0).any()
+    assert rel_err(jnp.einsum("bdij,bjd->bid", alpha, inputs["u"]), y) <= F32_TOL
+    heads = selective_attention(delta, inputs["A"], inputs["B"], inputs["C"], heads=4, negative_eigenvalues=True)
+    np.testing.assert_allclose(heads, alpha.reshape(BATCH, 4, 4, 13, 13).mean(axis=2), rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- SSD (Mamba-2)
