@@ -47,7 +47,7 @@ def error_of(capsys, *argv: str) -> str:
         (["+attn=softmax", "data=text_files"], ["data.paths must be set"]),
         (["+attn=softmax", "data=parquet"], ["data='parquet'", "stdlib", "mqar"]),
         (["+attn=softmax", "data.source=parquet"],
-         ["data.source='parquet'", "registered: hf, induction, mad, mix, mqar"]),
+         ["data.source='parquet'", "registered: hf, induction, mad, mix, modular_arithmetic"]),
         (["+attn=softmax", "data.num_pairs=4"], ["unknown key 'data.num_pairs'", "tokenizer, val_fraction"]),
         (["+attn=softmax", "data=mqar", "data.paths=a.txt"], ["unknown key 'data.paths'", "num_pairs, num_queries"]),
         (["+attn=softmax", "data=mqar", "data.num_pairs=0"], ["data.num_pairs=0 must be positive"]),
