@@ -11,6 +11,11 @@ applied is kept: "94.1" stands for anything in [94.05, 94.15], ">99.0" for (99.0
 
 ``load(yardstick)`` reads a file into ``Published`` numbers, every one carrying its whole citation; a missing
 field, an unreadable cell or a wrong override is one line naming the file, the source and the field.
+
+Where a source states only a separation in words ("This configuration is not expected to converge."), no number is
+typed: ``docs/claims/published/separations/<name>.yaml`` holds, per row and column, what the source says the row
+does (``says``: ``solves`` or ``fails``) and the sentence that says it (``printed``, quoted exactly), with the same
+citation fields and row overrides; ``load_separations(name)`` reads them into ``Separation`` records.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from lmzoo.registry import MIXERS
 from lmzoo.schema import ConfigError, one_of
 
 PUBLISHED_DIR = Path(__file__).resolve().parents[2] / "docs" / "claims" / "published"
+SEPARATIONS_DIR = PUBLISHED_DIR / "separations"
+SAYS = ("solves", "fails")  # what a source may state a row does, in words
 SOURCE_FIELDS = ("key", "paper", "authors", "venue", "arxiv", "where", "read_from", "setting", "rows")
 FILE_FIELDS = ("metric", "higher_is_better", "scale", "columns", "sources")
 PRINTED = re.compile(r"^(?P<bound>[<>])?(?P<number>-?\d+(?:\.(?P<decimals>\d+))?)$")
@@ -185,3 +192,68 @@ def column(numbers: list[Published], source: str, name: str) -> dict[str, Publis
         raise PublishedError(f"no published numbers for source {source!r}, column {name!r} "
                              f"(sources: {', '.join(sources)}; its columns: {', '.join(columns) or 'none'})")
     return chosen
+
+
+@dataclass(frozen=True)
+class Separation:
+    """What a source states in words that one row does on one task (``says``: solves or fails), with the
+    sentence (``printed``) and everything needed to find it again; no number is attached to it."""
+
+    name: str  # the file's name
+    source: str
+    citation: Citation
+    row: str
+    variant: str | None
+    column: str
+    metric: str  # what "solves" means in the source
+    says: str  # solves | fails
+    printed: str  # the source's sentence, exactly
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def arm(self) -> str | None:
+        return arm_name(self.variant, self.overrides) if self.variant is not None else None
+
+    def record(self) -> dict:
+        return {"source": self.source, "arxiv": self.citation.arxiv, "where": self.citation.where, "row": self.row,
+                "variant": self.variant, "overrides": list(self.overrides), "column": self.column,
+                "says": self.says, "printed": self.printed}
+
+
+def separation_files(folder: Path = SEPARATIONS_DIR) -> tuple[str, ...]:
+    return yardsticks(folder)
+
+
+def load_separations(name: str, folder: Path = SEPARATIONS_DIR) -> list[Separation]:
+    """Every stated separation of ``<folder>/<name>.yaml``, with its citation: per row, one ``says`` and one
+    ``printed`` sentence a column (null where the source states nothing for that column)."""
+    one_of("separations", name, separation_files(folder))
+    path = folder / f"{name}.yaml"
+    content = yaml.safe_load(path.read_text())
+    _require(content, ("metric", "columns", "sources"), path.name)
+    columns, found = list(content["columns"]), []
+    for source in content["sources"]:
+        where = f"{path.name}, source {source.get('key', '?')}"
+        _require(source, SOURCE_FIELDS, where)
+        citation = Citation(**{f: str(source[f]) for f in SOURCE_FIELDS if f not in ("key", "rows")})
+        for row in source["rows"]:
+            at = f"{where}, row {row.get('row', '?')}"
+            _require(row, ("row", "variant", "says", "printed"), at)
+            if not len(row["says"]) == len(row["printed"]) == len(columns):
+                raise PublishedError(f"{at}: {len(row['says'])} says and {len(row['printed'])} printed for "
+                                     f"{len(columns)} columns ({', '.join(columns)})")
+            overrides = _parse_overrides(row, at)
+            for column_name, says, printed in zip(columns, row["says"], row["printed"]):
+                if says is None:
+                    continue
+                if says not in SAYS or not isinstance(printed, str) or not printed.strip():
+                    raise PublishedError(f"{at}: says {says!r} with printed {printed!r} (says: one of "
+                                         f"{', '.join(SAYS)}, with the source's sentence)")
+                found.append(Separation(name, source["key"], citation, str(row["row"]), row["variant"], column_name,
+                                        str(content["metric"]), says, printed, overrides))
+    return found
+
+
+def stated(separations: list[Separation], source: str, name: str) -> dict[str, Separation]:
+    """One source's stated separations on column ``name``, by lmzoo arm (rows without a counterpart left out)."""
+    return {s.arm: s for s in separations if s.source == source and s.column == name and s.variant is not None}

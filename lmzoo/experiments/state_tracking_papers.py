@@ -54,7 +54,7 @@ from lmzoo.experiments import Outcome, at_scale
 from lmzoo.experiments.arms import estimate
 from lmzoo.experiments.judging import Check, familywise, measured, outcome
 from lmzoo.experiments.paper_agreement import agreement, tau_checks
-from lmzoo.experiments.published import Published, column, load
+from lmzoo.experiments.published import Published, Separation, column, load, load_separations, stated
 from lmzoo.experiments.runs import train_runs
 from lmzoo.plots import error_bars, plt, save_axes, series_style
 from lmzoo.record.opening import open_trained
@@ -70,17 +70,38 @@ SOURCE = None  # beyond the source articles (docs/seeds.md): the field's shared 
 PAPER = "grazzi_formal_languages"
 
 
+class Printed(NamedTuple):
+    """Where a column's published rows are: printed numbers (``published.load``) or separations stated in words
+    (``published.load_separations``), the file and the source in it."""
+
+    kind: str  # numbers | separations
+    file: str
+    source: str
+
+
+GRAZZI_TABLE_3 = Printed("numbers", "state_tracking", PAPER)
+DELTAPRODUCT_S3 = Printed("separations", "word_problems", "deltaproduct_readme_s3")
+
+
 class Task(NamedTuple):
     data: str  # the lmzoo data task (data=<data>)
     chance: float  # 1 / classes: the scaled accuracy's zero
     control_len: int  # the control's strings: validation sequences of this many tokens
+    printed: Printed | None  # the column's published rows; None: none typed (its arms are reported, not judged)
+    data_overrides: tuple[str, ...] = ()  # the data.* settings that make ``data`` the column's task
+    folder: str = ""  # its runs' folder under runs/ (default: ``data``)
 
 
-TASKS = {  # column of Table 3 -> its task
-    "parity": Task("parity", 1 / 2, 3),
-    "modular_arithmetic_without_brackets": Task("modular_arithmetic", 1 / 5, 3),
-    "modular_arithmetic_with_brackets": Task("modular_arithmetic_brackets", 1 / 5, 5),
+TASKS = {  # column -> its task: Table 3's three, then the group word problems (scale=word_problems)
+    "parity": Task("parity", 1 / 2, 3, GRAZZI_TABLE_3),
+    "modular_arithmetic_without_brackets": Task("modular_arithmetic", 1 / 5, 3, GRAZZI_TABLE_3),
+    "modular_arithmetic_with_brackets": Task("modular_arithmetic_brackets", 1 / 5, 5, GRAZZI_TABLE_3),
+    # S_n's running products, every position answered; the control's strings (1 to 3 elements, 1 to 2 for S5's
+    # 120) are inside the short convolution's window
+    "S3": Task("permutation", 1 / 6, 3, DELTAPRODUCT_S3, ("data.degree=3", "data.task_vocab=6"), "permutation_s3"),
+    "S5": Task("permutation", 1 / 120, 2, None, ("data.degree=5", "data.task_vocab=120"), "permutation_s5"),
 }
+TABLE_3 = [task for task, column in TASKS.items() if column.printed == GRAZZI_TABLE_3]
 ARMS = {  # arm -> [variant, attn.* overrides ...]
     "softmax": ["softmax"],
     "mlstm": ["mlstm"],
@@ -92,7 +113,17 @@ ARMS = {  # arm -> [variant, attn.* overrides ...]
     "rwkv7": ["rwkv7"],
     "deltaproduct_nh2_neg": ["deltaproduct", "attn.householder_steps=2", "attn.negative_eigenvalues=true",
                              "attn.gate=none"],
+    # DeltaProduct_1[0, 1] and DeltaProduct_2[0, 1] of the word problems (deltanet_neg and deltaproduct_nh2_neg
+    # are their [-1, 1] rows)
+    "deltaproduct_nh1": ["deltaproduct", "attn.householder_steps=1", "attn.negative_eigenvalues=false",
+                         "attn.gate=none"],
+    "deltaproduct_nh2": ["deltaproduct", "attn.householder_steps=2", "attn.negative_eigenvalues=false",
+                         "attn.gate=none"],
 }
+TABLE_3_ARMS = ["softmax", "mlstm", "mamba", "mamba_neg", "deltanet", "deltanet_neg", "gated_deltanet", "rwkv7",
+                "deltaproduct_nh2_neg"]
+WORD_PROBLEM_ARMS = ["softmax", "mamba", "gated_deltanet", "rwkv7", "deltanet_neg", "deltaproduct_nh2_neg",
+                     "deltaproduct_nh1", "deltaproduct_nh2"]
 PARTLY = 0.5  # a printed cell at or above it "solves"; below it, a score below it "does not solve"
 
 
@@ -101,7 +132,7 @@ class Settings:
     # of ARMS: by default every row of Table 3 lmzoo has
     arms: List[str] = field(default_factory=lambda: ["softmax", "mlstm", "mamba", "mamba_neg", "deltanet",
                                                      "deltanet_neg"])
-    tasks: List[str] = field(default_factory=lambda: list(TASKS))  # the columns of Table 3 run (TASKS)
+    tasks: List[str] = field(default_factory=lambda: list(TABLE_3))  # the columns run (TASKS): Table 3's
     train_min: int = 3  # the paper's shortest training string (the training range's first position)
     train_len: int = 40  # the paper's longest training string: data.seq_len
     test_min: int = 40
@@ -133,21 +164,38 @@ QUICK = {"arms": ["deltanet_neg"], "tasks": ["modular_arithmetic_with_brackets"]
          "eval_examples": 8,
          "overrides": ["train.batch_size=8", "train.eval_every=8", "train.eval_tokens=128", "train.probe_batch=0"]}
 
+# The word problems at the DeltaProduct README's protocol: one layer, trained on 128 elements, tested to 512
+WORD_PROBLEMS = {"tasks": ["S3", "S5"], "train_min": 1, "train_len": 128, "test_min": 128, "test_max": 512,
+                 "n_layers": 1}
 SCALES = {
     "cpu": {},
     "paper": {  # Grazzi et al.'s rows and lmzoo's other state-tracking arms, three seeds, longer training
-        "arms": list(ARMS),
+        "arms": TABLE_3_ARMS,
         "d_model": 128, "n_layers": 2, "steps": 20000, "lr": 1e-3, "eval_examples": 1024,
         "overrides": ["train.batch_size=256", "train.eval_every=100000", "train.probe_batch=0", "train.log_every=500",
                       "train.checkpoint_every=5000"],
     },
+    "word_problems": {  # a 2-core CPU's: the README's four rows and the issue's other arms, width 32, two seeds
+        **WORD_PROBLEMS, "arms": WORD_PROBLEM_ARMS, "steps": 600, "seeds": [0, 1], "eval_examples": 64,
+    },
+    "word_problems_paper": {  # the README's budget: 100 epochs of 100,000 sequences in batches of 2048 (4,883 steps)
+        **WORD_PROBLEMS, "arms": WORD_PROBLEM_ARMS, "d_model": 128, "steps": 4883, "lr": 1e-3, "eval_examples": 1024,
+        "overrides": ["train.batch_size=2048", "model.n_heads=8", "train.eval_every=100000", "train.probe_batch=0",
+                      "train.log_every=100", "train.checkpoint_every=1000"],
+    },
 }
 
 
-def published_rows(settings: Settings, task: str) -> dict[str, Published]:
-    """The arms that are rows of Table 3, each with its printed cell in column ``task`` (matched on variant and the
-    set of overrides)."""
-    printed = column(load("state_tracking"), PAPER, task)
+def published_rows(settings: Settings, task: str) -> dict[str, Published | Separation]:
+    """The arms that are published rows of column ``task``, each with its printed cell (Table 3) or its stated
+    separation (the word problems), matched on variant and the set of overrides; none for a column without any."""
+    where = TASKS[task].printed
+    if where is None:
+        return {}
+    if where.kind == "numbers":
+        printed = column(load(where.file), where.source, task)
+    else:
+        printed = stated(load_separations(where.file), where.source, task)
     by_key = {(n.variant, frozenset(n.overrides)): n for n in printed.values()}
     keys = {arm: (ARMS[arm][0], frozenset(ARMS[arm][1:])) for arm in settings.arms}
     return {arm: by_key[key] for arm, key in keys.items() if key in by_key}
@@ -187,12 +235,14 @@ def positions(evaluated: tuple[np.ndarray, np.ndarray], first: int, last: int) -
 
 def train_overrides(arm: str, task: str, settings: Settings) -> list[str]:
     """The task at the training length, the model, and the arm's own ``attn.*`` settings."""
-    return [f"data={TASKS[task].data}", f"data.seq_len={settings.train_len}", f"model.d_model={settings.d_model}",
-            f"model.n_layers={settings.n_layers}", f"optim.lr={settings.lr}", *ARMS[arm][1:], *settings.overrides]
+    return [f"data={TASKS[task].data}", *TASKS[task].data_overrides, f"data.seq_len={settings.train_len}",
+            f"model.d_model={settings.d_model}", f"model.n_layers={settings.n_layers}", f"optim.lr={settings.lr}",
+            *ARMS[arm][1:], *settings.overrides]
 
 
 def train_arm(arm: str, task: str, settings: Settings, runs_dir: Path) -> dict[int, Path]:
-    run_dirs = {seed: runs_dir / TASKS[task].data / f"{arm}-s{seed}" for seed in settings.seeds}
+    folder = TASKS[task].folder or TASKS[task].data
+    run_dirs = {seed: runs_dir / folder / f"{arm}-s{seed}" for seed in settings.seeds}
     train_runs(ARMS[arm][0], run_dirs, steps=settings.steps, overrides=train_overrides(arm, task, settings))
     return run_dirs
 
@@ -214,7 +264,7 @@ def score_arm(long: list, short: list, settings: Settings, task: str) -> dict:
 
 def compared(scores: dict, rows: dict[str, Published]) -> dict | None:
     """lmzoo's ranking of the arms that are rows of the table against the printed one (None: fewer than two)."""
-    if len(rows) < 2:
+    if len(rows) < 2 or not all(isinstance(n, Published) for n in rows.values()):  # stated words: no ranking
         return None
     return agreement({arm: scores[arm]["test_seeds"] for arm in rows}, rows).record()
 
@@ -251,7 +301,12 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
 
 def expected(printed: dict, settings: Settings) -> tuple[str, str, float]:
     """What a printed cell says the row does, as a check: (what, side, bound). 0.5 or more: solves (above
-    ``solved``); below: does not (below ``fails_below``, or below 0.5 for a partial score above ``fails_below``)."""
+    ``solved``); below: does not (below ``fails_below``, or below 0.5 for a partial score above ``fails_below``).
+    A separation stated in words: "solves" above ``solved``, "fails" below 0.5 (a model that tracks only a quotient
+    of the group, S3's sign say, scores a third of S3's answers, 0.2 scaled, without solving it)."""
+    if "says" in printed:
+        return ("solves", "above", settings.solved) if printed["says"] == "solves" else ("does not solve", "below",
+                                                                                          PARTLY)
     cell = float(printed["printed"])
     if cell >= PARTLY:
         return "solves", "above", settings.solved
@@ -262,13 +317,16 @@ def column_checks(task: str, evidence: dict, settings: Settings) -> list[Check]:
     """One column's checks: a control per arm, the printed separation per row, the ranking."""
     scores, control_len = evidence["scaled_accuracy"], TASKS[task].control_len
     at = lambda arm, name: measured(scores[arm][name], uncertainty="examples")  # noqa: E731
+    if not evidence["published"]:
+        return []  # no published row typed (S5): its arms are reported beside the others, not judged
     checks = [Check(f"{task}, control: {arm}, scaled accuracy on strings of 1 to {control_len} tokens",
                     f"{arm} read its inputs and learned {task}", at(arm, "control"), "above", settings.solved,
                     control=True) for arm in scores]
     for arm, printed in evidence["published"].items():
         what, side, bound = expected(printed, settings)
+        cell = f"says {printed['says']}" if "says" in printed else f"printed {printed['printed']}"
         checks.append(Check(
-            f"{task}, {arm} ({printed['row']}, printed {printed['printed']}): scaled accuracy on {settings.test_min} "
+            f"{task}, {arm} ({printed['row']}, {cell}): scaled accuracy on {settings.test_min} "
             f"to {settings.test_max} tokens", f"{arm} {what} {task} past its training lengths, as the paper prints",
             at(arm, "test"), side, bound))
     checks += tau_checks(evidence["agreement"], f"{task}, Kendall's tau, lmzoo vs {PAPER}",
@@ -286,9 +344,20 @@ def column_verdicts(evidence: dict, settings: Settings) -> dict[str, dict]:
     """Each column's outcome on its own checks (family-wise over that column's claim checks), as the verdict's."""
     verdicts = {}
     for task, column_evidence in evidence["columns"].items():
-        word, reason = outcome(familywise(column_checks(task, column_evidence, settings)))
+        checks = column_checks(task, column_evidence, settings)
+        if not checks:
+            verdicts[task] = {"verdict": None, "reason": "no published row typed: reported, not judged"}
+            continue
+        word, reason = outcome(familywise(checks))
         verdicts[task] = {"verdict": word, "reason": reason}
     return verdicts
+
+
+def published_mark(printed: dict) -> float:
+    """Where a published row is drawn: its printed cell's lower end, or 1 (solves) and 0 (fails) for words."""
+    if "says" in printed:
+        return 1.0 if printed["says"] == "solves" else 0.0
+    return printed["range"][0]
 
 
 def plot(task: str, evidence: dict, settings: Settings, path: Path) -> str:
@@ -302,10 +371,11 @@ def plot(task: str, evidence: dict, settings: Settings, path: Path) -> str:
         error_bars(ax, x + (index - 0.5) * 0.25, [v.estimate for v in values], [v.lo for v in values],
                    [v.hi for v in values], label=f"lmzoo, {name} lengths",
                    **{**series_style(index), "linestyle": "none"})  # arms are categories: no line between them
-    stars = [(i + 0.25, published[arm]["range"][0]) for i, arm in enumerate(scores) if arm in published]
+    stars = [(i + 0.25, published_mark(published[arm])) for i, arm in enumerate(scores) if arm in published]
     if stars:
+        words = any("says" in p for p in published.values())
         ax.plot(*zip(*stars), linestyle="none", marker="*", markersize=11, color="black",
-                label="Grazzi et al., Table 3 (test lengths)")
+                label="stated separation (solves 1, fails 0)" if words else "Grazzi et al., Table 3 (test lengths)")
     ax.axhline(0.0, color="grey", linestyle="--", linewidth=0.8, label="chance")
     ax.set_xticks(x, list(scores), rotation=20)
     seeds = len(settings.seeds)

@@ -122,3 +122,33 @@ def test_every_committed_override_resolves_to_a_config():
         for override in overrides:
             key, value = override.removeprefix("attn.").split("=")
             assert str(getattr(cfg.attn, key)).lower() == value.lower()
+
+
+def test_every_stated_separation_carries_its_sentence_and_citation():
+    assert "word_problems" in published.separation_files()
+    for name in published.separation_files():
+        separations = published.load_separations(name)
+        assert separations
+        for s in separations:
+            c = s.citation
+            assert c.paper and c.arxiv and c.where and c.setting and c.read_from and s.row and s.column and s.metric
+            assert s.says in published.SAYS and s.printed.strip()
+            assert s.variant is None or s.variant in MIXERS.names(), s.variant
+    s3 = published.stated(published.load_separations("word_problems"), "deltaproduct_readme_s3", "S3")
+    two = s3["deltaproduct[attn.householder_steps=2, attn.negative_eigenvalues=true, attn.gate=none]"]
+    assert (two.row, two.says, two.printed) == ("DeltaProduct_2[-1, 1]", "solves",
+                                                "This configuration is expected to train successfully.")
+    assert sorted(s.says for s in s3.values()) == ["fails", "fails", "fails", "solves"]
+
+
+@pytest.mark.parametrize("rows, message", [
+    ("{row: R, variant: null, says: [solves], printed: ['It trains.']}", "row R: 1 says and 1 printed for 2 columns"),
+    ("{row: R, variant: null, says: [maybe, null], printed: ['It might.', null]}",
+     r"row R: says 'maybe' with printed 'It might.' \(says: one of solves, fails, with the source's sentence\)"),
+    ("{row: R, variant: null, says: [solves, fails], printed: ['It trains.', '']}", "says 'fails' with printed ''"),
+    ("{row: R, variant: null, says: [solves, null]}", "row R: missing printed"),
+])
+def test_a_malformed_separation_names_what_is_wrong(tmp_path, rows, message):
+    folder = write(tmp_path, "metric: m\ncolumns: [a, b]\n" + SOURCE.replace("ROWS", rows))
+    with pytest.raises(PublishedError, match=message):
+        published.load_separations("bad", folder)

@@ -17,7 +17,7 @@ papers = load("state_tracking_papers")
 
 def test_the_paper_scale_runs_every_arm_at_the_papers_lengths_and_a_wrong_setting_is_one_line():
     paper = at_scale(settings_for(papers, ["scale=paper", "seeds=[0]"], quick=False), papers.SCALES)
-    assert paper.arms == list(papers.ARMS) and paper.seeds == [0]  # the command line still wins
+    assert paper.arms == papers.TABLE_3_ARMS and paper.seeds == [0]  # the command line still wins
     assert (paper.train_min, paper.train_len, paper.test_min, paper.test_max) == (3, 40, 40, 256)
     assert paper.tasks == ["parity", "modular_arithmetic_without_brackets", "modular_arithmetic_with_brackets"]
     with pytest.raises(ConfigError, match=r"^arms='lstm' is not valid \(choose from: softmax, mlstm, mamba, mamba_neg"):
@@ -25,7 +25,8 @@ def test_the_paper_scale_runs_every_arm_at_the_papers_lengths_and_a_wrong_settin
     with pytest.raises(ConfigError, match=r"^train_min=3, train_len=64, test_min=40, test_max=256 must rise"):
         settings_for(papers, ["train_len=64"], quick=False)
     with pytest.raises(ConfigError, match=r"^tasks='modular_arithmetic' is not valid \(choose from: parity, "
-                                          r"modular_arithmetic_without_brackets, modular_arithmetic_with_brackets\)$"):
+                                          r"modular_arithmetic_without_brackets, modular_arithmetic_with_brackets, "
+                                          r"S3, S5\)$"):
         settings_for(papers, ["tasks=[modular_arithmetic]"], quick=False)
 
 
@@ -33,7 +34,7 @@ def test_every_arm_and_every_column_is_a_config_the_trainer_accepts():
     from lmzoo.experiments.runs import run_config
 
     paper = at_scale(settings_for(papers, ["scale=paper"], quick=False), papers.SCALES)
-    pairs = [(arm, "parity") for arm in paper.arms] + [("softmax", task) for task in list(papers.TASKS)[1:]]
+    pairs = [(arm, "parity") for arm in paper.arms] + [("softmax", task) for task in list(papers.TASKS)[1:3]]
     for arm, task in pairs:
         cfg = run_config(papers.ARMS[arm][0], "unused", 0, 10, papers.train_overrides(arm, task, paper))
         assert (cfg.attn.name, cfg.data.source, cfg.data.seq_len, cfg.model.d_model) == (
@@ -45,7 +46,7 @@ def test_every_arm_and_every_column_is_a_config_the_trainer_accepts():
 def test_the_arms_that_are_rows_of_table_3_find_their_cells_in_every_column():
     settings = settings_for(papers, ["arms=[softmax,mlstm,mamba,mamba_neg,deltanet,deltanet_neg,rwkv7]"], quick=False)
     printed = {task: {arm: n.printed for arm, n in papers.published_rows(settings, task).items()}
-               for task in papers.TASKS}
+               for task, column in papers.TASKS.items() if column.printed == papers.GRAZZI_TABLE_3}
     assert printed == {  # rwkv7: no row
         "parity": {"softmax": "0.022", "mlstm": "0.087", "mamba": "0.000", "mamba_neg": "1.000", "deltanet": "0.017",
                    "deltanet_neg": "1.000"},
@@ -53,6 +54,26 @@ def test_the_arms_that_are_rows_of_table_3_find_their_cells_in_every_column():
                                                 "mamba_neg": "0.241", "deltanet": "0.314", "deltanet_neg": "0.971"},
         "modular_arithmetic_with_brackets": {"softmax": "0.067", "mlstm": "0.114", "mamba": "0.123",
                                              "mamba_neg": "0.116", "deltanet": "0.194", "deltanet_neg": "0.260"}}
+
+
+def test_the_word_problems_run_at_the_readmes_protocol_and_its_rows_find_their_stated_separations():
+    from lmzoo.experiments.runs import run_config
+
+    groups = at_scale(settings_for(papers, ["scale=word_problems_paper"], quick=False), papers.SCALES)
+    assert groups.tasks == ["S3", "S5"] and groups.arms == papers.WORD_PROBLEM_ARMS
+    assert (groups.train_min, groups.train_len, groups.test_min, groups.test_max, groups.n_layers) == (1, 128, 128,
+                                                                                                        512, 1)
+    assert groups.steps == 4883 and "train.batch_size=2048" in groups.overrides  # 100 epochs of 100,000 / 2048
+    says = {arm: n.says for arm, n in papers.published_rows(groups, "S3").items()}
+    assert says == {"deltanet_neg": "fails", "deltaproduct_nh2_neg": "solves", "deltaproduct_nh1": "fails",
+                    "deltaproduct_nh2": "fails"}  # the README's four configurations; the other arms: no row
+    assert papers.published_rows(groups, "S5") == {}  # the papers' S5 results are figures: nothing typed
+    cfg = run_config("deltaproduct", "unused", 0, 10, papers.train_overrides("deltaproduct_nh2", "S5", groups))
+    assert (cfg.data.source, cfg.data.degree, cfg.data.task_vocab, cfg.data.seq_len) == ("permutation", 5, 120, 128)
+    assert (cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model) == (1, 8, 128)
+    assert (cfg.attn.householder_steps, cfg.attn.negative_eigenvalues, cfg.attn.gate) == (2, False, "none")
+    cpu = at_scale(settings_for(papers, ["scale=word_problems"], quick=False), papers.SCALES)
+    assert (cpu.tasks, cpu.train_len, cpu.test_max, cpu.n_layers) == (["S3", "S5"], 128, 512, 1)
 
 
 def test_scores_are_scaled_accuracy_over_the_answers_in_the_papers_ranges():
@@ -150,3 +171,30 @@ def test_quick_run_trains_scores_and_plots_one_arm_on_the_one_answer_column(tmp_
         "reproduced", "partly", "not reproduced", "inconclusive")
     assert record["figures"] == ["scaled_accuracy_modular_arithmetic_with_brackets.png"]
     assert (tmp_path / "state_tracking_papers" / record["figures"][0]).stat().st_size > 0
+
+
+S3_AS_STATED = {  # accuracy per seed; chance 1/6. One step: the sign alone (a third right, 0.2 scaled)
+    "S3": {"softmax": [0.3, 0.28, 0.3], "deltanet_neg": [0.34, 0.33, 0.33], "deltaproduct_nh2_neg": [1.0, 0.99, 1.0],
+           "deltaproduct_nh1": [0.2, 0.18, 0.19], "deltaproduct_nh2": [0.25, 0.22, 0.2]},
+    "S5": {"deltaproduct_nh2_neg": [0.3, 0.2, 0.25], "softmax": [0.01, 0.01, 0.01]},
+}
+
+
+def test_the_judge_gives_the_stated_s3_separation_its_verdict_and_reports_s5_unjudged():
+    record, settings = evidence(S3_AS_STATED)
+    verdict = judged(papers, record, settings, quick=False)
+    assert verdict["verdict"] == "reproduced", verdict["reason"]
+    assert record["verdicts"]["S3"]["verdict"] == "reproduced" and record["verdicts"]["S5"]["verdict"] is None
+    assert record["columns"]["S3"]["agreement"] is None  # words: no ranking
+    names = [c["name"] for c in verdict["checks"]]
+    assert not any(name.startswith("S5") for name in names)  # reported beside, not judged
+    step = next(c for c in verdict["checks"] if c["name"].startswith("S3, deltanet_neg "))
+    assert "says fails" in step["name"] and step["must"] == "< 0.5"
+    assert next(c for c in verdict["checks"] if c["name"].startswith("S3, deltaproduct_nh2_neg "))["must"] == "> 0.9"
+    swapped = {"S3": {**S3_AS_STATED["S3"], "deltaproduct_nh2_neg": [0.3, 0.3, 0.31], "deltaproduct_nh2": [1.0] * 3}}
+    record, settings = evidence(swapped)
+    verdict = judged(papers, record, settings, quick=False)
+    failed = [c["name"].split(" (")[0] for c in verdict["checks"] if c["passed"] is False]
+    assert failed == ["S3, deltaproduct_nh2_neg", "S3, deltaproduct_nh2"] and verdict["verdict"] == "partly"
+    record, settings = evidence({"S3": {arm: [1.0] * 3 for arm in S3_AS_STATED["S3"]}})  # every step count solves
+    assert judged(papers, record, settings, quick=False)["verdict"] == "not reproduced"  # 1 of 4 as stated
