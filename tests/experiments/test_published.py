@@ -116,7 +116,9 @@ def test_every_committed_override_resolves_to_a_config():
     from lmzoo.cli import compose_and_validate
 
     overridden = {(n.variant, n.overrides) for y in published.yardsticks() for n in load(y) if n.overrides}
-    assert overridden  # DeltaNet [-1, 1] at least
+    overridden |= {(s.variant, s.overrides) for name in published.separation_files()
+                   for s in published.load_separations(name) if s.overrides}
+    assert len(overridden) > 1  # DeltaNet [-1, 1] and the DeltaProduct README's rows at least
     for variant, overrides in overridden:
         cfg = compose_and_validate([f"+attn={variant}", *overrides])
         for override in overrides:
