@@ -38,11 +38,12 @@ The verdict is over every column's checks; each column's own verdict is in the e
 Scales (``scale=``): ``cpu`` (the defaults), a 2-core CPU's run; ``paper``, the protocol at the paper's lengths with
 every arm, three seeds and longer training (docs/yardsticks.md: what differs from the paper and why).
 
-The group word problems (``scale=word_problems``, a CPU's; ``word_problems_paper``, the source's budget): columns
-``S3`` and ``S5`` (``data=permutation``, every position labelled with the running product, chance 1 / |G|) at the
-protocol of the DeltaProduct authors' README: one layer, trained on 128 elements, scored on positions 128 to 512.
-Their published results are figures, so no number is typed; what is typed are separations the sources state in
-words (``docs/claims/published/separations/word_problems.yaml``): on S3 the README's four configurations
+The group word problems (``scale=word_problems``, a CPU's, S3 alone; ``word_problems_paper``, the README's budget,
+S3 and S5): columns ``S3`` and ``S5`` (``data=permutation``, every position labelled with the running product,
+chance 1 / |G|; runs under ``runs/permutation_s3`` and ``runs/permutation_s5``) at the protocol of the DeltaProduct
+authors' README: one layer, trained on 128 elements, scored on positions 128 to 512. Their published results are
+figures, so no number is typed; what is typed are separations the sources state in words
+(``docs/claims/published/separations/word_problems.yaml``): on S3 the README's four configurations
 (DeltaProduct_2[-1, 1] trains, DeltaProduct_1[-1, 1], DeltaProduct_1[0, 1] and DeltaProduct_2[0, 1] do not: arms
 ``deltaproduct_nh2_neg``, ``deltanet_neg``, ``deltaproduct_nh1``, ``deltaproduct_nh2``), on S5 Merrill et al.'s
 statement that transformers and Mamba cannot express permutation composition (``softmax``, ``mamba``). A stated
