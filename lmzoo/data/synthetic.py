@@ -11,7 +11,8 @@ a fixed set, the split's first N examples, in a new order every epoch (``EpochOr
 
 - ``mqar`` (multi-query associative recall): ``num_pairs`` key-value pairs, then ``num_queries``
   keys drawn from them, each followed by its value (scored). Keys and values use disjoint halves
-  of the ``task_vocab`` symbols; unused positions at the start are PAD. With ``query_placement=power_law``
+  of the ``task_vocab`` symbols (values drawn with replacement, or with ``distinct_values`` distinct within an
+  example, as zoology draws them); unused positions at the start are PAD. With ``query_placement=power_law``
   (zoology's layout) the pairs open the sequence and each query takes a two-token slot of the rest, the slots
   drawn without replacement with probability proportional to ``d ** (power_a - 1)`` at distance d (slot d - 1)
   from the pairs, the slots no query takes PAD.
@@ -165,6 +166,9 @@ class MqarConfig(TaskConfig):
     # power law, near slots likelier (Arora et al. 2023: the gap between repeats in text follows a power law)
     query_placement: str = added_setting("packed")
     power_a: float = added_setting(0.01)  # the power law's exponent is power_a - 1 (zoology's 0.01: nearly 1 / d)
+    # The values of one example: drawn with replacement (lmzoo's), or distinct, no two keys sharing a value, as
+    # zoology's generator draws them (Arora et al. 2023: values, like keys, without replacement)
+    distinct_values: bool = added_setting(False)
 
     def check(self) -> None:
         super().check()
@@ -173,9 +177,9 @@ class MqarConfig(TaskConfig):
             positive("data.num_queries", self.num_queries)
         one_of("data.query_placement", self.query_placement, QUERY_PLACEMENTS)
         positive("data.power_a", self.power_a)
-        if self.num_pairs > self.task_vocab // 2:  # keys are distinct symbols from the first half
-            raise ConfigError(f"data.num_pairs={self.num_pairs} distinct keys need "
-                              f"data.task_vocab >= {2 * self.num_pairs}")
+        if self.num_pairs > self.task_vocab // 2:  # keys are distinct symbols of the first half, values of the second
+            drawn = "distinct keys and values (data.distinct_values=true)" if self.distinct_values else "distinct keys"
+            raise ConfigError(f"data.num_pairs={self.num_pairs} {drawn} need data.task_vocab >= {2 * self.num_pairs}")
 
     def sequences(self, draws, length: int, tok: TaskTokenizer) -> tuple[np.ndarray, np.ndarray]:
         half = self.task_vocab // 2
@@ -188,7 +192,10 @@ class MqarConfig(TaskConfig):
                 f"data.seq_len + 1 = {length}"
             )
         keys = draws.choice(half, n_pairs)
-        values = draws.integers(half, 2 * half, n_pairs)
+        if self.distinct_values:
+            values = half + draws.choice(half, n_pairs)
+        else:
+            values = draws.integers(half, 2 * half, n_pairs)
         # Generator.choice with replacement draws integers(0, n_pairs)
         asked = draws.integers(0, n_pairs, n_queries) if n_queries > n_pairs else draws.choice(n_pairs, n_queries)
         pairs = np.stack([keys, values], 2)

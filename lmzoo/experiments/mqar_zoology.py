@@ -16,9 +16,10 @@ zoology's grid (widths 64-512, lengths 64-512 with 4-64 pairs, vocabulary 8,192,
 (docs/yardsticks.md). A scale sets the settings left at their defaults; ``key=value`` still wins.
 
 The task is lmzoo's MQAR with zoology's query placement (``data.query_placement=power_law``, ``power_a`` 0.01: the
-queries in slots after the pairs drawn by a power law of their distance, as zoology's generator places them).
-What differs from zoology's protocol (docs/yardsticks.md): each query followed by its value and PAD between the
-slots (zoology: a zero after each query and between them), values drawn with replacement (zoology: distinct);
+queries in slots after the pairs drawn by a power law of their distance, as zoology's generator places them) and
+its values (``data.distinct_values=true``: the values of one example distinct, as zoology draws them), at both
+scales. What differs from zoology's protocol (docs/yardsticks.md): each query followed by its value and PAD between
+the slots (zoology: a zero after each query and between them);
 fresh examples every step rather than one training set of 100,000 read 64 times; lmzoo's blocks (mixer + SwiGLU
 MLP; zoology's Figure 2 has no MLP); the rate chosen on validation and reported on a test split rather than the best
 test accuracy over rates; lmzoo's mixers for zoology's (``linear`` for Based, ``rwkv6`` for RWKV-4's time mixer).
@@ -121,10 +122,10 @@ def run_name(variant: str, seq_len: int, pairs: int, width: int, lr: float, seed
 
 def train_overrides(variant: str, seq_len: int, pairs: int, width: int, batch_size: int,
                     settings: Settings) -> list[str]:
-    """``data=mqar`` at the setting with zoology's query placement, the model at ``width``, zoology's depth and
-    heads."""
+    """``data=mqar`` at the setting with zoology's query placement and distinct values, the model at ``width``,
+    zoology's depth and heads."""
     return ["data=mqar", f"data.seq_len={seq_len}", f"data.num_pairs={pairs}", f"data.task_vocab={settings.vocab}",
-            "data.query_placement=power_law", f"data.power_a={ZOOLOGY_POWER_A}",
+            "data.query_placement=power_law", f"data.power_a={ZOOLOGY_POWER_A}", "data.distinct_values=true",
             f"model.d_model={width}", f"model.n_layers={settings.layers.get(variant, settings.n_layers)}",
             f"model.n_heads={settings.n_heads}", f"train.batch_size={batch_size}", *settings.overrides]
 

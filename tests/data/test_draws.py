@@ -58,6 +58,7 @@ def test_entropy_wider_than_a_word_is_left_to_a_generator():
     ("selective_copy", {"seq_len": 10_300, "num_marked": 250}),  # a choice numpy makes by a whole shuffle
     ("mqar", {"seq_len": 48, "num_pairs": 5, "num_queries": 7}),
     ("mqar", {"seq_len": 48, "num_pairs": 5, "num_queries": 7, "query_placement": "power_law"}),
+    ("mqar", {"seq_len": 48, "num_pairs": 5, "query_placement": "power_law", "distinct_values": True}),
     ("permutation", {"seq_len": 33, "degree": 4, "task_vocab": 24}),
 ])
 def test_a_batch_is_its_examples_made_one_by_one(source, settings):

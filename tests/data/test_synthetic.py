@@ -196,6 +196,29 @@ def test_mqar_packed_placement_is_the_default_and_leaves_the_data_as_before():
         registry.SOURCES.lookup("mqar")(query_placement="spread").check()
 
 
+def test_mqar_distinct_values_differ_within_every_example_and_leave_the_default_as_before():
+    from lmzoo.config import ConfigError
+
+    # 7 pairs of 8 value symbols: with replacement most examples repeat a value, so the test can fail
+    settings = {"seq_len": 40, "task_vocab": 16, "num_pairs": 7}
+    for placement in ("packed", "power_law"):
+        distinct = task_data("mqar", query_placement=placement, distinct_values=True, **settings)
+        batch = next(distinct.train_iterator(64))
+        for inputs, targets, weights in zip(batch["inputs"], batch["targets"], batch["weights"]):
+            body = np.append(inputs, targets[-1])
+            body = body[body != distinct.tokenizer.pad_id][:14]  # the pairs
+            keys, values = body[0::2], body[1::2]
+            assert len(set(values)) == 7 and all(8 <= v < 16 for v in values) and all(k < 8 for k in keys)
+            pairs = dict(zip(keys, values))
+            assert [pairs[k] for k in inputs[weights == 1]] == list(targets[weights == 1])  # answers still recalled
+    repeated = next(task_data("mqar", **settings).train_iterator(64))["inputs"]
+    assert np.mean([len(set(row[row != 16][1:14:2])) < 7 for row in repeated]) > 0.5  # the default repeats values
+    assert distinct.fingerprint["distinct_values"] is True and "distinct_values" not in task_data("mqar").fingerprint
+    with pytest.raises(ConfigError, match=r"^data.num_pairs=9 distinct keys and values \(data.distinct_values=true\) "
+                                          r"need data.task_vocab >= 18$"):
+        registry.SOURCES.lookup("mqar")(task_vocab=17, num_pairs=9, distinct_values=True).check()
+
+
 def test_a_fixed_training_set_is_read_whole_each_epoch_in_a_new_order():
     data = task_data("mqar", seed=4, seq_len=16, num_pairs=2, train_examples=12)
     iterator = data.train_iterator(4)  # three batches an epoch

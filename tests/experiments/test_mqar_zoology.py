@@ -34,7 +34,7 @@ def test_every_full_scale_variant_accepts_zoologys_model_at_the_widest_setting()
         cfg = run_config(variant, "unused", 0, zoology.steps_for(full, 128),
                          [f"optim.lr={full.lrs[0]}", *zoology.train_overrides(variant, 512, 64, 512, 128, full)])
         assert (cfg.model.d_model, cfg.model.n_heads, cfg.data.task_vocab, cfg.train.steps) == (512, 1, 8192, 50_000)
-        assert (cfg.data.query_placement, cfg.data.power_a) == ("power_law", 0.01)
+        assert (cfg.data.query_placement, cfg.data.power_a, cfg.data.distinct_values) == ("power_law", 0.01, True)
 
 
 def test_overrides_give_each_variant_zoologys_depth_and_the_settings_task():
@@ -42,7 +42,7 @@ def test_overrides_give_each_variant_zoologys_depth_and_the_settings_task():
     softmax = zoology.train_overrides("softmax", 64, 8, 32, 32, settings)
     assert {"data=mqar", "data.seq_len=64", "data.num_pairs=8", "data.task_vocab=64", "model.d_model=32",
             "model.n_layers=2", "model.n_heads=1", "train.batch_size=32", "data.query_placement=power_law",
-            "data.power_a=0.01"} <= set(softmax)
+            "data.power_a=0.01", "data.distinct_values=true"} <= set(softmax)
     assert "model.n_layers=4" in zoology.train_overrides("mamba", 64, 8, 32, 32, settings)
 
 
