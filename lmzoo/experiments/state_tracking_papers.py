@@ -36,7 +36,9 @@ Pre-registered rule (``judge``), per column:
 The verdict is over every column's checks; each column's own verdict is in the evidence (``verdicts``).
 
 Scales (``scale=``): ``cpu`` (the defaults), a 2-core CPU's run; ``paper``, the protocol at the paper's lengths with
-every arm, three seeds and longer training (docs/yardsticks.md: what differs from the paper and why).
+every arm, three seeds and the model and budget of the authors' released configurations (``SCALES``: each column's
+steps, warm-up and weight decay, ``column_steps``, ``column_overrides`` and ``arm_overrides``; docs/yardsticks.md:
+what differs from the paper and why).
 
 The group word problems (``scale=word_problems``, a CPU's, S3 alone; ``word_problems_paper``, the README's budget,
 S3 and S5): columns ``S3`` and ``S5`` (``data=permutation``, every position labelled with the running product,
@@ -56,7 +58,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, NamedTuple
+from typing import Dict, List, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -71,7 +73,7 @@ from lmzoo.experiments.published import Published, Separation, column, load, loa
 from lmzoo.experiments.runs import train_runs
 from lmzoo.plots import error_bars, plt, save_axes, series_style
 from lmzoo.record.opening import open_trained
-from lmzoo.schema import one_of
+from lmzoo.schema import one_of, positive
 from lmzoo.stats.bootstrap import ratio_of_sums
 
 CLAIM = ("At Grazzi et al.'s formal-language protocol (trained on lengths up to 40, scored on 40 to 256) the models "
@@ -158,6 +160,11 @@ class Settings:
     n_layers: int = 2
     steps: int = 1000
     lr: float = 3e-3
+    # Where a source's budget differs by column or by arm (scale=paper): a column's own steps (the others train
+    # ``steps``), its trainer settings after ``overrides``, and one arm's settings on one column after those
+    column_steps: Dict[str, int] = field(default_factory=dict)  # column -> its training steps
+    column_overrides: Dict[str, List[str]] = field(default_factory=dict)  # column -> [key=value ...]
+    arm_overrides: Dict[str, Dict[str, List[str]]] = field(default_factory=dict)  # arm -> column -> [key=value ...]
     seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
     eval_examples: int = 128  # validation sequences of test_max tokens, the same for every run
     solved: float = 0.9  # scaled accuracy
@@ -174,6 +181,15 @@ class Settings:
             one_of("tasks", task, tuple(TASKS))
         for arm in self.arms:
             one_of("arms", arm, tuple(ARMS))
+        for task, steps in self.column_steps.items():
+            one_of("column_steps", task, tuple(TASKS))
+            positive(f"column_steps.{task}", steps)
+        for task in self.column_overrides:
+            one_of("column_overrides", task, tuple(TASKS))
+        for arm, by_column in self.arm_overrides.items():
+            one_of("arm_overrides", arm, tuple(ARMS))
+            for task in by_column:
+                one_of(f"arm_overrides.{arm}", task, tuple(TASKS))
 
 
 QUICK = {"arms": ["deltanet_neg"], "tasks": ["modular_arithmetic_with_brackets"], "seeds": [0],
@@ -184,12 +200,30 @@ QUICK = {"arms": ["deltanet_neg"], "tasks": ["modular_arithmetic_with_brackets"]
 # The word problems at the DeltaProduct README's protocol: one layer, trained on 128 elements, tested to 512
 WORD_PROBLEMS = {"tasks": ["S3", "S5"], "train_min": 1, "train_len": 128, "test_min": 128, "test_max": 512,
                  "n_layers": 1}
+# Table 3's runs as Grazzi et al. released them: the configurations their README runs per row (the authors'
+# repository, unlocking_state_tracking, commit 68f8e5f, xlstm/experiments/{parity,mod_arithmetic,
+# mod_arithmetic_with_brackets}_{mamba,mamba_2,delta_net,delta_net_2,xlstm10}.yaml, and experiments/main.py), the
+# model size and budget of the formal-language setup of Beck et al. (2024) they follow. Every row: 2 layers of width
+# 128 (DeltaNet and mLSTM with 4 heads), batch 256, torch's AdamW (betas 0.9, 0.999) at 1e-3, a linear warm-up, then
+# cosine decay to 1e-3 of the peak at the last step, no gradient clipping. Parity: 20,000 steps, warm-up 2,000, no
+# weight decay (mLSTM: no warm-up, weight decay 0.1); modular arithmetic, both columns: 100,000 steps, warm-up 10,000,
+# weight decay 0.1. The paper's text was not read: these are the released files' values (docs/yardsticks.md).
+PAPER_MODULAR_STEPS = 100_000
+PAPER_PARITY = ["optim.warmup_steps=2000", "optim.weight_decay=0.0"]
+PAPER_MODULAR = ["optim.warmup_steps=10000", "optim.weight_decay=0.1"]
+PAPER_MLSTM_PARITY = ["optim.warmup_steps=0", "optim.weight_decay=0.1"]  # parity_xlstm10.yaml
 SCALES = {
     "cpu": {},
-    "paper": {  # Grazzi et al.'s rows and lmzoo's other state-tracking arms, three seeds, longer training
+    "paper": {  # Grazzi et al.'s rows and lmzoo's other state-tracking arms at the released budget, three seeds
         "arms": TABLE_3_ARMS,
         "d_model": 128, "n_layers": 2, "steps": 20000, "lr": 1e-3, "eval_examples": 1024,
-        "overrides": ["train.batch_size=256", "train.eval_every=100000", "train.probe_batch=0", "train.log_every=500",
+        "column_steps": {"modular_arithmetic_without_brackets": PAPER_MODULAR_STEPS,
+                         "modular_arithmetic_with_brackets": PAPER_MODULAR_STEPS},
+        "column_overrides": {"parity": PAPER_PARITY, "modular_arithmetic_without_brackets": PAPER_MODULAR,
+                             "modular_arithmetic_with_brackets": PAPER_MODULAR},
+        "arm_overrides": {"mlstm": {"parity": PAPER_MLSTM_PARITY}},
+        "overrides": ["train.batch_size=256", "model.n_heads=4", "optim.b2=0.999", "optim.min_lr_ratio=0.001",
+                      "train.eval_every=100000", "train.probe_batch=0", "train.log_every=500",
                       "train.checkpoint_every=5000"],
     },
     "word_problems": {  # a 2-core CPU's: S3 alone (S5's 120 classes need the paper's budget), every arm, width 32
@@ -251,16 +285,23 @@ def positions(evaluated: tuple[np.ndarray, np.ndarray], first: int, last: int) -
 
 
 def train_overrides(arm: str, task: str, settings: Settings) -> list[str]:
-    """The task at the training length, the model, and the arm's own ``attn.*`` settings."""
+    """The task at the training length, the model, the arm's own ``attn.*`` settings, then the trainer's: every
+    run's, the column's own and this arm's on this column (the later wins)."""
     return [f"data={TASKS[task].data}", *TASKS[task].data_overrides, f"data.seq_len={settings.train_len}",
             f"model.d_model={settings.d_model}", f"model.n_layers={settings.n_layers}", f"optim.lr={settings.lr}",
-            *ARMS[arm][1:], *settings.overrides]
+            *ARMS[arm][1:], *settings.overrides, *settings.column_overrides.get(task, []),
+            *settings.arm_overrides.get(arm, {}).get(task, [])]
+
+
+def steps_for(task: str, settings: Settings) -> int:
+    """Training steps of a run on column ``task``: the column's own where it has them."""
+    return settings.column_steps.get(task, settings.steps)
 
 
 def train_arm(arm: str, task: str, settings: Settings, runs_dir: Path) -> dict[int, Path]:
     folder = TASKS[task].folder or TASKS[task].data
     run_dirs = {seed: runs_dir / folder / f"{arm}-s{seed}" for seed in settings.seeds}
-    train_runs(ARMS[arm][0], run_dirs, steps=settings.steps, overrides=train_overrides(arm, task, settings))
+    train_runs(ARMS[arm][0], run_dirs, steps=steps_for(task, settings), overrides=train_overrides(arm, task, settings))
     return run_dirs
 
 
@@ -308,7 +349,7 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
         columns[task], task_runs = run_column(task, settings, out_dir)
         runs += task_runs
     evidence = {"metric": "scaled accuracy", "test_lengths": [settings.test_min, settings.test_max],
-                "train_len": settings.train_len,
+                "train_len": settings.train_len, "steps": {task: steps_for(task, settings) for task in settings.tasks},
                 "arms": {arm: {"variant": ARMS[arm][0], "overrides": ARMS[arm][1:]} for arm in settings.arms},
                 "columns": columns}
     evidence["verdicts"] = column_verdicts(evidence, settings)

@@ -43,6 +43,30 @@ def test_every_arm_and_every_column_is_a_config_the_trainer_accepts():
     assert (cfg.attn.householder_steps, cfg.attn.negative_eigenvalues, cfg.attn.gate) == (1, True, "none")
 
 
+def test_the_paper_scale_trains_each_column_at_the_authors_released_budget():
+    from lmzoo.experiments.runs import run_config
+
+    paper = at_scale(settings_for(papers, ["scale=paper"], quick=False), papers.SCALES)
+    budget = {}  # column -> (steps, warm-up, weight decay) of mamba's runs, as the released configs give them
+    for task in papers.TABLE_3:
+        steps = papers.steps_for(task, paper)
+        cfg = run_config("mamba", "unused", 0, steps, papers.train_overrides("mamba", task, paper))
+        budget[task] = (cfg.train.steps, cfg.optim.warmup_steps, cfg.optim.weight_decay)
+        assert (cfg.train.batch_size, cfg.optim.lr, cfg.optim.b2, cfg.optim.min_lr_ratio) == (256, 1e-3, 0.999, 1e-3)
+        assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads) == (128, 2, 4)
+    assert budget == {"parity": (20_000, 2000, 0.0), "modular_arithmetic_without_brackets": (100_000, 10_000, 0.1),
+                      "modular_arithmetic_with_brackets": (100_000, 10_000, 0.1)}
+    mlstm = run_config("mlstm", "unused", 0, 20_000, papers.train_overrides("mlstm", "parity", paper))
+    assert (mlstm.optim.warmup_steps, mlstm.optim.weight_decay) == (0, 0.1)  # its own parity configuration
+    cpu = settings_for(papers, [], quick=False)
+    assert [papers.steps_for(task, cpu) for task in papers.TABLE_3] == [1000] * 3  # the CPU scale: one budget
+    assert papers.train_overrides("mamba", "parity", cpu)[-len(cpu.overrides):] == cpu.overrides
+    with pytest.raises(ConfigError, match=r"^column_steps='S7' is not valid \(choose from: parity, "):
+        settings_for(papers, ["column_steps={S7: 10}"], quick=False)
+    with pytest.raises(ConfigError, match=r"^arm_overrides.mlstm='party' is not valid \(choose from: parity, "):
+        settings_for(papers, ["arm_overrides={mlstm: {party: [optim.warmup_steps=0]}}"], quick=False)
+
+
 def test_the_arms_that_are_rows_of_table_3_find_their_cells_in_every_column():
     settings = settings_for(papers, ["arms=[softmax,mlstm,mamba,mamba_neg,deltanet,deltanet_neg,rwkv7]"], quick=False)
     printed = {task: {arm: n.printed for arm, n in papers.published_rows(settings, task).items()}
