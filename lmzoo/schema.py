@@ -115,7 +115,7 @@ class OptimConfig:
     b1: float = 0.9  # Adam's first-moment decay
     b2: float = 0.95  # Adam's second-moment decay
     eps: float = 1e-8  # Adam's denominator floor
-    grad_clip: float = 1.0  # the global gradient norm is clipped to this
+    grad_clip: Optional[float] = 1.0  # the global gradient norm is clipped to this; null: not clipped
     muon_lr: float = 0.02  # muon: the hidden matrices' peak learning rate (same schedule)
     muon_momentum: float = 0.95  # muon: Nesterov momentum
     muon_ns_steps: int = 5  # muon: Newton-Schulz iterations
@@ -127,8 +127,10 @@ class OptimConfig:
         one_of("optim.name", self.name, OPTIMIZERS)
         one_of("optim.schedule", self.schedule, SCHEDULES)
         one_of("optim.decay_shape", self.decay_shape, DECAY_SHAPES)
-        for key in ("lr", "grad_clip", "muon_lr", "muon_ns_steps"):
+        for key in ("lr", "muon_lr", "muon_ns_steps"):
             positive(f"optim.{key}", getattr(self, key))
+        if self.grad_clip is not None:
+            positive("optim.grad_clip", self.grad_clip)
         for key in ("warmup_steps", "weight_decay", "muon_weight_decay"):
             positive(f"optim.{key}", getattr(self, key), allow_zero=True)
         for key in ("min_lr_ratio", "decay_fraction", "muon_momentum"):

@@ -223,7 +223,7 @@ SCALES = {
                              "modular_arithmetic_with_brackets": PAPER_MODULAR},
         "arm_overrides": {"mlstm": {"parity": PAPER_MLSTM_PARITY}},
         "overrides": ["train.batch_size=256", "model.n_heads=4", "optim.b2=0.999", "optim.min_lr_ratio=0.001",
-                      "train.eval_every=100000", "train.probe_batch=0", "train.log_every=500",
+                      "optim.grad_clip=null", "train.eval_every=100000", "train.probe_batch=0", "train.log_every=500",
                       "train.checkpoint_every=5000"],
     },
     "word_problems": {  # a 2-core CPU's: S3 alone (S5's 120 classes need the paper's budget), every arm, width 32

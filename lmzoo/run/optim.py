@@ -1,6 +1,6 @@
 """The optimizer and its learning-rate schedule (``optim=adamw|muon``, ``optim.schedule=...``).
 
-Every update first clips the global gradient norm to ``optim.grad_clip``. Then
+Every update first clips the global gradient norm to ``optim.grad_clip`` (null: not clipped). Then
 
 * ``adamw``: AdamW on every parameter; weight decay on matrices only (norm scales and biases are
   vectors and are left alone).
@@ -185,7 +185,7 @@ def muon(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
-    clip = optax.clip_by_global_norm(cfg.grad_clip)
+    clip = optax.identity() if cfg.grad_clip is None else optax.clip_by_global_norm(cfg.grad_clip)
     if cfg.name == "adamw":
         return optax.chain(clip, adamw(cfg, total_steps))
     return optax.chain(clip, optax.multi_transform(

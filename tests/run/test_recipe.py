@@ -87,6 +87,22 @@ def test_the_adamw_half_of_muon_is_adamw():
         assert same == (label == "adamw"), path
 
 
+
+def test_a_null_grad_clip_leaves_the_gradient_unclipped():
+    """With a gradient of global norm 100, clipping to 1 and not clipping give SGD-like first steps 100x apart under
+    a constant rate and no Adam scaling (b1 = b2 = 0 with eps large makes Adam's update proportional to g); a
+    non-positive clip is still refused in one line."""
+    params = {"w": jnp.zeros((4, 25))}
+    grads = {"w": jnp.full((4, 25), 10.0)}  # global norm 100
+    def first_step(clip):
+        cfg = OptimConfig(grad_clip=clip, schedule="constant", warmup_steps=0, b1=0.0, b2=0.0, eps=1e6,
+                          weight_decay=0.0)
+        tx = make_optimizer(cfg, 10)
+        return np.asarray(jax.jit(tx.update)(grads, tx.init(params), params)[0]["w"])
+    np.testing.assert_allclose(first_step(None), 100 * first_step(1.0), rtol=1e-5)
+    with pytest.raises(ConfigError, match="optim.grad_clip"):
+        OptimConfig(grad_clip=0.0).check(10)
+
 SHARDED_SNIPPET = """
 import json
 import jax, numpy as np
