@@ -86,13 +86,14 @@ def settings_for(module: ModuleType, overrides: list[str], *, quick: bool):
     return parse_settings(module.Settings, list(overrides), "experiments", defaults=quick_values).settings
 
 
-def at_scale(settings, scales: dict):
-    """``settings`` with the values of its scale (``scales[settings.scale]``: a named grid, such as a GPU's) in
-    place of the settings left at their defaults; a ``key=value`` given on the command line still wins."""
-    one_of("scale", settings.scale, tuple(scales))
+def at_scale(settings, scales: dict, *, by: str = "scale"):
+    """``settings`` with the values of its scale (``scales[settings.scale]``: a named grid, such as a GPU's; or of
+    the setting named ``by``, such as a protocol) in place of the settings left at their defaults; a ``key=value``
+    given on the command line still wins."""
+    name = getattr(settings, by)
+    one_of(by, name, tuple(scales))
     defaults = type(settings)()
-    chosen = {key: value for key, value in scales[settings.scale].items()
-              if getattr(settings, key) == getattr(defaults, key)}
+    chosen = {key: value for key, value in scales[name].items() if getattr(settings, key) == getattr(defaults, key)}
     return dataclasses.replace(settings, **chosen)
 
 

@@ -14,10 +14,15 @@ MAD's scored positions) and fuzzy recall is evaluated on MAD's test split, every
 (``data.eval_keys=largest``). With ``difficulties=all`` a task is trained at each of MAD's difficulty settings
 (``lmzoo.data.mad.PROTOCOL``: its vocabulary sizes, lengths, noise shares, tokens to copy) and scored, per seed, by
 the mean over them of each setting's best grid point, MAD's task score; by default at MAD's baseline setting only.
-What differs from MAD's protocol (docs/yardsticks.md): a stream of fresh examples, not a fixed training set, but at
-the settings that change the training-set size (there a fixed set of that size, ``data.train_examples``, for the
-same steps); compression left out (it needs MAD's encoder-decoder
-head); lmzoo's decoder blocks (mixer + MLP per layer) at ``d_model``, not MAD's width 128.
+How a run trains (``protocol=``): ``steps`` (the default, sized for a CPU) trains ``steps`` batches of
+``batch_size`` on fresh examples, but at the settings that change the training-set size (there a fixed set of that
+size, ``data.train_examples``, for the same steps); ``mad`` trains as MAD does (``lmzoo.data.mad.TRAINING``): every
+task and setting on a fixed set of MAD's size (12,800 examples; memorization 256; the size settings theirs) for
+``epochs`` passes at MAD's batch of 128 (``steps = epochs * examples / batch``, ``mad_steps``), and validates and
+tests on MAD's 1,280 test examples; a protocol sets the settings left at their defaults (``PROTOCOLS``), its runs
+under ``<out_dir>/runs-mad``. What differs from MAD's protocol either way (docs/yardsticks.md): compression left out
+(it needs MAD's encoder-decoder head); lmzoo's decoder blocks (mixer + MLP per layer) at ``d_model``, not MAD's
+width 128; lmzoo's optimizer settings.
 
 Judged (``judge``):
 - positive control: softmax's in-context recall accuracy above ``solved`` = 0.9 (MAD's Transformer: 94.1%);
@@ -28,20 +33,21 @@ Judged (``judge``):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List
 
 import numpy as np
 
-from lmzoo.data.mad import NEXT_TOKEN_TASKS, PROTOCOL
-from lmzoo.experiments import Outcome
+from lmzoo.data.mad import NEXT_TOKEN_TASKS, PROTOCOL, TEST_EXAMPLES, TRAINING
+from lmzoo.experiments import Outcome, at_scale
 from lmzoo.experiments.judging import Check, Measured
 from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import column, load
 from lmzoo.experiments.runs import evaluate_run, train_grid
 from lmzoo.plots import plt, save_axes, series_style
-from lmzoo.schema import one_of
+from lmzoo.schema import one_of, positive
 from lmzoo.stats.trained_models import seed_mean
 
 CLAIM = ("On MAD's tasks lmzoo ranks softmax attention, Mamba, GLA and DeltaNet as MAD's published table does "
@@ -59,7 +65,10 @@ class Settings:
     lrs: List[float] = field(default_factory=lambda: [1e-4, 5e-4, 1e-3])  # MAD's grid
     weight_decays: List[float] = field(default_factory=lambda: [0.0, 0.1])
     seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
-    steps: int = 2000
+    protocol: str = "steps"  # steps | mad: how each run trains (PROTOCOLS; module docstring)
+    steps: int = 2000  # protocol=steps: training steps of every run
+    batch_size: int = 32  # train.batch_size (protocol=mad: MAD's 128)
+    epochs: int = TRAINING["epochs"]  # protocol=mad: passes over each fixed training set
     d_model: int = 64
     n_layers: int = 2
     seq_len: Dict[str, int] = field(default_factory=lambda: {  # data.seq_len: MAD's baseline lengths
@@ -69,21 +78,32 @@ class Settings:
     # (difficulty_settings), the task's score their mean, as MAD scores a task
     difficulties: str = "baseline"
 
+    test_seed_offset: int = 1000
+    eval_examples: int = 128  # validation and test examples of each setting (protocol=mad: MAD's 1,280)
+    solved: float = 0.9
+    overrides: List[str] = field(default_factory=list)  # trainer key=value of every run (protocol=mad: its spacing)
+
     def check(self) -> None:
         one_of("difficulties", self.difficulties, DIFFICULTIES)
-    test_seed_offset: int = 1000
-    eval_examples: int = 128
-    solved: float = 0.9
-    overrides: List[str] = field(default_factory=lambda: ["train.batch_size=32"])
+        one_of("protocol", self.protocol, tuple(PROTOCOLS))
+        for key in ("steps", "batch_size", "epochs", "eval_examples"):
+            positive(key, getattr(self, key))
 
 
 QUICK = {"variants": ["softmax", "gla"], "tasks": ["in_context_recall", "memorization"], "lrs": [1e-3],
-         "weight_decays": [0.0], "seeds": [0], "steps": 8, "d_model": 32,
+         "weight_decays": [0.0], "seeds": [0], "steps": 8, "batch_size": 8, "d_model": 32,
          "seq_len": {"in_context_recall": 31, "memorization": 16}, "eval_examples": 16,
-         "overrides": ["train.batch_size=8", "train.eval_every=8", "train.eval_tokens=256", "train.probe_batch=0"]}
+         "overrides": ["train.eval_every=8", "train.eval_tokens=256", "train.probe_batch=0"]}
+
+PROTOCOLS = {  # protocol=: the values it gives the settings left at their defaults (key=value still wins)
+    "steps": {},
+    "mad": {"batch_size": TRAINING["batch_size"], "eval_examples": TEST_EXAMPLES,
+            # 20,000 steps at MAD's baseline: validate and checkpoint as often as 2,000 steps at the default do
+            "overrides": ["train.eval_every=1000", "train.checkpoint_every=2000", "train.log_every=100"]},
+}
 
 
-SIZED = "num_train_examples"  # MAD's setting of the training-set size: a fixed set (data.train_examples) where changed
+SIZED = "num_train_examples"  # MAD's training-set size: a fixed set (data.train_examples) where changed or protocol=mad
 TASK_KEYS = ("noise_vocab_size", "frac_noise", "k_motif_size", "v_motif_size", "num_tokens_to_copy")  # data.<key>
 
 
@@ -106,13 +126,34 @@ def data_length(task: str, setting: dict, settings: Settings) -> int:
     return setting["seq_len"] - (task in NEXT_TOKEN_TASKS)
 
 
+def with_protocol(settings: Settings) -> Settings:
+    """``settings`` with its protocol's values (``PROTOCOLS``) in place of the settings left at their defaults."""
+    return at_scale(settings, PROTOCOLS, by="protocol")
+
+
+def fixed_set(task: str, setting: dict, settings: Settings) -> bool:
+    """Whether runs at ``setting`` train on a fixed set of MAD's size: every one under ``protocol=mad``; under
+    ``steps`` only where the setting changes that size (elsewhere lmzoo's stream has no size to change)."""
+    return settings.protocol == "mad" or setting[SIZED] != PROTOCOL[task].baseline[SIZED]
+
+
+def mad_steps(setting: dict, settings: Settings) -> int:
+    """MAD's training at ``setting``: ``epochs`` passes over its ``num_train_examples`` at ``batch_size``. lmzoo's
+    batches are always full and run on across an epoch's end (MAD's last batch of an epoch is short), so the
+    examples read are MAD's, in ``ceil(epochs * examples / batch)`` steps."""
+    return math.ceil(settings.epochs * setting[SIZED] / settings.batch_size)
+
+
+def training_steps(setting: dict, settings: Settings) -> int:
+    return mad_steps(setting, settings) if settings.protocol == "mad" else settings.steps
+
+
 def task_overrides(task: str, settings: Settings, setting: dict | None = None) -> list[str]:
     """``data=mad`` at one of MAD's settings of ``task`` (by default its baseline) at lmzoo's length
-    (``data_length``), trained and evaluated as MAD does (``mads_splits``): on fresh examples, or on a fixed
-    training set of MAD's size where the setting changes that size (lmzoo's stream has no size to change)."""
-    baseline = PROTOCOL[task].baseline
-    setting = baseline if setting is None else setting
-    sized = [f"data.train_examples={setting[SIZED]}"] if setting.get(SIZED) != baseline.get(SIZED) else []
+    (``data_length``), trained and evaluated as MAD does (``mads_splits``): on a fixed training set of MAD's size
+    where ``fixed_set`` says so, else on fresh examples."""
+    setting = PROTOCOL[task].baseline if setting is None else setting
+    sized = [f"data.train_examples={setting[SIZED]}"] if fixed_set(task, setting, settings) else []
     return ["data=mad", f"data.task={task}", f"data.task_vocab={setting['vocab_size']}",
             f"data.seq_len={data_length(task, setting, settings)}",
             *(f"data.{k}={setting[k]}" for k in TASK_KEYS if k in setting), *sized, *mads_splits(task)]
@@ -150,10 +191,8 @@ def setting_score(variant: str, task: str, name: str, setting: dict, settings: S
     for wd in settings.weight_decays:
         grid = {(lr, seed): runs_dir / f"{variant}-{task}{tag}-wd{wd:g}-lr{lr:g}-s{seed}"
                 for lr in settings.lrs for seed in settings.seeds}
-        train_grid(variant, grid, steps=settings.steps,
-                   overrides=[*task_overrides(task, settings, setting), f"model.d_model={settings.d_model}",
-                              f"model.n_layers={settings.n_layers}", f"optim.weight_decay={wd}",
-                              *settings.overrides])
+        train_grid(variant, grid, steps=training_steps(setting, settings),
+                   overrides=run_overrides(task, setting, wd, settings))
         for lr in settings.lrs:
             dirs = [grid[lr, seed] for seed in settings.seeds]
             validation[f"wd{wd:g}-lr{lr:g}"] = float(np.mean([accuracy(d, length, tokens, "mad") for d in dirs]))
@@ -162,12 +201,27 @@ def setting_score(variant: str, task: str, name: str, setting: dict, settings: S
     best = max(validation, key=validation.get)
     test = [accuracy(d, length, tokens, "mad_test", [f"seed={seed + settings.test_seed_offset}"])
             for seed, d in zip(settings.seeds, run_dirs[best])]
-    return {"best": best, "validation": validation, "test": test}
+    return {"best": best, "validation": validation, "test": test, "steps": training_steps(setting, settings),
+            "train_examples": setting[SIZED] if fixed_set(task, setting, settings) else None}
+
+
+def run_overrides(task: str, setting: dict, weight_decay: float, settings: Settings) -> list[str]:
+    """The trainer's settings of one weight decay's runs at ``setting`` (the rates and seeds come with the grid)."""
+    return [*task_overrides(task, settings, setting), f"model.d_model={settings.d_model}",
+            f"model.n_layers={settings.n_layers}", f"optim.weight_decay={weight_decay}",
+            f"train.batch_size={settings.batch_size}", *settings.overrides]
+
+
+def runs_folder(settings: Settings) -> str:
+    """Where the runs live: ``runs`` (protocol=steps, as before protocols), ``runs-<protocol>`` otherwise, so that
+    an ``out_dir`` holding both never resumes a run under the other protocol's settings."""
+    return "runs" if settings.protocol == "steps" else f"runs-{settings.protocol}"
 
 
 def run(settings: Settings, out_dir: Path) -> Outcome:
+    settings = with_protocol(settings)
     runs = []
-    scores = {task: {v: score(v, task, settings, out_dir / "runs", runs) for v in settings.variants}
+    scores = {task: {v: score(v, task, settings, out_dir / runs_folder(settings), runs) for v in settings.variants}
               for task in settings.tasks}
     numbers = load("mad")
     ranking = {task: agreement({v: [100 * a for a in s["test"]] for v, s in by_variant.items()},
@@ -175,12 +229,19 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
                for task, by_variant in scores.items()}
     evidence = {"source": settings.source, "scores": scores, "agreement": ranking,
                 "difficulty_settings": {task: difficulty_settings(task, settings) for task in settings.tasks},
-                "training_sets": f"a fixed set of {SIZED} examples (data.train_examples) where a setting changes it; "
-                                 "fresh examples every step elsewhere",
+                "protocol": settings.protocol, "training_sets": TRAINING_SETS[settings.protocol],
                 "published": {task: {v: n.record() for v, n in column(numbers, settings.source, task).items()}
                               for task in settings.tasks}}
     figure = plot(evidence, out_dir / "mad_vs_published.png")
     return Outcome(evidence, [figure], runs)
+
+
+TRAINING_SETS = {  # the evidence's word on how each protocol trains
+    "steps": f"a fixed set of {SIZED} examples (data.train_examples) where a setting changes it; fresh examples "
+             "every step elsewhere; every run the same steps",
+    "mad": f"a fixed set of {SIZED} examples (data.train_examples) at every setting, read for the epochs at the batch "
+           "size (each setting's steps in its scores)",
+}
 
 
 def judge(evidence: dict, settings: Settings) -> list[Check]:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from lmzoo.config import ConfigError
+from lmzoo.data.mad import PROTOCOL
 from lmzoo.experiments import load, run_experiment, settings_for
 
 mad = load("mad")
@@ -115,3 +116,64 @@ def test_a_tasks_score_is_the_mean_over_its_settings_of_each_settings_best_grid_
     expected = [np.mean([1000 / v + seed / 100 for v in vocab.values()]) for seed in (0, 1)]
     np.testing.assert_allclose(result["test"], expected)
     assert "softmax-memorization-wd0-lr0.001-s0" in {r.name for r in runs}  # the baseline keeps its run names
+
+
+def test_protocol_mad_trains_every_setting_on_mads_training_set_for_its_epochs_at_its_batch():
+    from lmzoo.experiments.runs import run_config
+
+    settings = mad.with_protocol(settings_for(mad, ["protocol=mad", "difficulties=all"], quick=False))
+    assert (settings.batch_size, settings.eval_examples, settings.epochs) == (128, 1280, 200)  # MAD's
+    assert mad.runs_folder(settings) == "runs-mad"
+    expected = {("in_context_recall", "baseline"): (12800, 20000), ("noisy_recall", "frac_noise0.8"): (12800, 20000),
+                ("fuzzy_recall", "num_train_examples800"): (800, 1250),  # 200 x 800 / 128: full batches across epochs
+                ("selective_copying", "num_train_examples1600"): (1600, 2500),
+                ("memorization", "baseline"): (256, 400), ("memorization", "vocab_size8192"): (256, 400)}
+    for (task, name), (examples, steps) in expected.items():
+        setting = mad.difficulty_settings(task, settings)[name]
+        assert mad.training_steps(setting, settings) == steps
+        cfg = run_config("gla", "unused", 0, steps, mad.run_overrides(task, setting, 0.1, settings))
+        assert (cfg.data.train_examples, cfg.train.batch_size, cfg.train.steps) == (examples, 128, steps)
+    for task in mad.TASKS:  # every setting of every task on a fixed set of its MAD size
+        for setting in mad.difficulty_settings(task, settings).values():
+            assert f"data.train_examples={setting['num_train_examples']}" in mad.task_overrides(task, settings, setting)
+    chosen = mad.with_protocol(settings_for(mad, ["protocol=mad", "batch_size=64", "epochs=2"], quick=False))
+    assert (chosen.batch_size, chosen.eval_examples) == (64, 1280)  # key=value wins over the protocol's value
+    assert mad.training_steps(PROTOCOL["memorization"].baseline, chosen) == 8  # 2 x 256 / 64
+
+
+def test_protocol_steps_is_the_default_and_trains_as_before():
+    settings = mad.with_protocol(settings_for(mad, [], quick=False))
+    assert (settings.protocol, settings.batch_size, settings.eval_examples, mad.runs_folder(settings)) == (
+        "steps", 32, 128, "runs")
+    baseline = PROTOCOL["in_context_recall"].baseline
+    assert mad.training_steps(baseline, settings) == 2000
+    assert not any(o.startswith("data.train_examples") for o in mad.run_overrides("in_context_recall", baseline,
+                                                                                  0.0, settings))
+    assert "train.batch_size=32" in mad.run_overrides("in_context_recall", baseline, 0.0, settings)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("protocol=epochs", r"^protocol='epochs' is not valid \(choose from: steps, mad\)$"),
+    ("epochs=0", r"^epochs=0 must be positive$"),
+    ("batch_size=-8", r"^batch_size=-8 must be positive$"),
+])
+def test_bad_protocol_settings_are_one_line_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        settings_for(mad, [override], quick=False)
+
+
+def test_a_run_under_protocol_mad_trains_mads_steps_in_its_own_folder(monkeypatch, tmp_path):
+    settings = settings_for(mad, ["protocol=mad", "tasks=[memorization]", "variants=[softmax,gla]", "lrs=[0.001]",
+                                  "weight_decays=[0.0]", "seeds=[0,1]"], quick=False)
+    trained = []
+    monkeypatch.setattr(mad, "train_grid", lambda variant, grid, **kw: trained.append((grid, kw)))
+    monkeypatch.setattr(mad, "accuracy", lambda run_dir, length, tokens, tag, extra=(): 0.5 + 0.1 * ("gla" in str(
+        run_dir)) + 0.01 * (tokens == 1280 * 32))  # the test set is MAD's 1,280 examples of 32 tokens
+    outcome = mad.run(settings, tmp_path)
+    assert [kw["steps"] for _, kw in trained] == [400, 400]  # 200 epochs of 256 examples at 128
+    assert all({"train.batch_size=128", "data.train_examples=256"} <= set(kw["overrides"]) for _, kw in trained)
+    assert {p.parent.name for grid, _ in trained for p in grid.values()} == {"runs-mad"}
+    scores = outcome.evidence["scores"]["memorization"]
+    assert scores["gla"]["test"] == pytest.approx([0.61, 0.61])
+    assert scores["softmax"]["settings"]["baseline"]["steps"] == 400
+    assert outcome.evidence["protocol"] == "mad"
