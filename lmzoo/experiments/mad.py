@@ -22,7 +22,7 @@ task and setting on a fixed set of MAD's size (12,800 examples; memorization 256
 tests on MAD's 1,280 test examples; a protocol sets the settings left at their defaults (``PROTOCOLS``), its runs
 under ``<out_dir>/runs-mad``. What differs from MAD's protocol either way (docs/yardsticks.md): compression left out
 (it needs MAD's encoder-decoder head); lmzoo's decoder blocks (mixer + MLP per layer) at ``d_model``, not MAD's
-width 128; lmzoo's optimizer settings.
+width 128; lmzoo's cosine schedule (``protocol=mad`` takes MAD's betas, no clipping and no warm-up).
 
 Judged (``judge``):
 - positive control: softmax's in-context recall accuracy above ``solved`` = 0.9 (MAD's Transformer: 94.1%);
@@ -99,7 +99,9 @@ PROTOCOLS = {  # protocol=: the values it gives the settings left at their defau
     "steps": {},
     "mad": {"batch_size": TRAINING["batch_size"], "eval_examples": TEST_EXAMPLES,
             # 20,000 steps at MAD's baseline: validate and checkpoint as often as 2,000 steps at the default do
-            "overrides": ["train.eval_every=1000", "train.checkpoint_every=2000", "train.log_every=100"]},
+            "overrides": ["train.eval_every=1000", "train.checkpoint_every=2000", "train.log_every=100",
+                          # MAD's optimizer as released: torch's AdamW betas, no gradient clipping, no warm-up
+                          "optim.b2=0.999", "optim.grad_clip=null", "optim.warmup_steps=0"]},
 }
 
 
