@@ -27,7 +27,10 @@ def interval_cell(comparison: Comparison | None, spec: str = ".3f", mark: bool =
 
 def summary_cell(group: Group, value, spec: str = ".3f") -> str:
     """A number without block sums behind it: the one run's, or mean ± sd over the seeds."""
-    summary = over_seeds([value(r) for r in group.runs])
+    return spread_text(over_seeds([value(r) for r in group.runs]), spec)
+
+
+def spread_text(summary, spec: str = ".3f") -> str:
     return _fmt(summary.mean, spec) + (f" ± {_fmt(summary.sd, spec)}" if summary.n > 1 else "")
 
 
@@ -100,7 +103,8 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
         row.append(summary_cell(group, lambda r: r.last(measurement("bpb").logged)))
         cells, record = row_cells(group, lengths, settings)
         row += cells
-        row += [summary_cell(group, lambda r, m=m: measurement_value(m, r), spec=m.spec) for m in TABLE_MEASUREMENTS]
+        measured = {m: over_seeds([measurement_value(m, r) for r in group.runs]) for m in TABLE_MEASUREMENTS}
+        row += [spread_text(summary, m.spec) for m, summary in measured.items()]
         row += [
             summary_cell(group, lambda r: r.mean_throughput(), spec=",.0f"),
             ", ".join(str(r.path) + (" †" if r.changes else "") for r in group.runs),
@@ -110,7 +114,8 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
                         "seeds": [r.seed for r in group.runs],
                         "budget": [dict(zip(("steps", "tokens"), r.budget)) for r in group.runs],
                         "params": first.info.get("params"), "state_size": first.info.get("state_size"),
-                        "measurements": measurement_summaries(group), **record})
+                        "measurements": {m.name: summary_record(summary) for m, summary in measured.items()},
+                        **record})
     return "\n".join(lines + spread_note(groups) + resumed_with_changes(runs)), records
 
 
@@ -118,12 +123,9 @@ def finite_or_none(x: float) -> float | None:
     return x if np.isfinite(x) else None  # JSON has no NaN
 
 
-def measurement_summaries(group: Group) -> dict:
-    """Each table measurement's mean, sd and count over the arm's runs (null where undefined), for comparison.json."""
-    def summary(m: Measurement) -> dict:
-        s = over_seeds([measurement_value(m, r) for r in group.runs])
-        return {"mean": finite_or_none(s.mean), "sd": finite_or_none(s.sd), "n": s.n}
-    return {m.name: summary(m) for m in TABLE_MEASUREMENTS}
+def summary_record(summary) -> dict:
+    """A measurement's mean, sd and count over an arm's runs for comparison.json (null where undefined)."""
+    return {"mean": finite_or_none(summary.mean), "sd": finite_or_none(summary.sd), "n": summary.n}
 
 
 def spread_note(groups: list[Group]) -> list[str]:
