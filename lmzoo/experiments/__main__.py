@@ -72,7 +72,12 @@ def report(argv: list[str]) -> None:
         return
     if argv not in ([], ["--check"]):
         fail(f"report takes only --check, not {' '.join(argv)}")
-    if argv:
+    with errors_in_one_line():  # a committed record that cannot be read is named, not a JSON traceback
+        regenerate(tables, check=bool(argv))
+
+
+def regenerate(tables, check: bool) -> None:
+    if check:
         stale = tables.stale()
         for path in stale:
             print(f"{path}: its tables differ from docs/claims/*/verdict.json; run python -m lmzoo.experiments report",

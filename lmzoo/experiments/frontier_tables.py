@@ -5,8 +5,10 @@ that adding an arm cannot leave a typed table behind. ``report`` fills them in l
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from lmzoo.config import ConfigError
+from lmzoo.experiments import read_committed_json
 
 REPO = Path(__file__).resolve().parents[2]
 FRONTIER_COMPARISON = REPO / "docs" / "frontier" / "records" / "comparison.json"
@@ -113,5 +115,10 @@ def blocks(path: Path = FRONTIER_COMPARISON) -> dict[str, str]:
     if not path.exists():
         missing = f"No kept comparison at {path.relative_to(REPO)}: run scripts/cpu_recipe.sh as above.\n"
         return {"frontier": missing, "frontier:summary": missing}
-    record = json.loads(path.read_text())
+    what = "a comparison.json file of lmzoo.compare"
+    record = read_committed_json(path, "report", what)
+    missing = [key for key in ("rows", "differences", "baseline") if key not in record] if isinstance(record, dict) \
+        else ["rows"]
+    if missing:
+        raise ConfigError(f"report: {path} is not {what} (no {', '.join(missing)})")
     return {"frontier": full_table(record), "frontier:summary": summary_table(record)}

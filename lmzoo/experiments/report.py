@@ -12,12 +12,11 @@ when a committed table differs from what the JSON gives (a test runs it).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 
-from lmzoo.experiments import MODULES, frontier_tables, load
+from lmzoo.experiments import MODULES, frontier_tables, load, read_committed_json
 from lmzoo.experiments.judging import RULES_VERSION, TRAINING_NOISE_UNKNOWN
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +28,8 @@ MARKER = re.compile(r"(<!-- report:(?P<name>[\w:]+) begin -->\n)(?P<body>.*?)(<!
 def verdicts(claims_dir: Path = CLAIMS_DIR) -> dict[str, dict | None]:
     """Each experiment's committed record, or None where it has none."""
     path = lambda name: claims_dir / name / "verdict.json"  # noqa: E731
-    return {name: json.loads(path(name).read_text()) if path(name).exists() else None for name in MODULES}
+    return {name: read_committed_json(path(name), "report", "a verdict.json file") if path(name).exists() else None
+            for name in MODULES}
 
 
 def number(x: float) -> str:

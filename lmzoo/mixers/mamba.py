@@ -28,9 +28,8 @@ from flax import nnx
 
 from lmzoo.mixers.base import Mixer, MixerContext, dense, provided_form
 from lmzoo.mixers.family.ssm import CausalConv, check_dt_range, dt_bias_init, symmetric_uniform
-from lmzoo.ops.kernels import AUTO
 from lmzoo.ops.selective_scan import (
-    METHODS, SIGNED_FORMS, STEP_FORM, effective_delta, selective_attention, selective_scan,
+    METHODS, STEP_FORM, effective_delta, selective_attention, selective_scan, signed_form,
 )
 from lmzoo.registry import register
 from lmzoo.schema import ConfigError, MixerConfig, ModelConfig, positive
@@ -56,10 +55,11 @@ class MambaConfig(MixerConfig):
     negative_eigenvalues: bool = False  # the transition 2 exp(Δ A) - 1 in (-1, 1] (Grazzi et al.'s Mamba [-1, 1])
 
     def check(self, model: ModelConfig) -> None:
-        if self.negative_eigenvalues and self.method not in (AUTO, *SIGNED_FORMS):
-            raise ConfigError(f"attn.negative_eigenvalues=true needs attn.method in {', '.join((AUTO, *SIGNED_FORMS))} "
-                              f"(the forms that multiply transitions); attn.method={self.method!r} works in log space "
-                              "or a kernel that cannot carry a negative transition")
+        if self.negative_eigenvalues:
+            try:
+                signed_form(self.method, prefix="attn.")
+            except ValueError as error:  # the op's own refusal, worded with the config's names
+                raise ConfigError(str(error)) from None
         provided_form(self.method, self.forms)
         for key in ("d_state", "d_conv", "expand", "chunk_size"):
             positive(f"attn.{key}", getattr(self, key))

@@ -87,13 +87,15 @@ def signed_transition(decay: jax.Array) -> jax.Array:
     return 2.0 * decay - 1.0
 
 
-def signed_form(method: str) -> str:
-    """The form that runs ``method`` with negative eigenvalues (``auto``: the scan), or a one-line ValueError."""
+def signed_form(method: str, prefix: str = "") -> str:
+    """The form that runs ``method`` with negative eigenvalues (``auto``: the scan), or a one-line ValueError naming
+    the settings as ``prefix`` + name (a mixer's config passes ``attn.``)."""
     if method == kernels.AUTO:
         return STEP_FORM
     if method not in SIGNED_FORMS:
-        raise ValueError(f"negative_eigenvalues=True needs a form that multiplies transitions, method in "
-                         f"{', '.join((kernels.AUTO, *SIGNED_FORMS))}; method={method!r} cannot carry a negative "
+        raise ValueError(f"{prefix}negative_eigenvalues=true needs {prefix}method in "
+                         f"{', '.join((kernels.AUTO, *SIGNED_FORMS))} (the forms that multiply transitions); "
+                         f"{prefix}method={method!r} works in log space or a kernel that cannot carry a negative "
                          "transition")
     return method
 

@@ -1,6 +1,11 @@
 """The frontier tables generated from a comparison.json: the baseline's row first with no differences, a star only
 where Holm's adjustment keeps it, the summary ordered by the difference at T with the baseline where it changes sign."""
 
+import re
+
+import pytest
+
+from lmzoo.config import ConfigError
 from lmzoo.experiments import frontier_tables
 
 
@@ -42,3 +47,13 @@ def test_the_summary_orders_arms_by_their_difference_and_names_those_the_adjustm
     order = [line.split(" | ")[0] for line in text.splitlines()[2:6]]
     assert order == ["| `zeta`", "| `mid`", "| `softmax` (reference)", "| `alpha`"]
     assert "over the 3 arms compared with softmax" in text and "adjustment: `mid`, `alpha`." in text
+
+
+@pytest.mark.parametrize("content, reason", [(b"{\"rows\": [", "Expecting value"), (b"\xff\xfe", "codec"),
+                                             (b"{\"rows\": []}", "no differences, baseline"), (b"[1]", "no rows")])
+def test_a_comparison_that_cannot_be_read_is_named_in_one_line(tmp_path, content, reason):
+    path = tmp_path / "comparison.json"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=rf"^report: {re.escape(str(path))} is not a comparison.json file of "
+                                          rf"lmzoo.compare \(.*{reason}"):
+        frontier_tables.blocks(path)

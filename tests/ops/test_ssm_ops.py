@@ -206,8 +206,8 @@ def test_negative_eigenvalues_in_packed_documents_equal_each_document_alone():
 @pytest.mark.parametrize("method", ["chunk", "pallas", "jla"])
 def test_negative_eigenvalues_are_refused_in_one_line_by_the_log_space_forms(method):
     inputs = signed_inputs(5, extras=False)
-    with pytest.raises(ValueError, match=rf"^negative_eigenvalues=True needs a form that multiplies transitions, "
-                                         rf"method in auto, naive, scan, assoc; method='{method}' cannot"):
+    with pytest.raises(ValueError, match=rf"^negative_eigenvalues=true needs method in auto, naive, scan, assoc "
+                                         rf"\(the forms that multiply transitions\); method='{method}' works"):
         selective_scan(**inputs, delta_softplus=True, method=method, negative_eigenvalues=True)
 
 
