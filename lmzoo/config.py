@@ -21,7 +21,8 @@ from lmzoo import registry
 from lmzoo.positions import PosConfig
 from lmzoo.record.migrate import current_forms
 from lmzoo.schema import (  # noqa: F401 (re-exported)
-    ConfigError, DataConfig, MixerConfig, ModelConfig, OptimConfig, explain, one_of, positive, to_dataclass,
+    PER_POSITION, ConfigError, DataConfig, MixerConfig, ModelConfig, OptimConfig, explain, one_of, positive,
+    to_dataclass,
 )
 from lmzoo.sharding import MeshConfig
 from lmzoo.stats import BLOCKS, RESAMPLES, SEED
@@ -228,6 +229,10 @@ def check(cfg: Config) -> None:
     cfg.attn.check(m)
     if t.state_passing:
         check_state_passing(cfg.attn, m.n_layers)
+        if cfg.data.readout() != PER_POSITION:
+            raise ConfigError(f"train.state_passing=true carries each row on position by position, and these data "
+                              f"(data.source={cfg.data.source}) are read out from the last position's state "
+                              f"({cfg.data.readout()}): train them with train.state_passing=false")
 
 
 def check_state_passing(attn: MixerConfig, n_layers: int) -> None:

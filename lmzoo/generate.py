@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> list[str]:
         run, s, overrides = parse_args(argv)
         trained = open_trained(run, overrides)
         tokenizer, model = trained.data.tokenizer, trained.model
+        if not callable(getattr(tokenizer, "encode", None)):  # a synthetic task's symbols
+            raise ConfigError(f"run_dir={str(run)!r} trained on task symbols (data.source={trained.cfg.data.source}), "
+                              "not text: generate continues a text prompt")
         prompt_ids = tokenizer.encode(s.prompt)
         check_fits(model, len(prompt_ids), s, device_memory())
         check_prefill_fits(model, len(prompt_ids), s, device_memory())

@@ -10,6 +10,9 @@ equal to float32 rounding, as XLA fuses the recomputed pieces differently).
 With ``segment_ids [B, T]`` (documents packed into one window) every mixer keeps the documents
 apart, and positions restart at each document unless given.
 
+A task whose targets are its own inputs (``DataConfig.readout() == "last_state"``: MAD's compression) decodes every
+position from the last position's state alone (``LastStateReadout``) instead of each position's own.
+
 ``LM.carry`` is the forward of a window that continues earlier windows from their final recurrent
 state (``train.state_passing``): each mixer's ``carry`` and a per-row position counter, so that
 running a sequence window by window equals running it whole (for mixers that have ``carry``).
@@ -22,6 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lmzoo.config import Config
+from lmzoo.schema import LAST_STATE, ConfigError
 from lmzoo.mixers import MixerContext, build_mixer
 from lmzoo.mixers.base import dense
 from lmzoo.ops.common import segment_starts
@@ -54,6 +58,32 @@ class SwiGLU(nnx.Module):
     def __call__(self, x):
         gate, value = jnp.split(self.up(x), 2, axis=-1)
         return self.down(jax.nn.silu(gate) * value)
+
+
+def sinusoidal_positions(length: int, dim: int) -> jax.Array:
+    """Fixed position codes [length, dim]: sines then cosines of the positions at dim / 2 geometric frequencies."""
+    frequencies = 10000.0 ** (-jnp.arange(dim // 2, dtype=jnp.float32) / max(dim // 2, 1))
+    angles = jnp.arange(length, dtype=jnp.float32)[:, None] * frequencies
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+
+
+class LastStateReadout(nnx.Module):
+    """Every position decoded from the last position's state alone (``DataConfig.readout() == last_state``; MAD's
+    compression: the sequence must pass through one vector): that state plus fixed position codes, through two
+    normalised GELU layers of the model's width, one row per position, then the model's own norm and head."""
+
+    def __init__(self, ctx: MixerContext, eps: float, *, rngs: nnx.Rngs):
+        if ctx.d_model % 2:
+            raise ConfigError(f"model.d_model={ctx.d_model} must be even for the last-state readout's position codes")
+        self.norms = nnx.List([RMSNorm(ctx.d_model, eps=eps, rngs=rngs) for _ in range(2)])
+        self.layers = nnx.List([dense(ctx, ctx.d_model, ctx.d_model, rngs=rngs, bias=True, axes=(EMBED, MLP))
+                                for _ in range(2)])
+
+    def __call__(self, h):
+        x = h[:, -1:] + sinusoidal_positions(h.shape[1], h.shape[2]).astype(h.dtype)  # (B, T, d_model)
+        for norm, layer in zip(self.norms, self.layers):
+            x = jax.nn.gelu(layer(norm(x)))
+        return x
 
 
 def _call(module, x, positions, segment_ids):
@@ -116,6 +146,8 @@ class LM(nnx.Module):
             m.d_model, vocab_size, use_bias=False, dtype=self.dtype,
             kernel_init=partitioned(nnx.initializers.normal(m.init_std), EMBED, VOCAB), rngs=rngs,
         )
+        self.readout = LastStateReadout(context(m.n_layers), m.norm_eps, rngs=rngs) \
+            if cfg.data.readout() == LAST_STATE else None  # built last: the other weights draw as without it
 
     def logits(self, h):
         h = self.norm(h)
@@ -128,7 +160,15 @@ class LM(nnx.Module):
         run = nnx.remat(_call) if self.remat_blocks else _call  # remat: keep only each block's input
         for block in self.blocks:
             h = constrain_rows(run(block, h, positions, segment_ids))
-        return self.logits(h)
+        return self.logits(h if self.readout is None else self.readout(h))
+
+    def refuse_recurrence(self, call: str) -> None:
+        """ConfigError in one line where ``call`` would read positions one by one: the last-state readout needs
+        the whole sequence first."""
+        if self.readout is not None:
+            raise ConfigError(f"{call} continues a sequence position by position, and this model decodes every "
+                              "position from the last one's state (a task trained with the last-state readout, e.g. "
+                              "data.task=compression): it has no next-token logits to carry or decode")
 
     def carry(self, tokens, state=None, *, segment_ids=None, continues=None):
         """(logits [B, T, vocab], state after them) for tokens [B, T] that continue the rows of ``state``.
@@ -139,6 +179,7 @@ class LM(nnx.Module):
         e.g. where its tokens open a new document. Positions count on from ``position`` until the first
         document start in ``segment_ids``; later documents start at 0 as in ``__call__``.
         """
+        self.refuse_recurrence("carry (train.state_passing)")
         if state is not None and continues is not None:
             state = restart_rows(state, continues)
         offset = jnp.zeros(tokens.shape[:1], jnp.int32) if state is None else state["position"]
@@ -181,6 +222,7 @@ class LM(nnx.Module):
     def prefill(self, tokens, max_len: int | None = None, positions=None):
         """The forward on tokens [B, T] that also returns the decoding state after them, sized for
         ``max_len`` tokens in all (None: T): (logits [B, T, vocab], state), ready for ``step`` at position T."""
+        self.refuse_recurrence("prefill (decoding)")
         h, state = self.embed(tokens), []
         for block in self.blocks:
             h, s = block.prefill(h, max_len, positions)
@@ -189,6 +231,7 @@ class LM(nnx.Module):
 
     def step(self, token, state):
         """One decoding step: token [B] -> logits [B, vocab] and the next state."""
+        self.refuse_recurrence("step (decoding)")
         h, new_state = self.embed(token), []
         for block, s in zip(self.blocks, state):
             h, s = block.step(h, s)

@@ -180,6 +180,9 @@ class MixerConfig:
         return 0.0
 
 
+PER_POSITION, LAST_STATE = "per_position", "last_state"  # DataConfig.readout: where a position's logits come from
+
+
 @dataclass
 class DataConfig:
     """The spec of a data source or synthetic task: fields every data option has, and what a spec does.
@@ -203,6 +206,12 @@ class DataConfig:
     def build(self, *, seed: int, shard_index: int, shard_count: int):
         """The data: a tokenizer, training batches and fixed validation batches (see ``lmzoo.data.Data``)."""
         raise NotImplementedError(f"{type(self).__name__} does not define build()")
+
+    def readout(self) -> str:
+        """Where the model reads each position's logits from: ``per_position`` (its own state: next-token
+        prediction) or ``last_state`` (the last position's state decoded at every position, ``lmzoo.model``'s
+        ``LastStateReadout``: a task whose targets are its own inputs, recovered from one vector)."""
+        return PER_POSITION
 
     def extra_evaluation(self, forward, lengths, out_dir, *, seed: int = 0, batch_size: int = 8) -> Optional[dict]:
         """Evaluations of its own a source offers beyond loss and accuracy (e.g. a retrieval grid), or None.

@@ -37,7 +37,7 @@ import numpy as np
 
 from lmzoo.data.synthetic import TRAIN, VALIDATION, TaskConfig, added_setting
 from lmzoo.registry import SOURCES
-from lmzoo.schema import ConfigError, one_of
+from lmzoo.schema import LAST_STATE, PER_POSITION, ConfigError, one_of
 
 IGNORED = -1  # a target no accuracy or loss counts
 
@@ -226,7 +226,7 @@ def dataset(task: str, count: int, *, seed: int, **settings) -> Example:
 
 NEXT_TOKEN_TASKS = ("in_context_recall", "noisy_recall", "fuzzy_recall")  # a model sees an instance's next tokens
 EVEN_TASKS = ("in_context_recall", "noisy_recall", "memorization")  # instances of two-token slots
-TRAINABLE = ("in_context_recall", "fuzzy_recall", "noisy_recall", "selective_copying", "memorization")
+LAST_STATE_TASKS = ("compression",)  # decoded from the last position's state alone (MAD's encoder-decoder backbone)
 
 
 @functools.lru_cache(maxsize=8)
@@ -244,8 +244,8 @@ class MadConfig(TaskConfig):
     """``data=mad data.task=<task>``: one MAD task as a stream of examples (``task_vocab`` is MAD's
     ``vocab_size``, special tokens included). The accuracy counts the positions MAD scores, and so does the loss
     unless ``train_targets=next_tokens``. Odd lengths of the two-token-slot tasks get one unscored PAD in front.
-    Compression is refused: its target is its own input, which a decoder reads off the same position (MAD decodes
-    it from the compression token alone)."""
+    Compression is read out from the last position's state (``readout``), as MAD decodes it from the compression
+    token alone."""
 
     source: str = "mad"
     task: str = "in_context_recall"
@@ -266,9 +266,7 @@ class MadConfig(TaskConfig):
 
     def check(self) -> None:
         super().check()
-        if self.task not in TRAINABLE:
-            why = " (compression needs MAD's encoder-decoder head)" if self.task == "compression" else ""
-            raise ConfigError(f"data.task={self.task!r} is not valid{why} (choose from: {', '.join(TRAINABLE)})")
+        one_of("data.task", self.task, tuple(GENERATORS))
         one_of("data.train_targets", self.train_targets, TRAIN_TARGETS)
         one_of("data.eval_keys", self.eval_keys, EVAL_KEYS)
         if self.train_targets == "next_tokens" and self.task not in NEXT_TOKEN_TASKS:
@@ -278,6 +276,11 @@ class MadConfig(TaskConfig):
         if self.eval_keys == "largest" and self.task != "fuzzy_recall":
             raise ConfigError(f"data.eval_keys='largest' is for fuzzy_recall (motif keys); data.task={self.task!r} "
                               "has single-token keys (data.eval_keys=any_size)")
+
+    def readout(self) -> str:
+        """Compression's targets are its own inputs: each is read off the last position's state, as MAD's
+        encoder-decoder backbone reads them, not off its own position (which would copy it)."""
+        return LAST_STATE if self.task in LAST_STATE_TASKS else PER_POSITION
 
     def task_settings(self) -> dict:
         wanted = inspect.signature(GENERATORS[self.task]).parameters

@@ -7,7 +7,8 @@ Every (variant, task, setting, weight decay, learning rate) trains once per seed
 ``<out_dir>/runs/<variant>-<task>[-<setting>]-wd<wd>-lr<lr>-s<seed>``, the baseline setting unnamed; a weight
 decay's learning rates and seeds as one vmapped group). The grid point is chosen on validation examples (the best
 mean accuracy over seeds); its runs are scored on a held-out test split (data seed + ``test_seed_offset``).
-Accuracy counts MAD's scored positions only.
+Accuracy counts MAD's scored positions only. Compression is read out as MAD's encoder-decoder backbone reads it:
+every symbol decoded from the compression token's state alone (``lmzoo.model.LastStateReadout``).
 
 As MAD does, the recall tasks train on every next token (``data.train_targets=next_tokens``; the accuracy counts
 MAD's scored positions) and fuzzy recall is evaluated on MAD's test split, every key of the largest motif
@@ -20,9 +21,9 @@ size, ``data.train_examples``, for the same steps); ``mad`` trains as MAD does (
 task and setting on a fixed set of MAD's size (12,800 examples; memorization 256; the size settings theirs) for
 ``epochs`` passes at MAD's batch of 128 (``steps = epochs * examples / batch``, ``mad_steps``), and validates and
 tests on MAD's 1,280 test examples; a protocol sets the settings left at their defaults (``PROTOCOLS``), its runs
-under ``<out_dir>/runs-mad``. What differs from MAD's protocol either way (docs/yardsticks.md): compression left out
-(it needs MAD's encoder-decoder head); lmzoo's decoder blocks (mixer + MLP per layer) at ``d_model``, not MAD's
-width 128; lmzoo's cosine schedule (``protocol=mad`` takes MAD's betas, no clipping and no warm-up).
+under ``<out_dir>/runs-mad``. What differs from MAD's protocol either way (docs/yardsticks.md): lmzoo's decoder
+blocks (mixer + MLP per layer) at ``d_model``, not MAD's width 128; lmzoo's cosine schedule (``protocol=mad`` takes
+MAD's betas, no clipping and no warm-up).
 
 Judged (``judge``):
 - positive control: softmax's in-context recall accuracy above ``solved`` = 0.9 (MAD's Transformer: 94.1%);
@@ -53,7 +54,7 @@ from lmzoo.stats.trained_models import seed_mean
 CLAIM = ("On MAD's tasks lmzoo ranks softmax attention, Mamba, GLA and DeltaNet as MAD's published table does "
          "(Kendall's tau above 0 on every task).")
 SOURCE = None  # beyond the source articles (docs/seeds.md): the field's shared yardstick (docs/yardsticks.md)
-TASKS = ("in_context_recall", "fuzzy_recall", "noisy_recall", "selective_copying", "memorization")
+TASKS = ("compression", "in_context_recall", "fuzzy_recall", "noisy_recall", "selective_copying", "memorization")
 DIFFICULTIES = ("baseline", "all")
 
 
@@ -72,8 +73,8 @@ class Settings:
     d_model: int = 64
     n_layers: int = 2
     seq_len: Dict[str, int] = field(default_factory=lambda: {  # data.seq_len: MAD's baseline lengths
-        "in_context_recall": 127, "fuzzy_recall": 127, "noisy_recall": 127, "selective_copying": 256,
-        "memorization": 32})
+        "compression": 32, "in_context_recall": 127, "fuzzy_recall": 127, "noisy_recall": 127,
+        "selective_copying": 256, "memorization": 32})
     # baseline: each task at MAD's baseline setting (at seq_len); all: at every MAD setting lmzoo trains
     # (difficulty_settings), the task's score their mean, as MAD scores a task
     difficulties: str = "baseline"

@@ -65,6 +65,9 @@ def export_hf(trained: Trained, out: Path | str, *, source: dict | None = None, 
     ConfigError naming every setting of the run that the target has no equivalent for. The folder appears
     whole: it is written beside ``out`` under a temporary name and then renamed."""
     cfg, tokenizer = trained.cfg, trained.data.tokenizer
+    if trained.model.readout is not None:
+        raise ConfigError(f"this run reads every position from the last one's state (data.source={cfg.data.source}, "
+                          f"readout {cfg.data.readout()}): a Hugging Face causal LM has no such head to export to")
     vocab = trained.model.embed.num_embeddings
     config = target.hf_config(cfg, vocab, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
     out = Path(out)

@@ -125,8 +125,15 @@ def test_data_mad_feeds_the_trainer_the_scored_positions_of_each_task():
         assert scored.any(axis=1).all() and (batch["targets"][scored] < vocab).all()  # answers are task symbols
         if task in ("in_context_recall", "noisy_recall", "memorization") and seq_len % 2 == 0:
             assert (batch["inputs"][:, 0] == vocab).all() and not scored[:, 0].any()  # one PAD in front, unscored
-    with pytest.raises(ConfigError, match="compression needs MAD's encoder-decoder head"):
-        SOURCES.lookup("mad")(task="compression").check()
+    compression = SOURCES.lookup("mad")(task="compression", seq_len=12, task_vocab=16)
+    compression.check()
+    batch = next(build_data(compression, seed=0).train_iterator(4))
+    scored = batch["weights"] > 0
+    assert (batch["inputs"][:, -1] == 15).all() and not scored[:, -1].any()  # the compression token, unscored
+    assert scored[:, :-1].all() and (batch["targets"][:, :-1] == batch["inputs"][:, :-1]).all()  # its own input
+    assert compression.readout() == "last_state" and cfg.readout() == "per_position"
+    with pytest.raises(ConfigError, match=r"^data.task='compress' is not valid \(choose from: in_context_recall, "):
+        SOURCES.lookup("mad")(task="compress").check()
 
 
 def mad_data(**settings):

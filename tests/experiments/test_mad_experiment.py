@@ -66,7 +66,8 @@ def test_difficulties_all_are_mads_settings_at_their_lengths_and_training_set_si
 
     settings = settings_for(mad, ["difficulties=all"], quick=False)
     named = {task: mad.difficulty_settings(task, settings) for task in mad.TASKS}
-    assert {task: len(n) for task, n in named.items()} == {"in_context_recall": 11, "fuzzy_recall": 11,
+    assert {task: len(n) for task, n in named.items()} == {"compression": 11, "in_context_recall": 11,
+                                                           "fuzzy_recall": 11,
                                                            "noisy_recall": 14, "selective_copying": 13,
                                                            "memorization": 6}
     assert list(named["noisy_recall"])[:2] == ["baseline", "vocab_size48"] and "frac_noise0.8" in named["noisy_recall"]
