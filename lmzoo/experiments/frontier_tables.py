@@ -111,14 +111,73 @@ def legend(record: dict, others: list[tuple[dict, dict]]) -> str:
     return text + "\n"
 
 
-def blocks(path: Path = FRONTIER_COMPARISON) -> dict[str, str]:
-    if not path.exists():
-        missing = f"No kept comparison at {path.relative_to(REPO)}: run scripts/cpu_recipe.sh as above.\n"
-        return {"frontier": missing, "frontier:summary": missing}
+# The attention arms (and log-linear Mamba-2, whose levels act as one) set beside three references, in this order
+ATTENTION_ARMS = ("softmax", "fox", "swa", "gated_softmax", "nsa", "dsa", "moba", "stickbreaking", "path",
+                  "deltaformer", "log_linear_mamba2")
+REFERENCES = ("softmax", "fox", "swa")
+VERSUS = REPO / "docs" / "frontier" / "versus"  # <reference>/comparison.json: the records compared with it
+
+
+def reference_comparison(reference: str) -> Path:
+    return FRONTIER_COMPARISON if reference == REFERENCES[0] else VERSUS / reference / "comparison.json"
+
+
+def versus(compared: dict[str, dict], arm: str, key: str, length: str | None = None) -> list[str]:
+    """One arm's difference to each reference in ``key`` (at ``length`` where given): blank against itself."""
+    cells = []
+    for reference, record in compared.items():
+        d = {x["label"]: x for x in record["differences"]}.get(arm, {})
+        value = d.get(key) if length is None else d.get(key, {}).get(length)
+        cells.append("" if arm == reference else interval(value, signed))
+    return cells
+
+
+def attention_tables(compared: dict[str, dict]) -> str:
+    """S at T and at the longest length, then the ratio there, of every attention arm, minus each reference (each
+    difference from the comparison whose baseline that reference is)."""
+    first = compared[REFERENCES[0]]
+    longest = lengths(first)[-1]
+    rows = {row["label"]: row for row in first["rows"]}
+    shown = [arm for arm in ATTENTION_ARMS if arm in rows]
+    minus = [f"− {reference}" for reference in compared]
+    s_header = ["arm", "S at T (± sd)", *minus, f"S at {longest} (± sd)", *minus]
+    r_header = ["arm", f"bpb@{longest}/bpb@T", *minus]
+    s_lines = ["| " + " | ".join(s_header) + " |", "|" + "---|" * len(s_header)]
+    r_lines = ["| " + " | ".join(r_header) + " |", "|" + "---|" * len(r_header)]
+    for arm in shown:
+        row = rows[arm]
+        at_longest = row.get("measurements_by_length", {}).get("sparsity", {}).get(longest)
+        s_lines.append("| " + " | ".join([f"`{arm}`", spread(sparsity(row)), *versus(compared, arm, "sparsity"),
+                                          spread(at_longest), *versus(compared, arm, "sparsity_by_length", longest)])
+                       + " |")
+        r_lines.append("| " + " | ".join([f"`{arm}`", interval(row["ratio"].get(longest)),
+                                          *versus(compared, arm, "ratio", longest)]) + " |")
+    return "\n".join(s_lines) + "\n\n" + "\n".join(r_lines) + "\n"
+
+
+def comparison_record(path: Path) -> dict:
+    """A kept comparison.json, or ConfigError naming the file where it is not one."""
     what = "a comparison.json file of lmzoo.compare"
     record = read_committed_json(path, "report", what)
     missing = [key for key in ("rows", "differences", "baseline") if key not in record] if isinstance(record, dict) \
         else ["rows"]
     if missing:
         raise ConfigError(f"report: {path} is not {what} (no {', '.join(missing)})")
-    return {"frontier": full_table(record), "frontier:summary": summary_table(record)}
+    return record
+
+
+def attention_block() -> str:
+    paths = {reference: reference_comparison(reference) for reference in REFERENCES}
+    absent = [str(path.relative_to(REPO)) for path in paths.values() if not path.exists()]
+    if absent:
+        return f"No kept comparison at {', '.join(absent)}: run the three comparisons above.\n"
+    return attention_tables({reference: comparison_record(path) for reference, path in paths.items()})
+
+
+def blocks(path: Path = FRONTIER_COMPARISON) -> dict[str, str]:
+    if not path.exists():
+        missing = f"No kept comparison at {path.relative_to(REPO)}: run scripts/cpu_recipe.sh as above.\n"
+        return {"frontier": missing, "frontier:summary": missing, "frontier:attention": missing}
+    record = comparison_record(path)
+    return {"frontier": full_table(record), "frontier:summary": summary_table(record),
+            "frontier:attention": attention_block()}

@@ -57,3 +57,28 @@ def test_a_comparison_that_cannot_be_read_is_named_in_one_line(tmp_path, content
     with pytest.raises(ConfigError, match=rf"^report: {re.escape(str(path))} is not a comparison.json file of "
                                           rf"lmzoo.compare \(.*{reason}"):
         frontier_tables.blocks(path)
+
+
+def test_the_attention_tables_set_each_arm_beside_each_reference_from_that_references_comparison():
+    def record(baseline, arms):
+        rows = [{**row(label, 2.0), "measurements_by_length": {"sparsity": {"512": {"mean": 0.1, "sd": 0.01, "n": 3}}}}
+                for label in arms]
+        shift = {"softmax": 0.0, "fox": 0.2, "swa": 0.4}[baseline]
+        diffs = [{"label": a, "sparsity": interval(shift + i / 100, 0.01, True),
+                  "sparsity_by_length": {"512": interval(-shift, 0.01, False)}, "ratio": {"512": interval(shift)}}
+                 for i, a in enumerate(arms) if a != baseline]
+        return {"baseline": baseline, "rows": rows, "differences": diffs}
+
+    arms = ["path", "swa", "softmax", "kda", "fox"]  # kda is no attention arm: left out
+    text = frontier_tables.attention_tables({b: record(b, arms) for b in frontier_tables.REFERENCES})
+    s_table, ratio_table = text.strip().split("\n\n")
+    assert s_table.splitlines()[0] == ("| arm | S at T (± sd) | − softmax | − fox | − swa | S at 512 (± sd) "
+                                       "| − softmax | − fox | − swa |")
+    labels = [line.split(" | ")[0] for line in s_table.splitlines()[2:]]
+    assert labels == ["| `softmax`", "| `fox`", "| `swa`", "| `path`"]  # in ATTENTION_ARMS' order
+    fox = s_table.splitlines()[3].split(" | ")
+    # − softmax from softmax's comparison, blank against itself, − swa from swa's
+    assert fox[2] == "+0.040 [+0.030, +0.050] *" and fox[3] == "" and fox[4].startswith("+0.440")
+    assert fox[5] == "0.100 ± 0.010" and fox[7] == ""
+    assert ratio_table.splitlines()[0] == "| arm | bpb@512/bpb@T | − softmax | − fox | − swa |"
+    assert ratio_table.splitlines()[2].split(" | ")[1:3] == ["1.000 [0.990, 1.010]", ""]  # softmax − softmax: blank

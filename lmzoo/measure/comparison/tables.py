@@ -115,8 +115,15 @@ def table(groups: list[Group], settings: dict) -> tuple[str, list[dict]]:
                         "budget": [dict(zip(("steps", "tokens"), r.budget)) for r in group.runs],
                         "params": first.info.get("params"), "state_size": first.info.get("state_size"),
                         "measurements": {m.name: summary_record(summary) for m, summary in measured.items()},
-                        **record})
+                        "measurements_by_length": probes_by_length(group, lengths), **record})
     return "\n".join(lines + spread_note(groups) + resumed_with_changes(runs)), records
+
+
+def probes_by_length(group: Group, lengths: list[int]) -> dict:
+    """comparison.json's ``measurements_by_length``: each probe compared by length, its mean, sd and count over the
+    arm's runs at every evaluated length past the training length."""
+    return {p.name: {str(n): summary_record(over_seeds([probe_mean(r.at(n).get(p.name)) for r in group.runs]))
+                     for n in lengths} for p in DIFFERENCE_PROBES if p.difference_by_length}
 
 
 def finite_or_none(x: float) -> float | None:
