@@ -9,8 +9,8 @@ where ``seed_groups`` says so (``lmzoo.experiments.runs.train_grid``). The rate 
 best mean accuracy over seeds) and its runs are scored on a held-out test split (data seed + ``test_seed_offset``).
 Accuracy counts the answers only, with a 95% interval over seeds and examples (``lmzoo.stats.trained_models``).
 
-Two scales (``scale=``): ``cpu``, the defaults below, small widths and one short setting that a 2-core CPU trains in
-about half an hour (too little training for softmax to leave MQAR's plateau: docs/yardsticks.md); ``full``,
+Two scales (``scale=``): ``cpu``, the defaults below, widths 32 and 64 at one short setting, sized so that softmax
+solves it (docs/yardsticks.md: a width of 16, or rates of 3e-3 and above, leave it on MQAR's plateau); ``full``,
 zoology's grid (widths 64-512, lengths 64-512 with 4-64 pairs, vocabulary 8,192, four learning rates from 1e-4 to
 1e-2, zoology's batch sizes and 100,000 examples x 64 epochs of training), a prepared GPU command
 (docs/yardsticks.md). A scale sets the settings left at their defaults; ``key=value`` still wins.
@@ -62,14 +62,14 @@ ZOOLOGY_POWER_A = 0.01  # the queries' gaps after the pairs: probability ∝ gap
 class Settings:
     # zoology's Figure 2 variants lmzoo has: attention, Based (linear attention), H3, Mamba, RWKV
     variants: List[str] = field(default_factory=lambda: ["softmax", "linear", "h3", "mamba"])
-    widths: List[int] = field(default_factory=lambda: [16, 32])  # model.d_model
+    widths: List[int] = field(default_factory=lambda: [32, 64])  # model.d_model
     seq_lens: List[int] = field(default_factory=lambda: [32])  # data.seq_len of each setting
     pairs: List[int] = field(default_factory=lambda: [4])  # data.num_pairs of each setting (one per seq_len)
-    batch_sizes: List[int] = field(default_factory=lambda: [32])  # train.batch_size of each setting
+    batch_sizes: List[int] = field(default_factory=lambda: [64])  # train.batch_size of each setting
     vocab: int = 64  # data.task_vocab
-    lrs: List[float] = field(default_factory=lambda: [3e-3, 1e-2])
+    lrs: List[float] = field(default_factory=lambda: [1e-3, 3e-3])
     seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
-    train_examples: int = 12_800  # examples drawn in training per run: steps = train_examples / batch size
+    train_examples: int = 128_000  # examples drawn in training per run: steps = train_examples / batch size
     n_layers: int = 4  # zoology: four layers for every mixer but attention
     layers: Dict[str, int] = field(default_factory=lambda: {"softmax": 2})  # zoology's attention has two
     n_heads: int = 1  # zoology's attention and Based use one head

@@ -22,7 +22,7 @@ def test_full_scale_is_zoologys_grid_and_the_command_line_still_wins():
     assert at_scale(settings_for(zoology, [], quick=False), zoology.SCALES) == zoology.Settings()  # cpu: defaults
     with pytest.raises(ConfigError, match=r"^scale='gpu' is not valid \(choose from: cpu, full\)$"):
         at_scale(settings_for(zoology, ["scale=gpu"], quick=False), zoology.SCALES)
-    with pytest.raises(ConfigError, match=r"^seq_lens=\[64, 128\], pairs=\[8\] and batch_sizes=\[32\] name one"):
+    with pytest.raises(ConfigError, match=r"^seq_lens=\[64, 128\], pairs=\[8\] and batch_sizes=\[64\] name one"):
         settings_for(zoology, ["seq_lens=[64,128]", "pairs=[8]"], quick=False)
 
 
@@ -70,7 +70,8 @@ def test_the_judge_passes_agreement_fails_a_reversal_and_needs_its_control():
 
 
 def test_the_ranking_at_the_hardest_setting_goes_beside_the_printed_table():
-    settings = settings_for(zoology, ["seq_lens=[32,64]", "pairs=[4,8]", "batch_sizes=[32,32]"], quick=False)
+    settings = settings_for(zoology, ["seq_lens=[32,64]", "pairs=[4,8]", "batch_sizes=[32,32]", "widths=[16,32]"],
+                            quick=False)
     grid = {"softmax": {"T64-p8": {"16": {"test": [0.90, 0.91, 0.905]}}},
             "mamba": {"T64-p8": {"16": {"test": [0.30, 0.31, 0.305]}}},
             "h3": {"T64-p8": {"16": {"test": [0.5, 0.4, 0.6]}}}}  # no row in MetaLA's table: left out
