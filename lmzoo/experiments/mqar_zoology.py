@@ -69,7 +69,7 @@ class Settings:
     vocab: int = 64  # data.task_vocab
     lrs: List[float] = field(default_factory=lambda: [1e-3, 3e-3])
     seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
-    train_examples: int = 128_000  # examples drawn in training per run: steps = train_examples / batch size
+    train_examples: int = 256_000  # examples drawn in training per run: steps = train_examples / batch size
     n_layers: int = 4  # zoology: four layers for every mixer but attention
     layers: Dict[str, int] = field(default_factory=lambda: {"softmax": 2})  # zoology's attention has two
     n_heads: int = 1  # zoology's attention and Based use one head
