@@ -380,6 +380,13 @@ def column_checks(task: str, evidence: dict, settings: Settings) -> list[Check]:
     checks = [Check(f"{task}, control: {arm}, scaled accuracy on strings of 1 to {control_len} tokens",
                     f"{arm} read its inputs and learned {task}", at(arm, "control"), "above", settings.solved,
                     control=True) for arm in scores]
+    # A row said to solve the task must first have learned it at the lengths it trained on: one that did not (too
+    # short a budget) leaves its claim untested, not refuted (the shortest strings fit the short convolution, so
+    # the control above passes without any state)
+    checks += [Check(f"{task}, control: {arm}, scaled accuracy inside its training lengths ({settings.train_min} to "
+                     f"{settings.train_len} tokens)", f"{arm} learned {task} where it was trained", at(arm, "train"),
+                     "above", settings.solved, control=True)
+               for arm, printed in evidence["published"].items() if expected(printed, settings)[1] == "above"]
     for arm, printed in evidence["published"].items():
         what, side, bound = expected(printed, settings)
         words = "says" in printed  # a separation stated in words, not a printed cell

@@ -118,9 +118,10 @@ def test_scores_are_scaled_accuracy_over_the_answers_in_the_papers_ranges():
     assert scores["test_seeds"] == [pytest.approx((1 / 3 - 0.2) / 0.8)]  # examples 1 (right), 2 and 3 (wrong)
 
 
-def evidence(test_accuracy: dict[str, dict[str, list[float]]], control: float = 1.0) -> tuple[dict, object]:
+def evidence(test_accuracy: dict[str, dict[str, list[float]]], control: float = 1.0,
+             trained: dict[str, float] | None = None) -> tuple[dict, object]:
     """What ``run`` records, from each column's and arm's test accuracy per seed (every answer before the test
-    lengths, and the control's, right with probability ``control``)."""
+    lengths right with probability ``trained[arm]``, else ``control``, and the shortest strings' with ``control``)."""
     arms = sorted({arm for column in test_accuracy.values() for arm in column}, key=list(papers.ARMS).index)
     settings = settings_for(papers, [f"arms=[{','.join(arms)}]", f"tasks=[{','.join(test_accuracy)}]"], quick=False)
     rng = np.random.default_rng(0)
@@ -130,7 +131,7 @@ def evidence(test_accuracy: dict[str, dict[str, list[float]]], control: float = 
         for arm, seeds in accuracies.items():
             long, short = [], []
             for accuracy in seeds:
-                rows = rng.random((64, settings.test_max)) < control
+                rows = rng.random((64, settings.test_max)) < (trained or {}).get(arm, control)
                 tested = settings.test_max - settings.test_min + 1
                 rows[:, settings.test_min - 1 :] = rng.random((64, tested)) < accuracy
                 long.append((rows.astype(float), np.ones((64, settings.test_max))))
@@ -176,7 +177,8 @@ def test_the_judge_gives_each_columns_separation_its_verdict_both_ways():
     verdict = judged(papers, record, settings, quick=False)
     assert record["columns"]["parity"]["agreement"] is None
     assert [c["name"].split(" (")[0] for c in verdict["checks"]] == [
-        "parity, control: deltanet_neg, scaled accuracy on strings of 1 to 3 tokens", "parity, deltanet_neg"]
+        "parity, control: deltanet_neg, scaled accuracy on strings of 1 to 3 tokens",
+        "parity, control: deltanet_neg, scaled accuracy inside its training lengths", "parity, deltanet_neg"]
     assert verdict["verdict"] == "reproduced"
 
 
@@ -224,3 +226,10 @@ def test_the_judge_gives_the_stated_word_problem_separations_their_verdicts_both
     assert failed == ["S3, deltaproduct_nh2_neg", "S3, deltaproduct_nh2"] and verdict["verdict"] == "partly"
     record, settings = evidence({"S3": {arm: [1.0] * 3 for arm in S3_AS_STATED["S3"]}})  # every step count solves
     assert judged(papers, record, settings, quick=False)["verdict"] == "not reproduced"  # 1 of 4 as stated
+    # the stated solver at chance where it trained (a budget too short): its claim is untested, not refuted, though
+    # every arm reads the shortest strings
+    record, settings = evidence({"S3": {**S3_AS_STATED["S3"], "deltaproduct_nh2_neg": [0.17] * 3}},
+                                trained={"deltaproduct_nh2_neg": 0.19})
+    verdict = judged(papers, record, settings, quick=False)
+    control = next(c for c in verdict["checks"] if "deltaproduct_nh2_neg, scaled accuracy inside" in c["name"])
+    assert control["control"] and control["passed"] is False and verdict["verdict"] == "inconclusive"
