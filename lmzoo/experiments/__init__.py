@@ -158,22 +158,23 @@ def settings_of(module: ModuleType, record: dict):
     return module.Settings(**{k: v for k, v in record["settings"].items() if k in names})
 
 
-def read_committed_json(path: Path, command: str, what: str):
-    """A committed JSON record's content; ConfigError naming the command and the file where it cannot be read."""
+def read_committed_json(path: Path, command: str, what: str, keys: tuple[str, ...] = ()):
+    """A committed JSON record's content; ConfigError naming the command and the file where it cannot be read or
+    (``keys`` given) is not an object holding every one of them."""
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
     except (ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError: a binary file
         raise ConfigError(f"{command}: {path} is not {what} ({first_line(e)})") from None
+    if keys:
+        missing = [key for key in keys if key not in record] if isinstance(record, dict) else [keys[0]]
+        if missing:
+            raise ConfigError(f"{command}: {path} is not {what} (no {', '.join(missing)})")
+    return record
 
 
 def read_verdict(path: Path) -> dict:
     """A verdict.json's record; ConfigError naming the file where it is not one (not JSON, not text, other keys)."""
-    record = read_committed_json(path, "rejudge", "a verdict.json file")
-    missing = [] if isinstance(record, dict) else ["name"]
-    missing = missing or [key for key in ("name", "verdict", "evidence", "settings") if key not in record]
-    if missing:
-        raise ConfigError(f"rejudge: {path} is not a verdict.json file (no {', '.join(missing)})")
-    return record
+    return read_committed_json(path, "rejudge", "a verdict.json file", ("name", "verdict", "evidence", "settings"))
 
 
 def rejudge(path: Path) -> dict:

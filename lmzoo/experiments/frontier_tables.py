@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmzoo.config import ConfigError
 from lmzoo.experiments import read_committed_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,9 +45,13 @@ def lengths(record: dict) -> list[str]:
     return sorted({n for row in record["rows"] for n in row["ratio"]}, key=int)
 
 
+def differences_by_label(record: dict) -> dict[str, dict]:
+    return {d["label"]: d for d in record["differences"]}
+
+
 def arms(record: dict) -> list[tuple[dict, dict | None]]:
     """Each arm's row and its difference to the baseline: the baseline first, then the rest by label."""
-    differences = {d["label"]: d for d in record["differences"]}
+    differences = differences_by_label(record)
     rows = sorted(record["rows"], key=lambda r: (r["label"] != record["baseline"], r["label"]))
     return [(row, differences.get(row["label"])) for row in rows]
 
@@ -122,11 +125,12 @@ def reference_comparison(reference: str) -> Path:
     return FRONTIER_COMPARISON if reference == REFERENCES[0] else VERSUS / reference / "comparison.json"
 
 
-def versus(compared: dict[str, dict], arm: str, key: str, length: str | None = None) -> list[str]:
-    """One arm's difference to each reference in ``key`` (at ``length`` where given): blank against itself."""
+def versus(differences: dict[str, dict[str, dict]], arm: str, key: str, length: str | None = None) -> list[str]:
+    """One arm's difference to each reference (``differences``: reference -> label -> difference) in ``key`` (at
+    ``length`` where given): blank against itself."""
     cells = []
-    for reference, record in compared.items():
-        d = {x["label"]: x for x in record["differences"]}.get(arm, {})
+    for reference, by_label in differences.items():
+        d = by_label.get(arm, {})
         value = d.get(key) if length is None else d.get(key, {}).get(length)
         cells.append("" if arm == reference else interval(value, signed))
     return cells
@@ -139,6 +143,7 @@ def attention_tables(compared: dict[str, dict]) -> str:
     longest = lengths(first)[-1]
     rows = {row["label"]: row for row in first["rows"]}
     shown = [arm for arm in ATTENTION_ARMS if arm in rows]
+    differences = {reference: differences_by_label(record) for reference, record in compared.items()}
     minus = [f"− {reference}" for reference in compared]
     s_header = ["arm", "S at T (± sd)", *minus, f"S at {longest} (± sd)", *minus]
     r_header = ["arm", f"bpb@{longest}/bpb@T", *minus]
@@ -147,23 +152,18 @@ def attention_tables(compared: dict[str, dict]) -> str:
     for arm in shown:
         row = rows[arm]
         at_longest = row.get("measurements_by_length", {}).get("sparsity", {}).get(longest)
-        s_lines.append("| " + " | ".join([f"`{arm}`", spread(sparsity(row)), *versus(compared, arm, "sparsity"),
-                                          spread(at_longest), *versus(compared, arm, "sparsity_by_length", longest)])
+        s_lines.append("| " + " | ".join([f"`{arm}`", spread(sparsity(row)), *versus(differences, arm, "sparsity"),
+                                          spread(at_longest), *versus(differences, arm, "sparsity_by_length", longest)])
                        + " |")
         r_lines.append("| " + " | ".join([f"`{arm}`", interval(row["ratio"].get(longest)),
-                                          *versus(compared, arm, "ratio", longest)]) + " |")
+                                          *versus(differences, arm, "ratio", longest)]) + " |")
     return "\n".join(s_lines) + "\n\n" + "\n".join(r_lines) + "\n"
 
 
 def comparison_record(path: Path) -> dict:
     """A kept comparison.json, or ConfigError naming the file where it is not one."""
-    what = "a comparison.json file of lmzoo.compare"
-    record = read_committed_json(path, "report", what)
-    missing = [key for key in ("rows", "differences", "baseline") if key not in record] if isinstance(record, dict) \
-        else ["rows"]
-    if missing:
-        raise ConfigError(f"report: {path} is not {what} (no {', '.join(missing)})")
-    return record
+    return read_committed_json(path, "report", "a comparison.json file of lmzoo.compare",
+                               ("rows", "differences", "baseline"))
 
 
 def attention_block() -> str:
