@@ -50,6 +50,7 @@ ARTICLES = {
 VERDICTS = (*OUTCOMES, SMOKE)  # what verdict.json may say; SMOKE only for quick runs
 SEED_GROUPS = ("auto", "true", "false")  # when an arm's seeds train as one group (lmzoo.experiments.runs)
 _seed_groups = contextvars.ContextVar("seed_groups", default="auto")
+_kept = contextvars.ContextVar("kept", default=None)  # the Keeping of the experiment running, or None
 
 
 @contextmanager
@@ -65,6 +66,32 @@ def seeds_grouped(when: str):
 
 def seed_groups_setting() -> str:
     return _seed_groups.get()
+
+
+@dataclass
+class Keeping:
+    """Where an experiment's runs keep their records: each run directory's record in ``keep`` at the path the run
+    has in ``folder``; ``skipped``: the configs of runs left untrained because their record is kept, by run
+    directory (trained after all where a measurement asked of one is not kept)."""
+
+    folder: Path
+    keep: Path
+    skipped: dict = field(default_factory=dict)
+
+
+@contextmanager
+def records_kept(folder: Path, keep: Path | None):
+    """Within the block, each run the experiment in ``folder`` trains keeps its record (its settings and every
+    measurement of it) in ``keep`` (``lmzoo.experiments.runs``); None keeps none."""
+    token = _kept.set(None if keep is None else Keeping(Path(folder), Path(keep)))
+    try:
+        yield
+    finally:
+        _kept.reset(token)
+
+
+def kept_setting() -> Keeping | None:
+    return _kept.get()
 
 
 @dataclass
@@ -116,9 +143,10 @@ def judged(module: ModuleType, evidence: dict, settings, *, quick: bool) -> dict
 
 
 def run_experiment(name: str, out_dir: Path, *, quick: bool = False, overrides: list[str] = (),
-                   seed_groups: str = "auto") -> dict:
+                   seed_groups: str = "auto", keep: Path | None = None) -> dict:
     """Run one experiment and write ``<out_dir>/<name>/verdict.json`` (``seed_groups``: when an arm's seeds
-    train as one group, ``lmzoo.experiments.runs``):
+    train as one group; ``keep``: a folder keeping each run's record, so that a run kept there is not trained
+    again, even in another ``out_dir``; ``lmzoo.experiments.runs``):
 
     ``{"name", "claim", "seed_article", "verdict", "reason", "rules_version", "checks", "evidence",
     "figures", "runs", "settings", "quick", "seconds"}``; figure and run paths are relative to that
@@ -129,7 +157,7 @@ def run_experiment(name: str, out_dir: Path, *, quick: bool = False, overrides: 
     folder = Path(out_dir) / name
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    with seeds_grouped(seed_groups):
+    with seeds_grouped(seed_groups), records_kept(folder, keep):
         result = module.run(settings, folder)
     relative = lambda paths: [str(Path(p).relative_to(folder)) for p in paths]  # noqa: E731
     record = {

@@ -14,7 +14,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Optional
 
 from lmzoo.cli import (
     errors_in_one_line, exit_codes, fail, parse_settings, run_command, schema_options, show_help, wants_help,
@@ -33,9 +33,14 @@ class RunSettings:
                                   # resumes
     seed_groups: str = "auto"  # an arm's seeds trained as one vmapped group: auto (on an accelerator), true, false
                                # (one run per seed)
+    keep: Optional[str] = None  # a folder keeping each run's record (settings and measurements, no checkpoints): a
+                                # run kept there is not trained again, whatever out_dir, so a long experiment can be
+                                # carried to another machine as its records and go on; null: none kept
 
     def check(self) -> None:
         probe_writable(Path(self.out_dir), "out_dir")  # a file or a read-only folder: one line now, not after runs
+        if self.keep is not None:
+            probe_writable(Path(self.keep), "keep")
         self.seed_groups = self.seed_groups.lower()
         one_of("seed_groups", self.seed_groups, SEED_GROUPS)
 
@@ -115,7 +120,7 @@ def main(argv: list[str]) -> None:
         run, overrides, _ = parse_settings(RunSettings, rest, "experiments", others=True)
         try:
             record = run_experiment(name, Path(run.out_dir), quick=run.quick, overrides=overrides,
-                                    seed_groups=run.seed_groups)
+                                    seed_groups=run.seed_groups, keep=None if run.keep is None else Path(run.keep))
         except KeyboardInterrupt:  # outside training, which saves and stops on its own
             fail("interrupted; no verdict was written: run the same command again to resume", EXIT_INTERRUPTED)
     folder = Path(run.out_dir) / name

@@ -18,6 +18,8 @@ costs more per seed (docs/benchmarks.md); ``true`` always, ``false`` never.
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 
 import jax
@@ -29,7 +31,7 @@ from omegaconf import OmegaConf
 from lmzoo.cli import compose_and_validate
 from lmzoo.config import Config, ConfigError
 from lmzoo.data.tokenizers import ByteTokenizer
-from lmzoo.experiments import seed_groups_setting
+from lmzoo.experiments import kept_setting, seed_groups_setting
 from lmzoo.experiments.judging import measured
 from lmzoo.faults import Interrupted
 from lmzoo.measure.evaluation import eval_settings, evaluate, result_settings
@@ -38,7 +40,7 @@ from lmzoo.model import LM
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import error_bars, new_axes, save_axes, series_style, spread
 from lmzoo.run import loop
-from lmzoo.record.directory import RunDir, flat_settings
+from lmzoo.record.directory import RunDir, atomic_write_text, flat_settings, json_text
 from lmzoo.record.opening import open_trained
 from lmzoo.run.loop import train
 from lmzoo.stats.bootstrap import Interval, bootstrap, paired_difference_interval
@@ -83,12 +85,15 @@ def run_config(variant: str, run_dir: Path, seed: int, steps: int, overrides: li
 
 
 def train_configs(configs: list[Config], steps: int) -> None:
-    """Train the runs not reused from a twin: those resuming from one step as one group where ``grouping`` says
-    so (and the group can hold them: other learning rates need AdamW), else one at a time."""
-    left = [cfg for cfg in configs if not reused(cfg, Path(cfg.run_dir))]
+    """Train the runs neither kept (``kept_elsewhere``) nor reused from a twin: those resuming from one step as one
+    group where ``grouping`` says so (and the group can hold them: other learning rates need AdamW), else one at a
+    time; each then kept as trained where records are kept."""
+    left = [cfg for cfg in configs if not kept_elsewhere(cfg) and not reused(cfg, Path(cfg.run_dir))]
     for group in by_start(left, steps):
         for runs in stackable(group) if grouping(group[0]) else [[cfg] for cfg in group]:
             finished(loop.train_runs(runs) if len(runs) > 1 else train(runs[0]), runs)
+    for cfg in left:
+        keep_trained(cfg)
 
 
 def stackable(group: list[Config]) -> list[list[Config]]:
@@ -166,17 +171,21 @@ def state_floats(cfg: Config) -> int:
 def evaluate_run(run_dir: Path, *, tag: str, lengths: list[int], tokens: int, overrides: list[str] = (),
                  eval_overrides: list[str] = ()) -> dict:
     """The evaluation of ``run_dir`` at ``lengths`` on ``tokens`` validation targets spread over every document (and
-    ``eval_overrides``, e.g. ``eval.min_doc_tokens``), written under ``eval/<tag>`` as ``lmzoo.eval`` writes it; its
-    results. ``overrides`` change the trained model's settings (``open_trained``)."""
+    ``eval_overrides``, e.g. ``eval.min_doc_tokens``), written under ``eval/<tag>`` as ``lmzoo.eval`` writes it (and
+    kept with the run's record); its results. ``overrides`` change the trained model's settings (``open_trained``)."""
     eval_cfg = eval_settings([f"eval.tokens={tokens}", f"eval.lengths=[{','.join(map(str, lengths))}]",
                               "eval.probe_batch=0", "eval.progress=false", f"eval.tag={tag}", *eval_overrides])
     run, settings = RunDir(run_dir), result_settings(eval_cfg, list(overrides))
-    finished = finished_evaluation(run, tag, settings)
-    if finished is not None:
-        return finished
-    results = evaluate(open_trained(run, overrides), eval_cfg, tag=tag, extra_dir=run.eval_dir(tag))
-    results["settings"] = settings
-    write_outputs(run, results)
+    kept = kept_record(run_dir)
+    kept_results = None if kept is None else kept / "eval" / tag / "results.json"
+    results = finished_evaluation(run, tag, settings) or kept_evaluation(kept_results, settings)
+    if results is None:
+        train_skipped(run_dir)
+        results = evaluate(open_trained(run, overrides), eval_cfg, tag=tag, extra_dir=run.eval_dir(tag))
+        results["settings"] = settings
+        write_outputs(run, results)
+    if kept_results is not None:
+        atomic_write_text(kept_results, json_text(results))
     return results
 
 
@@ -187,6 +196,102 @@ def finished_evaluation(run: RunDir, tag: str, settings: dict) -> dict | None:
     if results is None or results.get("settings") != settings or results.get("step") != final_step(run):
         return None
     return results
+
+
+# ----------------------------------------------------------------------------- records kept beside the experiment
+# Where an experiment runs with ``keep=<folder>`` (``lmzoo.experiments.records_kept``), each run keeps a record
+# there, at the path the run has in the experiment's folder: ``config.yaml`` (the settings it trained with, once
+# trained) and every measurement the experiment took of it (``eval/<tag>/results.json``, ``measurements/*.json``),
+# no checkpoints. A run whose record is kept is not trained again, in any out_dir: its measurements are read back,
+# and only a measurement the record lacks (the experiment stopped before taking it) trains the run again.
+
+KEPT_CONFIG = "config.yaml"
+
+
+def kept_record(run_dir: Path | str) -> Path | None:
+    """The folder keeping ``run_dir``'s record; None when no records are kept, or the run lies outside the
+    experiment's folder."""
+    keeping = kept_setting()
+    if keeping is None:
+        return None
+    try:
+        return keeping.keep / Path(run_dir).relative_to(keeping.folder)
+    except ValueError:
+        return None
+
+
+def kept_elsewhere(cfg: Config) -> bool:
+    """Whether the run of ``cfg`` is left untrained because its record keeps it trained (and the run directory does
+    not hold it trained already); ConfigError where the record keeps other settings, naming the first that
+    differs."""
+    record = kept_record(cfg.run_dir)
+    if record is None or not (record / KEPT_CONFIG).is_file():
+        return False
+    kept = flat_settings(OmegaConf.load(record / KEPT_CONFIG))
+    wanted = flat_settings(OmegaConf.structured(cfg))
+    if kept != wanted:
+        key = next(k for k in sorted(set(kept) | set(wanted)) if kept.get(k) != wanted.get(k))
+        raise ConfigError(f"{record} keeps a run trained with {key}={kept.get(key)!r}, not {wanted.get(key)!r}; "
+                          "remove that record to train the run again")
+    run = RunDir(cfg.run_dir)
+    if run.checkpoints.is_dir() and final_step(run) >= cfg.train.steps:
+        return False
+    kept_setting().skipped[Path(cfg.run_dir)] = cfg
+    return True
+
+
+def keep_trained(cfg: Config) -> None:
+    """Keep the settings of a run trained (or found trained) here, where records are kept."""
+    record = kept_record(cfg.run_dir)
+    if record is not None and not (record / KEPT_CONFIG).is_file():
+        atomic_write_text(record / KEPT_CONFIG, OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+
+
+def kept_evaluation(path: Path | None, settings: dict) -> dict | None:
+    """A kept evaluation's results if they were made with ``settings``, else None."""
+    if path is None or not path.is_file():
+        return None
+    results = json.loads(path.read_text())
+    return results if results.get("settings") == settings else None
+
+
+def train_skipped(run_dir: Path) -> None:
+    """Train a run left untrained as kept (``kept_elsewhere``) whose record lacks a measurement asked of it."""
+    keeping = kept_setting()
+    cfg = None if keeping is None else keeping.skipped.pop(Path(run_dir), None)
+    if cfg is not None:
+        print(f"{run_dir}: its kept record lacks a measurement; training the run again")
+        for runs in by_start([cfg], cfg.train.steps):
+            finished(train(runs[0]), runs)
+
+
+def open_run(run_dir: Path, overrides: list[str] = ()):
+    """``open_trained`` for a measurement not kept with the run's record: a run left untrained as kept trains first."""
+    train_skipped(run_dir)
+    return open_trained(run_dir, list(overrides))
+
+
+def measured_once(run_dir: Path, name: str, measure) -> dict[str, np.ndarray]:
+    """``measure()``: arrays of 0s and 1s by name, read back from the run's kept record where ``name`` (the
+    measurement with its settings) is kept there, else measured (training a run left untrained as kept first) and
+    kept as bits."""
+    record = kept_record(run_dir)
+    path = None if record is None else record / "measurements" / f"{name}.json"
+    if path is not None and path.is_file():
+        kept = json.loads(path.read_text())
+        return {key: np.unpackbits(np.frombuffer(base64.b64decode(a["bits"]), np.uint8),
+                                   count=int(np.prod(a["shape"]))).reshape(a["shape"]).astype(np.float64)
+                for key, a in kept.items()}
+    train_skipped(run_dir)
+    arrays = measure()
+    if path is not None:
+        for key, a in arrays.items():
+            if not np.isin(a, (0, 1)).all():
+                raise ValueError(f"measured_once keeps arrays of 0s and 1s; {name}'s {key} holds other values")
+        atomic_write_text(path, json_text({
+            key: {"shape": list(a.shape), "bits": base64.b64encode(np.packbits(a.astype(bool))).decode()}
+            for key, a in arrays.items()}))
+    return arrays
 
 
 def blocks(results: dict, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -214,7 +319,7 @@ def row_statistic(run_dir: Path, overrides: list[str], statistic, *, length: int
     """(windows, length): ``statistic`` of each query's attention row (a function of weights and the causal
     mask, one value per row, e.g. ``attention_entropy``), averaged over layers and heads, on the first
     ``windows`` validation windows of ``length`` tokens cut from ``tokens`` validation targets spread over the split."""
-    _, data, model, _ = open_trained(run_dir, overrides)
+    _, data, model, _ = open_run(run_dir, overrides)
     cut = data.validation_windows([length], tokens)[length]
     inputs = cut(np.arange(min(windows, len(cut))))["inputs"]
     return np.stack([np.asarray(_rows(model, jnp.asarray(inputs[i : i + 1]), statistic))[0]

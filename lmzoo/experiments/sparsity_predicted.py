@@ -39,12 +39,11 @@ from flax import nnx
 
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.judging import LEVEL, Check, Measured, measured
-from lmzoo.experiments.runs import train_runs
+from lmzoo.experiments.runs import open_run, train_runs
 from lmzoo.experiments.sparsity_closed_forms import closed_exp, closed_identity, closed_relu2
 from lmzoo.scoring.sparsity import l1_l2_sparsity
 from lmzoo.ops.common import causal_mask
 from lmzoo.plots import new_axes, save_axes, series_style
-from lmzoo.record.opening import open_trained
 from lmzoo.schema import one_of
 from lmzoo.stats.bootstrap import bootstrap
 from lmzoo.stats.trained_models import t_interval
@@ -103,7 +102,7 @@ def predicted_and_measured(q, k, scale, weights, closed) -> tuple[np.ndarray, np
 
 def head_points(run_dir: Path, closed, *, length: int, windows: int, tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """(predicted, measured) S per layer and head, averaged over the first ``windows`` validation windows."""
-    _, data, model, _ = open_trained(run_dir)
+    _, data, model, _ = open_run(run_dir)
     cut = data.validation_windows([length], tokens)[length]
     inputs = cut(np.arange(min(windows, len(cut))))["inputs"]
     points = []

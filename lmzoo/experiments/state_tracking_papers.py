@@ -70,9 +70,8 @@ from lmzoo.experiments.arms import estimate
 from lmzoo.experiments.judging import Check, familywise, measured, outcome
 from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import Published, Separation, column, load, load_separations, stated
-from lmzoo.experiments.runs import train_runs
+from lmzoo.experiments.runs import measured_once, open_run, train_runs
 from lmzoo.plots import error_bars, plt, save_axes, series_style
-from lmzoo.record.opening import open_trained
 from lmzoo.schema import one_of, positive
 from lmzoo.stats.bootstrap import ratio_of_sums
 
@@ -255,12 +254,17 @@ def published_rows(settings: Settings, task: str) -> dict[str, Published | Separ
 def position_correct(run_dir: Path, length: int, examples: int) -> tuple[np.ndarray, np.ndarray]:
     """(correct, scored), each (examples, length) 0/1: whether the trained model's most likely token is the target at
     each position of the first ``examples`` validation sequences of ``length`` tokens (every run scores the same
-    sequences), and whether the position holds an answer."""
-    _, data, model, _ = open_trained(run_dir, [])
-    windows = data.validation_windows([length], examples * length)[length]
-    batch = windows(np.arange(min(examples, len(windows))))
-    predicted = np.asarray(_argmax(model, jnp.asarray(batch["inputs"])))
-    return (predicted == batch["targets"]).astype(np.float64), (batch["weights"] > 0).astype(np.float64)
+    sequences), and whether the position holds an answer; kept with the run's record (``measured_once``)."""
+    def measure() -> dict[str, np.ndarray]:
+        _, data, model, _ = open_run(run_dir)
+        windows = data.validation_windows([length], examples * length)[length]
+        batch = windows(np.arange(min(examples, len(windows))))
+        predicted = np.asarray(_argmax(model, jnp.asarray(batch["inputs"])))
+        return {"correct": (predicted == batch["targets"]).astype(np.float64),
+                "scored": (batch["weights"] > 0).astype(np.float64)}
+
+    measured = measured_once(run_dir, f"position_correct-L{length}-n{examples}", measure)
+    return measured["correct"], measured["scored"]
 
 
 @nnx.jit

@@ -1,0 +1,69 @@
+"""An experiment's runs kept as records (``keep=``: settings and measurements, no checkpoints): a run kept is not
+trained again in another out_dir and gives the same evidence; a measurement the record lacks trains that run again;
+a record of other settings is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from lmzoo.config import ConfigError
+from lmzoo.experiments import records_kept, run_experiment, runs
+
+
+@pytest.fixture
+def trained(monkeypatch) -> list[str]:
+    """The run directories trained, in order."""
+    done, train = [], runs.train
+    monkeypatch.setattr(runs, "train", lambda cfg, *a, **k: done.append(cfg.run_dir) or train(cfg, *a, **k))
+    return done
+
+
+@pytest.mark.slow
+def test_a_kept_run_is_read_back_not_trained_and_a_missing_measurement_trains_it_again(tmp_path, trained):
+    keep = tmp_path / "keep"
+    first = run_experiment("state_tracking", tmp_path / "a", quick=True, keep=keep)
+    assert len(trained) == 2  # two arms, one seed each
+    kept = keep / "runs" / "delta_rule_beta01-s0"
+    assert sorted(p.name for p in kept.iterdir()) == ["config.yaml", "eval"]
+    assert not list(keep.rglob("checkpoints"))
+    second = run_experiment("state_tracking", tmp_path / "b", quick=True, keep=keep)
+    assert len(trained) == 2 and second["evidence"] == first["evidence"]
+    assert not (tmp_path / "b" / "state_tracking" / "runs").exists()  # nothing trained, nothing written there
+
+    shutil.rmtree(kept / "eval")  # as if the first experiment had stopped before evaluating this run
+    third = run_experiment("state_tracking", tmp_path / "c", quick=True, keep=keep)
+    assert [str(t).split("/")[-1] for t in trained[2:]] == ["delta_rule_beta01-s0"]
+    assert third["evidence"] == first["evidence"]  # the same seed on the same CPU trains to the same weights
+    with pytest.raises(ConfigError, match=r"keeps a run trained with train.steps=8, not 9; remove that record"):
+        run_experiment("state_tracking", tmp_path / "d", quick=True, keep=keep, overrides=["steps=9"])
+
+
+@pytest.mark.slow
+def test_a_kept_measurement_of_positions_is_read_back_as_measured(tmp_path, trained):
+    keep = tmp_path / "keep"
+    first = run_experiment("state_tracking_papers", tmp_path / "a", quick=True, keep=keep)
+    measured = sorted(p.name for p in keep.rglob("measurements/*.json"))
+    assert len(trained) == 1 and len(measured) == 2  # the test length and the control's
+    second = run_experiment("state_tracking_papers", tmp_path / "b", quick=True, keep=keep)
+    assert len(trained) == 1 and second["evidence"] == first["evidence"]
+
+
+def test_kept_bits_come_back_as_measured_and_other_values_are_refused(tmp_path):
+    folder = tmp_path / "exp"
+    rng = np.random.default_rng(0)
+    arrays = {"correct": (rng.random((3, 17)) < 0.5).astype(np.float64), "scored": np.ones((3, 17))}
+    with records_kept(folder, tmp_path / "keep"):
+        assert runs.measured_once(folder / "runs" / "x", "m", lambda: arrays) is arrays
+        back = runs.measured_once(folder / "runs" / "x", "m", lambda: pytest.fail("measured twice"))
+        with pytest.raises(ValueError, match="m's half holds other values"):
+            runs.measured_once(folder / "runs" / "y", "m", lambda: {"half": np.full((2,), 0.5)})
+    for key, a in arrays.items():
+        np.testing.assert_array_equal(back[key], a)
+        assert back[key].dtype == np.float64
+    assert set(json.loads((tmp_path / "keep" / "runs" / "x" / "measurements" / "m.json").read_text())) == set(arrays)
+    with records_kept(folder, None):
+        assert runs.kept_record(folder / "runs" / "x") is None
