@@ -174,10 +174,62 @@ def attention_block() -> str:
     return attention_tables({reference: comparison_record(path) for reference, path in paths.items()})
 
 
+# The recall and state-tracking yardsticks run on the frontier arms (docs/frontier.md gives the commands): each
+# experiment's verdict.json, its runs' records beside it
+TASKS = REPO / "docs" / "frontier" / "tasks"
+STATE_TRACKING = TASKS / "state_tracking" / "verdict.json"  # state_tracking_papers, the parity column
+MQAR = TASKS / "mqar" / "verdict.json"  # mqar_zoology
+
+
+def task_verdict(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    return read_committed_json(path, "report", "a verdict.json file", ("name", "evidence", "settings"))
+
+
+def parity_columns(record: dict) -> tuple[list[str], dict[str, list[str]]]:
+    """The header and each arm's cells of the parity column of a state_tracking_papers record: scaled accuracy on
+    the control's strings, in the training range and at the test lengths."""
+    s = record["settings"]
+    scores = record["evidence"]["columns"]["parity"]["scaled_accuracy"]
+    ranges = {"control": "1–3 bits", "train": f"{s['train_min']}–{s['train_len']}",
+              "test": f"{s['test_min']}–{s['test_max']}"}
+    header = [f"parity, {span}" for span in ranges.values()]
+    return header, {arm: [interval(score[name]) for name in ranges] for arm, score in scores.items()}
+
+
+def mqar_columns(record: dict) -> tuple[list[str], dict[str, list[str]]]:
+    """The header and each variant's cells of an mqar_zoology record: test accuracy at every setting and width."""
+    s, grid = record["settings"], record["evidence"]["grid"]
+    cells = [(f"T{n}-p{p}", str(width), f"MQAR T {n}, {p} pairs, width {width}")
+             for n, p in zip(s["seq_lens"], s["pairs"]) for width in s["widths"]]
+    return [title for *_, title in cells], {
+        variant: [interval(by_setting.get(setting, {}).get(width, {}).get("accuracy")) for setting, width, _ in cells]
+        for variant, by_setting in grid.items()}
+
+
+def tasks_block(state_tracking: Path = STATE_TRACKING, mqar: Path = MQAR) -> str:
+    """Every frontier arm's parity and MQAR scores beside each other ("—" where an arm was not run on one)."""
+    parts = [(columns(record), record) for columns, record in
+             ((parity_columns, task_verdict(state_tracking)), (mqar_columns, task_verdict(mqar))) if record]
+    if not parts:
+        return "Not run yet: the commands above write the verdicts this table is made from.\n"
+    header = ["arm"] + [title for (titles, _), _ in parts for title in titles]
+    arms = list(dict.fromkeys(arm for (_, cells), _ in parts for arm in cells))
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for arm in arms:
+        row = [cell for (titles, cells), _ in parts for cell in cells.get(arm, ["—"] * len(titles))]
+        lines.append("| " + " | ".join([f"`{arm}`", *row]) + " |")
+    seeds = "; ".join(f"{record['name']}: {n} seed{'s' * (n != 1)}" for _, record in parts
+                      for n in [len(record["settings"]["seeds"])])
+    return "\n".join(lines) + f"\n\n95% intervals over seeds and examples ({seeds}).\n"
+
+
 def blocks(path: Path = FRONTIER_COMPARISON) -> dict[str, str]:
+    tasks = {"frontier:tasks": tasks_block()}
     if not path.exists():
         missing = f"No kept comparison at {path.relative_to(REPO)}: run scripts/cpu_recipe.sh as above.\n"
-        return {"frontier": missing, "frontier:summary": missing, "frontier:attention": missing}
+        return {"frontier": missing, "frontier:summary": missing, "frontier:attention": missing, **tasks}
     record = comparison_record(path)
     return {"frontier": full_table(record), "frontier:summary": summary_table(record),
-            "frontier:attention": attention_block()}
+            "frontier:attention": attention_block(), **tasks}

@@ -48,6 +48,7 @@ from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import column, load
 from lmzoo.experiments.runs import accuracy_runs, evaluate_run, train_grid
 from lmzoo.plots import error_bars, label_log_axis, plt, save_axes, series_style, spread
+from lmzoo.schema import one_of
 from lmzoo.stats.bootstrap import ratio_of_sums
 
 CLAIM = ("On zoology's MQAR sweep softmax attention recalls at every width, and lmzoo ranks the variants zoology "
@@ -73,6 +74,7 @@ class Settings:
     n_layers: int = 4  # zoology: four layers for every mixer but attention
     layers: Dict[str, int] = field(default_factory=lambda: {"softmax": 2})  # zoology's attention has two
     n_heads: int = 1  # zoology's attention and Based use one head
+    variant_overrides: Dict[str, List[str]] = field(default_factory=dict)  # variant -> its own [key=value ...]
     eval_examples: int = 256  # validation and test examples of each setting
     test_seed_offset: int = 1000
     solved: float = 0.9
@@ -83,6 +85,8 @@ class Settings:
     scale: str = "cpu"  # cpu | full: the grid SCALES names, in place of the settings left at their defaults
 
     def check(self) -> None:
+        for variant in self.variant_overrides:
+            one_of("variant_overrides", variant, tuple(self.variants))
         if not len(self.seq_lens) == len(self.pairs) == len(self.batch_sizes):
             raise ConfigError(f"seq_lens={self.seq_lens}, pairs={self.pairs} and batch_sizes={self.batch_sizes} "
                               "name one setting per entry: give them the same length")
@@ -123,11 +127,12 @@ def run_name(variant: str, seq_len: int, pairs: int, width: int, lr: float, seed
 def train_overrides(variant: str, seq_len: int, pairs: int, width: int, batch_size: int,
                     settings: Settings) -> list[str]:
     """``data=mqar`` at the setting with zoology's query placement and distinct values, the model at ``width``,
-    zoology's depth and heads."""
+    zoology's depth and heads, then the variant's own settings (``variant_overrides``)."""
     return ["data=mqar", f"data.seq_len={seq_len}", f"data.num_pairs={pairs}", f"data.task_vocab={settings.vocab}",
             "data.query_placement=power_law", f"data.power_a={ZOOLOGY_POWER_A}", "data.distinct_values=true",
             f"model.d_model={width}", f"model.n_layers={settings.layers.get(variant, settings.n_layers)}",
-            f"model.n_heads={settings.n_heads}", f"train.batch_size={batch_size}", *settings.overrides]
+            f"model.n_heads={settings.n_heads}", f"train.batch_size={batch_size}", *settings.overrides,
+            *settings.variant_overrides.get(variant, [])]
 
 
 def cell(variant: str, setting: tuple[int, int, int], width: int, settings: Settings, runs_dir: Path,

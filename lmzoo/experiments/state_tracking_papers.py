@@ -3,7 +3,8 @@ modular arithmetic without and with brackets, learned on lengths up to 40 and sc
 accuracy; per column of the table, the published separation as a pre-registered claim and lmzoo's ranking of the
 shared rows against the printed one (``paper_agreement`` on ``docs/claims/published/state_tracking.yaml``).
 
-Each arm is a variant with its ``attn.*`` overrides (``ARMS``; ``Settings.arms`` names those run); an arm whose
+Each arm is a variant with its ``attn.*`` overrides (``ARMS``, or any variant by its name at its defaults, as
+``+attn=<name>`` gives it; ``Settings.arms`` names those run); an arm whose
 (variant, overrides) is a row of the table (``published.Published``'s variant and overrides) is compared with
 it: softmax (Transformer), mlstm (mLSTM), mamba (Mamba [0, 1]), mamba with ``attn.negative_eigenvalues=true`` (Mamba
 [-1, 1], the transition 2 exp(delta A) - 1), deltanet (DeltaNet [0, 1]) and ``deltaproduct`` with one Householder
@@ -64,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lmzoo.config import ConfigError
+from lmzoo.config import ConfigError, variant_names
 from lmzoo.experiments import Outcome, at_scale
 from lmzoo.experiments.arms import estimate
 from lmzoo.experiments.judging import Check, familywise, measured, outcome
@@ -142,6 +143,13 @@ TABLE_3_ARMS = ["softmax", "mlstm", "mamba", "mamba_neg", "deltanet", "deltanet_
                 "deltaproduct_nh2_neg"]
 WORD_PROBLEM_ARMS = ["softmax", "mamba", "gated_deltanet", "rwkv7", "deltanet_neg", "deltaproduct_nh2_neg",
                      "deltaproduct_nh1", "deltaproduct_nh2"]
+
+
+def arm_of(arm: str) -> list[str]:
+    """[variant, attn.* overrides ...] of an arm: its entry in ARMS, else the variant of that name at its defaults."""
+    return ARMS.get(arm, [arm])
+
+
 PARTLY = 0.5  # a printed cell at or above it "solves"; below it, a score below it "does not solve"
 
 
@@ -179,14 +187,14 @@ class Settings:
         for task in self.tasks:
             one_of("tasks", task, tuple(TASKS))
         for arm in self.arms:
-            one_of("arms", arm, tuple(ARMS))
+            one_of("arms", arm, (*ARMS, *variant_names()))
         for task, steps in self.column_steps.items():
             one_of("column_steps", task, tuple(TASKS))
             positive(f"column_steps.{task}", steps)
         for task in self.column_overrides:
             one_of("column_overrides", task, tuple(TASKS))
         for arm, by_column in self.arm_overrides.items():
-            one_of("arm_overrides", arm, tuple(ARMS))
+            one_of("arm_overrides", arm, (*ARMS, *variant_names()))
             for task in by_column:
                 one_of(f"arm_overrides.{arm}", task, tuple(TASKS))
 
@@ -247,7 +255,7 @@ def published_rows(settings: Settings, task: str) -> dict[str, Published | Separ
     else:
         printed = stated(load_separations(where.file), where.source, task)
     by_key = {(n.variant, frozenset(n.overrides)): n for n in printed.values()}
-    keys = {arm: (ARMS[arm][0], frozenset(ARMS[arm][1:])) for arm in settings.arms}
+    keys = {arm: (arm_of(arm)[0], frozenset(arm_of(arm)[1:])) for arm in settings.arms}
     return {arm: by_key[key] for arm, key in keys.items() if key in by_key}
 
 
@@ -293,7 +301,7 @@ def train_overrides(arm: str, task: str, settings: Settings) -> list[str]:
     run's, the column's own and this arm's on this column (the later wins)."""
     return [f"data={TASKS[task].data}", *TASKS[task].data_overrides, f"data.seq_len={settings.train_len}",
             f"model.d_model={settings.d_model}", f"model.n_layers={settings.n_layers}", f"optim.lr={settings.lr}",
-            *ARMS[arm][1:], *settings.overrides, *settings.column_overrides.get(task, []),
+            *arm_of(arm)[1:], *settings.overrides, *settings.column_overrides.get(task, []),
             *settings.arm_overrides.get(arm, {}).get(task, [])]
 
 
@@ -305,7 +313,8 @@ def steps_for(task: str, settings: Settings) -> int:
 def train_arm(arm: str, task: str, settings: Settings, runs_dir: Path) -> dict[int, Path]:
     folder = TASKS[task].folder or TASKS[task].data
     run_dirs = {seed: runs_dir / folder / f"{arm}-s{seed}" for seed in settings.seeds}
-    train_runs(ARMS[arm][0], run_dirs, steps=steps_for(task, settings), overrides=train_overrides(arm, task, settings))
+    train_runs(arm_of(arm)[0], run_dirs, steps=steps_for(task, settings),
+               overrides=train_overrides(arm, task, settings))
     return run_dirs
 
 
@@ -354,7 +363,7 @@ def run(settings: Settings, out_dir: Path) -> Outcome:
         runs += task_runs
     evidence = {"metric": "scaled accuracy", "test_lengths": [settings.test_min, settings.test_max],
                 "train_len": settings.train_len, "steps": {task: steps_for(task, settings) for task in settings.tasks},
-                "arms": {arm: {"variant": ARMS[arm][0], "overrides": ARMS[arm][1:]} for arm in settings.arms},
+                "arms": {arm: {"variant": arm_of(arm)[0], "overrides": arm_of(arm)[1:]} for arm in settings.arms},
                 "columns": columns}
     evidence["verdicts"] = column_verdicts(evidence, settings)
     figures = [plot(task, evidence, settings, out_dir / f"scaled_accuracy_{task}.png") for task in columns]

@@ -1,6 +1,7 @@
 """The frontier tables generated from a comparison.json: the baseline's row first with no differences, a star only
 where Holm's adjustment keeps it, the summary ordered by the difference at T with the baseline where it changes sign."""
 
+import json
 import re
 
 import pytest
@@ -82,3 +83,25 @@ def test_the_attention_tables_set_each_arm_beside_each_reference_from_that_refer
     assert fox[5] == "0.100 ± 0.010" and fox[7] == ""
     assert ratio_table.splitlines()[0] == "| arm | bpb@512/bpb@T | − softmax | − fox | − swa |"
     assert ratio_table.splitlines()[2].split(" | ")[1:3] == ["1.000 [0.990, 1.010]", ""]  # softmax − softmax: blank
+
+
+def test_the_tasks_table_sets_each_arms_parity_and_mqar_side_by_side(tmp_path):
+    assert frontier_tables.tasks_block(tmp_path / "a.json", tmp_path / "b.json").startswith("Not run yet")
+    scores = {"control": interval(1.0, 0.0), "train": interval(0.9, 0.05), "test": interval(0.2, 0.1)}
+    state = {"name": "state_tracking_papers", "settings": {"train_min": 3, "train_len": 40, "test_min": 40,
+                                                           "test_max": 256, "seeds": [0, 1, 2]},
+             "evidence": {"columns": {"parity": {"scaled_accuracy": {"softmax": scores, "kda": scores}}}}}
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    assert "| `kda` | 1.000 [1.000, 1.000] | 0.900 [0.850, 0.950] | 0.200 [0.100, 0.300] |" in (
+        frontier_tables.tasks_block(tmp_path / "state.json", tmp_path / "b.json"))
+    mqar = {"name": "mqar_zoology", "settings": {"seq_lens": [32], "pairs": [4], "widths": [32, 64], "seeds": [0]},
+            "evidence": {"grid": {"softmax": {"T32-p4": {"32": {"accuracy": interval(0.99, 0.01)}}},
+                                  "mamba": {"T32-p4": {"32": {"accuracy": interval(0.5)}}}}}}
+    (tmp_path / "mqar.json").write_text(json.dumps(mqar))
+    lines = frontier_tables.tasks_block(tmp_path / "state.json", tmp_path / "mqar.json").splitlines()
+    assert lines[0] == ("| arm | parity, 1–3 bits | parity, 3–40 | parity, 40–256 | MQAR T 32, 4 pairs, width 32 | "
+                        "MQAR T 32, 4 pairs, width 64 |")
+    assert [line.split(" | ")[0] for line in lines[2:5]] == ["| `softmax`", "| `kda`", "| `mamba`"]
+    assert lines[2].endswith("| 0.990 [0.980, 1.000] | — |")  # width 64 not run
+    assert lines[3].endswith("| 0.200 [0.100, 0.300] | — | — |") and lines[4].startswith("| `mamba` | — | — | — |")
+    assert lines[-1] == "95% intervals over seeds and examples (state_tracking_papers: 3 seeds; mqar_zoology: 1 seed)."

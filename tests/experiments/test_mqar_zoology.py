@@ -44,6 +44,11 @@ def test_overrides_give_each_variant_zoologys_depth_and_the_settings_task():
             "model.n_layers=2", "model.n_heads=1", "train.batch_size=32", "data.query_placement=power_law",
             "data.power_a=0.01", "data.distinct_values=true"} <= set(softmax)
     assert "model.n_layers=4" in zoology.train_overrides("mamba", 64, 8, 32, 32, settings)
+    nsa = settings_for(zoology, ["variants=[softmax,nsa]", "variant_overrides={nsa: [attn.n_kv_heads=1]}"], quick=False)
+    assert zoology.train_overrides("nsa", 64, 8, 32, 32, nsa)[-1] == "attn.n_kv_heads=1"
+    assert "attn.n_kv_heads=1" not in zoology.train_overrides("softmax", 64, 8, 32, 32, nsa)
+    with pytest.raises(ConfigError, match=r"^variant_overrides='nsa' is not valid \(choose from: softmax, linear"):
+        settings_for(zoology, ["variant_overrides={nsa: [attn.n_kv_heads=1]}"], quick=False)
 
 
 def cell(accuracies):

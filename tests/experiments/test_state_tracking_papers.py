@@ -22,6 +22,8 @@ def test_the_paper_scale_runs_every_arm_at_the_papers_lengths_and_a_wrong_settin
     assert paper.tasks == ["parity", "modular_arithmetic_without_brackets", "modular_arithmetic_with_brackets"]
     with pytest.raises(ConfigError, match=r"^arms='lstm' is not valid \(choose from: softmax, mlstm, mamba, mamba_neg"):
         settings_for(papers, ["arms=[softmax,lstm]"], quick=False)
+    with pytest.raises(ConfigError, match=r"^arm_overrides='lstm' is not valid \(choose from: softmax, mlstm"):
+        settings_for(papers, ["arm_overrides={lstm: {parity: [model.n_layers=4]}}"], quick=False)
     with pytest.raises(ConfigError, match=r"^train_min=3, train_len=64, test_min=40, test_max=256 must rise"):
         settings_for(papers, ["train_len=64"], quick=False)
     with pytest.raises(ConfigError, match=r"^tasks='modular_arithmetic' is not valid \(choose from: parity, "
@@ -41,6 +43,18 @@ def test_every_arm_and_every_column_is_a_config_the_trainer_accepts():
             papers.ARMS[arm][0], papers.TASKS[task].data, 40, 128)
     cfg = run_config("deltaproduct", "unused", 0, 10, papers.train_overrides("deltanet_neg", "parity", paper))
     assert (cfg.attn.householder_steps, cfg.attn.negative_eigenvalues, cfg.attn.gate) == (1, True, "none")
+
+
+def test_any_variant_is_an_arm_at_its_defaults_with_its_own_settings_last():
+    from lmzoo.experiments.runs import run_config
+
+    settings = settings_for(papers, ["arms=[kda,minimax_like]", "tasks=[parity]",
+                                     "arm_overrides={minimax_like: {parity: [model.n_layers=8]}}"], quick=False)
+    assert papers.arm_of("kda") == ["kda"] and papers.arm_of("deltanet_neg")[0] == "deltaproduct"
+    kda = run_config("kda", "unused", 0, 10, papers.train_overrides("kda", "parity", settings))
+    preset = run_config("minimax_like", "unused", 0, 10, papers.train_overrides("minimax_like", "parity", settings))
+    assert (kda.attn.name, kda.model.n_layers, preset.model.n_layers) == ("kda", 2, 8)
+    assert papers.published_rows(settings, "parity") == {}  # neither is a row of Table 3
 
 
 def test_the_paper_scale_trains_each_column_at_the_authors_released_budget():
