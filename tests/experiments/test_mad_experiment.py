@@ -178,3 +178,16 @@ def test_a_run_under_protocol_mad_trains_mads_steps_in_its_own_folder(monkeypatc
     assert scores["gla"]["test"] == pytest.approx([0.61, 0.61])
     assert scores["softmax"]["settings"]["baseline"]["steps"] == 400
     assert outcome.evidence["protocol"] == "mad"
+
+
+def test_one_variant_has_no_ranking_to_compare_and_is_judged_on_its_control(monkeypatch, tmp_path):
+    """A run of softmax alone (sizing a scale, say) writes its scores with no ranking, rather than stopping."""
+    settings = settings_for(mad, ["tasks=[in_context_recall]", "variants=[softmax]", "lrs=[0.001]",
+                                  "weight_decays=[0.0]", "seeds=[0,1,2]"], quick=False)
+    monkeypatch.setattr(mad, "train_grid", lambda variant, grid, **kw: None)
+    monkeypatch.setattr(mad, "accuracy", lambda run_dir, length, tokens, tag, extra=(): 0.95 + 0.01 * (
+        str(run_dir)[-1] == "1"))
+    outcome = mad.run(settings, tmp_path)
+    assert outcome.evidence["agreement"] == {"in_context_recall": None}
+    checks = mad.judge(json.loads(json.dumps(outcome.evidence)), settings)
+    assert [(c.name, c.passed) for c in checks] == [("control: softmax, in-context recall accuracy", True)]
