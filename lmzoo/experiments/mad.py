@@ -29,7 +29,8 @@ Judged (``judge``):
 - positive control: softmax's in-context recall accuracy above ``solved`` = 0.9 (MAD's Transformer: 94.1%);
   without it the ranking compares models that did not learn the tasks;
 - per task, Kendall's tau between lmzoo's and the paper's ranking of the shared variants above 0, its interval
-  the bootstrap over seeds (``paper_agreement``; undecided with one seed per variant).
+  the bootstrap over seeds (``paper_agreement``; undecided with one seed per variant; none where fewer than two
+  variants are shared with the paper).
 """
 
 from __future__ import annotations
