@@ -200,24 +200,27 @@ def finished_evaluation(run: RunDir, tag: str, settings: dict) -> dict | None:
 
 # ----------------------------------------------------------------------------- records kept beside the experiment
 # Where an experiment runs with ``keep=<folder>`` (``lmzoo.experiments.records_kept``), each run keeps a record
-# there, at the path the run has in the experiment's folder: ``config.yaml`` (the settings it trained with, once
-# trained) and every measurement the experiment took of it (``eval/<tag>/results.json``, ``measurements/*.json``),
-# no checkpoints. A run whose record is kept is not trained again, in any out_dir: its measurements are read back,
-# and only a measurement the record lacks (the experiment stopped before taking it) trains the run again.
+# there, at the path the run has under the experiment's runs folder (``kept_record``): ``config.yaml`` (the settings
+# it trained with, once trained) and every measurement the experiment took of it (``eval/<tag>/results.json``,
+# ``measurements/*.json``), no checkpoints. A run whose record is kept is not trained again, in any out_dir: its
+# measurements are read back, and only a measurement the record lacks (the experiment stopped before taking it)
+# trains the run again.
 
 KEPT_CONFIG = "config.yaml"
 
 
 def kept_record(run_dir: Path | str) -> Path | None:
-    """The folder keeping ``run_dir``'s record; None when no records are kept, or the run lies outside the
-    experiment's folder."""
+    """The folder keeping ``run_dir``'s record: its path in the experiment's folder, less the ``runs`` folder they
+    share (git ignores folders of that name, and records are kept to be committed); None when no records are kept,
+    or the run lies outside the experiment's folder."""
     keeping = kept_setting()
     if keeping is None:
         return None
     try:
-        return keeping.keep / Path(run_dir).relative_to(keeping.folder)
+        relative = Path(run_dir).relative_to(keeping.folder)
     except ValueError:
         return None
+    return keeping.keep.joinpath(*relative.parts[relative.parts[0] == "runs":])
 
 
 def kept_elsewhere(cfg: Config) -> bool:

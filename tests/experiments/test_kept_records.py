@@ -27,7 +27,7 @@ def test_a_kept_run_is_read_back_not_trained_and_a_missing_measurement_trains_it
     keep = tmp_path / "keep"
     first = run_experiment("state_tracking", tmp_path / "a", quick=True, keep=keep)
     assert len(trained) == 2  # two arms, one seed each
-    kept = keep / "runs" / "delta_rule_beta01-s0"
+    kept = keep / "delta_rule_beta01-s0"  # the runs' folder left out: git ignores folders named runs
     assert sorted(p.name for p in kept.iterdir()) == ["config.yaml", "eval"]
     assert not list(keep.rglob("checkpoints"))
     second = run_experiment("state_tracking", tmp_path / "b", quick=True, keep=keep)
@@ -57,6 +57,7 @@ def test_kept_bits_come_back_as_measured_and_other_values_are_refused(tmp_path):
     rng = np.random.default_rng(0)
     arrays = {"correct": (rng.random((3, 17)) < 0.5).astype(np.float64), "scored": np.ones((3, 17))}
     with records_kept(folder, tmp_path / "keep"):
+        assert runs.kept_record(folder / "runs-mad" / "z") == tmp_path / "keep" / "runs-mad" / "z"
         assert runs.measured_once(folder / "runs" / "x", "m", lambda: arrays) is arrays
         back = runs.measured_once(folder / "runs" / "x", "m", lambda: pytest.fail("measured twice"))
         with pytest.raises(ValueError, match="m's half holds other values"):
@@ -64,6 +65,6 @@ def test_kept_bits_come_back_as_measured_and_other_values_are_refused(tmp_path):
     for key, a in arrays.items():
         np.testing.assert_array_equal(back[key], a)
         assert back[key].dtype == np.float64
-    assert set(json.loads((tmp_path / "keep" / "runs" / "x" / "measurements" / "m.json").read_text())) == set(arrays)
+    assert set(json.loads((tmp_path / "keep" / "x" / "measurements" / "m.json").read_text())) == set(arrays)
     with records_kept(folder, None):
         assert runs.kept_record(folder / "runs" / "x") is None
