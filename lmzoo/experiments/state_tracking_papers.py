@@ -289,11 +289,11 @@ def scaled(record: dict, chance: float) -> dict:
 
 
 def positions(evaluated: tuple[np.ndarray, np.ndarray], first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
-    """(correct, count) per example over its answers for strings of ``first`` .. ``last`` tokens (positions 1-based);
-    the examples without an answer there (one-answer tasks) left out."""
+    """(correct, count) per example over its answers for strings of ``first`` .. ``last`` tokens (positions 1-based).
+    An example without an answer there (one-answer tasks) counts 0 rather than being left out: each seed draws its own
+    examples, so leaving them out gave the seeds different numbers of blocks, which an arm's interval refuses."""
     correct, scored = (a[:, first - 1 : last] for a in evaluated)
-    count = scored.sum(axis=1)
-    return (correct * scored).sum(axis=1)[count > 0], count[count > 0]
+    return (correct * scored).sum(axis=1), scored.sum(axis=1)
 
 
 def train_overrides(arm: str, task: str, settings: Settings) -> list[str]:

@@ -130,6 +130,10 @@ def test_scores_are_scaled_accuracy_over_the_answers_in_the_papers_ranges():
     scores = papers.score_arm([one], [short], settings, "modular_arithmetic_with_brackets")  # one answer each
     assert scores["train_seeds"] == [pytest.approx(1.0)]  # examples 0 and 1: both right
     assert scores["test_seeds"] == [pytest.approx((1 / 3 - 0.2) / 0.8)]  # examples 1 (right), 2 and 3 (wrong)
+    other = (correct, np.array([[0, 1.0, 0, 0, 0, 0], [0, 0, 1.0, 0, 0, 0], [0, 0, 1.0, 0, 0, 0], [0] * 5 + [1.0]]))
+    scores = papers.score_arm([one, other, one], [short] * 3, settings, "modular_arithmetic_with_brackets")
+    assert scores["train_seeds"] == pytest.approx([1.0, (1 / 3 - 0.2) / 0.8, 1.0])  # seeds answer at other lengths
+    assert scores["train"]["lo"] <= scores["train"]["estimate"] <= scores["train"]["hi"]
 
 
 def evidence(test_accuracy: dict[str, dict[str, list[float]]], control: float = 1.0,
