@@ -19,7 +19,6 @@ costs more per seed (docs/benchmarks.md); ``true`` always, ``false`` never.
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
 
 import jax
@@ -31,9 +30,9 @@ from omegaconf import OmegaConf
 from lmzoo.cli import compose_and_validate
 from lmzoo.config import Config, ConfigError
 from lmzoo.data.tokenizers import ByteTokenizer
-from lmzoo.experiments import kept_setting, seed_groups_setting
+from lmzoo.experiments import kept_setting, read_committed_json, seed_groups_setting
 from lmzoo.experiments.judging import measured
-from lmzoo.faults import Interrupted
+from lmzoo.faults import Interrupted, first_line
 from lmzoo.measure.evaluation import eval_settings, evaluate, result_settings
 from lmzoo.measure.outputs import write_outputs
 from lmzoo.model import LM
@@ -178,7 +177,10 @@ def evaluate_run(run_dir: Path, *, tag: str, lengths: list[int], tokens: int, ov
     run, settings = RunDir(run_dir), result_settings(eval_cfg, list(overrides))
     kept = kept_record(run_dir)
     kept_results = None if kept is None else kept / "eval" / tag / "results.json"
-    results = finished_evaluation(run, tag, settings) or kept_evaluation(kept_results, settings)
+    results = kept_evaluation(kept_results, settings)
+    if results is not None:
+        return results
+    results = finished_evaluation(run, tag, settings)
     if results is None:
         train_skipped(run_dir)
         results = evaluate(open_trained(run, overrides), eval_cfg, tag=tag, extra_dir=run.eval_dir(tag))
@@ -230,7 +232,11 @@ def kept_elsewhere(cfg: Config) -> bool:
     record = kept_record(cfg.run_dir)
     if record is None or not (record / KEPT_CONFIG).is_file():
         return False
-    kept = flat_settings(OmegaConf.load(record / KEPT_CONFIG))
+    try:
+        kept = flat_settings(OmegaConf.load(record / KEPT_CONFIG))
+    except Exception as e:  # YAML's and OmegaConf's errors alike: a record edited by hand or torn
+        raise ConfigError(f"{record / KEPT_CONFIG} is not a kept run's settings ({first_line(e)}); remove that "
+                          "record to train the run again") from None
     wanted = flat_settings(OmegaConf.structured(cfg))
     if kept != wanted:
         key = next(k for k in sorted(set(kept) | set(wanted)) if kept.get(k) != wanted.get(k))
@@ -254,8 +260,8 @@ def kept_evaluation(path: Path | None, settings: dict) -> dict | None:
     """A kept evaluation's results if they were made with ``settings``, else None."""
     if path is None or not path.is_file():
         return None
-    results = json.loads(path.read_text())
-    return results if results.get("settings") == settings else None
+    results = read_committed_json(path, "experiments", "a kept evaluation", ("settings",))
+    return results if results["settings"] == settings else None
 
 
 def train_skipped(run_dir: Path) -> None:
@@ -264,8 +270,7 @@ def train_skipped(run_dir: Path) -> None:
     cfg = None if keeping is None else keeping.skipped.pop(Path(run_dir), None)
     if cfg is not None:
         print(f"{run_dir}: its kept record lacks a measurement; training the run again")
-        for runs in by_start([cfg], cfg.train.steps):
-            finished(train(runs[0]), runs)
+        finished(train(cfg), [cfg])
 
 
 def open_run(run_dir: Path, overrides: list[str] = ()):
@@ -281,7 +286,7 @@ def measured_once(run_dir: Path, name: str, measure) -> dict[str, np.ndarray]:
     record = kept_record(run_dir)
     path = None if record is None else record / "measurements" / f"{name}.json"
     if path is not None and path.is_file():
-        kept = json.loads(path.read_text())
+        kept = read_committed_json(path, "experiments", "a kept measurement")
         return {key: np.unpackbits(np.frombuffer(base64.b64decode(a["bits"]), np.uint8),
                                    count=int(np.prod(a["shape"]))).reshape(a["shape"]).astype(np.float64)
                 for key, a in kept.items()}

@@ -261,8 +261,9 @@ def published_rows(settings: Settings, task: str) -> dict[str, Published | Separ
 
 def position_correct(run_dir: Path, length: int, examples: int) -> tuple[np.ndarray, np.ndarray]:
     """(correct, scored), each (examples, length) 0/1: whether the trained model's most likely token is the target at
-    each position of the first ``examples`` validation sequences of ``length`` tokens (every run scores the same
-    sequences), and whether the position holds an answer; kept with the run's record (``measured_once``)."""
+    each position of the first ``examples`` validation sequences of ``length`` tokens (drawn from the run's own data
+    seed, as many for every run), and whether the position holds an answer; kept with the run's record
+    (``measured_once``)."""
     def measure() -> dict[str, np.ndarray]:
         _, data, model, _ = open_run(run_dir)
         windows = data.validation_windows([length], examples * length)[length]

@@ -68,3 +68,17 @@ def test_kept_bits_come_back_as_measured_and_other_values_are_refused(tmp_path):
     assert set(json.loads((tmp_path / "keep" / "x" / "measurements" / "m.json").read_text())) == set(arrays)
     with records_kept(folder, None):
         assert runs.kept_record(folder / "runs" / "x") is None
+
+
+def test_a_torn_kept_record_is_named_in_one_line(tmp_path):
+    folder, keep = tmp_path / "exp", tmp_path / "keep"
+    (keep / "x" / "measurements").mkdir(parents=True)
+    (keep / "x" / "measurements" / "m.json").write_text('{"correct": {"sha')
+    (keep / "x" / "eval" / "t").mkdir(parents=True)
+    (keep / "x" / "eval" / "t" / "results.json").write_text("[1]")
+    with records_kept(folder, keep):
+        with pytest.raises(ConfigError, match=r"^experiments: .*m.json is not a kept measurement "
+                                              r"\(JSONDecodeError: Unterminated"):
+            runs.measured_once(folder / "runs" / "x", "m", lambda: pytest.fail("measured"))
+        with pytest.raises(ConfigError, match=r"^experiments: .*results.json is not a kept evaluation \(no settings"):
+            runs.kept_evaluation(keep / "x" / "eval" / "t" / "results.json", {})
