@@ -287,9 +287,13 @@ def measured_once(run_dir: Path, name: str, measure) -> dict[str, np.ndarray]:
     path = None if record is None else record / "measurements" / f"{name}.json"
     if path is not None and path.is_file():
         kept = read_committed_json(path, "experiments", "a kept measurement")
-        return {key: np.unpackbits(np.frombuffer(base64.b64decode(a["bits"]), np.uint8),
-                                   count=int(np.prod(a["shape"]))).reshape(a["shape"]).astype(np.float64)
-                for key, a in kept.items()}
+        try:
+            return {key: np.unpackbits(np.frombuffer(base64.b64decode(a["bits"]), np.uint8),
+                                       count=int(np.prod(a["shape"]))).reshape(a["shape"]).astype(np.float64)
+                    for key, a in kept.items()}
+        except Exception as e:  # valid JSON of another shape: a record edited by hand
+            raise ConfigError(f"experiments: {path} is not a kept measurement ({first_line(e)}); remove it to "
+                              "measure the run again") from None
     train_skipped(run_dir)
     arrays = measure()
     if path is not None:

@@ -82,3 +82,6 @@ def test_a_torn_kept_record_is_named_in_one_line(tmp_path):
             runs.measured_once(folder / "runs" / "x", "m", lambda: pytest.fail("measured"))
         with pytest.raises(ConfigError, match=r"^experiments: .*results.json is not a kept evaluation \(no settings"):
             runs.kept_evaluation(keep / "x" / "eval" / "t" / "results.json", {})
+        (keep / "x" / "measurements" / "m.json").write_text('{"correct": {"shape": [2, 3]}}')
+        with pytest.raises(ConfigError, match=r"^experiments: .*m.json is not a kept measurement \(KeyError"):
+            runs.measured_once(folder / "runs" / "x", "m", lambda: pytest.fail("measured"))
