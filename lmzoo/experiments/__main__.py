@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -106,6 +107,17 @@ def rejudge_all(paths: list[str]) -> None:
         print(f"{record['name']}: {record['verdict']} ({record['reason']}); was {record['rejudged']['verdict']}")
 
 
+def show_progress() -> None:
+    """The experiment's line before and after each run it trains (``runs.progress``) on stdout, each as it comes:
+    stderr is kept for the one line of an error."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    progress = logging.getLogger("lmzoo.experiments.progress")
+    progress.addHandler(handler)
+    progress.setLevel(logging.INFO)
+    progress.propagate = False
+
+
 def main(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help", "list"):
         print(listing())
@@ -118,6 +130,7 @@ def main(argv: list[str]) -> None:
         if wants_help(rest):
             show_usage(name)
         run, overrides, _ = parse_settings(RunSettings, rest, "experiments", others=True)
+        show_progress()
         try:
             record = run_experiment(name, Path(run.out_dir), quick=run.quick, overrides=overrides,
                                     seed_groups=run.seed_groups, keep=None if run.keep is None else Path(run.keep))

@@ -19,6 +19,8 @@ costs more per seed (docs/benchmarks.md); ``true`` always, ``false`` never.
 from __future__ import annotations
 
 import base64
+import logging
+import time
 from pathlib import Path
 
 import jax
@@ -43,6 +45,10 @@ from lmzoo.record.directory import RunDir, atomic_write_text, flat_settings, jso
 from lmzoo.record.opening import open_trained
 from lmzoo.run.loop import train
 from lmzoo.stats.bootstrap import Interval, bootstrap, paired_difference_interval
+
+# An experiment trains for minutes to hours with its runs' own step lines off: this logger says, a line before and
+# after each run it trains, where the experiment stands (``python -m lmzoo.experiments`` prints it on stdout).
+progress = logging.getLogger("lmzoo.experiments.progress")
 
 
 def grouping(cfg: Config) -> bool:
@@ -90,9 +96,24 @@ def train_configs(configs: list[Config], steps: int) -> None:
     left = [cfg for cfg in configs if not kept_elsewhere(cfg) and not reused(cfg, Path(cfg.run_dir))]
     for group in by_start(left, steps):
         for runs in stackable(group) if grouping(group[0]) else [[cfg] for cfg in group]:
-            finished(loop.train_runs(runs) if len(runs) > 1 else train(runs[0]), runs)
+            finished(announced(runs), runs)
     for cfg in left:
         keep_trained(cfg)
+
+
+def announced(runs: list[Config]) -> dict:
+    """Train ``runs`` (one vmapped group where there are several) with a line before and after: which runs, from
+    and to which step, and how long they took. A finished run, only read back, trains without a word."""
+    run = RunDir(runs[0].run_dir)
+    start, steps = final_step(run) if run.checkpoints.is_dir() else 0, runs[0].train.steps
+    names = ", ".join(str(cfg.run_dir) for cfg in runs)
+    if start < steps:
+        progress.info("%s: training to step %d%s", names, steps, f" from step {start}" if start else "")
+    began = time.monotonic()
+    summary = loop.train_runs(runs) if len(runs) > 1 else train(runs[0])
+    if start < steps and not summary["interrupted"]:
+        progress.info("%s: trained in %.0f s", names, time.monotonic() - began)
+    return summary
 
 
 def stackable(group: list[Config]) -> list[list[Config]]:
@@ -119,7 +140,7 @@ def reused(cfg: Config, run_dir: Path) -> bool:
     if not run_dir.exists() and (twin := finished_twin(cfg, run_dir)) is not None:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         run_dir.symlink_to(twin.resolve(), target_is_directory=True)
-        print(f"{run_dir}: reusing {twin}, trained with the same settings")
+        progress.info("%s: reusing %s, trained with the same settings", run_dir, twin)
         return True
     return False
 
@@ -269,8 +290,8 @@ def train_skipped(run_dir: Path) -> None:
     keeping = kept_setting()
     cfg = None if keeping is None else keeping.skipped.pop(Path(run_dir), None)
     if cfg is not None:
-        print(f"{run_dir}: its kept record lacks a measurement; training the run again")
-        finished(train(cfg), [cfg])
+        progress.info("%s: its kept record lacks a measurement; training the run again", run_dir)
+        finished(announced([cfg]), [cfg])
 
 
 def open_run(run_dir: Path, overrides: list[str] = ()):

@@ -5,6 +5,7 @@ a record of other settings is refused in one line."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import numpy as np
@@ -23,20 +24,25 @@ def trained(monkeypatch) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_kept_run_is_read_back_not_trained_and_a_missing_measurement_trains_it_again(tmp_path, trained):
+def test_a_kept_run_is_read_back_not_trained_and_a_missing_measurement_trains_it_again(tmp_path, trained, caplog):
+    caplog.set_level(logging.INFO, logger="lmzoo.experiments.progress")
+    said = lambda: [r.getMessage().split(": ", 1)[1] for r in caplog.records]  # noqa: E731  (the run's path left out)
     keep = tmp_path / "keep"
     first = run_experiment("state_tracking", tmp_path / "a", quick=True, keep=keep)
     assert len(trained) == 2  # two arms, one seed each
+    assert [line.split(" in ")[0] for line in said()] == ["training to step 8", "trained"] * 2
     kept = keep / "delta_rule_beta01-s0"  # the runs' folder left out: git ignores folders named runs
     assert sorted(p.name for p in kept.iterdir()) == ["config.yaml", "eval"]
     assert not list(keep.rglob("checkpoints"))
     second = run_experiment("state_tracking", tmp_path / "b", quick=True, keep=keep)
     assert len(trained) == 2 and second["evidence"] == first["evidence"]
     assert not (tmp_path / "b" / "state_tracking" / "runs").exists()  # nothing trained, nothing written there
+    assert len(said()) == 4  # and nothing said of the runs kept
 
     shutil.rmtree(kept / "eval")  # as if the first experiment had stopped before evaluating this run
     third = run_experiment("state_tracking", tmp_path / "c", quick=True, keep=keep)
     assert [str(t).split("/")[-1] for t in trained[2:]] == ["delta_rule_beta01-s0"]
+    assert said()[4:6] == ["its kept record lacks a measurement; training the run again", "training to step 8"]
     assert third["evidence"] == first["evidence"]  # the same seed on the same CPU trains to the same weights
     with pytest.raises(ConfigError, match=r"keeps a run trained with train.steps=8, not 9; remove that record"):
         run_experiment("state_tracking", tmp_path / "d", quick=True, keep=keep, overrides=["steps=9"])

@@ -162,6 +162,9 @@ def test_ctrl_c_while_an_experiments_run_saves_its_last_step_stops_the_experimen
     assert not list(tmp_path.rglob("verdict.json"))
     assert steps_saved(tmp_path / "decode_cache" / "runs" / "softmax-s0") == [8]  # the run itself is whole
     assert not (tmp_path / "decode_cache" / "runs" / "gqa-s0").exists()  # the next arm never started
+    # its progress on stdout, stderr kept to the error's line: the run it began, and no end to it
+    assert f"{tmp_path / 'decode_cache' / 'runs' / 'softmax-s0'}: training to step 8" in proc.stdout, proc.stdout
+    assert "trained in" not in proc.stdout
 
 
 # Python code that a garbage collection runs, as JAX's ``_xla_gc_callback``: an interrupt landing there is an
