@@ -37,8 +37,8 @@ from lmzoo.config import (
     CONFIG_DIR, Config, ConfigError, explain, group_options, register_schemas, to_dataclass, validate, variant_names,
 )
 from lmzoo.faults import (
-    EXIT_ABORTED, EXIT_CONFIG, EXIT_INTERRUPTED, RunFault, Stopped, debugging, exit_at_once, redelivering,
-    unparsable,
+    EXIT_ABORTED, EXIT_CONFIG, EXIT_FINISHED, EXIT_INTERRUPTED, RunFault, Stopped, debugging, exit_at_once,
+    redelivering, unparsable,
 )
 
 MAX_CHECKED_COMBINATIONS = 256
@@ -142,6 +142,19 @@ def use_compilation_cache() -> str | None:
     return folder
 
 
+@contextmanager
+def reader_may_leave():
+    """A command whose reader stops reading (``| head``) stops there quietly with exit 0, as the commands of a
+    pipeline do, not with a BrokenPipeError traceback. Its stdout then points at /dev/null, so Python's flush at
+    exit cannot fail again. (Training writes through ``logging``, which drops a line it cannot write: a run piped to
+    ``head`` trains on.)"""
+    try:
+        yield
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_FINISHED)
+
+
 def run_command(main, after: str) -> None:
     """What ``python -m lmzoo.<command>`` runs: ``main()`` with warnings as plain lines (``warning: ...``, not
     ``WARNING:lmzoo.x:warning: ...``), XLA's compilation cache on (``use_compilation_cache``), and Ctrl-C or SIGTERM
@@ -149,7 +162,7 @@ def run_command(main, after: str) -> None:
     logging.basicConfig(format="%(message)s", level=logging.WARNING, force=True)
     logging.raiseExceptions = False  # a handler on a full disk: no traceback per line
     use_compilation_cache()
-    with interrupts_in_one_line(after):
+    with reader_may_leave(), interrupts_in_one_line(after):
         main()
 
 

@@ -20,8 +20,8 @@ from typing import NoReturn
 import hydra
 
 from lmzoo.cli import (
-    HelpLine, check_argv, exit_codes, fail, group_choices, interrupts_in_one_line, schema_options, show_help,
-    use_compilation_cache, wants_help, with_defaults,
+    HelpLine, check_argv, exit_codes, fail, group_choices, interrupts_in_one_line, reader_may_leave, schema_options,
+    show_help, use_compilation_cache, wants_help, with_defaults,
 )
 from lmzoo.config import CONFIG_DIR, Config, ConfigError, data_spec, register_schemas, validate, variant_names
 from lmzoo.faults import EXIT_FINISHED, EXIT_INTERRUPTED, RunFault, check_unlocked, debugging, probe_writable
@@ -135,6 +135,11 @@ def refuse_a_held_run(run_dir: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Exits with the largest of the runs' exit codes (``lmzoo.faults``) unless every run finished."""
+    with reader_may_leave():
+        run_and_exit(argv)
+
+
+def run_and_exit(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.raiseExceptions = False  # a log file on a full disk: no traceback per line; the write's own fault says it
     use_compilation_cache()

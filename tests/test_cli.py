@@ -173,3 +173,12 @@ def test_a_hook_for_late_reports_set_inside_a_command_outlives_it():
         assert getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False)
     finally:
         sys.unraisablehook = before
+
+
+@pytest.mark.parametrize("argv", [["lmzoo.experiments"], ["lmzoo.train", "--help"]])  # run_command; train's own
+def test_a_reader_that_stops_reading_stops_the_command_quietly(argv):
+    # as `python -m lmzoo.experiments | head -1`: the pipe is closed before the command writes its first line
+    proc = subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0 and err == "", err
