@@ -180,8 +180,9 @@ class Group:
 
     @property
     def kernels(self) -> list[tuple[str, ...]]:
-        """The distinct sets of implementations its runs recorded (one set where the seeds agree)."""
-        return sorted({r.kernels for r in self.runs if r.kernels is not None})
+        """The distinct sets of implementations its runs recorded (one set where the seeds agree); none for runs
+        whose mixers call no op with a choice of kernels (lmzoo's own JAX alone ran: nothing to tell apart)."""
+        return sorted({r.kernels for r in self.runs if r.kernels})
 
     @property
     def evaluated(self) -> list[Run]:
