@@ -78,7 +78,7 @@ def _attention(q, k, v, log_g, level_scales, *, scale, initial_state, start, met
     batch, _, heads, d_value = v.shape
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q32, k32 = (per_value_head(a, heads) for a in (q, k))
-    ids = jnp.zeros(v.shape[:2], jnp.int32) if segment_ids is None else segment_ids
+    ids = one_document(v.shape[:2]) if segment_ids is None else segment_ids
     form = functools.partial(_chunk, empty_slots=empty_slots) if method == "chunk" else _FORMS[method]
     start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (batch,))
     if initial_state is None:
@@ -97,7 +97,7 @@ def log_linear_weights(q, k, log_g, level_scales, *, scale=None, start=0, segmen
     check_levels(level_scales)
     heads = log_g.shape[2]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    ids = jnp.zeros(log_g.shape[:2], jnp.int32) if segment_ids is None else segment_ids
+    ids = one_document(log_g.shape[:2]) if segment_ids is None else segment_ids
     start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (log_g.shape[0],))
     return _weights(per_value_head(q, heads) * scale, per_value_head(k, heads), log_g.astype(jnp.float32),
                     level_scales.astype(jnp.float32), document_positions(ids, start), ids)
@@ -162,6 +162,13 @@ def slot_levels(query_pos, state_pos, levels: int) -> jax.Array:
     slots = jnp.arange(1, levels, dtype=jnp.int32)
     block = state_pos[..., None] & ~((1 << slots) - 1)
     return jnp.minimum(jnp.maximum(slots, bit_length(query_pos[..., None] ^ block)), levels - 1)
+
+
+def one_document(shape) -> jax.Array:
+    """Segment ids [B, T] of one document. Behind a barrier: as a constant, XLA would fold the positions and masks
+    computed from it at compile time, a cumulative sum over every step that takes seconds at an evaluation's
+    shapes (and logs a "constant folding" alarm), where running it costs microseconds."""
+    return lax.optimization_barrier(jnp.zeros(shape, jnp.int32))
 
 
 def document_positions(segment_ids, start) -> jax.Array:
