@@ -107,13 +107,23 @@ def rejudge_all(paths: list[str]) -> None:
         print(f"{record['name']}: {record['verdict']} ({record['reason']}); was {record['rejudged']['verdict']}")
 
 
+class ToStdout(logging.Handler):
+    """Each line to ``sys.stdout`` as it is when the line is written (a redirection or a test's capture made after
+    the first experiment ran), flushed at once."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(record.getMessage(), file=sys.stdout, flush=True)
+        except Exception:  # a closed stdout: logging's own handling (silent under run_command)
+            self.handleError(record)
+
+
 def show_progress() -> None:
     """The experiment's line before and after each run it trains (``runs.progress``) on stdout, each as it comes:
     stderr is kept for the one line of an error."""
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
     progress = logging.getLogger("lmzoo.experiments.progress")
-    progress.addHandler(handler)
+    if not any(isinstance(h, ToStdout) for h in progress.handlers):
+        progress.addHandler(ToStdout())
     progress.setLevel(logging.INFO)
     progress.propagate = False
 

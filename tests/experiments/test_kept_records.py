@@ -24,8 +24,10 @@ def trained(monkeypatch) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_kept_run_is_read_back_not_trained_and_a_missing_measurement_trains_it_again(tmp_path, trained, caplog):
+def test_a_kept_run_is_read_back_not_trained_and_a_missing_measurement_trains_it_again(tmp_path, trained, caplog,
+                                                                                        monkeypatch):
     caplog.set_level(logging.INFO, logger="lmzoo.experiments.progress")
+    monkeypatch.setattr(runs.progress, "propagate", True)  # to caplog, even after a command in this process took it
     said = lambda: [r.getMessage().split(": ", 1)[1] for r in caplog.records]  # noqa: E731  (the run's path left out)
     keep = tmp_path / "keep"
     first = run_experiment("state_tracking", tmp_path / "a", quick=True, keep=keep)
