@@ -133,13 +133,9 @@ def refuse_a_held_run(run_dir: str) -> None:
         fail(str(e), e.exit_code)
 
 
+@reader_may_leave()
 def main(argv: list[str] | None = None) -> None:
     """Exits with the largest of the runs' exit codes (``lmzoo.faults``) unless every run finished."""
-    with reader_may_leave():
-        run_and_exit(argv)
-
-
-def run_and_exit(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.raiseExceptions = False  # a log file on a full disk: no traceback per line; the write's own fault says it
     use_compilation_cache()

@@ -105,7 +105,7 @@ def announced(runs: list[Config]) -> dict:
     """Train ``runs`` (one vmapped group where there are several) with a line before and after: which runs, from
     and to which step, and how long they took. A finished run, only read back, trains without a word."""
     run = RunDir(runs[0].run_dir)
-    start, steps = final_step(run) if run.checkpoints.is_dir() else 0, runs[0].train.steps
+    start, steps = final_step(run), runs[0].train.steps
     names = ", ".join(str(cfg.run_dir) for cfg in runs)
     if start < steps:
         progress.info("%s: training to step %d%s", names, steps, f" from step {start}" if start else "")
@@ -152,7 +152,7 @@ def by_start(configs: list[Config], steps: int) -> list[list[Config]]:
     done = []
     for cfg in configs:
         run = RunDir(cfg.run_dir)
-        start = final_step(run) if run.checkpoints.is_dir() else 0
+        start = final_step(run)
         if start >= steps:
             done.append([cfg])
         else:
@@ -177,7 +177,9 @@ def finished_twin(cfg: Config, run_dir: Path) -> Path | None:
 
 
 def final_step(run: RunDir) -> int:
-    """The newest checkpoint's step, read from the checkpoint folders' names (0 without one)."""
+    """The newest checkpoint's step, read from the checkpoint folders' names (0 without one, or without the folder)."""
+    if not run.checkpoints.is_dir():
+        return 0
     return max((int(p.name) for p in run.checkpoints.iterdir() if p.name.isdigit()), default=0)
 
 
@@ -264,7 +266,7 @@ def kept_elsewhere(cfg: Config) -> bool:
         raise ConfigError(f"{record} keeps a run trained with {key}={kept.get(key)!r}, not {wanted.get(key)!r}; "
                           "remove that record to train the run again")
     run = RunDir(cfg.run_dir)
-    if run.checkpoints.is_dir() and final_step(run) >= cfg.train.steps:
+    if final_step(run) >= cfg.train.steps:
         return False
     kept_setting().skipped[Path(cfg.run_dir)] = cfg
     return True
