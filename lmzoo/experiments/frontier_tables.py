@@ -174,6 +174,57 @@ def attention_block() -> str:
     return attention_tables({reference: comparison_record(path) for reference, path in paths.items()})
 
 
+# Where the attention arms put weight on the first key (attention sinks): lmzoo.compare with tag=sinks on their
+# records, each evaluated at T and 8T with eval.tag=sinks (docs/frontier.md gives the commands)
+SINKS = REPO / "docs" / "frontier" / "sinks" / "comparison.json"
+
+
+def largest_head(row: dict, tag: str) -> str:
+    """The highest per-head first-key share at the training length, averaged over the arm's runs (each run's
+    ``eval/<tag>/results.json``, its path as compare recorded it, from the repository root)."""
+    shares = []
+    for run in row["runs"]:
+        results = read_committed_json(REPO / run / "eval" / tag / "results.json", "report",
+                                      "an evaluation's results.json", ("lengths", "train_seq_len"))
+        by_head = results["lengths"][str(results["train_seq_len"])].get("first_key")
+        if by_head is None:
+            return "—"
+        shares.append(max(share for layer in by_head for share in layer))
+    return plain(sum(shares) / len(shares))
+
+
+def sinks_table(record: dict) -> str:
+    """Each attention arm's first-key share at T and at the longest length (mean ± sd over seeds), its difference
+    to the baseline there, and its most first-key-heavy head at T."""
+    longest, base = lengths(record)[-1], record["baseline"]
+    rows = {row["label"]: row for row in record["rows"]}
+    differences = differences_by_label(record)
+    header = ["arm", "first-key share at T (± sd)", f"− {base}", f"at {longest} (± sd)", f"− {base}",
+              "largest head at T (seed mean)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for arm in [a for a in ATTENTION_ARMS if a in rows] + sorted(set(rows) - set(ATTENTION_ARMS)):
+        row, d = rows[arm], differences.get(arm, {})
+        at_longest = row.get("measurements_by_length", {}).get("first_key", {}).get(longest)
+        cells = [f"`{arm}`", spread(row.get("measurements", {}).get("first_key")),
+                 interval(d.get("first_key"), signed) if arm != base else "", spread(at_longest),
+                 interval(d.get("first_key_by_length", {}).get(longest), signed) if arm != base else "",
+                 largest_head(row, record["tag"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def shown(path: Path) -> str:
+    """``path`` from the repository root where it lies inside it."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def sinks_block(path: Path = SINKS) -> str:
+    if not path.exists():
+        return f"No kept comparison at {shown(path)}: run the commands above.\n"
+    return sinks_table(read_committed_json(path, "report", "a comparison.json file of lmzoo.compare",
+                                           ("rows", "differences", "baseline", "tag")))
+
+
 # The recall and state-tracking yardsticks run on the frontier arms (docs/frontier.md gives the commands): each
 # experiment's verdict.json, its runs' records beside it
 TASKS = REPO / "docs" / "frontier" / "tasks"
@@ -226,7 +277,7 @@ def tasks_block(state_tracking: Path = STATE_TRACKING, mqar: Path = MQAR) -> str
 
 
 def blocks(path: Path = FRONTIER_COMPARISON) -> dict[str, str]:
-    tasks = {"frontier:tasks": tasks_block()}
+    tasks = {"frontier:tasks": tasks_block(), "frontier:sinks": sinks_block()}
     if not path.exists():
         missing = f"No kept comparison at {path.relative_to(REPO)}: run scripts/cpu_recipe.sh as above.\n"
         return {"frontier": missing, "frontier:summary": missing, "frontier:attention": missing, **tasks}

@@ -71,7 +71,7 @@ PROBES = (
     Measurement("entropy", csv="mean_entropy", logged="val_entropy", per_layer=True, tensorboard=True,
                 table="entropy", row_statistic=attention_entropy),
     Measurement("first_key", csv="mean_first_key", tensorboard=True, table="first key", difference="first key",
-                row_statistic=first_key_share),
+                difference_by_length=True, row_statistic=first_key_share),
 )
 
 MEASUREMENTS = SCORES + PROBES

@@ -105,3 +105,34 @@ def test_the_tasks_table_sets_each_arms_parity_and_mqar_side_by_side(tmp_path):
     assert lines[2].endswith("| 0.990 [0.980, 1.000] | — |")  # width 64 not run
     assert lines[3].endswith("| 0.200 [0.100, 0.300] | — | — |") and lines[4].startswith("| `mamba` | — | — | — |")
     assert lines[-1] == "95% intervals over seeds and examples (state_tracking_papers: 3 seeds; mqar_zoology: 1 seed)."
+
+
+def test_the_sinks_table_gives_each_arms_first_key_share_its_difference_and_its_heaviest_head(tmp_path):
+    def run(name, heads):  # an evaluated run: first-key share per layer and head at T (128) and at 512
+        (tmp_path / name / "eval" / "sinks").mkdir(parents=True)
+        results = {"train_seq_len": 128, "lengths": {"128": {"first_key": heads}, "512": {"first_key": heads}}}
+        (tmp_path / name / "eval" / "sinks" / "results.json").write_text(json.dumps(results))
+        return str(tmp_path / name)
+
+    def arm(label, heads_by_seed):
+        return {**row(label, 2.0), "runs": [run(f"{label}-s{i}", h) for i, h in enumerate(heads_by_seed)],
+                "measurements": {"first_key": {"mean": 0.02, "sd": 0.001, "n": 2}},
+                "measurements_by_length": {"first_key": {"512": {"mean": 0.005, "sd": 0.002, "n": 2}}}}
+
+    record = {"baseline": "softmax", "tag": "sinks",
+              "rows": [arm("kda", [[[0.5]]]), arm("fox", [[[0.01, 0.03]], [[0.05], [0.02]]]),
+                       arm("softmax", [[[0.07]], [[0.09]]])],
+              "differences": [{"label": "fox", "first_key": interval(-0.015, 0.001, True),
+                               "first_key_by_length": {"512": interval(-0.004, 0.004, False)}},
+                              {"label": "kda", "first_key": None}]}
+    path = tmp_path / "comparison.json"
+    assert frontier_tables.sinks_block(path).startswith("No kept comparison")
+    path.write_text(json.dumps(record))
+    lines = frontier_tables.sinks_block(path).splitlines()
+    assert lines[0] == ("| arm | first-key share at T (± sd) | − softmax | at 512 (± sd) | − softmax | "
+                        "largest head at T (seed mean) |")
+    assert lines[2] == "| `softmax` | 0.020 ± 0.001 |  | 0.005 ± 0.002 |  | 0.080 |"  # mean of 0.07 and 0.09
+    # fox: each seed's heaviest head (0.03, 0.05) averaged; its star only where the adjustment keeps it
+    assert lines[3] == ("| `fox` | 0.020 ± 0.001 | −0.015 [−0.016, −0.014] * | 0.005 ± 0.002 | "
+                        "−0.004 [−0.008, +0.000] | 0.040 |")
+    assert lines[4].startswith("| `kda` | 0.020 ± 0.001 | — |")  # no attention arm: after them, by name

@@ -263,9 +263,9 @@ def differences(groups: list[Group], baseline: Group, settings: dict, adjust: st
         f"in turn, for every run alike){PAIRED_CAPTION if pair == 'seed' else ''}; "
         f"{stars_caption(adjust, len(others))}. An arm of one seed gives a text-only interval, never "
         "significant. Mean S (the attention probe's sparsity over layers and heads, on the same windows for every "
-        "run; at the training length and at the longest evaluated) and the first-key share (a row's weight on its "
-        "first key, where attention sinks form) have Welch's interval over the seeds alone, and none with one seed "
-        "in an arm.",
+        "run) and the first-key share (a row's weight on its first key, where attention sinks form), each at the "
+        "training length and at the longest evaluated, have Welch's interval over the seeds alone, and none with one "
+        "seed in an arm.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
