@@ -33,6 +33,13 @@ def causal_mask(t: int, s: Optional[int] = None, *, window: Optional[int] = None
 RESET_LOG_DECAY = -40.0
 
 
+def one_document(shape) -> jax.Array:
+    """Segment ids [B, T] of one document. Behind a barrier: as a constant, XLA would fold the positions and masks
+    computed from it at compile time, a cumulative sum over every step that takes seconds at an evaluation's
+    shapes (and logs a "constant folding" alarm), where running it costs microseconds."""
+    return lax.optimization_barrier(jnp.zeros(shape, jnp.int32))
+
+
 def segment_starts(segment_ids: jax.Array) -> jax.Array:
     """[B, T] bool: True where step t opens a new segment (t > 0 and its id differs from step t - 1's).
 

@@ -49,7 +49,8 @@ import numpy as np
 from jax import lax
 
 from lmzoo.ops.common import (
-    Forms, check_form, decay_since, decay_until_end, from_chunks, same_segment, segment_starts, segment_sums, to_chunks,
+    Forms, check_form, decay_since, decay_until_end, from_chunks, one_document, same_segment, segment_starts,
+    segment_sums, to_chunks,
 )
 
 METHODS = Forms("naive", "scan", "chunk")
@@ -162,13 +163,6 @@ def slot_levels(query_pos, state_pos, levels: int) -> jax.Array:
     slots = jnp.arange(1, levels, dtype=jnp.int32)
     block = state_pos[..., None] & ~((1 << slots) - 1)
     return jnp.minimum(jnp.maximum(slots, bit_length(query_pos[..., None] ^ block)), levels - 1)
-
-
-def one_document(shape) -> jax.Array:
-    """Segment ids [B, T] of one document. Behind a barrier: as a constant, XLA would fold the positions and masks
-    computed from it at compile time, a cumulative sum over every step that takes seconds at an evaluation's
-    shapes (and logs a "constant folding" alarm), where running it costs microseconds."""
-    return lax.optimization_barrier(jnp.zeros(shape, jnp.int32))
 
 
 def document_positions(segment_ids, start) -> jax.Array:

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import Forms, check_form, from_chunks, same_segment, segment_starts, to_chunks
+from lmzoo.ops.common import Forms, check_form, from_chunks, one_document, same_segment, segment_starts, to_chunks
 from lmzoo.ops.inner import normed_readout, reconstruction_gradient
 from lmzoo.ops.ut import decay_matrix
 
@@ -71,7 +71,7 @@ def _titans(q, k, v, theta, log_decay, log_momentum, weight, bias, initial_state
     batch, length, heads, dim = k.shape
     zero = jnp.zeros((batch, heads, dim, dim), jnp.float32)
     m_init, s_init = (zero, zero) if initial_state is None else (s.astype(jnp.float32) for s in initial_state)
-    ids = jnp.zeros((batch, length), jnp.int32) if segment_ids is None else segment_ids
+    ids = one_document((batch, length)) if segment_ids is None else segment_ids
     inputs = (q, k, v, theta, log_decay, log_momentum, weight, bias)
     form = _naive if method == "naive" else _chunk
     out, state = form(*(a.astype(jnp.float32) for a in inputs), m_init, s_init, ids, scale, eps, chunk_size)

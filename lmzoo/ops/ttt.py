@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lmzoo.ops.common import Forms, check_form, from_chunks, same_segment, segment_starts, to_chunks
+from lmzoo.ops.common import Forms, check_form, from_chunks, one_document, same_segment, segment_starts, to_chunks
 from lmzoo.ops.inner import normed_readout, reconstruction_gradient
 
 METHODS = Forms("naive", "chunk")
@@ -71,7 +71,7 @@ def ttt_linear(q, k, v, eta, weight, bias, *, scale=None, eps=EPS, initial_state
 def _ttt_linear(q, k, v, eta, weight, bias, initial_state, segment_ids, *, scale, eps, method, chunk_size):
     batch, length, heads, dim = k.shape
     w_init, b_init = initial_model(initial_state, (batch, heads, dim))
-    ids = jnp.zeros((batch, length), jnp.int32) if segment_ids is None else segment_ids
+    ids = one_document((batch, length)) if segment_ids is None else segment_ids
     q, k, v, eta, weight, bias = (a.astype(jnp.float32) for a in (q, k, v, eta, weight, bias))
     form = _naive if method == "naive" else _chunk
     out, state = form(q, k, v, eta, weight, bias, w_init, b_init, ids, scale, eps, chunk_size)
