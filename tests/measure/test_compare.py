@@ -468,18 +468,18 @@ def test_holm_adjusts_p_values_step_down():
         adjusted_p_values([0.1], "bonf")
 
 
-def test_the_frontier_stars_are_adjusted_for_fifteen_arms_and_both_are_recorded():
-    """Against softmax at the training length, five arms significant at 95% each lose their stars once the fifteen
-    arms are one family (Holm); the p-values agree with the intervals they come from."""
+def test_the_frontier_stars_are_adjusted_for_all_31_arms_and_both_are_recorded():
+    """Against softmax at the training length, seven arms significant at 95% each lose their stars once the 31 arms
+    are one family (Holm); the p-values agree with the intervals they come from."""
     records = Path(__file__).resolve().parents[2] / "docs" / "frontier" / "records"
     report = comparison.compare([records], baseline="softmax")
     plain = comparison.compare([records], baseline="softmax", adjust="none")
     _, rows = rows_of(report.markdown.split("Difference to softmax")[1])
     _, unadjusted = rows_of(plain.markdown.split("Difference to softmax")[1])
-    assert len(rows) == 15 and "Holm's adjustment for the 15 arms" in report.markdown
+    assert len(rows) == 31 and "Holm's adjustment for the 31 arms" in report.markdown
     starred = lambda table, arm: table[arm]["Δ bpb@train"].endswith("*")  # noqa: E731
     lost = {arm for arm in rows if starred(unadjusted, arm) and not starred(rows, arm)}
-    assert lost == {"gated_softmax", "stickbreaking", "kda", "rwkv7", "mamba3"}
+    assert lost == {"gated_softmax", "stickbreaking", "kda", "rwkv7", "mamba3", "ttt_linear", "minimax_like"}
     for difference in report.record["differences"]:
         for key in ("bpb", "sparsity"):
             c = difference[key]
@@ -493,7 +493,7 @@ def test_all_the_frontier_records_with_a_copy_of_themselves_give_the_same_tables
     shutil.copytree(records, tmp_path / "copy")
     alone = comparison.compare([records], baseline="softmax")
     doubled = comparison.compare([records, tmp_path / "copy"], baseline="softmax")
-    assert tables_of(doubled) == tables_of(alone) and len(doubled.record["counted_once"]) == 48
+    assert tables_of(doubled) == tables_of(alone) and len(doubled.record["counted_once"]) == 96
     assert "kda | 3 vs 3 | -0.082 [-0.144, -0.021] |" in "\n".join(tables_of(doubled))  # not "6 vs 6"
 
 
