@@ -160,15 +160,20 @@ def attention_tables(compared: dict[str, dict]) -> str:
     return "\n".join(s_lines) + "\n\n" + "\n".join(r_lines) + "\n"
 
 
-def comparison_record(path: Path) -> dict:
-    """A kept comparison.json, or ConfigError naming the file where it is not one."""
+def comparison_record(path: Path, *also: str) -> dict:
+    """A kept comparison.json (holding the keys ``also`` too), or ConfigError naming the file where it is not one."""
     return read_committed_json(path, "report", "a comparison.json file of lmzoo.compare",
-                               ("rows", "differences", "baseline"))
+                               ("rows", "differences", "baseline", *also))
+
+
+def shown(path: Path) -> str:
+    """``path`` from the repository root where it lies inside it."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 def attention_block() -> str:
     paths = {reference: reference_comparison(reference) for reference in REFERENCES}
-    absent = [str(path.relative_to(REPO)) for path in paths.values() if not path.exists()]
+    absent = [shown(path) for path in paths.values() if not path.exists()]
     if absent:
         return f"No kept comparison at {', '.join(absent)}: run the three comparisons above.\n"
     return attention_tables({reference: comparison_record(path) for reference, path in paths.items()})
@@ -213,16 +218,10 @@ def sinks_table(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def shown(path: Path) -> str:
-    """``path`` from the repository root where it lies inside it."""
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
-
-
 def sinks_block(path: Path = SINKS) -> str:
     if not path.exists():
         return f"No kept comparison at {shown(path)}: run the commands above.\n"
-    return sinks_table(read_committed_json(path, "report", "a comparison.json file of lmzoo.compare",
-                                           ("rows", "differences", "baseline", "tag")))
+    return sinks_table(comparison_record(path, "tag"))
 
 
 # The recall and state-tracking yardsticks run on the frontier arms (docs/frontier.md gives the commands): each
@@ -279,7 +278,7 @@ def tasks_block(state_tracking: Path = STATE_TRACKING, mqar: Path = MQAR) -> str
 def blocks(path: Path = FRONTIER_COMPARISON) -> dict[str, str]:
     tasks = {"frontier:tasks": tasks_block(), "frontier:sinks": sinks_block()}
     if not path.exists():
-        missing = f"No kept comparison at {path.relative_to(REPO)}: run scripts/cpu_recipe.sh as above.\n"
+        missing = f"No kept comparison at {shown(path)}: run scripts/cpu_recipe.sh as above.\n"
         return {"frontier": missing, "frontier:summary": missing, "frontier:attention": missing, **tasks}
     record = comparison_record(path)
     return {"frontier": full_table(record), "frontier:summary": summary_table(record),
