@@ -191,7 +191,7 @@ def largest_head(row: dict, tag: str) -> str:
     for run in row["runs"]:
         results = read_committed_json(REPO / run / "eval" / tag / "results.json", "report",
                                       "an evaluation's results.json", ("lengths", "train_seq_len"))
-        by_head = results["lengths"][str(results["train_seq_len"])].get("first_key")
+        by_head = results["lengths"].get(str(results["train_seq_len"]), {}).get("first_key")  # not measured: "—"
         if by_head is None:
             return "—"
         shares.append(max(share for layer in by_head for share in layer))
