@@ -64,6 +64,20 @@ def error_bars(ax, x, y, lo, hi, **style) -> None:
     ax.errorbar(x, y, yerr=[below, above], **{"marker": "o", "capsize": 3, **style})
 
 
+def interval_rows(ax, labels, y, lo, hi, **style) -> list[int]:
+    """One row per label, highest estimate on top: a point at ``y`` with a bar from ``lo`` to ``hi`` (NaN bounds
+    draw no bar), the labels on the y axis. For many series at one x, where lines against x would stack into one
+    column of points. The row order, top first, as indices into ``labels``."""
+    y, lo, hi = (np.asarray(a, dtype=float) for a in (y, lo, hi))
+    order = sorted(range(len(labels)), key=lambda i: -np.nan_to_num(y[i], nan=-np.inf))
+    rows = np.arange(len(order))[::-1]  # the first of ``order`` on the top row
+    below, above = np.nan_to_num(y[order] - lo[order]), np.nan_to_num(hi[order] - y[order])
+    ax.errorbar(y[order], rows, xerr=[below, above], linestyle="none", **{"marker": "o", "capsize": 3, **style})
+    ax.set_yticks(rows, [labels[i] for i in order], fontsize=8)
+    ax.set_ylim(-0.7, len(order) - 0.3)
+    return order
+
+
 def series_style(index: int) -> dict:
     """Colour, marker and line of the index-th series: each of ten colours has its own marker, so series
     that coincide still show as several (hollow markers let one show through another); past ten, the

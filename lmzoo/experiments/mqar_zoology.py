@@ -47,7 +47,7 @@ from lmzoo.experiments.judging import Check, measured
 from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import column, load
 from lmzoo.experiments.runs import accuracy_runs, evaluate_run, train_grid
-from lmzoo.plots import error_bars, label_log_axis, plt, save_axes, series_style, spread
+from lmzoo.plots import error_bars, interval_rows, label_log_axis, legend_beside, plt, save_axes, series_style, spread
 from lmzoo.schema import one_of
 from lmzoo.stats.bootstrap import ratio_of_sums
 
@@ -211,7 +211,10 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
 
 def plot(evidence: dict, settings: Settings, path: Path) -> str:
     """Test accuracy against width, one panel per setting, a line per variant (95% interval over seeds and
-    examples); the printed points of the source on the hardest setting's panel, at the source's width."""
+    examples); the printed points of the source on the hardest setting's panel, at the source's width. At one
+    width, a row per variant instead (``plot_rows``)."""
+    if len(settings.widths) == 1:
+        return plot_rows(evidence, settings, path)
     keys = [setting_key(t, p) for t, p in zip(settings.seq_lens, settings.pairs)]
     fig, axes = plt.subplots(1, len(keys), sharey=True, squeeze=False, figsize=(4.0 * len(keys) + 1.8, 3.6))
     axes = axes[0]
@@ -237,3 +240,35 @@ def plot(evidence: dict, settings: Settings, path: Path) -> str:
     axes[0].set_ylabel(f"test accuracy, % (95% interval, {seeds} seed{'s' * (seeds > 1)})")
     save_axes(fig, axes[-1], path, title=axes[-1].get_title(), xlabel="model width (d_model)")
     return str(path)
+
+
+def plot_rows(evidence: dict, settings: Settings, path: Path) -> str:
+    """At one width: a row per variant, best on top, its test accuracy with the 95% interval over seeds and
+    examples, one panel per setting (many variants at one width would stack into one column of points); the
+    source's printed points as stars on their variants' rows of the hardest setting's panel."""
+    keys = [setting_key(t, p) for t, p in zip(settings.seq_lens, settings.pairs)]
+    grid, (width,) = evidence["grid"], settings.widths
+    fig, axes = plt.subplots(1, len(keys), squeeze=False, figsize=(4.5 * len(keys) + 1.8, 1.2 + 0.24 * len(grid)))
+    axes = axes[0]
+    variants = list(grid)
+    for ax, key in zip(axes, keys):
+        values = [measured(grid[v][key][str(width)]["accuracy"], uncertainty="examples") for v in variants]
+        order = interval_rows(ax, variants, [100 * v.estimate for v in values], [100 * v.lo for v in values],
+                              [100 * v.hi for v in values], color="tab:blue", markerfacecolor="none")
+        ax.set(title=f"MQAR, length {key[1:].replace('-p', ', ')} pairs, width {width}",
+               xlabel=f"test accuracy, % (95% interval, {len(settings.seeds)} seeds)")
+        ax.axvline(100 * grid[variants[0]][key][str(width)]["chance"], color="grey", linestyle=":", label="chance")
+        ax.grid(alpha=0.3, axis="x")
+    if evidence["agreement"] is not None:
+        rows = {variants[i]: len(order) - 1 - row for row, i in enumerate(order)}
+        for variant, number in evidence["agreement"]["published"].items():
+            if variant in rows:
+                axes[-1].plot([number["range"][0]], [rows[variant]], linestyle="none", marker="*", markersize=11,
+                              color="black")
+        axes[-1].plot([], [], linestyle="none", marker="*", markersize=11, color="black",
+                      label=f"{evidence['source']} (printed, width {settings.source_width})")
+    legend_beside(axes[-1])
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return str(path)
+

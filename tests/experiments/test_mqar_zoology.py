@@ -100,3 +100,23 @@ def test_quick_run_trains_scores_and_plots_a_cell(tmp_path):
     assert [c["name"] for c in record["checks"]] == ["control: softmax, accuracy at its worst setting, smallest width"]
     assert (tmp_path / "mqar_zoology" / record["figures"][0]).stat().st_size > 0
     json.dumps(record)
+
+
+def test_one_width_draws_a_row_per_variant_best_on_top(tmp_path):
+    from lmzoo.plots import interval_rows, plt
+
+    settings = settings_for(zoology, ["variants=[softmax,mamba,h3]", "widths=[32]", "seq_lens=[64]", "pairs=[8]",
+                                      "batch_sizes=[32]"], quick=False)
+    grid = {v: {"T64-p8": {"32": {**cell(a), "chance": 1 / 32}}}
+            for v, a in {"softmax": [0.97, 0.99], "mamba": [0.2, 0.3], "h3": [0.5, 0.6]}.items()}
+    agreement = {"published": {"softmax": {"range": [99.0, 100.0]}, "mamba": {"range": [0.0, 0.05]}}}
+    path = zoology.plot({"grid": grid, "source": "metala_mqar_512_80", "agreement": agreement}, settings,
+                        tmp_path / "rows.png")
+    assert (tmp_path / "rows.png").stat().st_size > 0 and path == str(tmp_path / "rows.png")
+    fig, ax = plt.subplots()
+    order = interval_rows(ax, ["mamba", "softmax", "h3", "unscored"], [25, 98, 55, float("nan")], [20, 97, 50, 0],
+                          [30, 99, 60, 0])
+    assert order == [1, 2, 0, 3]  # best on top, a NaN estimate last
+    by_height = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())))
+    assert [label for _, label in by_height] == ["unscored", "mamba", "h3", "softmax"]  # bottom to top
+    plt.close(fig)
