@@ -6,9 +6,11 @@ the best grid point's accuracy, and lmzoo's ranking of the variants compared wit
 Every (variant, task, setting, weight decay, learning rate) trains once per seed (run directories
 ``<out_dir>/runs/<variant>-<task>[-<setting>]-wd<wd>-lr<lr>-s<seed>``, the baseline setting unnamed; a weight
 decay's learning rates and seeds as one vmapped group). The grid point is chosen on validation examples (the best
-mean accuracy over seeds); its runs are scored on a held-out test split (data seed + ``test_seed_offset``).
-Accuracy counts MAD's scored positions only. Compression is read out as MAD's encoder-decoder backbone reads it:
-every symbol decoded from the compression token's state alone (``lmzoo.model.LastStateReadout``).
+mean token accuracy over seeds); its runs are scored on a held-out test split (data seed + ``test_seed_offset``)
+in MAD's accuracy, the macro average over token classes its released code computes (``mads_accuracy``), the
+token accuracy kept beside it. Accuracy counts MAD's scored positions only. Compression is read out as MAD's
+encoder-decoder backbone reads it: every symbol decoded from the compression token's state alone
+(``lmzoo.model.LastStateReadout``).
 
 As MAD does, the recall tasks train on every next token (``data.train_targets=next_tokens``; the accuracy counts
 MAD's scored positions) and fuzzy recall is evaluated on MAD's test split, every key of the largest motif
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List
 
+import jax.numpy as jnp
 import numpy as np
 
 from lmzoo.data.mad import NEXT_TOKEN_TASKS, PROTOCOL, TEST_EXAMPLES, TRAINING
@@ -47,7 +50,7 @@ from lmzoo.experiments import Outcome, at_scale
 from lmzoo.experiments.judging import Check, Measured
 from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import column, load
-from lmzoo.experiments.runs import evaluate_run, train_grid
+from lmzoo.experiments.runs import counted_once, evaluate_run, most_likely, open_run, train_grid
 from lmzoo.plots import plt, save_axes, series_style
 from lmzoo.schema import one_of, positive
 from lmzoo.stats.trained_models import seed_mean
@@ -203,10 +206,68 @@ def setting_score(variant: str, task: str, name: str, setting: dict, settings: S
             run_dirs[f"wd{wd:g}-lr{lr:g}"] = dirs
             runs += dirs
     best = max(validation, key=validation.get)
-    test = [accuracy(d, length, tokens, "mad_test", [f"seed={seed + settings.test_seed_offset}"])
-            for seed, d in zip(settings.seeds, run_dirs[best])]
-    return {"best": best, "validation": validation, "test": test, "steps": training_steps(setting, settings),
+    counts = [test_counts(d, length, settings.eval_examples, seed + settings.test_seed_offset)
+              for seed, d in zip(settings.seeds, run_dirs[best])]
+    return {"best": best, "validation": validation, "test": [mads_accuracy(c) for c in counts],
+            "test_token_accuracy": [token_accuracy(c) for c in counts], "steps": training_steps(setting, settings),
             "train_examples": setting[SIZED] if fixed_set(task, setting, settings) else None}
+
+
+# ----------------------------------------------------------------------------- MAD's accuracy
+# MAD's released code scores a test batch with torchmetrics' MulticlassAccuracy(num_classes, ignore_index) over the
+# scored positions (athms/mad-lab, mad/metrics.py and mad/model/pl_model_wrapper.py), whose default average is
+# "macro": each token class's recall tp / (tp + fn), averaged over the classes that occur among the batch's targets
+# or predictions (tp + fp + fn > 0; a class only predicted counts 0). The value is logged per batch and Lightning's
+# epoch value is the mean over the test batches. A class the model overpredicts thus costs more than in the plain
+# token accuracy, and a rare value class weighs as much as a common one.
+
+def test_counts(run_dir: Path, length: int, examples: int, seed: int) -> dict[str, np.ndarray]:
+    """``tp``, ``fp``, ``fn`` [batches, vocab]: per test batch of MAD's size (the last may be smaller) and token
+    class, the counts of the trained model's most likely token against the target at the scored positions of the
+    first ``examples`` test sequences (data seed ``seed``), and each batch's ``examples``; kept with the run's
+    record."""
+    def measure() -> dict[str, np.ndarray]:
+        _, data, model, _ = open_run(run_dir, [f"seed={seed}"])
+        windows = data.validation_windows([length], examples * length)[length]
+        rows, size = np.arange(min(examples, len(windows))), TRAINING["batch_size"]
+        per_batch = [class_counts(*predicted_and_targets(model, windows(rows[i : i + size])), data.tokenizer.vocab_size)
+                     for i in range(0, len(rows), size)]
+        return {**{key: np.stack([c[key] for c in per_batch]) for key in ("tp", "fp", "fn")},
+                "examples": np.array([len(rows[i : i + size]) for i in range(0, len(rows), size)])}
+
+    return counted_once(run_dir, f"class_counts-L{length}-n{examples}-seed{seed}", measure)
+
+
+def predicted_and_targets(model, batch: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The most likely token and the target at each scored position of ``batch`` (flat)."""
+    scored = np.asarray(batch["weights"]) > 0
+    predicted = np.asarray(most_likely(model, jnp.asarray(batch["inputs"])))
+    return predicted[scored], np.asarray(batch["targets"])[scored]
+
+
+def class_counts(predicted: np.ndarray, targets: np.ndarray, vocab: int) -> dict[str, np.ndarray]:
+    """Per class: ``tp`` (predicted and target), ``fp`` (predicted, another target), ``fn`` (target, another
+    prediction)."""
+    hit = predicted == targets
+    tp = np.bincount(targets[hit], minlength=vocab)
+    return {"tp": tp, "fp": np.bincount(predicted[~hit], minlength=vocab),
+            "fn": np.bincount(targets[~hit], minlength=vocab)}
+
+
+def mads_accuracy(counts: dict[str, np.ndarray]) -> float:
+    """MAD's accuracy: each batch's macro average of the classes' recall over the classes present (above), then the
+    batches' mean weighted by their examples, as Lightning averages a logged value over an epoch."""
+    tp, fp, fn = (np.atleast_2d(counts[key]).astype(np.float64) for key in ("tp", "fp", "fn"))
+    recall = np.divide(tp, tp + fn, out=np.zeros_like(tp), where=tp + fn > 0)
+    present = (tp + fp + fn) > 0
+    by_batch = (recall * present).sum(-1) / np.maximum(present.sum(-1), 1)
+    return float(np.average(by_batch, weights=np.atleast_1d(counts.get("examples", np.ones(len(by_batch))))))
+
+
+def token_accuracy(counts: dict[str, np.ndarray]) -> float:
+    """The share of scored positions whose most likely token is the target, over every batch."""
+    tp, fn = (np.asarray(counts[key], np.float64) for key in ("tp", "fn"))
+    return float(tp.sum() / max((tp + fn).sum(), 1.0))
 
 
 def run_overrides(task: str, setting: dict, weight_decay: float, settings: Settings) -> list[str]:

@@ -302,31 +302,61 @@ def open_run(run_dir: Path, overrides: list[str] = ()):
     return open_trained(run_dir, list(overrides))
 
 
+@nnx.jit
+def most_likely(model, tokens):
+    """The model's most likely token at each position of ``tokens`` [B, T]."""
+    return jnp.argmax(model(tokens), axis=-1)
+
+
 def measured_once(run_dir: Path, name: str, measure) -> dict[str, np.ndarray]:
     """``measure()``: arrays of 0s and 1s by name, read back from the run's kept record where ``name`` (the
     measurement with its settings) is kept there, else measured (training a run left untrained as kept first) and
     kept as bits."""
+    return _kept_once(run_dir, name, measure, _as_bits, _from_bits)
+
+
+def counted_once(run_dir: Path, name: str, measure) -> dict[str, np.ndarray]:
+    """``measured_once`` for arrays of counts (integers from 0 up), kept as lists of numbers."""
+    return _kept_once(run_dir, name, measure, _as_counts, _from_counts)
+
+
+def _kept_once(run_dir: Path, name: str, measure, encode, decode) -> dict[str, np.ndarray]:
     record = kept_record(run_dir)
     path = None if record is None else record / "measurements" / f"{name}.json"
     if path is not None and path.is_file():
         kept = read_committed_json(path, "experiments", "a kept measurement")
         try:
-            return {key: np.unpackbits(np.frombuffer(base64.b64decode(a["bits"]), np.uint8),
-                                       count=int(np.prod(a["shape"]))).reshape(a["shape"]).astype(np.float64)
-                    for key, a in kept.items()}
+            return {key: decode(a) for key, a in kept.items()}
         except Exception as e:  # valid JSON of another shape: a record edited by hand
             raise ConfigError(f"experiments: {path} is not a kept measurement ({first_line(e)}); remove it to "
                               "measure the run again") from None
     train_skipped(run_dir)
     arrays = measure()
     if path is not None:
-        for key, a in arrays.items():
-            if not np.isin(a, (0, 1)).all():
-                raise ValueError(f"measured_once keeps arrays of 0s and 1s; {name}'s {key} holds other values")
-        atomic_write_text(path, json_text({
-            key: {"shape": list(a.shape), "bits": base64.b64encode(np.packbits(a.astype(bool))).decode()}
-            for key, a in arrays.items()}))
+        atomic_write_text(path, json_text({key: encode(f"{name}'s {key}", a) for key, a in arrays.items()}))
     return arrays
+
+
+def _as_bits(what: str, a: np.ndarray) -> dict:
+    if not np.isin(a, (0, 1)).all():
+        raise ValueError(f"measured_once keeps arrays of 0s and 1s; {what} holds other values")
+    return {"shape": list(a.shape), "bits": base64.b64encode(np.packbits(a.astype(bool))).decode()}
+
+
+def _from_bits(kept: dict) -> np.ndarray:
+    shape = kept["shape"]
+    bits = np.unpackbits(np.frombuffer(base64.b64decode(kept["bits"]), np.uint8), count=int(np.prod(shape)))
+    return bits.reshape(shape).astype(np.float64)
+
+
+def _as_counts(what: str, a: np.ndarray) -> dict:
+    if not (np.all(a >= 0) and np.array_equal(a, np.round(a))):
+        raise ValueError(f"counted_once keeps counts (integers from 0 up); {what} holds other values")
+    return {"shape": list(a.shape), "counts": [int(x) for x in np.ravel(a)]}
+
+
+def _from_counts(kept: dict) -> np.ndarray:
+    return np.asarray(kept["counts"], np.int64).reshape(kept["shape"])
 
 
 def blocks(results: dict, length: int) -> tuple[np.ndarray, np.ndarray]:

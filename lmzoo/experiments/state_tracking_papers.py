@@ -63,7 +63,6 @@ from typing import Dict, List, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from lmzoo.config import ConfigError, variant_names
 from lmzoo.experiments import Outcome, at_scale
@@ -71,7 +70,7 @@ from lmzoo.experiments.arms import estimate
 from lmzoo.experiments.judging import Check, familywise, measured, outcome
 from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import Published, Separation, column, load, load_separations, stated
-from lmzoo.experiments.runs import measured_once, open_run, train_runs
+from lmzoo.experiments.runs import measured_once, most_likely, open_run, train_runs
 from lmzoo.plots import error_bars, plt, save_axes, series_style
 from lmzoo.schema import one_of, positive
 from lmzoo.stats.bootstrap import ratio_of_sums
@@ -268,17 +267,12 @@ def position_correct(run_dir: Path, length: int, examples: int) -> tuple[np.ndar
         _, data, model, _ = open_run(run_dir)
         windows = data.validation_windows([length], examples * length)[length]
         batch = windows(np.arange(min(examples, len(windows))))
-        predicted = np.asarray(_argmax(model, jnp.asarray(batch["inputs"])))
+        predicted = np.asarray(most_likely(model, jnp.asarray(batch["inputs"])))
         return {"correct": (predicted == batch["targets"]).astype(np.float64),
                 "scored": (batch["weights"] > 0).astype(np.float64)}
 
     measured = measured_once(run_dir, f"position_correct-L{length}-n{examples}", measure)
     return measured["correct"], measured["scored"]
-
-
-@nnx.jit
-def _argmax(model, tokens):
-    return jnp.argmax(model(tokens), axis=-1)
 
 
 def scaled(record: dict, chance: float) -> dict:

@@ -78,6 +78,20 @@ def test_kept_bits_come_back_as_measured_and_other_values_are_refused(tmp_path):
         assert runs.kept_record(folder / "runs" / "x") is None
 
 
+def test_kept_counts_come_back_as_counted_and_other_values_are_refused(tmp_path):
+    folder = tmp_path / "exp"
+    counts = {"tp": np.array([[3, 0, 7], [1, 2, 0]]), "examples": np.array([128, 5])}
+    with records_kept(folder, tmp_path / "keep"):
+        assert runs.counted_once(folder / "runs" / "x", "c", lambda: counts) is counts
+        back = runs.counted_once(folder / "runs" / "x", "c", lambda: pytest.fail("counted twice"))
+        for bad in (np.array([-1, 2]), np.array([0.5])):
+            with pytest.raises(ValueError, match="c's fn holds other values"):
+                runs.counted_once(folder / "runs" / "y", "c", lambda: {"fn": bad})  # noqa: B023
+    for key, a in counts.items():
+        np.testing.assert_array_equal(back[key], a)
+        assert back[key].shape == a.shape
+
+
 def test_a_torn_kept_record_is_named_in_one_line(tmp_path):
     folder, keep = tmp_path / "exp", tmp_path / "keep"
     (keep / "x" / "measurements").mkdir(parents=True)

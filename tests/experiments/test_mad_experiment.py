@@ -56,6 +56,9 @@ def test_mad_quick_run_compares_its_scores_with_the_published_table(tmp_path):
     agreement = record["evidence"]["agreement"]["in_context_recall"]
     assert agreement["variants"] == ["softmax", "gla"]  # the paper's order: Transformer 94.1 above GLA 80.8
     assert record["evidence"]["published"]["memorization"]["gla"]["printed"] == "63.3"
+    baseline = record["evidence"]["scores"]["in_context_recall"]["softmax"]["settings"]["baseline"]
+    assert all(0 <= a <= 1 for a in baseline["test"] + baseline["test_token_accuracy"])  # MAD's and the plain one
+    assert len(list((tmp_path / "mad").rglob("class_counts-*.json"))) == 0  # no records kept: counts not written
     assert (tmp_path / "mad" / record["figures"][0]).stat().st_size > 0
     json.dumps(record)
 
@@ -102,15 +105,18 @@ def test_a_tasks_score_is_the_mean_over_its_settings_of_each_settings_best_grid_
     trained = []
     monkeypatch.setattr(mad, "train_grid", lambda variant, grid, **kw: trained.append(kw["overrides"]))
 
-    def accuracy(run_dir, length, tokens, tag, extra=()):  # the larger rate validates better; test: vocab, seed
-        name = run_dir.name
-        if tag == "mad":
-            return 0.5 if "lr0.001" in name else 0.2
-        assert "lr0.001" in name and extra == [f"seed={int(name[-1]) + 1000}"]  # the best rate's runs, on test
-        setting = next((n for n in vocab if f"-{n}-" in name), "baseline")
-        return 1000 / vocab[setting] + int(name[-1]) / 100
+    def validation(run_dir, length, tokens, tag, extra=()):  # the larger rate validates better
+        assert tag == "mad"
+        return 0.5 if "lr0.001" in run_dir.name else 0.2
 
-    monkeypatch.setattr(mad, "accuracy", accuracy)
+    def test(run_dir, length, examples, seed):  # test: by vocabulary and seed
+        name = run_dir.name
+        assert "lr0.001" in name and seed == int(name[-1]) + 1000  # the best rate's runs, on the test seeds
+        setting = next((n for n in vocab if f"-{n}-" in name), "baseline")
+        return counts_of(1000 / vocab[setting] + int(name[-1]) / 100)
+
+    monkeypatch.setattr(mad, "accuracy", validation)
+    monkeypatch.setattr(mad, "test_counts", test)
     result = mad.score("softmax", "memorization", settings, tmp_path, runs := [])
     assert len(trained) == 6 and len(runs) == 6 * 2 * 2  # six settings, each two rates x two seeds
     assert all(s["best"] == "wd0-lr0.001" for s in result["settings"].values())
@@ -168,8 +174,9 @@ def test_a_run_under_protocol_mad_trains_mads_steps_in_its_own_folder(monkeypatc
                                   "weight_decays=[0.0]", "seeds=[0,1]"], quick=False)
     trained = []
     monkeypatch.setattr(mad, "train_grid", lambda variant, grid, **kw: trained.append((grid, kw)))
-    monkeypatch.setattr(mad, "accuracy", lambda run_dir, length, tokens, tag, extra=(): 0.5 + 0.1 * ("gla" in str(
-        run_dir)) + 0.01 * (tokens == 1280 * 32))  # the test set is MAD's 1,280 examples of 32 tokens
+    monkeypatch.setattr(mad, "accuracy", lambda run_dir, length, tokens, tag, extra=(): 0.5)
+    monkeypatch.setattr(mad, "test_counts", lambda run_dir, length, examples, seed: counts_of(
+        0.5 + 0.1 * ("gla" in str(run_dir)) + 0.01 * ((length, examples) == (32, 1280))))  # MAD's 1,280 examples
     outcome = mad.run(settings, tmp_path)
     assert [kw["steps"] for _, kw in trained] == [400, 400]  # 200 epochs of 256 examples at 128
     assert all({"train.batch_size=128", "data.train_examples=256"} <= set(kw["overrides"]) for _, kw in trained)
@@ -185,9 +192,30 @@ def test_one_variant_has_no_ranking_to_compare_and_is_judged_on_its_control(monk
     settings = settings_for(mad, ["tasks=[in_context_recall]", "variants=[softmax]", "lrs=[0.001]",
                                   "weight_decays=[0.0]", "seeds=[0,1,2]"], quick=False)
     monkeypatch.setattr(mad, "train_grid", lambda variant, grid, **kw: None)
-    monkeypatch.setattr(mad, "accuracy", lambda run_dir, length, tokens, tag, extra=(): 0.95 + 0.01 * (
-        str(run_dir)[-1] == "1"))
+    monkeypatch.setattr(mad, "accuracy", lambda run_dir, length, tokens, tag, extra=(): 0.95)
+    monkeypatch.setattr(mad, "test_counts", lambda run_dir, length, examples, seed: counts_of(0.95 + 0.01 * (
+        str(run_dir)[-1] == "1")))
     outcome = mad.run(settings, tmp_path)
     assert outcome.evidence["agreement"] == {"in_context_recall": None}
     checks = mad.judge(json.loads(json.dumps(outcome.evidence)), settings)
     assert [(c.name, c.passed) for c in checks] == [("control: softmax, in-context recall accuracy", True)]
+
+
+def counts_of(accuracy: float) -> dict:
+    """Class counts whose MAD accuracy and token accuracy are both ``accuracy``: one class, one batch."""
+    return {"tp": np.array([[accuracy]]), "fp": np.array([[0.0]]), "fn": np.array([[1 - accuracy]])}
+
+
+def test_mads_accuracy_is_torchmetrics_macro_average_over_the_classes_present_per_batch():
+    # torchmetrics' own example: targets [2, 1, 0, 0], predictions [2, 1, 0, 1] -> recalls 0.5, 1, 1: 0.8333
+    counts = mad.class_counts(np.array([2, 1, 0, 1]), np.array([2, 1, 0, 0]), vocab=5)
+    assert counts["tp"].tolist() == [1, 1, 1, 0, 0] and counts["fn"].tolist() == [1, 0, 0, 0, 0]
+    assert mad.mads_accuracy(counts) == pytest.approx(2.5 / 3) and mad.token_accuracy(counts) == 0.75
+    only_predicted = mad.class_counts(np.array([3, 0]), np.array([0, 0]), vocab=5)  # class 3 is never a target
+    assert mad.mads_accuracy(only_predicted) == pytest.approx(0.25)  # recalls: class 0 1/2, class 3 0 -> 0.25
+    assert mad.token_accuracy(only_predicted) == 0.5
+    batches = {k: np.stack([counts[k], only_predicted[k]]) for k in ("tp", "fp", "fn")}
+    assert mad.mads_accuracy({**batches, "examples": np.array([3, 1])}) == pytest.approx(
+        (3 * 2.5 / 3 + 1 * 0.25) / 4)  # the batches' mean weighted by their examples, as Lightning's epoch value
+    assert mad.token_accuracy(batches) == pytest.approx(4 / 6)
+
