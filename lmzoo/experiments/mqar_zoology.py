@@ -259,7 +259,7 @@ def plot_rows(evidence: dict, settings: Settings, path: Path) -> str:
                xlabel=f"test accuracy, % (95% interval, {len(settings.seeds)} seeds)")
         ax.axvline(100 * grid[variants[0]][key][str(width)]["chance"], color="grey", linestyle=":", label="chance")
         ax.grid(alpha=0.3, axis="x")
-    if evidence["agreement"] is not None:
+    if evidence["agreement"] is not None:  # the stars go on the last panel: the rows of its order
         rows = {variants[i]: len(order) - 1 - row for row, i in enumerate(order)}
         for variant, number in evidence["agreement"]["published"].items():
             if variant in rows:
@@ -271,4 +271,3 @@ def plot_rows(evidence: dict, settings: Settings, path: Path) -> str:
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return str(path)
-
