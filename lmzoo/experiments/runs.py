@@ -316,7 +316,7 @@ def measured_once(run_dir: Path, name: str, measure) -> dict[str, np.ndarray]:
 
 
 def counted_once(run_dir: Path, name: str, measure) -> dict[str, np.ndarray]:
-    """``measured_once`` for arrays of counts (integers from 0 up), kept as lists of numbers."""
+    """``measured_once`` for arrays of counts (integers from 0 up), kept as their nonzero entries."""
     return _kept_once(run_dir, name, measure, _as_counts, _from_counts)
 
 
@@ -350,13 +350,18 @@ def _from_bits(kept: dict) -> np.ndarray:
 
 
 def _as_counts(what: str, a: np.ndarray) -> dict:
+    """The nonzero counts with their flat indices: a count per token class is mostly zeros at a large vocabulary."""
     if not (np.all(a >= 0) and np.array_equal(a, np.round(a))):
         raise ValueError(f"counted_once keeps counts (integers from 0 up); {what} holds other values")
-    return {"shape": list(a.shape), "counts": [int(x) for x in np.ravel(a)]}
+    flat = np.ravel(a)
+    at = np.flatnonzero(flat)
+    return {"shape": list(a.shape), "at": at.tolist(), "counts": [int(x) for x in flat[at]]}
 
 
 def _from_counts(kept: dict) -> np.ndarray:
-    return np.asarray(kept["counts"], np.int64).reshape(kept["shape"])
+    flat = np.zeros(int(np.prod(kept["shape"])), np.int64)
+    flat[np.asarray(kept["at"], np.int64)] = np.asarray(kept["counts"], np.int64)
+    return flat.reshape(kept["shape"])
 
 
 def blocks(results: dict, length: int) -> tuple[np.ndarray, np.ndarray]:

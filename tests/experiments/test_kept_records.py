@@ -90,6 +90,8 @@ def test_kept_counts_come_back_as_counted_and_other_values_are_refused(tmp_path)
     for key, a in counts.items():
         np.testing.assert_array_equal(back[key], a)
         assert back[key].shape == a.shape
+    kept = json.loads((tmp_path / "keep" / "x" / "measurements" / "c.json").read_text())
+    assert kept["tp"] == {"shape": [2, 3], "at": [0, 2, 3, 4], "counts": [3, 7, 1, 2]}  # the nonzero entries only
 
 
 def test_a_torn_kept_record_is_named_in_one_line(tmp_path):
