@@ -5,10 +5,10 @@ the best grid point's accuracy, and lmzoo's ranking of the variants compared wit
 
 Every (variant, task, setting, weight decay, learning rate) trains once per seed (run directories
 ``<out_dir>/runs/<variant>-<task>[-<setting>]-wd<wd>-lr<lr>-s<seed>``, the baseline setting unnamed; a weight
-decay's learning rates and seeds as one vmapped group). The grid point is chosen on validation examples (the best
-mean token accuracy over seeds); its runs are scored on a held-out test split (data seed + ``test_seed_offset``)
-in MAD's accuracy, the macro average over token classes its released code computes (``mads_accuracy``), the
-token accuracy kept beside it. Accuracy counts MAD's scored positions only. Compression is read out as MAD's
+decay's learning rates and seeds as one vmapped group). Accuracy is MAD's: the macro average over token classes its
+released code computes (``mads_accuracy``). The grid point is chosen on validation examples (the best mean
+accuracy over seeds); its runs are scored on a held-out test split (data seed + ``test_seed_offset``), the token
+accuracy kept beside it. Accuracy counts MAD's scored positions only. Compression is read out as MAD's
 encoder-decoder backbone reads it: every symbol decoded from the compression token's state alone
 (``lmzoo.model.LastStateReadout``).
 
@@ -50,7 +50,7 @@ from lmzoo.experiments import Outcome, at_scale
 from lmzoo.experiments.judging import Check, Measured
 from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import column, load
-from lmzoo.experiments.runs import counted_once, evaluate_run, most_likely, open_run, train_grid
+from lmzoo.experiments.runs import counted_once, most_likely, open_run, train_grid
 from lmzoo.plots import plt, save_axes, series_style
 from lmzoo.schema import one_of, positive
 from lmzoo.stats.trained_models import seed_mean
@@ -173,11 +173,6 @@ def mads_splits(task: str) -> list[str]:
     return trained + (["data.eval_keys=largest"] if task == "fuzzy_recall" else [])
 
 
-def accuracy(run_dir: Path, length: int, tokens: int, tag: str, extra=()) -> float:
-    results = evaluate_run(run_dir, tag=tag, lengths=[length], tokens=tokens, overrides=list(extra))
-    return float(results["lengths"][str(length)]["accuracy"])
-
-
 def score(variant: str, task: str, settings: Settings, runs_dir: Path, runs: list) -> dict:
     """The task's score for one variant, as MAD scores a task: each difficulty setting's grid (``setting_score``),
     and per seed the mean over the settings of their test accuracies."""
@@ -189,10 +184,10 @@ def score(variant: str, task: str, settings: Settings, runs_dir: Path, runs: lis
 
 def setting_score(variant: str, task: str, name: str, setting: dict, settings: Settings, runs_dir: Path,
                   runs: list) -> dict:
-    """One setting's grid for one variant: validation accuracy of every (wd, lr), the best, and its runs' test
-    accuracies (one per seed). The baseline's run directories keep the name they had before the settings."""
-    length = data_length(task, setting, settings)
-    tokens = settings.eval_examples * length
+    """One setting's grid for one variant: validation accuracy of every (wd, lr) (MAD's, the mean over seeds), the
+    best, and its runs' test accuracies (one per seed). The baseline's run directories keep the name they had
+    before the settings."""
+    length, examples = data_length(task, setting, settings), settings.eval_examples
     tag = "" if name == "baseline" else f"-{name}"
     validation, run_dirs = {}, {}
     for wd in settings.weight_decays:
@@ -202,11 +197,12 @@ def setting_score(variant: str, task: str, name: str, setting: dict, settings: S
                    overrides=run_overrides(task, setting, wd, settings))
         for lr in settings.lrs:
             dirs = [grid[lr, seed] for seed in settings.seeds]
-            validation[f"wd{wd:g}-lr{lr:g}"] = float(np.mean([accuracy(d, length, tokens, "mad") for d in dirs]))
+            validation[f"wd{wd:g}-lr{lr:g}"] = float(np.mean([mads_accuracy(scored_counts(d, length, examples, seed))
+                                                              for seed, d in zip(settings.seeds, dirs)]))
             run_dirs[f"wd{wd:g}-lr{lr:g}"] = dirs
             runs += dirs
     best = max(validation, key=validation.get)
-    counts = [test_counts(d, length, settings.eval_examples, seed + settings.test_seed_offset)
+    counts = [scored_counts(d, length, examples, seed + settings.test_seed_offset)
               for seed, d in zip(settings.seeds, run_dirs[best])]
     return {"best": best, "validation": validation, "test": [mads_accuracy(c) for c in counts],
             "test_token_accuracy": [token_accuracy(c) for c in counts], "steps": training_steps(setting, settings),
@@ -221,11 +217,11 @@ def setting_score(variant: str, task: str, name: str, setting: dict, settings: S
 # epoch value is the mean over the test batches. A class the model overpredicts thus costs more than in the plain
 # token accuracy, and a rare value class weighs as much as a common one.
 
-def test_counts(run_dir: Path, length: int, examples: int, seed: int) -> dict[str, np.ndarray]:
-    """``tp``, ``fp``, ``fn`` [batches, vocab]: per test batch of MAD's size (the last may be smaller) and token
-    class, the counts of the trained model's most likely token against the target at the scored positions of the
-    first ``examples`` test sequences (data seed ``seed``), and each batch's ``examples``; kept with the run's
-    record."""
+def scored_counts(run_dir: Path, length: int, examples: int, seed: int) -> dict[str, np.ndarray]:
+    """``tp``, ``fp``, ``fn`` [batches, vocab]: per batch of MAD's size (the last may be smaller) and token class,
+    the counts of the trained model's most likely token against the target at the scored positions of the first
+    ``examples`` validation sequences drawn from data seed ``seed`` (the run's own: its validation split; another:
+    a test split), and each batch's ``examples``; kept with the run's record."""
     def measure() -> dict[str, np.ndarray]:
         _, data, model, _ = open_run(run_dir, [f"seed={seed}"])
         windows = data.validation_windows([length], examples * length)[length]

@@ -105,18 +105,15 @@ def test_a_tasks_score_is_the_mean_over_its_settings_of_each_settings_best_grid_
     trained = []
     monkeypatch.setattr(mad, "train_grid", lambda variant, grid, **kw: trained.append(kw["overrides"]))
 
-    def validation(run_dir, length, tokens, tag, extra=()):  # the larger rate validates better
-        assert tag == "mad"
-        return 0.5 if "lr0.001" in run_dir.name else 0.2
-
-    def test(run_dir, length, examples, seed):  # test: by vocabulary and seed
+    def scored(run_dir, length, examples, seed):  # validation: the larger rate is better; test: vocabulary, seed
         name = run_dir.name
+        if seed == int(name[-1]):  # the run's own data seed: validation
+            return counts_of(0.5 if "lr0.001" in name else 0.2)
         assert "lr0.001" in name and seed == int(name[-1]) + 1000  # the best rate's runs, on the test seeds
         setting = next((n for n in vocab if f"-{n}-" in name), "baseline")
         return counts_of(1000 / vocab[setting] + int(name[-1]) / 100)
 
-    monkeypatch.setattr(mad, "accuracy", validation)
-    monkeypatch.setattr(mad, "test_counts", test)
+    monkeypatch.setattr(mad, "scored_counts", scored)
     result = mad.score("softmax", "memorization", settings, tmp_path, runs := [])
     assert len(trained) == 6 and len(runs) == 6 * 2 * 2  # six settings, each two rates x two seeds
     assert all(s["best"] == "wd0-lr0.001" for s in result["settings"].values())
@@ -174,8 +171,7 @@ def test_a_run_under_protocol_mad_trains_mads_steps_in_its_own_folder(monkeypatc
                                   "weight_decays=[0.0]", "seeds=[0,1]"], quick=False)
     trained = []
     monkeypatch.setattr(mad, "train_grid", lambda variant, grid, **kw: trained.append((grid, kw)))
-    monkeypatch.setattr(mad, "accuracy", lambda run_dir, length, tokens, tag, extra=(): 0.5)
-    monkeypatch.setattr(mad, "test_counts", lambda run_dir, length, examples, seed: counts_of(
+    monkeypatch.setattr(mad, "scored_counts", lambda run_dir, length, examples, seed: counts_of(
         0.5 + 0.1 * ("gla" in str(run_dir)) + 0.01 * ((length, examples) == (32, 1280))))  # MAD's 1,280 examples
     outcome = mad.run(settings, tmp_path)
     assert [kw["steps"] for _, kw in trained] == [400, 400]  # 200 epochs of 256 examples at 128
@@ -192,8 +188,7 @@ def test_one_variant_has_no_ranking_to_compare_and_is_judged_on_its_control(monk
     settings = settings_for(mad, ["tasks=[in_context_recall]", "variants=[softmax]", "lrs=[0.001]",
                                   "weight_decays=[0.0]", "seeds=[0,1,2]"], quick=False)
     monkeypatch.setattr(mad, "train_grid", lambda variant, grid, **kw: None)
-    monkeypatch.setattr(mad, "accuracy", lambda run_dir, length, tokens, tag, extra=(): 0.95)
-    monkeypatch.setattr(mad, "test_counts", lambda run_dir, length, examples, seed: counts_of(0.95 + 0.01 * (
+    monkeypatch.setattr(mad, "scored_counts", lambda run_dir, length, examples, seed: counts_of(0.95 + 0.01 * (
         str(run_dir)[-1] == "1")))
     outcome = mad.run(settings, tmp_path)
     assert outcome.evidence["agreement"] == {"in_context_recall": None}
