@@ -226,10 +226,11 @@ def scored_counts(run_dir: Path, length: int, examples: int, seed: int) -> dict[
         _, data, model, _ = open_run(run_dir, [f"seed={seed}"])
         windows = data.validation_windows([length], examples * length)[length]
         rows, size = np.arange(min(examples, len(windows))), TRAINING["batch_size"]
-        per_batch = [class_counts(*predicted_and_targets(model, windows(rows[i : i + size])), data.tokenizer.vocab_size)
-                     for i in range(0, len(rows), size)]
+        batches = [rows[i : i + size] for i in range(0, len(rows), size)]
+        vocab = data.tokenizer.vocab_size
+        per_batch = [class_counts(*predicted_and_targets(model, windows(b)), vocab) for b in batches]
         return {**{key: np.stack([c[key] for c in per_batch]) for key in ("tp", "fp", "fn")},
-                "examples": np.array([len(rows[i : i + size]) for i in range(0, len(rows), size)])}
+                "examples": np.array([len(b) for b in batches])}
 
     return counted_once(run_dir, f"class_counts-L{length}-n{examples}-seed{seed}", measure)
 

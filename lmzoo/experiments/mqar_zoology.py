@@ -47,7 +47,7 @@ from lmzoo.experiments.judging import Check, measured
 from lmzoo.experiments.paper_agreement import agreement, tau_checks
 from lmzoo.experiments.published import column, load
 from lmzoo.experiments.runs import accuracy_runs, evaluate_run, train_grid
-from lmzoo.plots import error_bars, interval_rows, label_log_axis, legend_beside, plt, save_axes, series_style, spread
+from lmzoo.plots import error_bars, interval_rows, label_log_axis, plt, save_axes, series_style, spread
 from lmzoo.schema import one_of
 from lmzoo.stats.bootstrap import ratio_of_sums
 
@@ -258,7 +258,7 @@ def plot_rows(evidence: dict, settings: Settings, path: Path) -> str:
         ax.set(title=f"MQAR, length {key[1:].replace('-p', ', ')} pairs, width {width}",
                xlabel=f"test accuracy, % (95% interval, {len(settings.seeds)} seeds)")
         ax.axvline(100 * grid[variants[0]][key][str(width)]["chance"], color="grey", linestyle=":", label="chance")
-        ax.grid(alpha=0.3, axis="x")
+        ax.grid(alpha=0.3)
     if evidence["agreement"] is not None:  # the stars go on the last panel: the rows of its order
         rows = {variants[i]: len(order) - 1 - row for row, i in enumerate(order)}
         for variant, number in evidence["agreement"]["published"].items():
@@ -267,7 +267,5 @@ def plot_rows(evidence: dict, settings: Settings, path: Path) -> str:
                               color="black")
         axes[-1].plot([], [], linestyle="none", marker="*", markersize=11, color="black",
                       label=f"{evidence['source']} (printed, width {settings.source_width})")
-    legend_beside(axes[-1])
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_axes(fig, axes[-1], path)
     return str(path)

@@ -213,4 +213,3 @@ def test_mads_accuracy_is_torchmetrics_macro_average_over_the_classes_present_pe
     assert mad.mads_accuracy({**batches, "examples": np.array([3, 1])}) == pytest.approx(
         (3 * 2.5 / 3 + 1 * 0.25) / 4)  # the batches' mean weighted by their examples, as Lightning's epoch value
     assert mad.token_accuracy(batches) == pytest.approx(4 / 6)
-
