@@ -64,15 +64,19 @@ def error_bars(ax, x, y, lo, hi, **style) -> None:
     ax.errorbar(x, y, yerr=[below, above], **{"marker": "o", "capsize": 3, **style})
 
 
-def interval_rows(ax, labels, y, lo, hi, **style) -> list[int]:
+def interval_rows(ax, labels, y, lo, hi, points=None, **style) -> list[int]:
     """One row per label, highest estimate on top: a point at ``y`` with a bar from ``lo`` to ``hi`` (NaN bounds
     draw no bar), the labels on the y axis. For many series at one x, where lines against x would stack into one
-    column of points. The row order, top first, as indices into ``labels``."""
+    column of points. ``points``: per label, values drawn as small dots on its row (each seed's own score: with
+    three seeds that either solve a task or do not, the dots say what a mean and its interval hide). The row order,
+    top first, as indices into ``labels``."""
     y, lo, hi = (np.asarray(a, dtype=float) for a in (y, lo, hi))
     order = sorted(range(len(labels)), key=lambda i: -np.nan_to_num(y[i], nan=-np.inf))
     rows = np.arange(len(order))[::-1]  # the first of ``order`` on the top row
     below, above = np.nan_to_num(y[order] - lo[order]), np.nan_to_num(hi[order] - y[order])
     ax.errorbar(y[order], rows, xerr=[below, above], linestyle="none", **{"marker": "o", "capsize": 3, **style})
+    for row, i in zip(rows, order) if points is not None else ():
+        ax.plot(points[i], [row] * len(points[i]), linestyle="none", marker=".", color="black", alpha=0.6)
     ax.set_yticks(rows, [labels[i] for i in order], fontsize=8)
     ax.set_ylim(-0.7, len(order) - 0.3)
     return order

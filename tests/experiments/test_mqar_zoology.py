@@ -115,8 +115,27 @@ def test_one_width_draws_a_row_per_variant_best_on_top(tmp_path):
     assert (tmp_path / "rows.png").stat().st_size > 0 and path == str(tmp_path / "rows.png")
     fig, ax = plt.subplots()
     order = interval_rows(ax, ["mamba", "softmax", "h3", "unscored"], [25, 98, 55, float("nan")], [20, 97, 50, 0],
-                          [30, 99, 60, 0])
+                          [30, 99, 60, 0], points=[[20, 30], [97, 99], [50, 60], []])
     assert order == [1, 2, 0, 3]  # best on top, a NaN estimate last
     by_height = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())))
     assert [label for _, label in by_height] == ["unscored", "mamba", "h3", "softmax"]  # bottom to top
+    dots = {tuple(line.get_xdata()): set(line.get_ydata()) for line in ax.lines if line.get_marker() == "."}
+    assert dots == {(97, 99): {3}, (50, 60): {2}, (20, 30): {1}, (): set()}  # each seed on its own label's row
     plt.close(fig)
+
+
+def test_one_width_cuts_intervals_at_an_accuracys_bounds(tmp_path, monkeypatch):
+    """Three seeds split between solving and not give an interval past 100%: the figure draws it to 100."""
+    from lmzoo import plots
+
+    settings = settings_for(zoology, ["variants=[softmax,mamba]", "widths=[32]", "seq_lens=[64]", "pairs=[8]",
+                                      "batch_sizes=[32]"], quick=False)
+    grid = {v: {"T64-p8": {"32": {**cell(a), "chance": 1 / 32}}} for v, a in
+            {"softmax": [1.0, 1.0, 0.5], "mamba": [0.2, 0.3, 0.25]}.items()}
+    grid["softmax"]["T64-p8"]["32"]["accuracy"].update(lo=0.15, hi=1.5)
+    drawn = {}
+    monkeypatch.setattr(zoology, "interval_rows", lambda ax, labels, y, lo, hi, **kw: drawn.update(
+        lo=list(lo), hi=list(hi), points=kw["points"]) or plots.interval_rows(ax, labels, y, lo, hi, **kw))
+    zoology.plot({"grid": grid, "source": "metala_mqar_512_80", "agreement": None}, settings, tmp_path / "cut.png")
+    assert drawn["hi"] == [100.0, 31.0] and drawn["lo"] == [15.0, 19.0]
+    assert drawn["points"] == [[100.0, 100.0, 50.0], [20.0, 30.0, 25.0]]
