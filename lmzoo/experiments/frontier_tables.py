@@ -249,12 +249,19 @@ def parity_columns(record: dict) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def mqar_columns(record: dict) -> tuple[list[str], dict[str, list[str]]]:
-    """The header and each variant's cells of an mqar_zoology record: test accuracy at every setting and width."""
+    """The header and each variant's cells of an mqar_zoology record: test accuracy at every setting and width,
+    and how many seeds solved it (a seed either leaves MQAR's plateau or stays on it, which a mean hides)."""
     s, grid = record["settings"], record["evidence"]["grid"]
     cells = [(f"T{n}-p{p}", str(width), f"MQAR T {n}, {p} pairs, width {width}")
              for n, p in zip(s["seq_lens"], s["pairs"]) for width in s["widths"]]
+
+    def cell(scores: dict) -> str:
+        tests = scores.get("test")
+        solved = f" ({sum(a > s['solved'] for a in tests)}/{len(tests)})" if tests and "solved" in s else ""
+        return interval(scores.get("accuracy")) + solved
+
     return [title for *_, title in cells], {
-        variant: [interval(by_setting.get(setting, {}).get(width, {}).get("accuracy")) for setting, width, _ in cells]
+        variant: [cell(by_setting.get(setting, {}).get(width, {})) for setting, width, _ in cells]
         for variant, by_setting in grid.items()}
 
 
@@ -272,7 +279,9 @@ def tasks_block(state_tracking: Path = STATE_TRACKING, mqar: Path = MQAR) -> str
         lines.append("| " + " | ".join([f"`{arm}`", *row]) + " |")
     seeds = "; ".join(f"{record['name']}: {n} seed{'s' * (n != 1)}" for _, record in parts
                       for n in [len(record["settings"]["seeds"])])
-    return "\n".join(lines) + f"\n\n95% intervals over seeds and examples ({seeds}).\n"
+    solved = [f" (k/n): the seeds whose test accuracy is above {record['settings']['solved']:g}, MQAR's solved."
+              for _, record in parts if record["name"] == "mqar_zoology" and "solved" in record["settings"]]
+    return "\n".join(lines) + f"\n\n95% intervals over seeds and examples ({seeds}).{''.join(solved)}\n"
 
 
 def blocks(path: Path = FRONTIER_COMPARISON) -> dict[str, str]:

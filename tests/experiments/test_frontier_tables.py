@@ -94,17 +94,20 @@ def test_the_tasks_table_sets_each_arms_parity_and_mqar_side_by_side(tmp_path):
     (tmp_path / "state.json").write_text(json.dumps(state))
     assert "| `kda` | 1.000 [1.000, 1.000] | 0.900 [0.850, 0.950] | 0.200 [0.100, 0.300] |" in (
         frontier_tables.tasks_block(tmp_path / "state.json", tmp_path / "b.json"))
-    mqar = {"name": "mqar_zoology", "settings": {"seq_lens": [32], "pairs": [4], "widths": [32, 64], "seeds": [0]},
-            "evidence": {"grid": {"softmax": {"T32-p4": {"32": {"accuracy": interval(0.99, 0.01)}}},
-                                  "mamba": {"T32-p4": {"32": {"accuracy": interval(0.5)}}}}}}
+    mqar = {"name": "mqar_zoology", "settings": {"seq_lens": [32], "pairs": [4], "widths": [32, 64], "seeds": [0],
+                                                 "solved": 0.9},
+            "evidence": {"grid": {"softmax": {"T32-p4": {"32": {"accuracy": interval(0.99, 0.01), "test": [0.99]}}},
+                                  "mamba": {"T32-p4": {"32": {"accuracy": interval(0.5), "test": [0.5]}}}}}}
     (tmp_path / "mqar.json").write_text(json.dumps(mqar))
     lines = frontier_tables.tasks_block(tmp_path / "state.json", tmp_path / "mqar.json").splitlines()
     assert lines[0] == ("| arm | parity, 1–3 bits | parity, 3–40 | parity, 40–256 | MQAR T 32, 4 pairs, width 32 | "
                         "MQAR T 32, 4 pairs, width 64 |")
     assert [line.split(" | ")[0] for line in lines[2:5]] == ["| `softmax`", "| `kda`", "| `mamba`"]
-    assert lines[2].endswith("| 0.990 [0.980, 1.000] | — |")  # width 64 not run
+    assert lines[2].endswith("| 0.990 [0.980, 1.000] (1/1) | — |")  # width 64 not run
     assert lines[3].endswith("| 0.200 [0.100, 0.300] | — | — |") and lines[4].startswith("| `mamba` | — | — | — |")
-    assert lines[-1] == "95% intervals over seeds and examples (state_tracking_papers: 3 seeds; mqar_zoology: 1 seed)."
+    assert lines[4].endswith("| 0.500 [0.400, 0.600] (0/1) | — |")
+    assert lines[-1] == ("95% intervals over seeds and examples (state_tracking_papers: 3 seeds; mqar_zoology: 1 "
+                         "seed). (k/n): the seeds whose test accuracy is above 0.9, MQAR's solved.")
 
 
 def test_the_sinks_table_gives_each_arms_first_key_share_its_difference_and_its_heaviest_head(tmp_path):
