@@ -75,8 +75,9 @@ def interval_rows(ax, labels, y, lo, hi, points=None, **style) -> list[int]:
     rows = np.arange(len(order))[::-1]  # the first of ``order`` on the top row
     below, above = np.nan_to_num(y[order] - lo[order]), np.nan_to_num(hi[order] - y[order])
     ax.errorbar(y[order], rows, xerr=[below, above], linestyle="none", **{"marker": "o", "capsize": 3, **style})
-    for row, i in zip(rows, order) if points is not None else ():
-        ax.plot(points[i], [row] * len(points[i]), linestyle="none", marker=".", color="black", alpha=0.6)
+    if points is not None:
+        for row, i in zip(rows, order):
+            ax.plot(points[i], [row] * len(points[i]), linestyle="none", marker=".", color="black", alpha=0.6)
     ax.set_yticks(rows, [labels[i] for i in order], fontsize=8)
     ax.set_ylim(-0.7, len(order) - 0.3)
     return order

@@ -252,17 +252,18 @@ def plot_rows(evidence: dict, settings: Settings, path: Path) -> str:
     axes = axes[0]
     variants = list(grid)
     for ax, key in zip(axes, keys):
-        values = [measured(grid[v][key][str(width)]["accuracy"], uncertainty="examples") for v in variants]
+        cells = [grid[v][key][str(width)] for v in variants]
+        values = [measured(c["accuracy"], uncertainty="examples") for c in cells]
         # An interval over three seeds that split between solving and not runs past 0 or 100%: cut at the bounds
         # an accuracy can take, so the axis stays an accuracy's.
         lo, hi = (np.clip([100 * getattr(v, end) for v in values], 0, 100) for end in ("lo", "hi"))
         order = interval_rows(ax, variants, [100 * v.estimate for v in values], lo, hi, color="tab:blue",
                               markerfacecolor="none",
-                              points=[[100 * a for a in grid[v][key][str(width)]["test"]] for v in variants])
+                              points=[[100 * a for a in c["test"]] for c in cells])
         ax.set(title=f"MQAR, length {key[1:].replace('-p', ', ')} pairs, width {width}", xlim=(-3, 103),
                xlabel=f"test accuracy, % (95% interval over {len(settings.seeds)} seeds, cut at 0 and 100; "
                       "dots: each seed)")
-        ax.axvline(100 * grid[variants[0]][key][str(width)]["chance"], color="grey", linestyle=":", label="chance")
+        ax.axvline(100 * cells[0]["chance"], color="grey", linestyle=":", label="chance")
         ax.grid(alpha=0.3)
     if evidence["agreement"] is not None:  # the stars go on the last panel: the rows of its order
         rows = {variants[i]: len(order) - 1 - row for row, i in enumerate(order)}
