@@ -34,7 +34,7 @@ import numpy as np
 from lmzoo.experiments import Outcome
 from lmzoo.experiments.arms import estimate
 from lmzoo.experiments.judging import Check, Measured, measured
-from lmzoo.experiments.runs import evaluate_run, train_runs
+from lmzoo.experiments.runs import accuracy_runs, evaluate_run, train_runs
 from lmzoo.plots import error_bars, plt, save_axes, series_style, spread
 from lmzoo.stats.bootstrap import ratio_of_sums
 
@@ -72,12 +72,6 @@ QUICK = {"seeds": [0], "steps": 8, "seq_len": 16, "long_len": 32, "eval_tokens":
 
 def lengths(settings: Settings) -> list[int]:
     return [settings.short_len, settings.seq_len, settings.long_len]
-
-
-def accuracy_runs(results: list[dict], length: int) -> list[tuple]:
-    """(correct, count) block sums of each seed's evaluation at ``length``: blocks of examples."""
-    return [tuple(np.asarray(r["block_sums"][str(length)][key], float) for key in ("correct", "count"))
-            for r in results]
 
 
 def train_and_score(arm: str, overrides: list[str], settings: Settings, runs_dir: Path, runs: list) -> dict:
