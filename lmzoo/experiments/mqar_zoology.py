@@ -158,7 +158,12 @@ def cell(variant: str, setting: tuple[int, int, int], width: int, settings: Sett
             for seed in settings.seeds]
     return {"lr": best, "validation_accuracy": validation,
             "test": [float(r["lengths"][str(seq_len)]["accuracy"]) for r in test],
-            "accuracy": estimate(accuracy_runs(test, seq_len), ratio_of_sums), "chance": 2 / settings.vocab}
+            "accuracy": estimate(accuracy_runs(test, seq_len), ratio_of_sums), "chance": chance(settings)}
+
+
+def chance(settings: Settings) -> float:
+    """A uniform guess among the values: they are the vocabulary's second half."""
+    return 2 / settings.vocab
 
 
 def setting_key(seq_len: int, pairs: int) -> str:
@@ -222,22 +227,25 @@ def plot(evidence: dict, settings: Settings, path: Path) -> str:
     for ax, key in zip(axes, keys):
         for index, (variant, by_setting) in enumerate(grid.items()):
             values = [measured(by_setting[key][str(w)]["accuracy"], uncertainty="examples") for w in widths]
-            error_bars(ax, spread(widths, index, len(grid)), [100 * v.estimate for v in values],
-                       [100 * v.lo for v in values], [100 * v.hi for v in values], label=variant,
-                       **series_style(index))
+            # Cut at the bounds an accuracy can take, as plot_rows does: three seeds that split run past them.
+            lo, hi = (np.clip([100 * getattr(v, end) for v in values], 0, 100) for end in ("lo", "hi"))
+            error_bars(ax, spread(widths, index, len(grid)), [100 * v.estimate for v in values], lo, hi,
+                       label=variant, **series_style(index))
+        ax.axhline(100 * chance(settings), color="grey", linestyle=":", label="chance" if ax is axes[-1] else None)
         ax.set_xscale("log", base=2)
         label_log_axis(ax, widths)
-        ax.set(title=f"MQAR, length {key[1:].replace('-p', ', ')} pairs", xlabel="model width (d_model)")
+        ax.set(title=f"MQAR, length {key[1:].replace('-p', ', ')} pairs", xlabel="model width (d_model)",
+               ylim=(-3, 103))
         ax.grid(alpha=0.3)
     if evidence["agreement"] is not None:
         xs = sorted({*widths, settings.source_width})
         for variant, number in evidence["agreement"]["published"].items():
             axes[-1].plot([settings.source_width], [number["range"][0]], linestyle="none", marker="*", markersize=11,
                           color=plt.cm.tab10(list(grid).index(variant) % 10) if variant in grid else "black",
-                          label=f"{variant}, {evidence['source']} (printed)")
+                          label=f"{variant}, {evidence['source']} (printed, at its own length and pairs)")
         label_log_axis(axes[-1], xs)
     seeds = len(settings.seeds)
-    axes[0].set_ylabel(f"test accuracy, % (95% interval, {seeds} seed{'s' * (seeds > 1)})")
+    axes[0].set_ylabel(f"test accuracy, %\n(95% interval, {seeds} seed{'s' * (seeds > 1)}; cut at 0 and 100)")
     save_axes(fig, axes[-1], path, title=axes[-1].get_title(), xlabel="model width (d_model)")
     return str(path)
 

@@ -139,3 +139,22 @@ def test_one_width_cuts_intervals_at_an_accuracys_bounds(tmp_path, monkeypatch):
     zoology.plot({"grid": grid, "source": "metala_mqar_512_80", "agreement": None}, settings, tmp_path / "cut.png")
     assert drawn["hi"] == [100.0, 31.0] and drawn["lo"] == [15.0, 19.0]
     assert drawn["points"] == [[100.0, 100.0, 50.0], [20.0, 30.0, 25.0]]
+
+
+def test_widths_cut_intervals_at_an_accuracys_bounds_and_mark_chance(tmp_path, monkeypatch):
+    """Against width too: an interval past 0 or 100% is drawn to the bound, and chance is a line of its own."""
+    from lmzoo import plots
+
+    settings = settings_for(zoology, ["variants=[softmax,h3]", "widths=[32,64]", "seq_lens=[32]", "pairs=[4]",
+                                      "batch_sizes=[64]"], quick=False)
+    grid = {v: {"T32-p4": {str(w): {**cell(a), "chance": 2 / 64} for w in (32, 64)}} for v, a in
+            {"softmax": [1.0, 1.0, 0.5], "h3": [0.1, 0.5, 0.1]}.items()}
+    grid["softmax"]["T32-p4"]["64"]["accuracy"].update(lo=0.2, hi=1.3)
+    grid["h3"]["T32-p4"]["32"]["accuracy"].update(lo=-0.35, hi=0.85)
+    drawn, axes = [], set()
+    monkeypatch.setattr(zoology, "error_bars", lambda ax, x, y, lo, hi, **kw: axes.add(ax) or drawn.append(
+        (kw["label"], [round(v, 6) for v in lo], list(hi))) or plots.error_bars(ax, x, y, lo, hi, **kw))
+    zoology.plot({"grid": grid, "source": "metala_mqar_512_80", "agreement": None}, settings, tmp_path / "w.png")
+    assert drawn == [("softmax", [49.0, 20.0], [100.0, 100.0]), ("h3", [0.0, 9.0], [85.0, 51.0])]
+    (ax,) = axes
+    assert [line.get_ydata()[0] for line in ax.lines if line.get_linestyle() == ":"] == [100 * 2 / 64]
