@@ -214,6 +214,12 @@ def judge(evidence: dict, settings: Settings) -> list[Check]:
     return checks
 
 
+def percent_bounds(values: list) -> tuple[np.ndarray, np.ndarray]:
+    """The intervals' ends in %, cut at the bounds an accuracy can take: an interval over three seeds that split
+    between solving and not runs past 0 or 100%, and the axis stays an accuracy's."""
+    return tuple(np.clip([100 * getattr(v, end) for v in values], 0, 100) for end in ("lo", "hi"))
+
+
 def plot(evidence: dict, settings: Settings, path: Path) -> str:
     """Test accuracy against width, one panel per setting, a line per variant (95% interval over seeds and
     examples); the printed points of the source on the hardest setting's panel, at the source's width. At one
@@ -227,8 +233,7 @@ def plot(evidence: dict, settings: Settings, path: Path) -> str:
     for ax, key in zip(axes, keys):
         for index, (variant, by_setting) in enumerate(grid.items()):
             values = [measured(by_setting[key][str(w)]["accuracy"], uncertainty="examples") for w in widths]
-            # Cut at the bounds an accuracy can take, as plot_rows does: three seeds that split run past them.
-            lo, hi = (np.clip([100 * getattr(v, end) for v in values], 0, 100) for end in ("lo", "hi"))
+            lo, hi = percent_bounds(values)
             error_bars(ax, spread(widths, index, len(grid)), [100 * v.estimate for v in values], lo, hi,
                        label=variant, **series_style(index))
         ax.axhline(100 * chance(settings), color="grey", linestyle=":", label="chance" if ax is axes[-1] else None)
@@ -262,9 +267,7 @@ def plot_rows(evidence: dict, settings: Settings, path: Path) -> str:
     for ax, key in zip(axes, keys):
         cells = [grid[v][key][str(width)] for v in variants]
         values = [measured(c["accuracy"], uncertainty="examples") for c in cells]
-        # An interval over three seeds that split between solving and not runs past 0 or 100%: cut at the bounds
-        # an accuracy can take, so the axis stays an accuracy's.
-        lo, hi = (np.clip([100 * getattr(v, end) for v in values], 0, 100) for end in ("lo", "hi"))
+        lo, hi = percent_bounds(values)
         order = interval_rows(ax, variants, [100 * v.estimate for v in values], lo, hi, color="tab:blue",
                               markerfacecolor="none",
                               points=[[100 * a for a in c["test"]] for c in cells])
